@@ -1,0 +1,21 @@
+"""A static-graph tensor engine with autodiff, a liveness-based allocator and numba kernels.
+
+    import engine
+    from engine import ops
+    x = engine.param((3, 4), name="x")
+    loss = ops.sum(ops.relu(x)).set_loss()
+    g = engine.Graph([loss]); grads = g.build_backward(loss)
+    x.set(engine.init.normal((3, 4), seed=0)); g.compute(); grads[x].numpy()
+"""
+
+from engine import init, ops
+from engine.alloc import Plan
+from engine.errors import (BackendError, DTypeError, EngineError, ShapeError, StalePlanError,
+                           UnknownOpError)
+from engine.graph import Graph, compute
+from engine.registry import OPS, all_ops, get_op
+from engine.tensor import Flag, Tensor, constant, input_tensor, new_tensor, param
+
+__all__ = ["BackendError", "DTypeError", "EngineError", "Flag", "Graph", "OPS", "Plan",
+           "ShapeError", "StalePlanError", "Tensor", "UnknownOpError", "all_ops", "compute",
+           "constant", "get_op", "init", "input_tensor", "new_tensor", "ops", "param"]

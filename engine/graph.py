@@ -1,0 +1,199 @@
+"""Static graphs: forward building, backward appended to the same graph, evaluation.
+
+    x = engine.param((4, 3), name="x")
+    loss = ops.sum(ops.relu(x)).set_loss()
+    g = Graph([loss])
+    grads = g.build_backward(loss)      # appends gradient nodes to g
+    x.set(np.random.rand(4, 3))
+    g.compute()
+    grads[x].numpy()
+
+Forward and backward live in one graph because the backward pass reads forward
+intermediates. Gradients are computed for param-flagged tensors only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import EngineError, ShapeError
+from engine.registry import OPS
+from engine.tensor import Flag, Tensor
+
+
+def _topo(outputs, seen: set[int], order: list[Tensor]) -> None:
+    """Append to `order`, in dependency order, every node reaching `outputs` not yet seen."""
+    stack = [(t, False) for t in reversed(outputs)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if t.id in seen:
+            continue
+        seen.add(t.id)
+        stack.append((t, True))
+        stack.extend((s, False) for s in reversed(t.srcs) if s.id not in seen)
+
+
+class Graph:
+    """A topologically ordered, deduplicated set of nodes reaching its outputs."""
+
+    def __init__(self, outputs=(), name: str = "graph"):
+        self.name = name
+        self.nodes: list[Tensor] = []
+        self.outputs: list[Tensor] = []
+        self._seen: set[int] = set()
+        self.version = 0
+        self.grads: dict[Tensor, Tensor] = {}       # param -> gradient node in this graph
+        self.grad_accs: dict[Tensor, Tensor] = {}   # param -> persistent accumulator
+        self.loss_grad: Tensor | None = None        # the seed of backprop (reset sets 1)
+        self._plan = None
+        self.expand(*outputs)
+
+    # --- building -------------------------------------------------------------------------
+    def expand(self, *tensors: Tensor) -> Graph:
+        """Add `tensors` and everything they depend on (as ggml's build_forward_expand)."""
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"graph outputs must be Tensors, got {type(t).__name__}")
+            t.set_flag(Flag.OUTPUT)
+            if t not in self.outputs:
+                self.outputs.append(t)
+        _topo(list(tensors), self._seen, self.nodes)
+        self.version += 1
+        return self
+
+    def copy(self, name: str | None = None) -> Graph:
+        """A new graph with the same nodes (e.g. to extend a forward graph with backward)."""
+        g = Graph(name=name or f"{self.name}_copy")
+        g.expand(*self.outputs)
+        return g
+
+    def build_backward(self, loss: Tensor | None = None, accumulate: bool = False):
+        """Append the gradient of `loss` w.r.t. every param in the graph; return them.
+
+        With `accumulate`, each param also gets a persistent accumulator to which every
+        evaluation adds its gradient, and the returned dict maps params to accumulators.
+        The loss gradient is a persistent tensor seeded with 1; `reset` re-seeds it and
+        zeroes the accumulators (done once here).
+        """
+        if self.loss_grad is not None:
+            raise EngineError(f"graph {self.name!r} already has a backward pass")
+        if loss is None:
+            losses = [t for t in self.nodes if t.flags & Flag.LOSS]
+            if len(losses) != 1:
+                raise EngineError("build_backward: pass the loss, or flag exactly one tensor "
+                                  f"with set_loss (found {len(losses)})")
+            loss = losses[0]
+        if loss.id not in self._seen:
+            self.expand(loss)
+        if loss.dtype.kind != "f":
+            raise EngineError(f"build_backward: loss {loss.name!r} must be float, "
+                              f"not {loss.dtype}")
+        loss.set_flag(Flag.LOSS | Flag.OUTPUT)
+        params = [t for t in self.nodes if t.is_param]
+        if not params:
+            raise EngineError("build_backward: the graph has no param-flagged tensor")
+
+        needs = _needs_grad(self.nodes)
+        seed = Tensor(loss.shape, loss.dtype, name=f"{loss.name}.grad_seed", flags=Flag.INPUT)
+        grads: dict[int, Tensor] = {loss.id: seed}
+        for node in reversed(self.nodes):
+            g = grads.get(node.id)
+            if g is None or node.is_leaf:
+                continue
+            op = OPS[node.op]
+            if op.backward is None:
+                if any(needs.get(s.id) for s in node.srcs):
+                    raise EngineError(f"op {node.op} has no backward ({op.no_grad}), but "
+                                      f"{node.name!r} lies between a param and the loss")
+                continue
+            src_grads = op.backward(g, node, *node.srcs, **node.params)
+            if len(src_grads) != len(node.srcs):
+                raise EngineError(f"backward of {node.op} returned {len(src_grads)} "
+                                  f"gradients for {len(node.srcs)} inputs")
+            for src, sg in zip(node.srcs, src_grads):
+                if sg is None or not needs.get(src.id):
+                    continue
+                if sg.shape != src.shape or sg.dtype != src.dtype:
+                    raise ShapeError(f"backward of {node.op} gave a {sg.dtype} gradient of "
+                                     f"shape {list(sg.shape)} for an input of shape "
+                                     f"{list(src.shape)} ({src.dtype})")
+                prev = grads.get(src.id)
+                grads[src.id] = sg if prev is None else OPS["add"].build(prev, sg)
+
+        self.loss_grad = seed
+        for p in params:
+            g = grads.get(p.id)
+            if g is None:
+                continue  # the loss does not depend on p; its gradient is zero
+            if g.is_leaf or g.view_of is not None:
+                g = OPS["cont"].build(g)   # a gradient of its own, never an alias
+            g.name = f"{p.name}.grad"
+            self.grads[p] = g
+            self.expand(g)
+        if accumulate:
+            for p in params:
+                self.grad_accs[p] = Tensor(p.shape, p.dtype, name=f"{p.name}.grad_acc",
+                                           flags=Flag.GRAD_ACC)
+        self.version += 1
+        self.reset()
+        return dict(self.grad_accs) if accumulate else dict(self.grads)
+
+    def grad(self, p: Tensor) -> Tensor:
+        """The tensor holding p's gradient after compute (its accumulator when accumulating)."""
+        if p in self.grad_accs:
+            return self.grad_accs[p]
+        if p in self.grads:
+            return self.grads[p]
+        raise EngineError(f"{p.name!r} has no gradient in graph {self.name!r}")
+
+    def reset(self) -> None:
+        """Seed the loss gradient with 1 and zero the gradient accumulators."""
+        if self.loss_grad is None:
+            raise EngineError(f"graph {self.name!r} has no backward pass to reset")
+        self.loss_grad.set(1)
+        for acc in self.grad_accs.values():
+            acc.buffer()[...] = 0
+
+    # --- evaluation -------------------------------------------------------------------------
+    def compute(self, backend="cpu"):
+        """Evaluate every node, replanning when the graph changed since the last plan."""
+        from engine.alloc import Plan
+        if self._plan is None or not self._plan.matches(self) or \
+                self._plan.backend.name != backend:
+            self._plan = Plan(self, backend)
+        self._plan.run(self)
+        return self
+
+    @property
+    def plan(self):
+        return self._plan
+
+    def params(self) -> list[Tensor]:
+        return [t for t in self.nodes if t.is_param]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self.nodes)} nodes, version {self.version})"
+
+
+def _needs_grad(nodes) -> dict[int, bool]:
+    """Which nodes depend on a float param (only those get gradients)."""
+    needs: dict[int, bool] = {}
+    for t in nodes:
+        if t.is_leaf:
+            needs[t.id] = t.is_param and t.dtype.kind == "f"
+        else:
+            needs[t.id] = t.dtype.kind == "f" and any(needs.get(s.id) for s in t.srcs)
+    return needs
+
+
+def compute(*tensors: Tensor, backend="cpu") -> list[np.ndarray]:
+    """Evaluate `tensors` in a throwaway graph and return their values (convenience)."""
+    g = Graph(tensors, name="eval")
+    g.compute(backend)
+    return [t.numpy() for t in tensors]

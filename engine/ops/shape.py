@@ -1,0 +1,154 @@
+"""Shape ops. reshape and permute are views (no copy); cont makes a contiguous copy;
+broadcast_to materialises a numpy-style broadcast (its gradient is the broadcast reduction).
+
+As in ggml, reshape needs a contiguous input: reshape a permuted view after `cont`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.backends.cpu import elementwise as cpu
+from engine.errors import ShapeError
+from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+
+
+# --- reshape ---------------------------------------------------------------------------------
+def _reshape_infer(x, shape):
+    if not x.contiguous:
+        raise ShapeError(f"reshape: input of shape {list(x.shape)} is a non-contiguous view "
+                         "(from permute); apply cont() first")
+    if math.prod(shape) != x.size:
+        raise ShapeError(f"reshape: cannot reshape {list(x.shape)} ({x.size} elements) to "
+                         f"{list(shape)}")
+    return shape, x.dtype
+
+
+def reshape(x, shape):
+    """x with a new shape of the same size; one dimension may be -1."""
+    shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if shape.count(-1) > 1:
+        raise ShapeError(f"reshape: more than one -1 in {list(shape)}")
+    if -1 in shape:
+        rest = math.prod(d for d in shape if d != -1)
+        if rest == 0 or x.size % rest:
+            raise ShapeError(f"reshape: cannot reshape {list(x.shape)} to {list(shape)}")
+        shape = tuple(x.size // rest if d == -1 else d for d in shape)
+    return make_node("reshape", (x,), shape=shape)
+
+
+def _reshape_backward(g, out, x, shape):
+    return (reshape(cont_if_strided(g), x.shape),)
+
+
+# --- permute / transpose ------------------------------------------------------------------------
+def _permute_infer(x, axes):
+    if sorted(axes) != list(range(x.ndim)):
+        raise ShapeError(f"permute: axes {list(axes)} are not a permutation of the "
+                         f"{x.ndim} axes of shape {list(x.shape)}")
+    identity = tuple(axes) == tuple(range(x.ndim))
+    return tuple(x.shape[a] for a in axes), x.dtype, identity and x.contiguous
+
+
+def permute(x, *axes):
+    """numpy.transpose(x, axes): output axis i is input axis axes[i]. A strided view."""
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    return make_node("permute", (x,), axes=tuple(int(a) + x.ndim if a < 0 else int(a)
+                                                 for a in axes))
+
+
+def _permute_backward(g, out, x, axes):
+    return (permute(g, tuple(int(i) for i in np.argsort(axes))),)
+
+
+def transpose(x, axis1=-2, axis2=-1):
+    """Swap two axes (by default the last two, i.e. the matrix transpose). A view."""
+    if x.ndim < 2:
+        raise ShapeError(f"transpose: needs at least 2 axes, got shape {list(x.shape)}")
+    axes = list(range(x.ndim))
+    a, b = axis1 % x.ndim, axis2 % x.ndim
+    axes[a], axes[b] = axes[b], axes[a]
+    return permute(x, tuple(axes))
+
+
+# --- cont -----------------------------------------------------------------------------------------
+def cont(x):
+    """A contiguous copy of x (of a permuted view: its data in the view's order)."""
+    return make_node("cont", (x,))
+
+
+def cont_if_strided(x):
+    return x if x.contiguous else cont(x)
+
+
+# --- broadcast_to ---------------------------------------------------------------------------------
+def _broadcast_infer(x, shape):
+    if broadcast_shapes("broadcast_to", x.shape, shape) != tuple(shape):
+        raise ShapeError(f"broadcast_to: cannot broadcast {list(x.shape)} to {list(shape)}")
+    return tuple(shape), x.dtype
+
+
+def broadcast_to(x, shape):
+    """x broadcast (numpy rules) to `shape`, materialised."""
+    return make_node("broadcast_to", (x,), shape=tuple(int(d) for d in shape))
+
+
+def _cpu_broadcast_to(out, ins, shape):
+    np.copyto(out, np.broadcast_to(ins[0], shape))
+
+
+# --- samples and registration ---------------------------------------------------------------------
+@both_dtypes
+def _reshape_samples(dtype):
+    return [Sample.make("reshape", [InputSpec("x", s)], dtype, shape=t)
+            for s, t in [((12,), (3, 4)), ((2, 3, 4), (4, -1)), ((2, 3, 4, 5), (6, 20))]]
+
+
+@both_dtypes
+def _permute_samples(dtype):
+    return [Sample.make("permute", [InputSpec("x", s)], dtype, axes=a)
+            for s, a in [((3, 4), (1, 0)), ((2, 3, 4), (2, 0, 1)), ((2, 3, 4, 5), (0, 2, 1, 3)),
+                         ((2, 3, 4, 5), (3, 2, 1, 0))]]
+
+
+@both_dtypes
+def _transpose_samples(dtype):
+    return [Sample.make("transpose", [InputSpec("x", s)], dtype) for s in [(3, 4), (2, 3, 4)]]
+
+
+@both_dtypes
+def _cont_samples(dtype):
+    return [Sample.make("cont", [InputSpec("x", (3, 4))], dtype)]
+
+
+@both_dtypes
+def _broadcast_samples(dtype):
+    return [Sample.make("broadcast_to", [InputSpec("x", s)], dtype, shape=t)
+            for s, t in [((4,), (3, 4)), ((3, 1), (2, 3, 5)), ((), (2, 2))]]
+
+
+register(OpDef("reshape", kind="view", infer=_reshape_infer, backward=_reshape_backward,
+               view=lambda ins, shape: ins[0].reshape(shape), build=reshape,
+               torch=lambda x, shape: x.reshape(shape), samples=_reshape_samples,
+               doc="a view with a new shape (input must be contiguous)"))
+register(OpDef("permute", kind="view", infer=_permute_infer, backward=_permute_backward,
+               view=lambda ins, axes: ins[0].transpose(axes), build=permute,
+               torch=lambda x, axes: x.permute(axes), samples=_permute_samples,
+               doc="a strided view with axes reordered (numpy.transpose)"))
+register(OpDef("transpose", kind="composite", compose=transpose,
+               torch=lambda x, axis1=-2, axis2=-1: x.transpose(axis1, axis2),
+               samples=_transpose_samples, doc="swap two axes (default: last two); a view"))
+register(OpDef("cont", infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
+               kernels={"cpu": cpu.unary("cont")}, build=cont,
+               torch=lambda x: x.contiguous(), samples=_cont_samples,
+               doc="contiguous copy"))
+register(OpDef("broadcast_to", infer=_broadcast_infer,
+               backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
+               kernels={"cpu": _cpu_broadcast_to}, build=broadcast_to,
+               torch=lambda x, shape: x.expand(shape).contiguous(),
+               samples=_broadcast_samples, doc="numpy-style broadcast, materialised"))

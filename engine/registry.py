@@ -1,0 +1,116 @@
+"""The op registry: every op declared once, read by the engine, gradcheck, tests and docs.
+
+An op module defines one `OpDef` per op and registers it. An OpDef says:
+
+- `infer(*srcs, **params) -> (shape, dtype)` or `(shape, dtype, contiguous)`: validates
+  shapes, dtypes and parameters when the op is built, raising ShapeError/DTypeError that
+  name the op and the shapes;
+- `backward(g, out, *srcs, **params) -> tuple` aligned with `srcs` (None = no gradient),
+  built from registered ops so gradients are graph nodes; or `backward=None` together with
+  `no_grad`, the reason it has none;
+- `kernels`: backend name -> `kernel(out, ins, **params)` computing into `out`;
+  view ops instead give `view(ins, **params) -> array` that aliases `ins[0]`;
+- `torch(*tensors, **params)`: the torch equivalent, forward and autograd reference;
+- `samples() -> list[Sample]`: gradcheck's sample cases;
+- composite ops (`kind="composite"`) give `compose(*srcs, **params) -> Tensor` and are
+  differentiated through the ops they are made of;
+- `build(*srcs, **params) -> Tensor`: the user-facing function (defaults to making the node,
+  or to `compose`); op modules give their own where arguments need normalising.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from engine.errors import ShapeError, UnknownOpError
+from engine.tensor import Tensor
+
+KINDS = ("primitive", "view", "composite", "backward")
+
+
+@dataclasses.dataclass
+class OpDef:
+    name: str
+    kind: str = "primitive"
+    infer: Callable | None = None
+    backward: Callable | None = None
+    no_grad: str | None = None
+    kernels: dict[str, Callable] = dataclasses.field(default_factory=dict)
+    view: Callable | None = None
+    compose: Callable | None = None
+    build: Callable | None = None
+    torch: Callable | None = None
+    samples: Callable | None = None
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"op {self.name}: kind must be one of {KINDS}")
+        if self.kind == "composite":
+            if self.compose is None:
+                raise ValueError(f"composite op {self.name} needs compose")
+        elif self.infer is None:
+            raise ValueError(f"op {self.name} needs an infer rule")
+        if self.kind == "view" and self.view is None:
+            raise ValueError(f"view op {self.name} needs a view function")
+        if self.kind != "composite" and self.backward is None and not self.no_grad:
+            raise ValueError(f"op {self.name}: give a backward rule or say why it has none "
+                             "(no_grad=...)")
+        if self.build is None:
+            self.build = self.compose if self.kind == "composite" else self._make
+
+    def _make(self, *srcs, **params) -> Tensor:
+        return make_node(self.name, srcs, **params)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.kind == "composite" or self.backward is not None
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in OPS:
+        raise ValueError(f"op {op.name} registered twice")
+    OPS[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    """The OpDef called `name`; an unknown name raises an error listing the known ones."""
+    import engine.ops  # noqa: F401  (fills OPS)
+    try:
+        return OPS[name]
+    except KeyError:
+        raise UnknownOpError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") \
+            from None
+
+
+def all_ops() -> dict[str, OpDef]:
+    import engine.ops  # noqa: F401
+    return dict(sorted(OPS.items()))
+
+
+def make_node(name: str, srcs, **params) -> Tensor:
+    """Build a node of op `name` on `srcs`, checking shapes and dtypes now."""
+    op = OPS[name]
+    srcs = tuple(srcs)
+    for s in srcs:
+        if not isinstance(s, Tensor):
+            raise TypeError(f"{name}: expected Tensor inputs, got {type(s).__name__}")
+    inferred = op.infer(*srcs, **params)
+    shape, dtype = inferred[0], inferred[1]
+    contiguous = inferred[2] if len(inferred) > 2 else True
+    if any(int(d) < 0 for d in shape):
+        raise ShapeError(f"{name}: inferred a negative dimension {list(shape)} from "
+                         f"{[list(s.shape) for s in srcs]}")
+    view_of = srcs[0] if op.kind == "view" else None
+    return Tensor(shape, dtype, op=name, srcs=srcs, params=params, view_of=view_of,
+                  contiguous=contiguous)
+
+
+def shapes_str(*tensors) -> str:
+    """'[2, 3] and [4]' for error messages."""
+    return " and ".join(str(list(t.shape)) for t in tensors)

@@ -1,0 +1,118 @@
+"""Sample cases: the inputs and parameters on which an op is checked.
+
+A `Sample` is a frozen dataclass. Its string form, e.g.
+`pool_2d(type=f32,x=[2,3,8,8],k=[3,3],s=[2,2],p=[1,1],mode=max)`, is the pytest id, the
+CLI filter key and the report row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from engine.tensor import as_dtype, dtype_name
+
+GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """How one input of a sample is made.
+
+    kind: uniform in [low, high]; away_from_zero: |x| in [low, high] with a random sign
+    (keeps relu/abs/sgn off their kink); distinct: a shuffled evenly spaced grid over
+    [low, high] (no ties, so max-pool and argmax are differentiable); probs: rows on the
+    probability simplex along the last axis; int: integers in [low, high).
+    dtype None means the sample's dtype. grad False marks inputs that are not checked
+    (labels, indices).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    kind: str = "uniform"
+    low: float = -1.0
+    high: float = 1.0
+    dtype: str | None = None
+    grad: bool = True
+
+    def __post_init__(self):
+        if self.kind not in GENERATORS:
+            raise ValueError(f"input {self.name}: kind must be one of {GENERATORS}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    def generate(self, rng: np.random.Generator, dtype) -> np.ndarray:
+        dt = as_dtype(self.dtype or dtype)
+        shape, lo, hi = self.shape, self.low, self.high
+        if self.kind == "uniform":
+            x = rng.uniform(lo, hi, shape)
+        elif self.kind == "away_from_zero":
+            x = rng.uniform(lo, hi, shape) * rng.choice([-1.0, 1.0], shape)
+        elif self.kind == "distinct":
+            n = int(np.prod(shape))
+            x = (lo + (hi - lo) * rng.permutation(n) / max(n - 1, 1)).reshape(shape)
+        elif self.kind == "probs":
+            z = rng.uniform(lo, hi, shape)
+            z = np.exp(z - z.max(axis=-1, keepdims=True))
+            x = z / z.sum(axis=-1, keepdims=True)
+        else:
+            x = rng.integers(int(lo), int(hi), shape)
+        return np.asarray(x).astype(dt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One case of an op: its inputs, its parameters (as sorted pairs) and its dtype."""
+
+    op: str
+    inputs: tuple[InputSpec, ...]
+    params: tuple[tuple[str, Any], ...] = ()
+    dtype: str = "f32"
+
+    @classmethod
+    def make(cls, op: str, inputs, dtype="f32", **params) -> Sample:
+        return cls(op, tuple(inputs), tuple(sorted(params.items())), dtype_name(dtype))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        parts = [f"type={self.dtype}"]
+        parts += [f"{i.name}={_fmt(list(i.shape))}" for i in self.inputs]
+        parts += [f"{k}={_fmt(v)}" for k, v in self.params]
+        return f"{self.op}({','.join(parts)})"
+
+    def seed(self) -> int:
+        """A seed derived from the case itself, so its data never depends on run order."""
+        return int.from_bytes(hashlib.sha256(str(self).encode()).digest()[:8], "little")
+
+    def generate_inputs(self) -> list[np.ndarray]:
+        rng = np.random.default_rng(self.seed())
+        return [spec.generate(rng, self.dtype) for spec in self.inputs]
+
+    def build(self, *tensors):
+        """Build the op on `tensors` (one per input spec)."""
+        from engine.registry import get_op
+        return get_op(self.op).build(*tensors, **self.kwargs)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def both_dtypes(make_samples):
+    """Decorator: a samples() function written for one dtype yields f32 and f64 cases."""
+    def samples():
+        out = []
+        for dt in ("f32", "f64"):
+            out.extend(make_samples(dt))
+        return out
+    samples.__doc__ = make_samples.__doc__
+    return samples
