@@ -54,10 +54,8 @@ def _permute_infer(x, axes):
     return tuple(x.shape[a] for a in axes), x.dtype, identity and x.contiguous
 
 
-def permute(x, *axes):
+def permute(x, axes):
     """numpy.transpose(x, axes): output axis i is input axis axes[i]. A strided view."""
-    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-        axes = tuple(axes[0])
     return make_node("permute", (x,), axes=tuple(int(a) + x.ndim if a < 0 else int(a)
                                                  for a in axes))
 

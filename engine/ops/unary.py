@@ -51,7 +51,7 @@ UNARY = [
           ("away_from_zero", 0.1, 2.0), doc="|x|; d/dx = sgn(x), kink at 0"),
     Unary("sgn", _zero, lambda x: x.sign(), ("away_from_zero", 0.1, 2.0),
           doc="sign of x (-1, 0, 1); zero derivative away from 0"),
-    Unary("step", _zero, lambda x: (x > 0).to(x.dtype), ("away_from_zero", 0.1, 2.0),
+    Unary("step", _zero, lambda x: x.sign().clamp(min=0), ("away_from_zero", 0.1, 2.0),
           doc="1 where x > 0 else 0; zero derivative away from 0"),
     Unary("relu", lambda g, y, x: _mul(g, step(x)), lambda x: x.relu(),
           ("away_from_zero", 0.1, 2.0), doc="max(x, 0); d/dx = step(x), kink at 0"),

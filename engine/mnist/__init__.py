@@ -1,0 +1,1 @@
+"""The MNIST training target (not implemented yet: see the MNIST issue)."""
