@@ -1,0 +1,162 @@
+"""CPU kernels against torch, side by side in one run (a benchmark, not a test).
+
+    python bench/bench_cpu.py            # or: tox -e bench
+    python bench/bench_cpu.py --repeat 30 --no-startup
+
+For relu and max pool_2d 2x2 on a (1000, 8, 28, 28) float32 tensor, and a 1000x784 @ 784x500
+float32 matmul, prints the median time of the engine and of torch, forward and backward, and
+their ratio (engine / torch; target <= 1.5). The engine's time is a whole graph evaluation
+(its plan made beforehand), so executor overhead counts. Backward is the graph of the op's
+backward rule with the forward values as inputs, against torch.autograd.grad of the op.
+Also prints the BLAS throughput of the matmul, and the start-up time of
+`gradcheck --op relu` with an empty numba cache and with a warm one (target warm < 3 s).
+The machine is shared and noisy: read the ratios, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from tabulate import tabulate
+
+import engine
+from engine import ops
+from engine.registry import OPS
+
+TARGET_RATIO = 1.5
+TARGET_WARM_START = 3.0
+
+
+def median_time(fn, repeat: int) -> float:
+    fn()
+    fn()   # warm-up: compile, load caches, fault pages in
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def engine_forward(build, arrays):
+    leaves = [engine.input_tensor(a.shape, a.dtype, name=f"in{i}") for i, a in enumerate(arrays)]
+    for t, a in zip(leaves, arrays):
+        t.set(a)
+    out = build(*leaves)
+    graph = engine.Graph([out])
+    graph.compute()
+    return graph, out
+
+
+def engine_backward(build, arrays, grad_index=0):
+    """A graph of the op's backward rule alone, fed with the forward values."""
+    _, out = engine_forward(build, arrays)
+    leaves = [engine.input_tensor(a.shape, a.dtype) for a in arrays]
+    for t, a in zip(leaves, arrays):
+        t.set(a)
+    node = build(*leaves)
+    y = engine.input_tensor(out.shape, out.dtype)
+    y.set(out.numpy())
+    g = engine.input_tensor(out.shape, out.dtype)
+    g.set(np.random.default_rng(1).normal(size=out.shape).astype(out.dtype))
+    grads = OPS[node.op].backward(g, y, *leaves, **node.params)
+    graph = engine.Graph([gr for gr in grads if gr is not None])
+    graph.compute()
+    return graph
+
+
+def bench_case(name, build, torch_fn, arrays, repeat, flops=None):
+    fwd_graph, _ = engine_forward(build, arrays)
+    bwd_graph = engine_backward(build, arrays)
+    tens = [torch.from_numpy(a) for a in arrays]
+    with torch.no_grad():
+        t_fwd = median_time(lambda: torch_fn(*tens), repeat)
+    req = [t.clone().requires_grad_(True) for t in tens]
+    y = torch_fn(*req)
+    g = torch.from_numpy(np.random.default_rng(1).normal(size=tuple(y.shape)).astype(arrays[0].dtype))
+    t_bwd = median_time(lambda: torch.autograd.grad(y, req, g, retain_graph=True), repeat)
+    e_fwd = median_time(fwd_graph.compute, repeat)
+    e_bwd = median_time(bwd_graph.compute, repeat)
+    rows = [[name, "forward", e_fwd, t_fwd], [name, "backward", e_bwd, t_bwd]]
+    extra = None
+    if flops:
+        extra = (flops / e_fwd / 1e9, flops / t_fwd / 1e9)
+    return rows, extra
+
+
+def startup_times() -> tuple[float, float]:
+    """Wall time of `gradcheck --op relu` with an empty numba cache, then a warm one."""
+    cmd = [sys.executable, "-m", "gradcheck.cli", "--op", "relu", "--no-progress"]
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        out = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, env=env, check=True, capture_output=True)
+            out.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        subprocess.run(cmd, env=env, check=True, capture_output=True)
+        out[1] = min(out[1], time.perf_counter() - t0)
+    return out[0], out[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
+    p.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
+    args = p.parse_args(argv)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1000, 8, 28, 28)).astype(np.float32)
+    a = rng.normal(size=(1000, 784)).astype(np.float32)
+    b = rng.normal(size=(784, 500)).astype(np.float32)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; numba threads "
+          f"{__import__('numba').get_num_threads()}; median of {args.repeat} runs")
+
+    rows = []
+    r, _ = bench_case("relu (1000,8,28,28) f32", ops.relu, torch.relu, [x], args.repeat)
+    rows += r
+    r, _ = bench_case("pool_2d max 2x2 (1000,8,28,28) f32",
+                      lambda t: ops.pool_2d(t, "max", 2),
+                      lambda t: torch.nn.functional.max_pool2d(t, 2), [x], args.repeat)
+    rows += r
+    r, gflops = bench_case("matmul 1000x784 @ 784x500 f32", ops.matmul, torch.matmul, [a, b],
+                           args.repeat, flops=2 * 1000 * 784 * 500)
+    rows += r
+
+    table = []
+    worst = 0.0
+    for name, phase, e, t in rows:
+        ratio = e / t
+        worst = max(worst, ratio)
+        table.append([name, phase, f"{e * 1e3:.2f}", f"{t * 1e3:.2f}", f"{ratio:.2f}",
+                      "ok" if ratio <= TARGET_RATIO else "SLOWER THAN TARGET"])
+    print(tabulate(table, headers=["case", "pass", "engine ms", "torch ms", "engine/torch",
+                                   f"target <= {TARGET_RATIO}"]))
+    out = np.empty((1000, 500), np.float32)
+    raw = median_time(lambda: np.matmul(a, b, out=out), args.repeat)
+    flops = 2 * 1000 * 784 * 500
+    print(f"\nmatmul forward: engine {gflops[0]:.1f} GFLOP/s, torch {gflops[1]:.1f} GFLOP/s, "
+          f"BLAS called directly (numpy) {flops / raw / 1e9:.1f} GFLOP/s: the engine reaches "
+          f"{gflops[0] / (flops / raw / 1e9):.0%} of BLAS")
+
+    ok = worst <= TARGET_RATIO
+    if not args.no_startup:
+        cold, warm = startup_times()
+        print(f"start-up of `gradcheck --op relu`: empty numba cache {cold:.2f} s, "
+              f"warm cache {warm:.2f} s (target warm < {TARGET_WARM_START} s)")
+        ok = ok and warm < TARGET_WARM_START
+    print("all targets met" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Select sample cases from the registry and check them."""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+from engine.registry import all_ops, get_op
+from gradcheck.check import check_sample
+
+DTYPES = ("f32", "f64")
+
+
+def select_samples(op_names, dtype: str = "all", pattern: str | None = None):
+    """The registry's samples of `op_names` (unknown names raise UnknownOpError), of one
+    dtype or both, whose string contains `pattern`."""
+    samples = []
+    for name in op_names:
+        op = get_op(name)
+        samples += list(op.samples()) if op.samples else []
+    if dtype != "all":
+        samples = [s for s in samples if s.dtype == dtype]
+    if pattern:
+        samples = [s for s in samples if pattern in str(s)]
+    return samples
+
+
+def checkable_ops() -> list[str]:
+    """Ops with sample cases (dedicated backward ops are checked through their forward op)."""
+    return [name for name, op in all_ops().items() if op.samples]
+
+
+def run_checks(samples, inject: str | None = None, progress: bool = False):
+    """Check every sample; a list of Results in the same order."""
+    it = tqdm(samples, desc="gradcheck", unit="case", disable=not progress, leave=False)
+    return [check_sample(s, inject) for s in it]

@@ -1,0 +1,1 @@
+"""optcheck: compare optimizer updates with closed forms and torch.optim (not implemented yet)."""

@@ -1,0 +1,39 @@
+"""The one result record type that every tool produces and every renderer reads."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+STATUSES = ("pass", "fail", "error", "skip")
+
+
+@dataclasses.dataclass
+class Result:
+    """One checked thing: a gradcheck case, an optcheck scenario, an MNIST run.
+
+    `name` is the case's one-line string (also its filter key); `metrics` holds the numbers
+    a table shows, in display order; `message` says what went wrong, in words.
+    """
+
+    tool: str
+    name: str
+    status: str
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    message: str = ""
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("pass", "skip")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def exit_status(results) -> int:
+    """0 when every result passed (or was skipped), 1 otherwise."""
+    return 0 if all(r.ok for r in results) else 1
