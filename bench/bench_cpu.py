@@ -48,7 +48,7 @@ def median_time(fn, repeat: int) -> float:
 
 def engine_forward(build, arrays):
     leaves = [engine.input_tensor(a.shape, a.dtype, name=f"in{i}") for i, a in enumerate(arrays)]
-    for t, a in zip(leaves, arrays):
+    for t, a in zip(leaves, arrays, strict=True):
         t.set(a)
     out = build(*leaves)
     graph = engine.Graph([out])
@@ -60,7 +60,7 @@ def engine_backward(build, arrays, grad_index=0):
     """A graph of the op's backward rule alone, fed with the forward values."""
     _, out = engine_forward(build, arrays)
     leaves = [engine.input_tensor(a.shape, a.dtype) for a in arrays]
-    for t, a in zip(leaves, arrays):
+    for t, a in zip(leaves, arrays, strict=True):
         t.set(a)
     node = build(*leaves)
     y = engine.input_tensor(out.shape, out.dtype)
@@ -81,7 +81,8 @@ def bench_case(name, build, torch_fn, arrays, repeat, flops=None):
         t_fwd = median_time(lambda: torch_fn(*tens), repeat)
     req = [t.clone().requires_grad_(True) for t in tens]
     y = torch_fn(*req)
-    g = torch.from_numpy(np.random.default_rng(1).normal(size=tuple(y.shape)).astype(arrays[0].dtype))
+    g = np.random.default_rng(1).normal(size=tuple(y.shape)).astype(arrays[0].dtype)
+    g = torch.from_numpy(g)
     t_bwd = median_time(lambda: torch.autograd.grad(y, req, g, retain_graph=True), repeat)
     e_fwd = median_time(fwd_graph.compute, repeat)
     e_bwd = median_time(bwd_graph.compute, repeat)

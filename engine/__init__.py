@@ -10,8 +10,14 @@
 
 from engine import init, ops
 from engine.alloc import Plan
-from engine.errors import (BackendError, DTypeError, EngineError, ShapeError, StalePlanError,
-                           UnknownOpError)
+from engine.errors import (
+                           BackendError,
+                           DTypeError,
+                           EngineError,
+                           ShapeError,
+                           StalePlanError,
+                           UnknownOpError,
+)
 from engine.graph import Graph, compute
 from engine.registry import OPS, all_ops, get_op
 from engine.tensor import Flag, Tensor, constant, input_tensor, new_tensor, param

@@ -13,8 +13,6 @@ last reader of any view of it) has run; blocks are placed first-fit.
 
 from __future__ import annotations
 
-import numpy as np
-
 from engine.backends import get_backend
 from engine.errors import StalePlanError
 from engine.registry import OPS

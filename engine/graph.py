@@ -113,7 +113,7 @@ class Graph:
             if len(src_grads) != len(node.srcs):
                 raise EngineError(f"backward of {node.op} returned {len(src_grads)} "
                                   f"gradients for {len(node.srcs)} inputs")
-            for src, sg in zip(node.srcs, src_grads):
+            for src, sg in zip(node.srcs, src_grads, strict=True):
                 if sg is None or not needs.get(src.id):
                     continue
                 if sg.shape != src.shape or sg.dtype != src.dtype:

@@ -27,7 +27,7 @@ def loss_weights(shape, seed: int) -> np.ndarray:
 def _weighted_case(sample, arrays, dtype, as_params: bool):
     """Leaves (params where checked, else inputs), the op's output and the scalar loss."""
     leaves = []
-    for spec, a in zip(sample.inputs, arrays):
+    for spec, a in zip(sample.inputs, arrays, strict=True):
         if dtype is not None and a.dtype.kind == "f":
             a = a.astype(dtype)
         checked = spec.grad and a.dtype.kind == "f"
@@ -66,7 +66,7 @@ def numeric_gradients(sample, arrays):
         return float(loss.buffer().reshape(-1)[0])
 
     out = []
-    for spec, t in zip(sample.inputs, leaves):
+    for spec, t in zip(sample.inputs, leaves, strict=True):
         if spec.grad and t.dtype.kind == "f":
             out.append(numerical_gradient(f, t.buffer()))
         else:
@@ -89,7 +89,7 @@ def check_sample(sample, inject: str | None = None) -> Result:
     checked = 0
     max_abs = max_rel = 0.0
     problems = []
-    for spec, a, num in zip(sample.inputs, analytic, numeric):
+    for spec, a, num in zip(sample.inputs, analytic, numeric, strict=True):
         if num is None:
             continue
         c = compare(a, num[0], sample.dtype)

@@ -11,7 +11,7 @@ def broadcast_shapes(op: str, a_shape, b_shape) -> tuple[int, ...]:
     a = (1,) * (n - len(a_shape)) + tuple(a_shape)
     b = (1,) * (n - len(b_shape)) + tuple(b_shape)
     out = []
-    for da, db in zip(a, b):
+    for da, db in zip(a, b, strict=True):
         if da != db and 1 not in (da, db):
             raise ShapeError(f"{op}: shapes {list(a_shape)} and {list(b_shape)} do not "
                              "broadcast")

@@ -23,7 +23,7 @@ def run_engine(sample, arrays, with_grad=True):
     """Forward output and gradients (None where not checked) of `sample` on the engine."""
     leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and a.dtype.kind == "f"
               else engine.input_tensor(a.shape, a.dtype, name=s.name)
-              for s, a in zip(sample.inputs, arrays)]
+              for s, a in zip(sample.inputs, arrays, strict=True)]
     out = sample.build(*leaves)
     out.set_output()
     graph = engine.Graph([out], name=str(sample))
@@ -34,7 +34,7 @@ def run_engine(sample, arrays, with_grad=True):
         loss = ops.sum(ops.mul(out, w)).set_loss()
         graph.expand(loss)
         grads = graph.build_backward(loss)
-    for t, a in zip(leaves, arrays):
+    for t, a in zip(leaves, arrays, strict=True):
         t.set(a)
     graph.compute()
     got = [grads[t].numpy() if t in grads else (np.zeros(t.shape, t.dtype) if t.is_param
@@ -45,7 +45,7 @@ def run_engine(sample, arrays, with_grad=True):
 def run_torch(sample, arrays, with_grad=True):
     ref = get_op(sample.op).torch
     tens = [torch.tensor(a, requires_grad=bool(s.grad and a.dtype.kind == "f" and with_grad))
-            for s, a in zip(sample.inputs, arrays)]
+            for s, a in zip(sample.inputs, arrays, strict=True)]
     out = ref(*tens, **sample.kwargs)
     grads = [None] * len(tens)
     if with_grad and out.dtype.is_floating_point and any(t.requires_grad for t in tens):
@@ -53,5 +53,5 @@ def run_torch(sample, arrays, with_grad=True):
         (out * w).sum().backward()
         grads = [t.grad.numpy() if t.requires_grad and t.grad is not None else
                  (np.zeros(t.shape, a.dtype) if t.requires_grad else None)
-                 for t, a in zip(tens, arrays)]
+                 for t, a in zip(tens, arrays, strict=True)]
     return out.detach().numpy(), grads

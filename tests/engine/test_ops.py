@@ -35,7 +35,7 @@ def test_backward_matches_torch(sample):
     arrays = sample.generate_inputs()
     _, got = run_engine(sample, arrays)
     _, want = run_torch(sample, arrays)
-    for spec, g, w in zip(sample.inputs, got, want):
+    for spec, g, w in zip(sample.inputs, got, want, strict=True):
         if w is None:
             continue
         assert g is not None, f"no gradient for input {spec.name}"

@@ -124,7 +124,7 @@ def _coalesce(shape, *strides_list):
     for n, st in dims:
         if merged:
             pn, pst = merged[-1]
-            if all(ps == s * n for ps, s in zip(pst, st)):
+            if all(ps == s * n for ps, s in zip(pst, st, strict=True)):
                 merged[-1] = (pn * n, st)
                 continue
         merged.append((n, st))

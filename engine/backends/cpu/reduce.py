@@ -1,17 +1,19 @@
 """CPU kernels of sum over axes.
 
-Accumulation is in float64 for every input dtype. A full reduction splits the data into one
-chunk per thread; each thread sums its chunk privately and writes its partial once (no
-false sharing), and the partials are added in a fixed order, so results are deterministic.
+Accumulation is in float64 for every input dtype. A full reduction splits the data into
+chunks (their number set by the size alone, never by the thread count); each thread sums a
+chunk privately and writes its partial once (no false sharing), and the partials are added
+in a fixed order, so the result is the same bits on every machine.
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 from engine.backends.cpu.elementwise import _coalesce
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+
+MAX_CHUNKS = 64
 
 
 @parallel_kernel
@@ -57,7 +59,9 @@ def _strided(arr, dims, rank):
 def cpu_sum(out, ins, axes, keepdims):
     (x,) = ins
     if len(axes) == x.ndim and x.flags.c_contiguous:
-        nchunks = min(numba.get_num_threads() * 4, max(1, x.size // 4096)) or 1
+        # the chunking depends on the size only, never on the thread count: same bits
+        # on every machine
+        nchunks = min(MAX_CHUNKS, max(1, x.size // 4096))
         partials = np.empty(nchunks)  # a few doubles, one per chunk
         _sum_all(x.reshape(-1), partials)
         out.reshape(-1)[0] = _sum_partials(partials)
