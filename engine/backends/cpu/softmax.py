@@ -1,0 +1,86 @@
+"""CPU kernels of the row-wise ops: softmax, its backward, and log_softmax.
+
+A row is the last axis; rows are all leading axes. The op modules make every input
+C-contiguous (they insert `cont` for strided views), so a (rows, C) view never copies.
+Each row is one `prange` iteration, computed by one thread; exponentials and row sums are
+taken in float64 for float32 and float64 inputs alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.errors import BackendError
+
+
+def as_rows(arr: np.ndarray, op: str) -> np.ndarray:
+    """The (rows, C) view of a C-contiguous array whose last axis has C elements."""
+    if not arr.flags.c_contiguous:
+        raise BackendError(f"{op}: the cpu kernel needs C-contiguous inputs, got strides "
+                           f"{arr.strides} for shape {list(arr.shape)}")
+    return arr.reshape(math.prod(arr.shape[:-1]), arr.shape[-1])
+
+
+@parallel_kernel
+def _softmax_rows(x, out, scale):
+    """out[r, j] = exp(s x[r, j] - m_r) / sum_k exp(s x[r, k] - m_r), m_r = max_k s x[r, k]."""
+    rows, n = x.shape
+    for r in prange(rows):
+        m = -np.inf
+        for j in range(n):
+            m = max(m, scale * np.float64(x[r, j]))
+        total = 0.0
+        for j in range(n):
+            e = np.exp(scale * np.float64(x[r, j]) - m)
+            out[r, j] = e
+            total += e
+        inv = 1.0 / total
+        for j in range(n):
+            out[r, j] = np.float64(out[r, j]) * inv
+
+
+@parallel_kernel
+def _softmax_back_rows(g, y, out, scale):
+    """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k])."""
+    rows, n = y.shape
+    for r in prange(rows):
+        dot = 0.0
+        for j in range(n):
+            dot += np.float64(g[r, j]) * np.float64(y[r, j])
+        for j in range(n):
+            out[r, j] = scale * np.float64(y[r, j]) * (np.float64(g[r, j]) - dot)
+
+
+@parallel_kernel
+def _log_softmax_rows(x, out):
+    """out[r, j] = x[r, j] - m_r - log(sum_k exp(x[r, k] - m_r)), m_r = max_k x[r, k]."""
+    rows, n = x.shape
+    for r in prange(rows):
+        m = -np.inf
+        for j in range(n):
+            m = max(m, np.float64(x[r, j]))
+        total = 0.0
+        for j in range(n):
+            total += np.exp(np.float64(x[r, j]) - m)
+        lse = m + np.log(total)
+        for j in range(n):
+            out[r, j] = np.float64(x[r, j]) - lse
+
+
+def cpu_softmax(out, ins, scale=1.0):
+    (x,) = ins
+    _softmax_rows(as_rows(x, "softmax"), as_rows(out, "softmax"), float(scale))
+
+
+def cpu_softmax_back(out, ins, scale=1.0):
+    g, y = ins
+    _softmax_back_rows(as_rows(g, "softmax_back"), as_rows(y, "softmax_back"),
+                       as_rows(out, "softmax_back"), float(scale))
+
+
+def cpu_log_softmax(out, ins):
+    (x,) = ins
+    _log_softmax_rows(as_rows(x, "log_softmax"), as_rows(out, "log_softmax"))

@@ -1,0 +1,43 @@
+"""argmax along the last axis: int32 indices of shape x.shape[:-1].
+
+On ties the first (lowest) index wins; a NaN counts as larger than any number, so the first
+NaN of a row wins (numpy and torch agree). Piecewise constant: no gradient.
+"""
+
+from __future__ import annotations
+
+from engine.backends.cpu.argmax import cpu_argmax
+from engine.errors import ShapeError
+from engine.ops.softmax import check_rows, contiguous_inputs
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+
+
+def _infer(x):
+    check_rows("argmax", x)
+    if x.shape[-1] == 0:
+        raise ShapeError(f"argmax: the last axis of shape {list(x.shape)} is empty")
+    return x.shape[:-1], "i32"
+
+
+def argmax(x):
+    """Index of the largest element along the last axis (first one on ties), as int32."""
+    (x,) = contiguous_inputs(x)
+    return make_node("argmax", (x,))
+
+
+@both_dtypes
+def _samples(dtype):
+    return [Sample.make("argmax", [InputSpec("x", s, "distinct", -2.0, 2.0)], dtype)
+            for s in [(7,), (3, 4), (2, 3, 5)]]
+
+
+def _torch_argmax(x):
+    import torch
+    return x.argmax(-1).to(torch.int32)
+
+
+register(OpDef("argmax", infer=_infer, no_grad="integer output: piecewise constant",
+               kernels={"cpu": cpu_argmax}, build=argmax, torch=_torch_argmax,
+               samples=_samples, doc="index of the max along the last axis, int32, first on "
+                                     "ties"))

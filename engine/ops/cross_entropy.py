@@ -1,0 +1,96 @@
+"""Cross-entropy loss of logits against probability labels, and its dedicated backward.
+
+Rows are all leading axes of logits and labels (shape (..., C), N rows); labels are
+probabilities (each row sums to 1). The loss is a 0-d scalar:
+
+    loss = -(1/N) sum_r sum_c labels[r, c] log_softmax(logits[r])[c]
+
+    grad_logits = g (softmax(logits) - labels) / N        (the op cross_entropy_loss_back)
+
+Labels get no gradient. With rows that do not sum to 1 the formula above is still what is
+computed and differentiated; its gradient is then not the one of cross_entropy_loss_back.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.backends.cpu.cross_entropy import cpu_cross_entropy_loss, cpu_cross_entropy_loss_back
+from engine.errors import DTypeError, ShapeError
+from engine.ops.softmax import check_rows, contiguous_inputs
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+
+
+def _infer(logits, labels):
+    check_rows("cross_entropy_loss", logits, labels)
+    return (), logits.dtype
+
+
+def cross_entropy_loss(logits, labels):
+    """Mean over rows of -sum_c labels * log_softmax(logits), a 0-d tensor."""
+    logits, labels = contiguous_inputs(logits, labels)
+    return make_node("cross_entropy_loss", (logits, labels))
+
+
+def _backward(g, out, logits, labels):
+    return cross_entropy_loss_back(g, logits, labels), None
+
+
+def _back_infer(g, logits, labels):
+    check_rows("cross_entropy_loss_back", logits, labels)
+    if g.shape != ():
+        raise ShapeError(f"cross_entropy_loss_back: the loss gradient must be 0-d, got shape "
+                         f"{list(g.shape)} (logits {list(logits.shape)})")
+    if g.dtype != logits.dtype:
+        raise DTypeError(f"cross_entropy_loss_back: gradient dtype {g.dtype} differs from "
+                         f"logits dtype {logits.dtype}")
+    return logits.shape, logits.dtype
+
+
+def cross_entropy_loss_back(g, logits, labels):
+    """g * (softmax(logits) - labels) / N, N the number of rows."""
+    logits, labels = contiguous_inputs(logits, labels)
+    return make_node("cross_entropy_loss_back", (g, logits, labels))
+
+
+CE_SHAPES = [(1, 5), (4, 3), (7, 10), (2, 3, 4), (6,)]
+
+
+@both_dtypes
+def _samples(dtype):
+    return [Sample.make("cross_entropy_loss",
+                        [InputSpec("logits", s, low=-3.0, high=3.0),
+                         InputSpec("labels", s, "probs", low=-2.0, high=2.0, grad=False)],
+                        dtype) for s in CE_SHAPES]
+
+
+@both_dtypes
+def _back_samples(dtype):
+    return [Sample.make("cross_entropy_loss_back",
+                        [InputSpec("g", (), low=0.5, high=2.0),
+                         InputSpec("logits", s, low=-3.0, high=3.0),
+                         InputSpec("labels", s, "probs", grad=False)], dtype)
+            for s in [(4, 3), (2, 3, 4)]]
+
+
+def _torch_cross_entropy(logits, labels):
+    import torch.nn.functional as F
+    c = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, c), labels.reshape(-1, c))
+
+
+def _torch_cross_entropy_back(g, logits, labels):
+    rows = math.prod(logits.shape[:-1])
+    return g * (logits.softmax(-1) - labels) / rows
+
+
+register(OpDef("cross_entropy_loss", infer=_infer, backward=_backward,
+               kernels={"cpu": cpu_cross_entropy_loss}, build=cross_entropy_loss,
+               torch=_torch_cross_entropy, samples=_samples,
+               doc="mean over rows of -sum(labels * log_softmax(logits)); a 0-d loss"))
+register(OpDef("cross_entropy_loss_back", kind="backward", infer=_back_infer,
+               no_grad="dedicated backward op", kernels={"cpu": cpu_cross_entropy_loss_back},
+               build=cross_entropy_loss_back, torch=_torch_cross_entropy_back,
+               samples=_back_samples,
+               doc="g * (softmax(logits) - labels) / N: the gradient of cross_entropy_loss"))

@@ -1,0 +1,64 @@
+"""Matrix product with numpy's batching rules, for inputs of 2 or more axes.
+
+    out[..., i, j] = sum_k a[..., i, k] b[..., k, j]
+
+The batch axes (all but the last two) broadcast as in numpy. Backward, with the matrix
+transpose T of the last two axes and `sum_to` undoing the batch broadcast:
+
+    grad_a = sum_to(g @ b^T, a.shape)      grad_b = sum_to(a^T @ g, b.shape)
+"""
+
+from __future__ import annotations
+
+from engine.backends.cpu.matmul import cpu_matmul
+from engine.errors import DTypeError, ShapeError
+from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.registry import OpDef, make_node, register, shapes_str
+from engine.samples import InputSpec, Sample, both_dtypes
+
+
+def _infer(a, b):
+    if a.dtype != b.dtype:
+        raise DTypeError(f"matmul: dtypes differ ({a.dtype} and {b.dtype}) for shapes "
+                         f"{shapes_str(a, b)}; convert one explicitly")
+    if a.dtype.kind != "f":
+        raise DTypeError(f"matmul: needs float inputs, got {a.dtype} for shapes "
+                         f"{shapes_str(a, b)}")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul: needs inputs with at least 2 axes, got shapes "
+                         f"{shapes_str(a, b)}; reshape a vector to [1, n] or [n, 1]")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: inner dimensions differ ({a.shape[-1]} != "
+                         f"{b.shape[-2]}) for shapes {shapes_str(a, b)}")
+    try:
+        batch = broadcast_shapes("matmul", a.shape[:-2], b.shape[:-2])
+    except ShapeError:
+        raise ShapeError(f"matmul: batch axes {list(a.shape[:-2])} and {list(b.shape[:-2])} "
+                         f"do not broadcast, for shapes {shapes_str(a, b)}") from None
+    return batch + (a.shape[-2], b.shape[-1]), a.dtype
+
+
+def matmul(a, b):
+    """a @ b over the last two axes; batch axes broadcast (numpy.matmul for ndim >= 2)."""
+    return make_node("matmul", (a, b))
+
+
+def _backward(g, out, a, b):
+    from engine.ops.shape import transpose
+    return (sum_to(matmul(g, transpose(b)), a.shape),
+            sum_to(matmul(transpose(a), g), b.shape))
+
+
+MATMUL_SHAPES = [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)),
+                 ((2, 1, 3, 4), (5, 4, 2)), ((3, 4), (2, 4, 5)), ((1, 1), (1, 3))]
+
+
+@both_dtypes
+def _samples(dtype):
+    return [Sample.make("matmul", [InputSpec("a", sa), InputSpec("b", sb)], dtype)
+            for sa, sb in MATMUL_SHAPES]
+
+
+register(OpDef("matmul", infer=_infer, backward=_backward, kernels={"cpu": cpu_matmul},
+               build=matmul, torch=lambda a, b: a @ b, samples=_samples,
+               doc="matrix product over the last two axes, batch axes broadcast (numpy)"))
