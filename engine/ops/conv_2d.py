@@ -1,0 +1,84 @@
+"""conv_2d: 2-D convolution (cross-correlation, no bias) as im2col followed by a matmul.
+
+For x of shape (N, C, H, W) and an OIHW kernel w of shape (O, C, KH, KW), as torch's
+conv2d:
+
+    out[n, o, oy, ox] = sum over c, ky, kx of
+                        w[o, c, ky, kx] x[n, c, oy s_h - p_h + ky d_h, ox s_w - p_w + kx d_w]
+
+(x read as 0 in the padding), OH = (H + 2 p_h - d_h (KH - 1) - 1) // s_h + 1 (OW likewise).
+It is composed as
+
+    cols = im2col(x, KH, KW, s, p, d, dtype=w.dtype)          (N, OH, OW, C*KH*KW)
+    out  = reshape(cols, (N*OH*OW, C*KH*KW)) @ reshape(w, (O, C*KH*KW)).T
+    out  = cont(permute(reshape(out, (N, OH, OW, O)), (0, 3, 1, 2)))   NCHW
+
+so its gradients come from those parts: im2col_back for x, matmul's rule for w.
+"""
+
+from __future__ import annotations
+
+from engine.errors import DTypeError, ShapeError
+from engine.ops.im2col import conv_output_size, im2col, pair
+from engine.ops.matmul import matmul
+from engine.ops.shape import cont, permute, reshape, transpose
+from engine.registry import OpDef, register
+from engine.samples import InputSpec, Sample, both_dtypes
+
+
+def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
+    """Validate NCHW input and OIHW kernel; return (OH, OW)."""
+    if x.ndim != 4 or w.ndim != 4:
+        raise ShapeError(f"conv_2d: needs an NCHW input and an OIHW kernel (4 axes each), "
+                         f"got shapes {list(x.shape)} and {list(w.shape)}")
+    if x.dtype.kind != "f" or w.dtype.kind != "f":
+        raise DTypeError(f"conv_2d: needs float input and kernel, got {x.dtype} and "
+                         f"{w.dtype} for shapes {list(x.shape)} and {list(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ShapeError(f"conv_2d: input has {x.shape[1]} channels but the kernel expects "
+                         f"{w.shape[1]} (shapes {list(x.shape)} and {list(w.shape)})")
+    return conv_output_size("conv_2d", x.shape, w.shape[2], w.shape[3], stride, padding,
+                            dilation)
+
+
+def conv_2d(x, w, stride=1, padding=0, dilation=1):
+    """2-D convolution of NCHW x with OIHW kernel w (torch's conv2d without bias).
+
+    stride, padding, dilation: an int or a pair (rows, cols). The result has w's dtype.
+    """
+    stride, padding, dilation = (pair("conv_2d", name, v) for name, v in
+                                 (("stride", stride), ("padding", padding),
+                                  ("dilation", dilation)))
+    oh, ow = _check(x, w, stride, padding, dilation)
+    n = x.shape[0]
+    o, c, kh, kw = w.shape
+    cols = im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype)
+    cols = reshape(cols, (n * oh * ow, c * kh * kw))
+    out = matmul(cols, transpose(reshape(w, (o, c * kh * kw))))   # (N*OH*OW, O)
+    return cont(permute(reshape(out, (n, oh, ow, o)), (0, 3, 1, 2)))
+
+
+def _torch_conv_2d(x, w, stride=1, padding=0, dilation=1):
+    import torch.nn.functional as F
+    return F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation)
+
+
+@both_dtypes
+def _conv_samples(dtype):
+    # (x shape, w shape, stride, padding, dilation)
+    cases = [((1, 1, 5, 5), (1, 1, 3, 3), 1, 0, 1),
+             ((2, 3, 6, 5), (4, 3, 3, 3), 1, 1, 1),
+             ((2, 3, 7, 6), (2, 3, 3, 3), 2, 0, 1),
+             ((3, 2, 8, 7), (3, 2, 3, 3), 2, 1, 1),
+             ((2, 4, 5, 6), (3, 4, 1, 1), 1, 0, 1),
+             ((1, 3, 6, 6), (2, 3, 1, 1), 2, 0, 1),
+             ((2, 2, 9, 8), (2, 2, 3, 3), 1, 1, 2),
+             ((1, 2, 7, 9), (3, 2, 3, 2), (2, 1), (1, 0), (1, 2))]
+    return [Sample.make("conv_2d", [InputSpec("x", xs), InputSpec("w", ws)], dtype,
+                        stride=s, padding=p, dilation=d)
+            for xs, ws, s, p, d in cases]
+
+
+register(OpDef("conv_2d", kind="composite", compose=conv_2d, torch=_torch_conv_2d,
+               samples=_conv_samples,
+               doc="2-D convolution of NCHW input with OIHW kernel, via im2col and matmul"))

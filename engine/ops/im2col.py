@@ -1,0 +1,172 @@
+"""im2col: the patches of an NCHW image as rows of a matrix, so a convolution is a matmul.
+
+For x of shape (N, C, H, W), kernel size (KH, KW), stride s, padding p and dilation d:
+
+    OH = (H + 2 p_h - d_h (KH - 1) - 1) // s_h + 1        (OW likewise)
+    cols[n, oy, ox, (c KH + ky) KW + kx] = x[n, c, oy s_h - p_h + ky d_h, ox s_w - p_w + kx d_w]
+
+with zeros where the image index falls in the padding. The last axis is ordered (c, ky, kx),
+as in ggml's im2col, so `cols @ w.reshape(O, C*KH*KW).T` is the convolution with an OIHW
+kernel w. `dtype` is the columns' dtype (default x's; conv_2d passes the kernel's).
+
+im2col is linear; its backward is the dedicated op `im2col_back`, which adds every column
+entry back onto the image cell it was read from (col2im).
+"""
+
+from __future__ import annotations
+
+import operator
+
+from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
+from engine.errors import DTypeError, ShapeError
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.tensor import as_dtype, dtype_name
+
+TORCH_DTYPES = {"f32": "float32", "f64": "float64"}
+
+
+def pair(op: str, name: str, v) -> tuple[int, int]:
+    """An int or a pair of ints as a pair (rows, cols); anything else is a ShapeError."""
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+        a, b = v
+    else:
+        a = b = v
+    if any(isinstance(u, bool) or not hasattr(u, "__index__") for u in (a, b)):
+        raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+    return operator.index(a), operator.index(b)
+
+
+def integer(op: str, name: str, v) -> int:
+    """v as an int (no silent truncation of floats)."""
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise ShapeError(f"{op}: {name} must be an int, got {v!r}")
+    return operator.index(v)
+
+
+def conv_output_size(op: str, x_shape, kh, kw, stride, padding, dilation) -> tuple[int, int]:
+    """(OH, OW) of a window sliding over the last two axes of `x_shape`, validating params.
+
+    kernel, stride and dilation must be positive, padding non-negative, and at least one
+    window must fit: OH, OW >= 1.
+    """
+    for name, vals, low in (("kernel", (kh, kw), 1), ("stride", stride, 1),
+                            ("dilation", dilation, 1), ("padding", padding, 0)):
+        if min(vals) < low:
+            kind = "positive" if low else "non-negative"
+            raise ShapeError(f"{op}: {name} must be {kind}, got {list(vals)} for input of "
+                             f"shape {list(x_shape)}")
+    h, w = x_shape[-2], x_shape[-1]
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if oh < 1 or ow < 1:
+        raise ShapeError(f"{op}: a {kh}x{kw} kernel (dilation {list(dilation)}, padding "
+                         f"{list(padding)}) does not fit input of shape {list(x_shape)}; "
+                         f"output would be {oh}x{ow}")
+    return oh, ow
+
+
+def _check_image(op: str, x) -> None:
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
+    if x.dtype.kind != "f":
+        raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
+
+
+def _float_dtype(op: str, dtype) -> None:
+    if as_dtype(dtype).kind != "f":
+        raise DTypeError(f"{op}: dtype must be f32 or f64, got {dtype!r}")
+
+
+# --- im2col ------------------------------------------------------------------------------------
+def _im2col_infer(x, kh, kw, stride, padding, dilation, dtype):
+    _check_image("im2col", x)
+    _float_dtype("im2col", dtype)
+    oh, ow = conv_output_size("im2col", x.shape, kh, kw, stride, padding, dilation)
+    return (x.shape[0], oh, ow, x.shape[1] * kh * kw), as_dtype(dtype)
+
+
+def im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dtype=None):
+    """Columns (N, OH, OW, C*KH*KW) of the NCHW image x, last axis ordered (c, ky, kx).
+
+    stride, padding, dilation: an int or a pair (rows, cols). dtype: of the columns
+    (default x's).
+    """
+    return make_node("im2col", (x,), kh=integer("im2col", "kh", kh),
+                     kw=integer("im2col", "kw", kw),
+                     stride=pair("im2col", "stride", stride),
+                     padding=pair("im2col", "padding", padding),
+                     dilation=pair("im2col", "dilation", dilation),
+                     dtype=dtype_name(x.dtype if dtype is None else dtype))
+
+
+def _im2col_backward(g, out, x, kh, kw, stride, padding, dilation, dtype):
+    return (im2col_back(g, x.shape, kh, kw, stride, padding, dilation, x.dtype),)
+
+
+def _torch_im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dtype=None):
+    import torch
+    stride, padding, dilation = (pair("im2col", n, v) for n, v in
+                                 (("stride", stride), ("padding", padding), ("dilation", dilation)))
+    oh, ow = conv_output_size("im2col", x.shape, kh, kw, stride, padding, dilation)
+    cols = torch.nn.functional.unfold(x, (kh, kw), dilation=dilation, padding=padding,
+                                      stride=stride)               # (N, C*KH*KW, OH*OW)
+    cols = cols.transpose(1, 2).reshape(x.shape[0], oh, ow, -1)
+    if dtype is not None:
+        cols = cols.to(getattr(torch, TORCH_DTYPES[dtype_name(dtype)]))
+    return cols
+
+
+# --- im2col_back ----------------------------------------------------------------------------------
+def _im2col_back_infer(g, x_shape, kh, kw, stride, padding, dilation, dtype):
+    _float_dtype("im2col_back", dtype)
+    if g.dtype.kind != "f":
+        raise DTypeError(f"im2col_back: needs a float gradient, got {g.dtype}")
+    if len(x_shape) != 4:
+        raise ShapeError(f"im2col_back: x_shape must be NCHW (4 axes), got {list(x_shape)}")
+    oh, ow = conv_output_size("im2col_back", x_shape, kh, kw, stride, padding, dilation)
+    want = (x_shape[0], oh, ow, x_shape[1] * kh * kw)
+    if tuple(g.shape) != want:
+        raise ShapeError(f"im2col_back: gradient of shape {list(g.shape)} does not match the "
+                         f"columns {list(want)} of an image of shape {list(x_shape)}")
+    return tuple(x_shape), as_dtype(dtype)
+
+
+def im2col_back(g, x_shape, kh, kw, stride, padding, dilation, dtype):
+    """Gradient of im2col w.r.t. its image: dx[n, c, y, x] = sum of g over the column
+    entries read from (n, c, y, x). dtype: the image's."""
+    return make_node("im2col_back", (g,), x_shape=tuple(int(d) for d in x_shape),
+                     kh=integer("im2col_back", "kh", kh), kw=integer("im2col_back", "kw", kw),
+                     stride=pair("im2col_back", "stride", stride),
+                     padding=pair("im2col_back", "padding", padding),
+                     dilation=pair("im2col_back", "dilation", dilation),
+                     dtype=dtype_name(dtype))
+
+
+# --- samples and registration ------------------------------------------------------------------
+@both_dtypes
+def _im2col_samples(dtype):
+    other = "f64" if dtype == "f32" else "f32"
+    cases = [((1, 1, 5, 5), 3, 3, 1, 0, 1, None),
+             ((2, 3, 6, 5), 3, 2, 2, 1, 1, None),
+             ((2, 2, 7, 6), 3, 3, (1, 2), (1, 2), 2, None),
+             ((1, 3, 4, 4), 1, 1, 1, 0, 1, None),
+             ((3, 2, 5, 7), 2, 3, (2, 1), (0, 1), (2, 1), None),
+             ((2, 2, 5, 4), 3, 3, 1, 1, 1, other)]
+    # Sample.make's own `dtype` argument would swallow the op's `dtype` param: build directly
+    return [Sample("im2col", (InputSpec("x", s),),
+                   tuple(sorted(dict(kh=kh, kw=kw, stride=st, padding=p, dilation=d,
+                                     dtype=dt).items())), dtype)
+            for s, kh, kw, st, p, d, dt in cases]
+
+
+register(OpDef("im2col", infer=_im2col_infer, backward=_im2col_backward,
+               kernels={"cpu": cpu_im2col}, build=im2col, torch=_torch_im2col,
+               samples=_im2col_samples,
+               doc="NCHW image -> (N, OH, OW, C*KH*KW) patch columns, ordered (c, ky, kx)"))
+register(OpDef("im2col_back", kind="backward", infer=_im2col_back_infer,
+               no_grad="a backward op (col2im); the engine takes no second derivatives",
+               kernels={"cpu": cpu_im2col_back}, build=im2col_back,
+               doc="gradient of im2col: columns added back onto the image (col2im)"))

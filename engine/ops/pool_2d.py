@@ -1,0 +1,134 @@
+"""2-D max and average pooling over NCHW tensors, and its dedicated backward op.
+
+For x of shape (N, C, H, W), kernel (kh, kw), stride (sh, sw) and padding (ph, pw), window
+(oy, ox) covers rows oy*sh - ph ... oy*sh - ph + kh - 1 (columns likewise), and
+
+    OH = (H + 2 ph - kh) // sh + 1        (OW likewise)
+    max: out[n, c, oy, ox] = max of x over the window's cells inside the image
+         (padded cells are -inf: they never win);
+    avg: out[n, c, oy, ox] = (sum of x over the window's cells inside the image) / (kh kw)
+         (padded cells count as zeros: the divisor is the FULL window size, as in ggml and
+         torch's avg_pool2d(count_include_pad=True)).
+
+Padding must be at most half the kernel (as torch requires), so every window holds at least
+one image cell. The backward op `pool_2d_back` gives, for max, g at the argmax of each window
+recomputed from x (the first maximum in row-major window order wins on ties; a subgradient
+there, as in torch), and for avg, g / (kh kw) spread over the window's image cells.
+"""
+
+from __future__ import annotations
+
+from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
+from engine.errors import DTypeError, ShapeError
+from engine.ops.im2col import conv_output_size, pair
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+
+MODES = ("max", "avg")
+
+
+def _check(op, x, mode, kernel, stride, padding) -> tuple[int, int]:
+    """Validate an NCHW float input and pooling params; return (OH, OW)."""
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
+    if x.dtype.kind != "f":
+        raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
+    if mode not in MODES:
+        raise ShapeError(f"{op}: mode must be one of {MODES}, got {mode!r}")
+    oh, ow = conv_output_size(op, x.shape, kernel[0], kernel[1], stride, padding, (1, 1))
+    if 2 * padding[0] > kernel[0] or 2 * padding[1] > kernel[1]:
+        raise ShapeError(f"{op}: padding {list(padding)} must be at most half the kernel "
+                         f"{list(kernel)} (input of shape {list(x.shape)})")
+    return oh, ow
+
+
+def _pool_infer(x, mode, kernel, stride, padding):
+    oh, ow = _check("pool_2d", x, mode, kernel, stride, padding)
+    return (x.shape[0], x.shape[1], oh, ow), x.dtype
+
+
+def _params(op, mode, kernel, stride, padding) -> dict:
+    kernel = pair(op, "kernel", kernel)
+    return dict(mode=mode, kernel=kernel,
+                stride=kernel if stride is None else pair(op, "stride", stride),
+                padding=pair(op, "padding", padding))
+
+
+def pool_2d(x, mode, kernel, stride=None, padding=0):
+    """Max ("max") or average ("avg") pooling of the NCHW tensor x.
+
+    kernel, stride, padding: an int or a pair (rows, cols); stride defaults to the kernel.
+    avg divides by the full window size kh*kw, padded cells included (ggml's rule; torch's
+    avg_pool2d with count_include_pad=True). Padded cells never win a max.
+    """
+    return make_node("pool_2d", (x,), **_params("pool_2d", mode, kernel, stride, padding))
+
+
+def _pool_backward(g, out, x, mode, kernel, stride, padding):
+    return (pool_2d_back(g, x, mode, kernel, stride, padding),)
+
+
+def _torch_pool_2d(x, mode, kernel, stride=None, padding=0):
+    import torch.nn.functional as F
+    if mode == "max":
+        return F.max_pool2d(x, kernel, stride, padding)
+    return F.avg_pool2d(x, kernel, stride, padding, count_include_pad=True)
+
+
+# --- pool_2d_back --------------------------------------------------------------------------------
+def _pool_back_infer(g, x, mode, kernel, stride, padding):
+    oh, ow = _check("pool_2d_back", x, mode, kernel, stride, padding)
+    want = (x.shape[0], x.shape[1], oh, ow)
+    if tuple(g.shape) != want:
+        raise ShapeError(f"pool_2d_back: gradient of shape {list(g.shape)} does not match "
+                         f"the pooled shape {list(want)} of input {list(x.shape)}")
+    if g.dtype != x.dtype:
+        raise DTypeError(f"pool_2d_back: gradient dtype {g.dtype} differs from input dtype "
+                         f"{x.dtype} (shapes {list(g.shape)} and {list(x.shape)})")
+    return x.shape, x.dtype
+
+
+def pool_2d_back(g, x, mode, kernel, stride=None, padding=0):
+    """Gradient of pool_2d w.r.t. x, given the output gradient g (see the module doc)."""
+    return make_node("pool_2d_back", (g, x),
+                     **_params("pool_2d_back", mode, kernel, stride, padding))
+
+
+# --- samples and registration ---------------------------------------------------------------------
+SHAPES = [(1, 1, 5, 6), (2, 3, 6, 5), (1, 2, 7, 7), (2, 1, 8, 6)]
+
+
+def _grid():
+    """ggml-style cases: kernel 1 or 3, stride 1 or 2 and padding 0 or 1 per axis (padding
+    at most half the kernel), cycling through batch/channel/size shapes; plus a few more."""
+    per_axis = [(k, s, p) for k in (1, 3) for s in (1, 2) for p in (0, 1) if 2 * p <= k]
+    cases = []
+    for i, (k0, s0, p0) in enumerate(per_axis):
+        for j, (k1, s1, p1) in enumerate(per_axis):
+            shape = SHAPES[(i * len(per_axis) + j) % len(SHAPES)]
+            cases.append((shape, (k0, k1), (s0, s1), (p0, p1)))
+    cases += [((2, 3, 8, 8), 2, None, 0), ((1, 2, 7, 6), 2, 2, 1), ((2, 3, 8, 8), 3, 2, 1),
+              ((3, 2, 5, 5), (2, 3), (1, 2), (1, 0))]
+    return cases
+
+
+@both_dtypes
+def _pool_samples(dtype):
+    out = []
+    for mode in MODES:
+        for shape, k, s, p in _grid():
+            spec = InputSpec("x", shape, "distinct" if mode == "max" else "uniform")
+            out.append(Sample.make("pool_2d", [spec], dtype, mode=mode, kernel=k, stride=s,
+                                   padding=p))
+    return out
+
+
+register(OpDef("pool_2d", infer=_pool_infer, backward=_pool_backward,
+               kernels={"cpu": cpu_pool_2d}, build=pool_2d, torch=_torch_pool_2d,
+               samples=_pool_samples,
+               doc="2-D max/avg pooling of NCHW input; avg divides by the full window"))
+register(OpDef("pool_2d_back", kind="backward", infer=_pool_back_infer,
+               no_grad="a backward op; the engine takes no second derivatives",
+               kernels={"cpu": cpu_pool_2d_back}, build=pool_2d_back,
+               doc="gradient of pool_2d: g routed to each window's argmax (max) or spread "
+                   "as g/(kh*kw) (avg)"))
