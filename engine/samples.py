@@ -72,7 +72,8 @@ class Sample:
     dtype: str = "f32"
 
     @classmethod
-    def make(cls, op: str, inputs, dtype="f32", **params) -> Sample:
+    def make(cls, op: str, inputs, dtype="f32", /, **params) -> Sample:
+        """A sample of `op`; `dtype` is positional so that an op param may be named dtype."""
         return cls(op, tuple(inputs), tuple(sorted(params.items())), dtype_name(dtype))
 
     @property
@@ -84,6 +85,28 @@ class Sample:
         parts += [f"{i.name}={_fmt(list(i.shape))}" for i in self.inputs]
         parts += [f"{k}={_fmt(v)}" for k, v in self.params]
         return f"{self.op}({','.join(parts)})"
+
+    @property
+    def float_dtypes(self) -> set[str]:
+        """Every float dtype the case computes in: its own, its inputs', a `dtype` param's."""
+        names = {self.dtype} | {i.dtype for i in self.inputs if i.dtype}
+        if isinstance(self.kwargs.get("dtype"), str):
+            names.add(self.kwargs["dtype"])
+        return names & {"f32", "f64"}
+
+    @property
+    def precision(self) -> str:
+        """The least precise float dtype the case computes in: its tolerances follow it."""
+        return "f32" if "f32" in self.float_dtypes else "f64"
+
+    def promoted(self, dtype: str = "f64") -> Sample:
+        """The same case with every float dtype replaced by `dtype` (the float64 reference
+        of a float32 case). The string form, and so the seed, stay the original's."""
+        inputs = tuple(dataclasses.replace(i, dtype=dtype) if i.dtype in ("f32", "f64")
+                       else i for i in self.inputs)
+        params = tuple((k, dtype if k == "dtype" and v in ("f32", "f64") else v)
+                       for k, v in self.params)
+        return _Promoted(self.op, inputs, params, dtype, original=str(self))
 
     def seed(self) -> int:
         """A seed derived from the case itself, so its data never depends on run order."""
@@ -97,6 +120,14 @@ class Sample:
         """Build the op on `tensors` (one per input spec)."""
         from engine.registry import get_op
         return get_op(self.op).build(*tensors, **self.kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Promoted(Sample):
+    original: str = ""
+
+    def __str__(self) -> str:
+        return self.original
 
 
 def _fmt(v) -> str:
