@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.cpu.jit import parallel_kernel, prange
-from engine.backends.cpu.softmax import as_rows
+from engine.backends.cpu.softmax import as_rows, row_logsumexp
 
 MAX_CHUNKS = 32
 LINE = 8   # float64 slots per partial: one 64-byte cache line each
@@ -33,13 +33,7 @@ def _cross_entropy_rows(logits, labels, partials, out):
     for c in prange(nchunks):
         acc = 0.0
         for r in range(c * chunk, min(rows, (c + 1) * chunk)):
-            m = -np.inf
-            for j in range(n):
-                m = max(m, np.float64(logits[r, j]))
-            total = 0.0
-            for j in range(n):
-                total += np.exp(np.float64(logits[r, j]) - m)
-            lse = m + np.log(total)
+            lse = row_logsumexp(logits, r)
             for j in range(n):
                 acc += np.float64(labels[r, j]) * (lse - np.float64(logits[r, j]))
         partials[c, 0] = acc
@@ -54,15 +48,9 @@ def _cross_entropy_back_rows(gscale, logits, labels, out):
     """out[r, c] = gscale (softmax(logits[r])[c] - labels[r, c]), gscale = g / N."""
     rows, n = logits.shape
     for r in prange(rows):
-        m = -np.inf
+        lse = row_logsumexp(logits, r)
         for j in range(n):
-            m = max(m, np.float64(logits[r, j]))
-        total = 0.0
-        for j in range(n):
-            total += np.exp(np.float64(logits[r, j]) - m)
-        inv = 1.0 / total
-        for j in range(n):
-            p = np.exp(np.float64(logits[r, j]) - m) * inv
+            p = np.exp(np.float64(logits[r, j]) - lse)
             out[r, j] = gscale * (p - np.float64(labels[r, j]))
 
 

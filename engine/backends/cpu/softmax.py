@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 from engine.errors import BackendError
 
 
@@ -22,6 +22,20 @@ def as_rows(arr: np.ndarray, op: str) -> np.ndarray:
         raise BackendError(f"{op}: the cpu kernel needs C-contiguous inputs, got strides "
                            f"{arr.strides} for shape {list(arr.shape)}")
     return arr.reshape(math.prod(arr.shape[:-1]), arr.shape[-1])
+
+
+@kernel
+def row_logsumexp(x, r):
+    """log(sum_k exp(x[r, k])) in float64, stably: m + log(sum_k exp(x[r, k] - m)), m the
+    row max. Shared by log_softmax and the cross-entropy kernels."""
+    n = x.shape[1]
+    m = -np.inf
+    for j in range(n):
+        m = max(m, np.float64(x[r, j]))
+    total = 0.0
+    for j in range(n):
+        total += np.exp(np.float64(x[r, j]) - m)
+    return m + np.log(total)
 
 
 @parallel_kernel
@@ -59,13 +73,7 @@ def _log_softmax_rows(x, out):
     """out[r, j] = x[r, j] - m_r - log(sum_k exp(x[r, k] - m_r)), m_r = max_k x[r, k]."""
     rows, n = x.shape
     for r in prange(rows):
-        m = -np.inf
-        for j in range(n):
-            m = max(m, np.float64(x[r, j]))
-        total = 0.0
-        for j in range(n):
-            total += np.exp(np.float64(x[r, j]) - m)
-        lse = m + np.log(total)
+        lse = row_logsumexp(x, r)
         for j in range(n):
             out[r, j] = np.float64(x[r, j]) - lse
 
