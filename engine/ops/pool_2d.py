@@ -11,9 +11,11 @@ For x of shape (N, C, H, W), kernel (kh, kw), stride (sh, sw) and padding (ph, p
          torch's avg_pool2d(count_include_pad=True)).
 
 Padding must be at most half the kernel (as torch requires), so every window holds at least
-one image cell. The backward op `pool_2d_back` gives, for max, g at the argmax of each window
-recomputed from x (the first maximum in row-major window order wins on ties; a subgradient
-there, as in torch), and for avg, g / (kh kw) spread over the window's image cells.
+one image cell. The backward op `pool_2d_back(g, x, y)` is also given the forward output y.
+For max it sends g[n, c, oy, ox] to the first cell of the window (row-major order, image
+cells only) equal to y[n, c, oy, ox], or to its first NaN when y is NaN: the first maximum
+wins on ties (a subgradient there, as in torch); windows that overlap (stride < kernel) add
+their contributions. For avg it spreads g / (kh kw) over the window's image cells (y unused).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def pool_2d(x, mode, kernel, stride=None, padding=0):
 
 
 def _pool_backward(g, out, x, mode, kernel, stride, padding):
-    return (pool_2d_back(g, x, mode, kernel, stride, padding),)
+    # out (the forward output) tells the max backward each window's maximum
+    return (pool_2d_back(g, x, out, mode, kernel, stride, padding),)
 
 
 def _torch_pool_2d(x, mode, kernel, stride=None, padding=0):
@@ -76,21 +79,24 @@ def _torch_pool_2d(x, mode, kernel, stride=None, padding=0):
 
 
 # --- pool_2d_back --------------------------------------------------------------------------------
-def _pool_back_infer(g, x, mode, kernel, stride, padding):
+def _pool_back_infer(g, x, y, mode, kernel, stride, padding):
     oh, ow = _check("pool_2d_back", x, mode, kernel, stride, padding)
     want = (x.shape[0], x.shape[1], oh, ow)
-    if tuple(g.shape) != want:
-        raise ShapeError(f"pool_2d_back: gradient of shape {list(g.shape)} does not match "
-                         f"the pooled shape {list(want)} of input {list(x.shape)}")
-    if g.dtype != x.dtype:
-        raise DTypeError(f"pool_2d_back: gradient dtype {g.dtype} differs from input dtype "
-                         f"{x.dtype} (shapes {list(g.shape)} and {list(x.shape)})")
+    for name, t in (("gradient", g), ("pooled output", y)):
+        if tuple(t.shape) != want:
+            raise ShapeError(f"pool_2d_back: {name} of shape {list(t.shape)} does not match "
+                             f"the pooled shape {list(want)} of input {list(x.shape)}")
+        if t.dtype != x.dtype:
+            raise DTypeError(f"pool_2d_back: {name} dtype {t.dtype} differs from input dtype "
+                             f"{x.dtype} (shapes {list(t.shape)} and {list(x.shape)})")
     return x.shape, x.dtype
 
 
-def pool_2d_back(g, x, mode, kernel, stride=None, padding=0):
-    """Gradient of pool_2d w.r.t. x, given the output gradient g (see the module doc)."""
-    return make_node("pool_2d_back", (g, x),
+def pool_2d_back(g, x, y, mode, kernel, stride=None, padding=0):
+    """Gradient of pool_2d w.r.t. x, given the output gradient g and y = pool_2d(x, ...) with
+    the same parameters (see the module doc): max sends g to each window's first cell equal to
+    y (its first NaN if y is NaN); avg spreads g / (kh kw) over the window."""
+    return make_node("pool_2d_back", (g, x, y),
                      **_params("pool_2d_back", mode, kernel, stride, padding))
 
 
@@ -130,5 +136,5 @@ register(OpDef("pool_2d", infer=_pool_infer, backward=_pool_backward,
 register(OpDef("pool_2d_back", kind="backward", infer=_pool_back_infer,
                no_grad="a backward op; the engine takes no second derivatives",
                kernels={"cpu": cpu_pool_2d_back}, build=pool_2d_back,
-               doc="gradient of pool_2d: g routed to each window's argmax (max) or spread "
-                   "as g/(kh*kw) (avg)"))
+               doc="gradient of pool_2d given its output y: g routed to each window's first "
+                   "cell equal to y (max) or spread as g/(kh*kw) (avg)"))

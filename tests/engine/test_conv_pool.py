@@ -1,5 +1,6 @@
 """Focused tests of im2col, conv_2d and pool_2d: ggml's im2col layout, pooling at the padding
-(avg divides by the full window, padded cells never win a max), ties and NaN in max pooling,
+(avg divides by the full window, padded cells never win a max), ties and NaN in max pooling
+and its backward (first maximum, first NaN, tiled and general kernels against a reference),
 strided inputs, mixed dtypes, float64 finite differences, clear errors, and a property test
 against torch over random shapes and parameters."""
 
@@ -111,18 +112,90 @@ def test_max_pool_propagates_nan():
     np.testing.assert_array_equal(out, F.max_pool2d(torch.from_numpy(x), 2).numpy())
 
 
-@pytest.mark.parametrize("mode", ["max", "avg"])
-def test_pool_of_a_strided_view(mode):
+@pytest.mark.parametrize("stride, padding", [(2, 0), (1, 0), (2, 1)],
+                         ids=["tiled", "overlapping", "padded"])
+def test_max_pool_backward_sends_a_nan_window_to_its_first_nan(stride, padding):
+    """A window holding NaNs sends its gradient to its first NaN in row-major order (torch's
+    CPU kernel picks the last one), even when a larger number comes before it."""
+    x = np.zeros((1, 1, 4, 4))
+    x[0, 0, 0, 0] = 5.0
+    x[0, 0, 0, 1] = x[0, 0, 1, 0] = np.nan
+    g = np.arange(1.0, 10.0)
+    build = lambda t: ops.pool_2d(t, "max", 2, stride=stride, padding=padding)  # noqa: E731
+    oh = _eval(build, x).shape[2]
+    (dx,) = _grads(build, [x], g[:oh * oh].reshape(1, 1, oh, oh))
+    want = _reference_max_pool_back(g[:oh * oh].reshape(1, 1, oh, oh), x, (2, 2),
+                                    (stride, stride), (padding, padding))
+    np.testing.assert_array_equal(dx, want)
+    if stride == 2 and padding == 0:               # the top-left window: its first NaN only
+        assert (dx[0, 0, 0, 1], dx[0, 0, 0, 0], dx[0, 0, 1, 0], dx[0, 0, 1, 1]) == (1, 0, 0, 0)
+
+
+@pytest.mark.parametrize("mode, kernel, stride, padding", [
+    ("max", (2, 3), 2, (1, 1)), ("avg", (2, 3), 2, (1, 1)), ("max", 2, 2, 0), ("max", 3, 1, 1)])
+def test_pool_of_a_strided_view(mode, kernel, stride, padding):
     """pool_2d of a permuted (strided) input, forward and backward, against torch."""
     a = np.random.default_rng(4).permutation(2 * 6 * 3 * 7).reshape(2, 6, 3, 7) / 100.0
-    g = np.random.default_rng(5).uniform(-1, 1, (2, 3, 4, 4))
-    kw = dict(mode=mode, kernel=(2, 3), stride=2, padding=(1, 1))
-    got = _grads(lambda t: ops.pool_2d(ops.permute(t, (0, 2, 1, 3)), **kw), [a], g)[0]
+    kw = dict(mode=mode, kernel=kernel, stride=stride, padding=padding)
     at = torch.from_numpy(a).requires_grad_(True)
     from engine.ops.pool_2d import _torch_pool_2d
     out = _torch_pool_2d(at.permute(0, 2, 1, 3), **kw)
+    g = np.random.default_rng(5).uniform(-1, 1, tuple(out.shape))
+    got = _grads(lambda t: ops.pool_2d(ops.permute(t, (0, 2, 1, 3)), **kw), [a], g)[0]
     (out * torch.from_numpy(g)).sum().backward()
     np.testing.assert_allclose(got, at.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+# --- the max backward kernels against a reference ------------------------------------------------
+def _reference_max_pool_back(g, x, kernel, stride, padding):
+    """dx of max pooling, window by window: g goes to the first image cell (row-major) equal to
+    the window's maximum, or to its first NaN; overlapping windows add up."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    dx = np.zeros_like(x)
+    n, c, oh, ow = g.shape
+    for i, j, oy, ox in np.ndindex(n, c, oh, ow):
+        cells = [(yy, xx) for yy in range(oy * sh - ph, oy * sh - ph + kh)
+                 for xx in range(ox * sw - pw, ox * sw - pw + kw)
+                 if 0 <= yy < x.shape[2] and 0 <= xx < x.shape[3]]
+        vals = np.array([x[i, j, yy, xx] for yy, xx in cells])
+        first = np.flatnonzero(np.isnan(vals) if np.isnan(vals).any() else vals == vals.max())[0]
+        dx[(i, j, *cells[first])] += g[i, j, oy, ox]
+    return dx
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("shape, kernel, stride, padding", [
+    ((2, 3, 6, 8), (2, 2), (2, 2), (0, 0)),       # tiled
+    ((2, 2, 7, 9), (2, 2), (2, 2), (0, 0)),       # tiled, rows and columns left over
+    ((1, 2, 9, 8), (3, 2), (3, 2), (0, 0)),       # tiled, non-square
+    ((1, 2, 5, 4), (1, 1), (1, 1), (0, 0)),       # tiled, 1x1
+    ((1, 2, 10, 11), (5, 5), (5, 5), (0, 0)),     # tiles too large for a compiled size
+    ((2, 2, 7, 7), (3, 3), (2, 2), (1, 1)),       # padded, overlapping
+    ((1, 3, 6, 5), (2, 2), (1, 1), (0, 0)),       # overlapping
+    ((2, 1, 6, 7), (3, 2), (1, 2), (1, 0)),       # mixed
+    ((1, 2, 8, 8), (2, 2), (3, 3), (1, 0)),       # gaps between windows
+], ids=["tiled", "leftover", "tiled-3x2", "1x1", "tiled-5x5", "padded", "overlap", "mixed",
+        "gaps"])
+def test_max_pool_back_kernel_matches_a_reference(shape, kernel, stride, padding, dtype):
+    """The max backward kernels on ties (small integers), NaNs and a dx buffer full of
+    garbage, for contiguous and permuted x, against a window-by-window reference."""
+    from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
+    rng = np.random.default_rng(8)
+    ftype = np.float32 if dtype == "f32" else np.float64
+    x = rng.integers(-2, 3, shape).astype(ftype)           # many ties
+    x.reshape(-1)[rng.choice(x.size, x.size // 15, replace=False)] = np.nan
+    params = dict(mode="max", kernel=kernel, stride=stride, padding=padding)
+    oh = (shape[2] + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    ow = (shape[3] + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    y = np.empty((shape[0], shape[1], oh, ow), ftype)
+    cpu_pool_2d(y, [x], **params)
+    g = rng.uniform(1, 2, y.shape).astype(ftype)
+    want = _reference_max_pool_back(g, x, kernel, stride, padding)
+    permuted = np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    for xs in (x, permuted):
+        dx = np.full(shape, np.nan, ftype)
+        cpu_pool_2d_back(dx, [g, xs, y], **params)
+        np.testing.assert_array_equal(dx, want)
 
 
 # --- conv_2d --------------------------------------------------------------------------------------
@@ -180,8 +253,12 @@ def _t(shape, dtype="f32"):
     (lambda: ops.pool_2d(_t((1, 1, 8, 8)), "max", (2, 2, 2)), ShapeError, "pair of ints"),
     (lambda: ops.pool_2d(_t((1, 1, 8, 8)), "max", 2.5), ShapeError, "pair of ints"),
     (lambda: ops.pool_2d(_t((1, 1, 8, 8), "i32"), "max", 2), DTypeError, "float input"),
-    (lambda: ops.pool_2d_back(_t((1, 1, 3, 4)), _t((1, 1, 8, 8)), "max", 2), ShapeError,
-     r"pool_2d_back: gradient of shape \[1, 1, 3, 4\].*\[1, 1, 4, 4\]"),
+    (lambda: ops.pool_2d_back(_t((1, 1, 3, 4)), _t((1, 1, 8, 8)), _t((1, 1, 4, 4)), "max", 2),
+     ShapeError, r"pool_2d_back: gradient of shape \[1, 1, 3, 4\].*\[1, 1, 4, 4\]"),
+    (lambda: ops.pool_2d_back(_t((1, 1, 4, 4)), _t((1, 1, 8, 8)), _t((1, 1, 4, 3)), "max", 2),
+     ShapeError, r"pool_2d_back: pooled output of shape \[1, 1, 4, 3\].*\[1, 1, 4, 4\]"),
+    (lambda: ops.pool_2d_back(_t((1, 1, 4, 4)), _t((1, 1, 8, 8)), _t((1, 1, 4, 4), "f64"),
+                              "max", 2), DTypeError, "pool_2d_back: pooled output dtype"),
     (lambda: ops.im2col(_t((1, 1, 8, 8)), 3, 3, stride=(1, 0)), ShapeError,
      "stride must be positive"),
     (lambda: ops.im2col(_t((1, 1, 8, 8)), 3, 3, dilation=0), ShapeError,

@@ -10,10 +10,23 @@ loop; the inner loop over ox then has no bounds checks and no branches. Padded c
 never visited (for max they never win; for avg they count in the divisor kh*kw as zeros).
 
 Max: among equal maxima the first in row-major window order wins; a NaN in a window makes the
-output NaN (as in torch), and the backward routes that window's gradient to its first NaN.
-The max backward recomputes each window's maximum from x (first pass) and then finds the
-first cell equal to it (second pass, scanning backwards and keeping the last hit, so the
-loop has no early exit); two passes keep both loops free of a serial argmax dependency.
+output NaN (as in torch). The max backward is given the forward output y, so it never
+recomputes a maximum: window (oy, ox) sends g[oy, ox] to its first cell v (row-major) with
+v == y[oy, ox], or v NaN (that test only matches a NaN when y is NaN, since a NaN in the
+window makes y NaN): the first maximum, or the first NaN.
+
+The max backward works a window at a time and finds that cell without a branch on the data:
+with `free` = "no earlier cell of the window matched", k = the sum of `free` over the cells
+is the number of cells before the first match. (Writing `dx = g if match else 0` per cell
+instead makes LLVM emit a branch per cell, mispredicted on random data: 2.5x slower.)
+When the windows tile the image exactly (stride = kernel, no padding, H and W multiples of
+the kernel: the common 2x2 pooling), the window size is given as the lengths of two tuples,
+part of numba's type: each window size compiles its own kernel, in which the loops over the
+window are unrolled and k // kw is cheap; this is 3-4x faster than loops over a window whose
+size is only known at run time. Any other geometry takes the general kernel, which zeroes a
+plane and then adds each window's g at its first match. (Working a row at a time as the
+forward does, with per-column state in scratch rows, measured slower still: the window and
+stride sizes are run-time values there too, so the loops neither unroll nor vectorise.)
 """
 
 from __future__ import annotations
@@ -21,6 +34,10 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+
+# the largest window (per axis) given its own compiled kernel when the windows tile the image;
+# each size compiles once (about 2 s) and is cached on disk
+MAX_TILE = 4
 
 
 @kernel
@@ -82,19 +99,62 @@ def _avg_pool(x, out, kh, kw, sh, sw, ph, pw):
 
 
 @parallel_kernel
-def _max_pool_back(g, x, dx, h, w, kh, kw, sh, sw, ph, pw):
-    """dx = 0, then g[n, c, oy, ox] is added at the first maximum of its window.
+def _max_pool_back_tiled(g, x, y, dx, rows, cols):
+    """Max backward when the windows tile the image exactly: stride = kernel = (kh, kw), no
+    padding, H = OH*kh and W = OW*kw.
 
-    x and dx are given as contiguous planes (N*C, H*W), g as (N, C, OH, OW).
+    kh = len(rows) and kw = len(cols) are compile-time constants (the tuples' contents are
+    unused). Window (oy, ox) has cells j = ky*kw + kx, image cell (oy*kh + ky, ox*kw + kx);
+    with k = the number of cells before its first cell equal to y[oy, ox] (or NaN), or its
+    last cell if none is,
+
+        dx[cell k] = g[oy, ox],   dx[every other cell of the window] = 0.
+
+    Every dx cell is written in this one pass, no zeroing pass before it (a window's cells
+    are zeroed just before its winner is stored, in cache).
     """
-    c = g.shape[1]
+    n, c = x.shape[0], x.shape[1]
     oh, ow = g.shape[2], g.shape[3]
-    for p in prange(x.shape[0]):
-        xp = x[p]
-        dp = dx[p]
+    kh, kw = len(rows), len(cols)
+    for p in prange(n * c):
+        xp = x[p // c, p % c]
+        yp = y[p // c, p % c]
         gp = g[p // c, p % c]
-        for i in range(h * w):
-            dp[i] = 0
+        dp = dx[p // c, p % c]
+        for oy in range(oh):
+            for ox in range(ow):
+                m = yp[oy, ox]
+                free = True              # no cell so far matched
+                k = 0                    # cells before the first match
+                for j in range(kh * kw - 1):      # the last cell wins if no other does
+                    v = xp[oy * kh + j // kw, ox * kw + j % kw]
+                    free = free & (not ((v == m) | (v != v)))
+                    k += free
+                for j in range(kh * kw):
+                    dp[oy * kh + j // kw, ox * kw + j % kw] = 0
+                dp[oy * kh + k // kw, ox * kw + k % kw] = gp[oy, ox]
+
+
+@parallel_kernel
+def _max_pool_back(g, x, y, dx, kh, kw, sh, sw, ph, pw):
+    """Max backward for any geometry: dx = 0, then g[oy, ox] is added at the first cell of
+    window (oy, ox), in row-major order over its cells inside the image, equal to y[oy, ox]
+    (or NaN); at its last cell if none is. Overlapping windows add up.
+
+    Over the window's image rows y0 <= yy < y1 and columns x0 <= xx < x1 (width x1 - x0),
+    k = the number of cells before the first match and r = the number of whole rows before
+    it, so the match is cell (y0 + r, x0 + k - r*width).
+    """
+    n, c, h, w = x.shape
+    oh, ow = g.shape[2], g.shape[3]
+    for p in prange(n * c):
+        xp = x[p // c, p % c]
+        yp = y[p // c, p % c]
+        gp = g[p // c, p % c]
+        dp = dx[p // c, p % c]
+        for yy in range(h):
+            for xx in range(w):
+                dp[yy, xx] = 0
         for oy in range(oh):
             y0 = max(oy * sh - ph, 0)
             y1 = min(oy * sh - ph + kh, h)
@@ -102,32 +162,19 @@ def _max_pool_back(g, x, dx, h, w, kh, kw, sh, sw, ph, pw):
                 x0 = max(ox * sw - pw, 0)
                 x1 = min(ox * sw - pw + kw, w)
                 width = x1 - x0
-                cells = (y1 - y0) * width
-                skip = w - width             # from the end of one window row to the next
-                first = y0 * w + x0
-                m = xp[first]                # pass 1: the maximum (NaN if any)
-                q = first
-                col = 0
-                for _ in range(cells):
-                    v = xp[q]
-                    m = v if (v > m) | (v != v) else m
-                    q += 1
-                    col += 1
-                    if col == width:
-                        col = 0
-                        q += skip
-                pos = first                  # pass 2: its first cell, scanning backwards
-                q = (y1 - 1) * w + x1 - 1
-                col = 0
-                for _ in range(cells):
-                    v = xp[q]
-                    pos = q if (v == m) | (v != v) else pos
-                    q -= 1
-                    col += 1
-                    if col == width:
-                        col = 0
-                        q -= skip
-                dp[pos] += gp[oy, ox]
+                m = yp[oy, ox]
+                free = True              # no cell so far matched
+                k = 0                    # cells before the first match
+                r = 0                    # whole rows before the first match
+                for yy in range(y0, y1):
+                    for xx in range(x0, x1):
+                        v = xp[yy, xx]
+                        free = free & (not ((v == m) | (v != v)))
+                        k += free
+                    r += free
+                r = min(r, y1 - y0 - 1)                  # no match: the last cell
+                k = min(k, (y1 - y0) * width - 1)
+                dp[y0 + r, x0 + k - r * width] += gp[oy, ox]
 
 
 @parallel_kernel
@@ -160,14 +207,18 @@ def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
 
 
 def cpu_pool_2d_back(out, ins, mode, kernel, stride, padding):
-    """Dispatcher of pool_2d_back: kernel(dx, [g, x], **params)."""
-    g, x = ins
+    """Dispatcher of pool_2d_back: kernel(dx, [g, x, y], **params), y = pool_2d's output."""
+    g, x, y = ins
     geometry = (kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
     if mode == "avg":
         _avg_pool_back(g, out, *geometry)
         return
-    n, c, h, w = x.shape
-    # the max backward walks each plane by flat index; a strided x (a permuted view) is
-    # copied to contiguous planes here, outside the kernel
-    planes = np.ascontiguousarray(x).reshape(n * c, h * w)
-    _max_pool_back(g, planes, out.reshape(n * c, h * w), h, w, *geometry)
+    # strided inputs (permuted views) are copied here, so that each kernel compiles for
+    # C-contiguous arrays only; contiguous ones are passed as they are
+    g, x, y = (np.ascontiguousarray(a) for a in (g, x, y))
+    (kh, kw), (oh, ow) = kernel, g.shape[2:]
+    if (tuple(stride) == (kh, kw) and tuple(padding) == (0, 0) and max(kh, kw) <= MAX_TILE
+            and x.shape[2:] == (oh * kh, ow * kw)):
+        _max_pool_back_tiled(g, x, y, out, (0,) * kh, (0,) * kw)
+    else:
+        _max_pool_back(g, x, y, out, *geometry)
