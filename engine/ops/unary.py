@@ -53,7 +53,7 @@ UNARY = [
           doc="sign of x (-1, 0, 1); zero derivative away from 0"),
     Unary("step", _zero, lambda x: x.sign().clamp(min=0), ("away_from_zero", 0.1, 2.0),
           doc="1 where x > 0 else 0; zero derivative away from 0"),
-    Unary("relu", lambda g, y, x: _mul(g, step(x)), lambda x: x.relu(),
+    Unary("relu", lambda g, y, x: relu_back(g, x), lambda x: x.relu(),
           ("away_from_zero", 0.1, 2.0), doc="max(x, 0); d/dx = step(x), kink at 0"),
 ]
 
@@ -88,6 +88,33 @@ for _u in UNARY:
     register(OpDef(_u.name, infer=_infer(_u.name), backward=_backward(_u),
                    kernels={"cpu": cpu.unary(_u.name)}, build=_builder(_u.name),
                    torch=_u.torch, samples=_samples(_u), doc=_u.doc))
+
+# --- relu_back: g * step(x) in one pass (composed, it costs two passes and a temporary) ---
+def _relu_back_infer(g, x):
+    if g.shape != x.shape or g.dtype != x.dtype or x.dtype.kind != "f":
+        raise DTypeError(f"relu_back: needs a gradient and an input of one float dtype and "
+                         f"shape, got {g.dtype} {list(g.shape)} and {x.dtype} {list(x.shape)}")
+    return x.shape, x.dtype
+
+
+@both_dtypes
+def _relu_back_samples(dtype):
+    return [Sample.make("relu_back", [InputSpec("g", s, grad=False),
+                                      InputSpec("x", s, "away_from_zero", 0.1, 2.0, grad=False)],
+                        dtype) for s in ((10,), (2, 3, 4, 5))]
+
+
+register(OpDef("relu_back", kind="backward", infer=_relu_back_infer,
+               no_grad="dedicated backward op", kernels={"cpu": cpu.binary("relu_back")},
+               build=lambda g, x: make_node("relu_back", (g, x)),
+               torch=lambda g, x: g * (x > 0).to(g.dtype), samples=_relu_back_samples,
+               doc="g where x > 0 else 0: the gradient of relu"))
+
+
+def relu_back(g, x):
+    """The gradient of relu(x) given the output gradient g: g * step(x), in one pass."""
+    return make_node("relu_back", (g, x))
+
 
 neg = _builder("neg")
 sqr = _builder("sqr")

@@ -14,7 +14,7 @@ from engine.backends.cpu.jit import parallel_kernel, prange
 
 UNARY_CODES = {"neg": 0, "scale": 1, "sqr": 2, "sqrt": 3, "log": 4, "exp": 5, "abs": 6,
                "sgn": 7, "step": 8, "relu": 9, "cont": 10}
-BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3}
+BINARY_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "relu_back": 4}
 
 
 @parallel_kernel
@@ -63,7 +63,8 @@ def _unary(x, out, code, alpha):
 
 @parallel_kernel
 def _binary_flat(a, b, out, code):
-    """out[i] = a[i] (op) b[i] over 1-D contiguous arrays of one size."""
+    """out[i] = a[i] (op) b[i] over 1-D contiguous arrays of one size; relu_back is
+    a[i] if b[i] > 0 else 0."""
     n = out.size
     if code == 0:
         for i in prange(n):
@@ -74,9 +75,13 @@ def _binary_flat(a, b, out, code):
     elif code == 2:
         for i in prange(n):
             out[i] = a[i] * b[i]
-    else:
+    elif code == 3:
         for i in prange(n):
             out[i] = a[i] / b[i]
+    else:
+        zero = out.dtype.type(0)
+        for i in prange(n):
+            out[i] = a[i] if b[i] > zero else zero
 
 
 @parallel_kernel
@@ -96,9 +101,14 @@ def _binary_4d(a, b, out, code):
             elif code == 2:
                 for i3 in range(d3):
                     out[i0, i1, i2, i3] = a[i0, i1, i2, i3] * b[i0, i1, i2, i3]
-            else:
+            elif code == 3:
                 for i3 in range(d3):
                     out[i0, i1, i2, i3] = a[i0, i1, i2, i3] / b[i0, i1, i2, i3]
+            else:
+                zero = out.dtype.type(0)
+                for i3 in range(d3):
+                    v = b[i0, i1, i2, i3]
+                    out[i0, i1, i2, i3] = a[i0, i1, i2, i3] if v > zero else zero
 
 
 def unary(name: str):
