@@ -19,6 +19,15 @@ def loss_weights(shape, seed=1234) -> np.ndarray:
         np.random.default_rng(seed + 1).choice([-1.0, 1.0], shape)
 
 
+def evaluate(build, *arrays) -> np.ndarray:
+    """Forward value of build(*inputs) on the engine, the inputs set from `arrays`."""
+    leaves = [engine.input_tensor(a.shape, a.dtype) for a in arrays]
+    out = build(*leaves)
+    for t, a in zip(leaves, arrays, strict=True):
+        t.set(a)
+    return engine.compute(out)[0]
+
+
 def run_engine(sample, arrays, with_grad=True):
     """Forward output and gradients (None where not checked) of `sample` on the engine."""
     leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and a.dtype.kind == "f"

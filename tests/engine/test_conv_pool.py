@@ -17,15 +17,7 @@ import engine
 from engine import ops
 from engine.errors import DTypeError, ShapeError
 from engine.samples import InputSpec, Sample
-from tests.engine.op_harness import TOL, run_engine, run_torch
-
-
-def _eval(build, *arrays):
-    leaves = [engine.input_tensor(a.shape, a.dtype) for a in arrays]
-    out = build(*leaves)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    return engine.compute(out)[0]
+from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch
 
 
 def _grads(build, arrays, w):
@@ -46,7 +38,7 @@ def test_im2col_layout_is_ggml_order():
     """cols[n, oy, ox, (c*KH + ky)*KW + kx] = x[n, c, oy*s - p + ky*d, ox*s - p + kx*d]."""
     x = np.arange(2 * 3 * 5 * 6, dtype=np.float64).reshape(2, 3, 5, 6) + 1
     kh, kw, (sh, sw), (ph, pw), (dh, dw) = 3, 2, (2, 1), (1, 0), (1, 2)
-    cols = _eval(lambda t: ops.im2col(t, kh, kw, (sh, sw), (ph, pw), (dh, dw)), x)
+    cols = evaluate(lambda t: ops.im2col(t, kh, kw, (sh, sw), (ph, pw), (dh, dw)), x)
     n, oh, ow, k = cols.shape
     assert (oh, ow, k) == ((5 + 2 - 2 - 1) // 2 + 1, (6 - 2 - 1) // 1 + 1, 3 * 3 * 2)
     for i in range(n):
@@ -62,7 +54,7 @@ def test_im2col_layout_is_ggml_order():
 
 def test_im2col_dtype_is_the_columns_dtype():
     x = np.random.default_rng(0).uniform(-1, 1, (1, 2, 4, 4)).astype(np.float32)
-    cols = _eval(lambda t: ops.im2col(t, 3, 3, dtype="f64"), x)
+    cols = evaluate(lambda t: ops.im2col(t, 3, 3, dtype="f64"), x)
     assert cols.dtype == np.float64
     want = F.unfold(torch.from_numpy(x), 3).transpose(1, 2).reshape(1, 2, 2, 18)
     np.testing.assert_array_equal(cols, want.double().numpy())
@@ -71,7 +63,7 @@ def test_im2col_dtype_is_the_columns_dtype():
 # --- pool_2d at the padding, ties, NaN -----------------------------------------------------------
 def test_avg_pool_divides_by_the_full_window_with_padding():
     x = np.ones((1, 1, 4, 4))
-    out = _eval(lambda t: ops.pool_2d(t, "avg", 3, stride=1, padding=1), x)[0, 0]
+    out = evaluate(lambda t: ops.pool_2d(t, "avg", 3, stride=1, padding=1), x)[0, 0]
     # corners see 4 image cells of 9, edges 6, the inside 9 (count_include_pad)
     np.testing.assert_allclose(out[0, 0], 4 / 9)
     np.testing.assert_allclose(out[0, 1], 6 / 9)
@@ -82,7 +74,7 @@ def test_avg_pool_divides_by_the_full_window_with_padding():
 
 def test_max_pool_padding_never_wins():
     x = -1.0 - np.random.default_rng(1).uniform(0, 1, (2, 3, 5, 5))
-    out = _eval(lambda t: ops.pool_2d(t, "max", 3, stride=2, padding=1), x)
+    out = evaluate(lambda t: ops.pool_2d(t, "max", 3, stride=2, padding=1), x)
     assert (out < -1.0).all()                     # a zero from the padding would win
     np.testing.assert_allclose(out[:, :, 0, 0], x[:, :, :2, :2].max(axis=(2, 3)))
     np.testing.assert_allclose(out, F.max_pool2d(torch.from_numpy(x), 3, 2, 1).numpy())
@@ -107,7 +99,7 @@ def test_max_pool_overlapping_windows_add_up():
 def test_max_pool_propagates_nan():
     x = np.random.default_rng(3).uniform(-1, 1, (1, 1, 4, 4))
     x[0, 0, 1, 2] = np.nan
-    out = _eval(lambda t: ops.pool_2d(t, "max", 2), x)
+    out = evaluate(lambda t: ops.pool_2d(t, "max", 2), x)
     np.testing.assert_array_equal(np.isnan(out[0, 0]), [[False, True], [False, False]])
     np.testing.assert_array_equal(out, F.max_pool2d(torch.from_numpy(x), 2).numpy())
 
@@ -122,7 +114,7 @@ def test_max_pool_backward_sends_a_nan_window_to_its_first_nan(stride, padding):
     x[0, 0, 0, 1] = x[0, 0, 1, 0] = np.nan
     g = np.arange(1.0, 10.0)
     build = lambda t: ops.pool_2d(t, "max", 2, stride=stride, padding=padding)  # noqa: E731
-    oh = _eval(build, x).shape[2]
+    oh = evaluate(build, x).shape[2]
     (dx,) = _grads(build, [x], g[:oh * oh].reshape(1, 1, oh, oh))
     want = _reference_max_pool_back(g[:oh * oh].reshape(1, 1, oh, oh), x, (2, 2),
                                     (stride, stride), (padding, padding))
@@ -204,7 +196,7 @@ def test_conv_2d_mixed_dtypes():
     rng = np.random.default_rng(6)
     x = rng.uniform(-1, 1, (2, 3, 5, 5)).astype(np.float32)
     w = rng.uniform(-1, 1, (4, 3, 3, 3))
-    out = _eval(lambda a, b: ops.conv_2d(a, b, padding=1), x, w)
+    out = evaluate(lambda a, b: ops.conv_2d(a, b, padding=1), x, w)
     assert out.dtype == np.float64
     want = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
@@ -222,7 +214,7 @@ def test_conv_2d_mixed_dtypes():
 def test_backward_matches_finite_differences(build, shapes):
     rng = np.random.default_rng(7)
     arrays = [rng.permutation(int(np.prod(s))).reshape(s) / np.prod(s) for s in shapes]
-    out = _eval(build, *arrays)
+    out = evaluate(build, *arrays)
     w = rng.uniform(-1, 1, out.shape)
     grads = _grads(build, arrays, w)
     eps = 1e-6
@@ -231,8 +223,8 @@ def test_backward_matches_finite_differences(build, shapes):
             hi, lo = a.copy(), a.copy()
             hi[idx] += eps
             lo[idx] -= eps
-            fd = ((_eval(build, *[hi if b is a else b for b in arrays]) * w).sum() -
-                  (_eval(build, *[lo if b is a else b for b in arrays]) * w).sum()) / (2 * eps)
+            fd = ((evaluate(build, *[hi if b is a else b for b in arrays]) * w).sum() -
+                  (evaluate(build, *[lo if b is a else b for b in arrays]) * w).sum()) / (2 * eps)
             assert abs(fd - g[idx]) < 1e-6, idx
 
 

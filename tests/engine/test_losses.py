@@ -12,15 +12,7 @@ import torch
 import engine
 from engine import ops
 from engine.errors import DTypeError, ShapeError
-
-
-def _eval(build, *arrays):
-    """Forward value of build(*inputs) on the engine."""
-    leaves = [engine.input_tensor(a.shape, a.dtype) for a in arrays]
-    out = build(*leaves)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    return engine.compute(out)[0]
+from tests.engine.op_harness import evaluate
 
 
 def _value_and_grads(build, arrays, w):
@@ -79,7 +71,7 @@ def test_backward_matches_finite_differences(case):
     build, shapes = FD_CASES[case]
     rng = np.random.default_rng(0)
     arrays = [rng.normal(size=s) for s in shapes]
-    out_shape = _eval(build, *arrays).shape
+    out_shape = evaluate(build, *arrays).shape
     w = rng.uniform(0.5, 1.5, out_shape) * rng.choice([-1.0, 1.0], out_shape)
     _, grads, loss_at = _value_and_grads(build, arrays, w)
     for got, want in zip(grads, _finite_differences(loss_at, arrays), strict=True):
@@ -113,11 +105,11 @@ def test_softmax_of_large_values_is_finite(dtype):
     big = 3e38 if dtype == "f32" else 1e300
     x = np.array([[big, big / 2, -big], [1e4, 1e4 + 1, 0.0], [-1e4, -1e4, -1e4]],
                  dtype=engine.tensor.as_dtype(dtype))
-    got = _eval(ops.softmax, x)
+    got = evaluate(ops.softmax, x)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-6)
     np.testing.assert_allclose(got, torch.tensor(x).softmax(-1).numpy(), rtol=1e-6, atol=1e-7)
-    got_log = _eval(ops.log_softmax, x[1:])
+    got_log = evaluate(ops.log_softmax, x[1:])
     assert np.isfinite(got_log).all()
     np.testing.assert_allclose(got_log, torch.tensor(x[1:]).log_softmax(-1).numpy(),
                                rtol=1e-6)
@@ -125,7 +117,7 @@ def test_softmax_of_large_values_is_finite(dtype):
 
 def test_softmax_negative_scale_large_values():
     x = np.array([[1e3, -1e3, 0.0]])
-    got = _eval(lambda t: ops.softmax(t, scale=-2.0), x)
+    got = evaluate(lambda t: ops.softmax(t, scale=-2.0), x)
     np.testing.assert_allclose(got, [[0.0, 1.0, 0.0]], atol=1e-300)
 
 
@@ -146,7 +138,7 @@ def test_cross_entropy_one_hot_equals_torch_class_targets(dtype):
     logits = (rng.normal(size=(9, 6)) * 4).astype(dtype)
     classes = rng.integers(0, 6, 9)
     one_hot = np.eye(6, dtype=dtype)[classes]
-    got = _eval(ops.cross_entropy_loss, logits, one_hot)
+    got = evaluate(ops.cross_entropy_loss, logits, one_hot)
     want = torch.nn.functional.cross_entropy(torch.tensor(logits), torch.tensor(classes))
     assert got.shape == ()
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6 if dtype == np.float32 else 1e-12)
@@ -155,7 +147,7 @@ def test_cross_entropy_one_hot_equals_torch_class_targets(dtype):
 def test_cross_entropy_large_logits_finite():
     logits = np.array([[1e4, 0.0, -1e4], [50.0, 50.0, 50.0]])
     labels = np.array([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5]])
-    got = _eval(ops.cross_entropy_loss, logits, labels)
+    got = evaluate(ops.cross_entropy_loss, logits, labels)
     np.testing.assert_allclose(got, np.log(3.0) / 2, rtol=1e-12)
 
 
@@ -168,7 +160,7 @@ def test_cross_entropy_deterministic_across_thread_counts():
         results = []
         for n in sorted({1, before}):
             numba.set_num_threads(n)
-            results += [_eval(ops.cross_entropy_loss, logits, labels) for _ in range(2)]
+            results += [evaluate(ops.cross_entropy_loss, logits, labels) for _ in range(2)]
     finally:
         numba.set_num_threads(before)
     assert len({r.tobytes() for r in results}) == 1
@@ -190,14 +182,14 @@ def test_cross_entropy_labels_get_no_gradient():
 def test_argmax_first_index_wins_on_ties():
     x = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 5.0, 5.0], [0.0, np.nan, 1.0, np.nan]],
                  dtype=np.float32)
-    got = _eval(ops.argmax, x)
+    got = evaluate(ops.argmax, x)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, [1, 0, 1])
     np.testing.assert_array_equal(got, np.argmax(x, -1))
 
 
 def test_argmax_of_vector_is_0d_and_of_permuted_input():
-    assert _eval(ops.argmax, np.array([0.5, 2.0, -1.0])).shape == ()
+    assert evaluate(ops.argmax, np.array([0.5, 2.0, -1.0])).shape == ()
     x = engine.input_tensor((3, 2), "f64")
     y = ops.argmax(ops.transpose(x))
     x.set([[0.0, 9.0], [4.0, 1.0], [2.0, 3.0]])
