@@ -27,7 +27,8 @@ class InputSpec:
     [low, high] (no ties, so max-pool and argmax are differentiable); probs: rows on the
     probability simplex along the last axis; int: integers in [low, high).
     dtype None means the sample's dtype. grad False marks inputs that are not checked
-    (labels, indices).
+    (labels, indices). permute: the op receives a non-contiguous view, permute(leaf,
+    permute), of a leaf that stores the data in another axis order; `shape` is the view's.
     """
 
     name: str
@@ -37,11 +38,32 @@ class InputSpec:
     high: float = 1.0
     dtype: str | None = None
     grad: bool = True
+    permute: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.kind not in GENERATORS:
             raise ValueError(f"input {self.name}: kind must be one of {GENERATORS}")
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.permute is not None:
+            p = tuple(int(a) for a in self.permute)
+            if sorted(p) != list(range(len(self.shape))):
+                raise ValueError(f"input {self.name}: permute {p} is not a permutation of "
+                                 f"the axes of {self.shape}")
+            object.__setattr__(self, "permute", p)
+
+    def __str__(self) -> str:
+        text = f"{self.name}={_fmt(list(self.shape))}"
+        return text + (f"perm{_fmt(list(self.permute))}" if self.permute else "")
+
+    def to_leaf(self, value: np.ndarray) -> np.ndarray:
+        """The leaf's data for an input whose (view) value is `value`."""
+        if self.permute is None:
+            return value
+        return np.ascontiguousarray(value.transpose(np.argsort(self.permute)))
+
+    def from_leaf(self, leaf_value: np.ndarray) -> np.ndarray:
+        """A leaf-layout array (data, gradient) in the layout the op sees."""
+        return leaf_value if self.permute is None else leaf_value.transpose(self.permute)
 
     def generate(self, rng: np.random.Generator, dtype) -> np.ndarray:
         dt = as_dtype(self.dtype or dtype)
@@ -82,7 +104,7 @@ class Sample:
 
     def __str__(self) -> str:
         parts = [f"type={self.dtype}"]
-        parts += [f"{i.name}={_fmt(list(i.shape))}" for i in self.inputs]
+        parts += [str(i) for i in self.inputs]
         parts += [f"{k}={_fmt(v)}" for k, v in self.params]
         return f"{self.op}({','.join(parts)})"
 
@@ -116,9 +138,16 @@ class Sample:
         rng = np.random.default_rng(self.seed())
         return [spec.generate(rng, self.dtype) for spec in self.inputs]
 
-    def build(self, *tensors):
-        """Build the op on `tensors` (one per input spec)."""
+    def leaf_arrays(self, arrays) -> list[np.ndarray]:
+        """The leaves' data for input values `arrays` (see InputSpec.permute)."""
+        return [spec.to_leaf(a) for spec, a in zip(self.inputs, arrays, strict=True)]
+
+    def build(self, *leaves):
+        """Build the op on `leaves` (one per input spec; permuted specs are viewed)."""
+        from engine import ops
         from engine.registry import get_op
+        tensors = [ops.permute(t, spec.permute) if spec.permute else t
+                   for spec, t in zip(self.inputs, leaves, strict=True)]
         return get_op(self.op).build(*tensors, **self.kwargs)
 
 

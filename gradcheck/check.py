@@ -28,7 +28,7 @@ def loss_weights(shape, seed: int) -> np.ndarray:
 def _weighted_case(sample, arrays, as_params: bool):
     """Leaves (params where checked, else inputs), the op's output and the scalar loss."""
     leaves = []
-    for spec, a in zip(sample.inputs, arrays, strict=True):
+    for spec, a in zip(sample.inputs, sample.leaf_arrays(arrays), strict=True):
         if a.dtype.kind == "f":
             a = a.astype(as_dtype(spec.dtype or sample.dtype))
         checked = spec.grad and a.dtype.kind == "f"
@@ -97,7 +97,7 @@ def check_sample(sample, inject: str | None = None) -> Result:
     for spec, a, num in zip(sample.inputs, analytic, numeric, strict=True):
         if num is None:
             continue
-        c = compare(a, num[0], sample.precision)
+        c = compare(spec.from_leaf(a), spec.from_leaf(num[0]), sample.precision)
         checked += c.checked
         max_abs, max_rel = max(max_abs, c.max_abs), max(max_rel, c.max_rel)
         if c.nonfinite:

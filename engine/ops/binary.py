@@ -6,6 +6,7 @@ becomes a 0-d constant of the other input's dtype (and `x * c` becomes `scale(x,
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 from engine.backends.cpu import elementwise as cpu
@@ -78,6 +79,10 @@ def _samples(name):
             b_spec = (InputSpec("b", sb, "away_from_zero", 0.5, 2.0) if name == "div"
                       else InputSpec("b", sb))
             out.append(Sample.make(name, [InputSpec("a", sa), b_spec], dtype))
+        # a non-contiguous (permuted) operand, broadcast against a contiguous one
+        b_spec = dataclasses.replace(b_spec, shape=(4, 1), permute=(1, 0))
+        out.append(Sample.make(name, [InputSpec("a", (3, 4, 5), permute=(2, 0, 1)), b_spec],
+                               dtype))
         return out
     return samples
 

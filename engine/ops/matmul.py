@@ -56,7 +56,12 @@ MATMUL_SHAPES = [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)),
 @both_dtypes
 def _samples(dtype):
     return [Sample.make("matmul", [InputSpec("a", sa), InputSpec("b", sb)], dtype)
-            for sa, sb in MATMUL_SHAPES]
+            for sa, sb in MATMUL_SHAPES] + [
+        # transposed operands: a^T @ b and a @ b^T as strided views
+        Sample.make("matmul", [InputSpec("a", (3, 4), permute=(1, 0)), InputSpec("b", (4, 5))],
+                    dtype),
+        Sample.make("matmul", [InputSpec("a", (2, 3, 4)),
+                               InputSpec("b", (2, 4, 5), permute=(0, 2, 1))], dtype)]
 
 
 register(OpDef("matmul", infer=_infer, backward=_backward, kernels={"cpu": cpu_matmul},

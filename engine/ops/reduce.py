@@ -66,7 +66,9 @@ def _samples(name):
     @both_dtypes
     def samples(dtype):
         return [Sample.make(name, [InputSpec("x", s)], dtype, axis=ax, keepdims=kd)
-                for s, ax, kd in REDUCE_CASES]
+                for s, ax, kd in REDUCE_CASES] + [
+            Sample.make(name, [InputSpec("x", (3, 4, 5), permute=(1, 2, 0))], dtype, axis=ax,
+                        keepdims=False) for ax in (None, 1, (0, 2))]
     return samples
 
 

@@ -66,8 +66,9 @@ def _samples(u: Unary):
     @both_dtypes
     def samples(dtype):
         params = {"scale": -1.5} if u.name == "scale" else {}
-        return [Sample.make(u.name, [InputSpec("x", s, kind, low, high)], dtype, **params)
-                for s in SHAPES]
+        return [Sample.make(u.name, [InputSpec("x", s, kind, low, high, permute=p)], dtype,
+                            **params)
+                for s, p in [*((s, None) for s in SHAPES), ((3, 4, 5), (2, 0, 1))]]
     return samples
 
 

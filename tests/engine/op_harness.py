@@ -30,6 +30,7 @@ def evaluate(build, *arrays) -> np.ndarray:
 
 def run_engine(sample, arrays, with_grad=True):
     """Forward output and gradients (None where not checked) of `sample` on the engine."""
+    arrays = sample.leaf_arrays(arrays)
     leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and a.dtype.kind == "f"
               else engine.input_tensor(a.shape, a.dtype, name=s.name)
               for s, a in zip(sample.inputs, arrays, strict=True)]
@@ -48,6 +49,8 @@ def run_engine(sample, arrays, with_grad=True):
     graph.compute()
     got = [grads[t].numpy() if t in grads else (np.zeros(t.shape, t.dtype) if t.is_param
                                                 else None) for t in leaves]
+    got = [None if g is None else spec.from_leaf(g)
+           for spec, g in zip(sample.inputs, got, strict=True)]
     return out.numpy(), got
 
 

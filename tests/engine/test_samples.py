@@ -35,3 +35,17 @@ def test_promoted_keeps_the_name_and_raises_every_float_dtype():
     p = s.promoted("f64")
     assert str(p) == str(s) and p.seed() == s.seed()
     assert p.kwargs["dtype"] == "f64" and p.precision == "f64"
+
+
+def test_permuted_input_is_a_strided_view_of_its_leaf():
+    import engine
+    spec = InputSpec("x", (3, 4, 5), permute=(2, 0, 1))
+    s = Sample.make("exp", [spec], "f64")
+    assert str(s) == "exp(type=f64,x=[3,4,5]perm[2,0,1])"
+    (value,) = s.generate_inputs()
+    (leaf_value,) = s.leaf_arrays([value])
+    assert leaf_value.shape == (4, 5, 3) and leaf_value.flags.c_contiguous
+    np.testing.assert_array_equal(spec.from_leaf(leaf_value), value)
+    leaf = engine.input_tensor(leaf_value.shape, "f64")
+    out = s.build(leaf)
+    assert out.shape == (3, 4, 5) and not out.srcs[0].contiguous
