@@ -12,6 +12,9 @@ An op module defines one `OpDef` per op and registers it. An OpDef says:
   view ops instead give `view(ins, **params) -> array` that aliases `ins[0]`;
 - `torch(*tensors, **params)`: the torch equivalent, forward and autograd reference;
 - `samples() -> list[Sample]`: gradcheck's sample cases;
+- `strategy(dtype) -> hypothesis strategy of Sample`: generated cases (shapes, parameters,
+  input ranges) for `gradcheck --random N` and the property tests; it imports hypothesis
+  itself, so that importing the engine does not;
 - composite ops (`kind="composite"`) give `compose(*srcs, **params) -> Tensor` and are
   differentiated through the ops they are made of;
 - `build(*srcs, **params) -> Tensor`: the user-facing function (defaults to making the node,
@@ -42,6 +45,7 @@ class OpDef:
     build: Callable | None = None
     torch: Callable | None = None
     samples: Callable | None = None
+    strategy: Callable | None = None
     doc: str = ""
 
     def __post_init__(self):

@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-STATUSES = ("pass", "fail", "error", "skip")
+STATUSES = ("pass", "fail", "error", "skip", "unsupported")
 
 
 @dataclasses.dataclass
 class Result:
     """One checked thing: a gradcheck case, an optcheck scenario, an MNIST run.
 
-    `name` is the case's one-line string (also its filter key); `metrics` holds the numbers
-    a table shows, in display order; `message` says what went wrong, in words.
+    `name` is the case's one-line string (also its filter key); `labels` say what was
+    checked (for gradcheck: op, backend, dtype, mode), `metrics` hold the measured numbers,
+    both in display order; `message` says what went wrong, in words.
+    Status: pass, fail, error (the check could not run), skip (nothing to check, e.g. an
+    op without gradient), unsupported (the engine under test lacks the op).
     """
 
     tool: str
@@ -21,6 +24,7 @@ class Result:
     status: str
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     message: str = ""
+    labels: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -28,7 +32,7 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("pass", "skip")
+        return self.status in ("pass", "skip", "unsupported")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
