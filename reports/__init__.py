@@ -1,6 +1,30 @@
-"""Result records shared by gradcheck, optcheck and the MNIST run, and their renderings."""
+"""Result records shared by gradcheck, optcheck and the MNIST run, and their renderings:
+plain and Markdown tables, HTML with plots, JSON (the stable machine interface) and JUnit
+XML. `render(results, fmt, tool)` picks one; `write_atomic(path, text)` writes it."""
 
-from reports.record import Result, exit_status
-from reports.table import render_table
+from reports.html_report import render_html
+from reports.json_report import SCHEMA_ID, SchemaError, load_json, render_json
+from reports.junit import render_junit
+from reports.output import FORMATS, OutputError, format_for_path, render, write_atomic
+from reports.record import STATUSES, Result, exit_status, summarize
+from reports.table import render_table, summary_line
 
-__all__ = ["Result", "exit_status", "render_table"]
+__all__ = [
+    "FORMATS",
+    "SCHEMA_ID",
+    "STATUSES",
+    "OutputError",
+    "Result",
+    "SchemaError",
+    "exit_status",
+    "format_for_path",
+    "load_json",
+    "render",
+    "render_html",
+    "render_json",
+    "render_junit",
+    "render_table",
+    "summarize",
+    "summary_line",
+    "write_atomic",
+]

@@ -7,6 +7,10 @@ from typing import Any
 
 STATUSES = ("pass", "fail", "error", "skip", "unsupported")
 
+# The counting word of each status, as the summaries (table, JSON, HTML) spell it.
+STATUS_WORDS = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped",
+                "unsupported": "unsupported"}
+
 
 @dataclasses.dataclass
 class Result:
@@ -41,3 +45,15 @@ class Result:
 def exit_status(results) -> int:
     """0 when every result passed (or was skipped), 1 otherwise."""
     return 0 if all(r.ok for r in results) else 1
+
+
+def summarize(results) -> dict[str, int]:
+    """Counts per status, keyed by their words, plus the total:
+    {"passed", "failed", "errors", "skipped", "unsupported", "total"}."""
+    counts = dict.fromkeys(STATUS_WORDS.values(), 0)
+    total = 0
+    for r in results:
+        counts[STATUS_WORDS[r.status]] += 1
+        total += 1
+    counts["total"] = total
+    return counts
