@@ -138,6 +138,17 @@ class Sample:
         rng = np.random.default_rng(self.seed())
         return [spec.generate(rng, self.dtype) for spec in self.inputs]
 
+    @property
+    def torch_fn(self):
+        """The op's torch equivalent (None if it has none)."""
+        from engine.registry import get_op
+        return get_op(self.op).torch
+
+    @property
+    def torch_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for torch_fn, float dtypes promoted to float64."""
+        return self.promoted("f64").kwargs
+
     def leaf_arrays(self, arrays) -> list[np.ndarray]:
         """The leaves' data for input values `arrays` (see InputSpec.permute)."""
         return [spec.to_leaf(a) for spec, a in zip(self.inputs, arrays, strict=True)]

@@ -1,10 +1,11 @@
-"""`gradcheck`: check an op's backward pass against numerical gradients.
+"""`gradcheck`: check ops' backward passes against numerical gradients and torch autograd.
 
-    gradcheck --op pool_2d            every sample case of pool_2d, f32 and f64
+    gradcheck --op pool_2d                    every sample case of pool_2d, f32 and f64
     gradcheck --op conv_2d --dtype f64 -k stride=[2,2]
-    gradcheck --all
-    gradcheck --list
-    gradcheck --op relu --inject scale:1.01   a known bug: must exit 1
+    gradcheck --all --format json --output report.json
+    gradcheck --op softmax --random 50 --seed 1
+    gradcheck --self-test                     injected bugs: every one must be caught
+    gradcheck --op relu --inject scale:1.01   one known bug: must exit 1
 
 Exit status: 0 all pass, 1 any failure or error, 2 usage error.
 """
@@ -12,38 +13,60 @@ Exit status: 0 all pass, 1 any failure or error, 2 usage error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tabulate import tabulate
 
+from engine.backends import BACKENDS
 from engine.errors import UnknownOpError
 from engine.registry import all_ops
+from gradcheck.check import MODES
+from gradcheck.mutants import MUTANTS
 from gradcheck.mutations import MUTATIONS, parse
 from gradcheck.runner import checkable_ops, run_checks, select_samples
-from reports import exit_status, render_table
-from reports.table import FORMATS, summary_line
+from reports import exit_status
+from reports.output import FORMATS, OutputError, render, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
     mutations = "; ".join(f"{k}: {v[2]}" for k, v in MUTATIONS.items())
+    mutations += "; or a self-test mutant: " + ", ".join(MUTANTS)
     p = argparse.ArgumentParser(
         prog="gradcheck",
         description="Compare each op's backprop gradients with float64 numerical gradients "
-                    "on the registry's sample cases.",
+                    "and torch autograd on the registry's sample cases.",
         epilog="Exit status: 0 all cases pass, 1 any case fails or errors, 2 usage error.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--op", action="append", metavar="NAME",
                       help="op to check (repeatable); see --list")
     what.add_argument("--all", action="store_true", help="check every op with sample cases")
     what.add_argument("--list", action="store_true", help="list the ops and exit")
+    what.add_argument("--self-test", action="store_true",
+                      help="inject known bugs into backward rules; each must be caught")
+    what.add_argument("--repro", metavar="CASE",
+                      help="re-run one case given as printed by a failing generated case")
+    p.add_argument("--backend", action="append", choices=BACKENDS, metavar="NAME",
+                   help=f"backend to check on (repeatable; {', '.join(BACKENDS)}; "
+                        "default cpu)")
     p.add_argument("--dtype", choices=("f32", "f64", "all"), default="all",
                    help="dtype of the cases to run (default: all)")
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="full: every element; fast: random projections; auto (default): "
+                        "full for small cases, fast for large ones")
     p.add_argument("-k", "--filter", metavar="TEXT",
                    help="only cases whose name contains TEXT, e.g. 'mode=max'")
+    p.add_argument("--random", type=int, default=0, metavar="N",
+                   help="also check N hypothesis-generated cases per op (shrunk on failure)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of the generated cases (default 0)")
     p.add_argument("--inject", metavar="MUTATION[:FACTOR]",
                    help=f"inject a known bug into the backward rules, to see it caught "
                         f"({mutations})")
-    p.add_argument("--format", choices=FORMATS, default="simple", help="table style")
+    p.add_argument("--format", choices=FORMATS, default="plain",
+                   help="output format (default plain)")
+    p.add_argument("--output", metavar="FILE",
+                   help="write the report to FILE (atomically) instead of standard output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -57,8 +80,50 @@ def list_ops() -> str:
             grad = "yes"
         else:
             grad = f"no ({op.no_grad})"
-        rows.append([name, op.kind, grad, len(op.samples()) if op.samples else 0, op.doc])
-    return tabulate(rows, headers=["op", "kind", "backward", "cases", "description"])
+        rows.append([name, op.kind, grad, len(op.samples()) if op.samples else 0,
+                     "yes" if op.strategy else "", op.doc])
+    return tabulate(rows, headers=["op", "kind", "backward", "cases", "generated",
+                                   "description"])
+
+
+def _results(args, parser):
+    progress = not args.no_progress and sys.stderr.isatty()
+    backends = args.backend or ["cpu"]
+    if args.self_test:
+        from gradcheck.selftest import run_self_test
+        return run_self_test(progress=progress)
+    if args.repro:
+        from gradcheck.generated import parse_case
+        try:
+            case = parse_case(args.repro)
+        except ValueError as exc:
+            parser.error(f"--repro: {exc}")
+        return run_checks([case], args.inject, False, args.mode, backends)
+    names = checkable_ops() if args.all else args.op
+    samples = select_samples(names, args.dtype, args.filter)
+    if not samples and not args.random:
+        raise LookupError(f"no sample case of {', '.join(names)} matches "
+                          f"dtype={args.dtype} filter={args.filter!r}")
+    results = run_checks(samples, args.inject, progress, args.mode, backends)
+    if args.random:
+        from gradcheck.generated import generated_results
+        for name in names:
+            for backend in backends:
+                results += generated_results(name, args.random, args.seed, args.dtype,
+                                             args.mode, backend, args.inject)
+    return results
+
+
+def unwritable(path: str) -> str | None:
+    """Why `path` cannot be written, checked before a long run (None if it can)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory"
+    if not os.path.isdir(folder):
+        return f"no directory {folder}"
+    if not os.access(folder, os.W_OK):
+        return f"directory {folder} is not writable"
+    return None
 
 
 def main(argv=None) -> int:
@@ -72,20 +137,33 @@ def main(argv=None) -> int:
             parse(args.inject)
         except ValueError as exc:
             parser.error(str(exc))
-    names = checkable_ops() if args.all else args.op
+    if args.random < 0:
+        parser.error(f"--random must be a non-negative number of cases, got {args.random}")
+    if args.output:
+        problem = unwritable(args.output)
+        if problem:
+            print(f"gradcheck: cannot write {args.output}: {problem}", file=sys.stderr)
+            return 2
     try:
-        samples = select_samples(names, args.dtype, args.filter)
-    except UnknownOpError as exc:
+        results = _results(args, parser)
+    except (UnknownOpError, LookupError) as exc:
         print(f"gradcheck: {exc}", file=sys.stderr)
         return 2
-    if not samples:
-        print(f"gradcheck: no sample case of {', '.join(names)} matches "
-              f"dtype={args.dtype} filter={args.filter!r}", file=sys.stderr)
-        return 2
-    results = run_checks(samples, args.inject,
-                         progress=not args.no_progress and sys.stderr.isatty())
-    print(render_table(results, args.format))
-    print(summary_line(results) + (f"  (injected: {args.inject})" if args.inject else ""))
+    meta = {"argv": list(sys.argv[1:] if argv is None else argv)}
+    if args.inject:
+        meta["injected"] = args.inject
+    text = render(results, args.format, "gradcheck", meta)
+    if args.output:
+        try:
+            write_atomic(args.output, text)
+        except OutputError as exc:
+            print(f"gradcheck: {exc}", file=sys.stderr)
+            return 2
+        print(f"gradcheck: wrote {args.output} ({len(results)} results)", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+        if args.inject:
+            print(f"(injected: {args.inject})")
     return exit_status(results)
 
 

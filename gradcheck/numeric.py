@@ -1,12 +1,18 @@
-"""Numerical differentiation and gradient comparison: pure functions, no printing.
+"""Numerical differentiation, kink detection and gradient comparison: pure functions.
 
-The numerical gradient of a scalar function f at x, element by element, uses the fourth-
-order central stencil
+For a scalar function f of one coordinate, with steps of h, the function is evaluated at
+x-2h, x-h, x, x+h, x+2h and gives
 
-    f'(x) ~ [8 (f(x+h) - f(x-h)) - (f(x+2h) - f(x-2h))] / (12 h),
+    central, 4th order:  d4 = [8 (f(x+h) - f(x-h)) - (f(x+2h) - f(x-2h))] / (12 h)
+    central, 2nd order:  d2 = (f(x+h) - f(x-h)) / (2 h)
+    one-sided, 2nd order: right = (-3 f(x) + 4 f(x+h) - f(x+2h)) / (2 h)
+                          left  = ( 3 f(x) - 4 f(x-h) + f(x-2h)) / (2 h)
 
-whose truncation error is O(h^4); the plain central difference (f(x+h) - f(x-h)) / 2h is
-O(h^2), and their difference is returned as an estimate of the numerical error.
+d4 is the estimate (Richardson extrapolation of the central difference: truncation error
+O(h^4)). Its error estimate is |d4 - d2| (the truncation error of d2, which bounds that of
+d4) plus the rounding error of the stencil, 4 eps max|f| / h. Where right and left
+disagree by more than their own error, f has a kink within 2h of x (relu at 0, a max-pool
+tie, a clamp edge): such an element is a kink, counted apart, never a pass or a fail.
 Evaluation is in float64 whatever the dtype under test.
 """
 
@@ -18,73 +24,141 @@ from collections.abc import Callable
 import numpy as np
 
 STEP = 1e-4
+EPS64 = np.finfo(np.float64).eps
 
 # Agreement required between backprop in the dtype under test and the float64 reference:
-# |analytic - numeric| <= atol * scale + rtol * |numeric|, scale = max |numeric| of that input.
+# |a - n| <= atol * scale + rtol * |n| + err, scale = max(1, max |n|) over that input and
+# err the numerical error estimate of the element. (atol, rtol) per dtype:
 TOLERANCES = {"f64": (1e-7, 1e-6), "f32": (1e-4, 1e-3)}
+# one-sided slopes further apart than this (times scale), beyond their error, mark a kink
+KINK_JUMP = 1e-4
+KINK_ERR_FACTOR = 50.0
 
 
-def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = STEP):
+@dataclasses.dataclass
+class Derivative:
+    """Numerical derivatives with their error estimates and kink flags (same shapes)."""
+
+    value: np.ndarray
+    error: np.ndarray
+    kink: np.ndarray
+
+
+def _stencil(f0, fp, fm, f2p, f2m, h):
+    d4 = (8 * (fp - fm) - (f2p - f2m)) / (12 * h)
+    d2 = (fp - fm) / (2 * h)
+    right = (-3 * f0 + 4 * fp - f2p) / (2 * h)
+    left = (3 * f0 - 4 * fm + f2m) / (2 * h)
+    size = max(abs(f0), abs(fp), abs(fm), abs(f2p), abs(f2m))
+    err = abs(d4 - d2) + 4 * EPS64 * size / h
+    return d4, err, abs(right - left), err
+
+
+def _finish(values, errs, jumps, jump_errs, scale_of=None) -> Derivative:
+    value = np.asarray(values, np.float64)
+    err = np.asarray(errs, np.float64)
+    finite = value[np.isfinite(value)]
+    scale = max(1.0, float(np.max(np.abs(finite)))) if finite.size else 1.0
+    if scale_of is not None:
+        scale = scale_of
+    jump = np.asarray(jumps, np.float64)
+    kink = jump > KINK_JUMP * scale + KINK_ERR_FACTOR * np.asarray(jump_errs)
+    return Derivative(value, err, kink)
+
+
+def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = STEP) -> Derivative:
     """Gradient of f() w.r.t. the float64 array x, which f reads and this function perturbs
-    in place (and restores). Returns (gradient, error estimate), both of x's shape."""
-    grad = np.empty(x.shape)
-    err = np.empty(x.shape)
-    flat = x.reshape(-1)            # a view: x must be contiguous
-    g_flat, e_flat = grad.reshape(-1), err.reshape(-1)
+    in place (and restores), element by element."""
+    flat = x.reshape(-1)             # a view: x must be contiguous
+    f0 = f()
+    vals, errs, jumps, jerrs = [], [], [], []
     for i in range(flat.size):
         x0 = flat[i]
-        values = []
+        fs = []
         for d in (h, -h, 2 * h, -2 * h):
             flat[i] = x0 + d
-            values.append(f())
+            fs.append(f())
         flat[i] = x0
-        fp, fm, f2p, f2m = values
-        central = (fp - fm) / (2 * h)
-        g_flat[i] = (8 * (fp - fm) - (f2p - f2m)) / (12 * h)
-        e_flat[i] = abs(g_flat[i] - central)
-    return grad, err
+        v, e, j, je = _stencil(f0, *fs, h)
+        vals.append(v)
+        errs.append(e)
+        jumps.append(j)
+        jerrs.append(je)
+    d = _finish(vals, errs, jumps, jerrs)
+    return Derivative(d.value.reshape(x.shape), d.error.reshape(x.shape),
+                      d.kink.reshape(x.shape))
+
+
+def directional_derivatives(f: Callable[[], float], xs, directions, h: float = STEP,
+                            scale: float = 1.0) -> Derivative:
+    """Derivatives of f() along each direction: a direction is a list of arrays shaped like
+    the float64 arrays xs (which f reads; they are moved along it and restored)."""
+    f0 = f()
+    base = [x.copy() for x in xs]
+    vals, errs, jumps, jerrs = [], [], [], []
+    for v in directions:
+        fs = []
+        for d in (h, -h, 2 * h, -2 * h):
+            for x, x0, vi in zip(xs, base, v, strict=True):
+                np.copyto(x, x0 + d * vi)
+            fs.append(f())
+        for x, x0 in zip(xs, base, strict=True):
+            np.copyto(x, x0)
+        val, e, j, je = _stencil(f0, *fs, h)
+        vals.append(val)
+        errs.append(e)
+        jumps.append(j)
+        jerrs.append(je)
+    return _finish(vals, errs, jumps, jerrs, scale_of=scale)
 
 
 @dataclasses.dataclass
 class Comparison:
-    """How an analytic gradient agrees with a numeric one."""
+    """How one gradient agrees with a reference, kinks excluded."""
 
     checked: int
+    kinks: int
     max_abs: float
     max_rel: float
     failures: int
     nonfinite: int
     worst_index: tuple | None
-    worst_analytic: float
-    worst_numeric: float
+    worst_value: float
+    worst_reference: float
 
     @property
     def ok(self) -> bool:
         return self.failures == 0 and self.nonfinite == 0
 
 
-def compare(analytic: np.ndarray, numeric: np.ndarray, dtype: str) -> Comparison:
-    """Elementwise agreement under the tolerances of `dtype`; NaN or Inf anywhere fails,
-    and 0/0 counts as a relative error of 0."""
-    a = np.asarray(analytic, np.float64)
-    n = np.asarray(numeric, np.float64)
+def compare(value, reference, dtype: str, error=None, kink=None) -> Comparison:
+    """Elementwise agreement of `value` with `reference` under the tolerances of `dtype`,
+    widened by the reference's error estimate; elements flagged `kink` are not judged.
+    NaN or Inf in either fails; 0/0 is a relative error of 0."""
+    a = np.asarray(value, np.float64)
+    n = np.asarray(reference, np.float64)
+    err = np.zeros(a.shape) if error is None else np.asarray(error, np.float64)
+    kink = np.zeros(a.shape, bool) if kink is None else np.asarray(kink, bool)
+    if a.size == 0:
+        return Comparison(0, 0, 0.0, 0.0, 0, 0, None, 0.0, 0.0)
     nonfinite = int(np.count_nonzero(~np.isfinite(a) | ~np.isfinite(n)))
+    judged = ~kink
     with np.errstate(invalid="ignore", divide="ignore"):
         abs_err = np.abs(a - n)
         rel = np.where(abs_err == 0, 0.0, abs_err / np.abs(n))
-    atol, rtol = TOLERANCES[dtype]
-    finite_n = n[np.isfinite(n)]
-    scale = max(1.0, float(np.max(np.abs(finite_n)))) if finite_n.size else 1.0
-    bad = ~(abs_err <= atol * scale + rtol * np.abs(n))   # NaN compares False: bad
-    failures = int(np.count_nonzero(bad))
-    if a.size == 0:
-        return Comparison(0, 0.0, 0.0, 0, 0, None, 0.0, 0.0)
-    score = np.where(np.isfinite(abs_err), abs_err / (atol * scale + rtol * np.abs(n)), np.inf)
+        finite_n = n[np.isfinite(n) & judged]
+        scale = max(1.0, float(np.max(np.abs(finite_n)))) if finite_n.size else 1.0
+        atol, rtol = TOLERANCES[dtype]
+        allowed = atol * scale + rtol * np.abs(n) + err
+        bad = ~(abs_err <= allowed) & judged          # NaN compares False: bad
+        score = np.where(judged, np.where(np.isfinite(abs_err), abs_err / allowed, np.inf),
+                         -1.0)
     worst = np.unravel_index(int(np.argmax(score)), a.shape)
+    shown_abs = np.where(judged, np.where(np.isfinite(abs_err), abs_err, np.inf), 0.0)
+    shown_rel = np.where(judged, np.where(np.isfinite(rel), rel, np.inf), 0.0)
     return Comparison(
-        checked=int(a.size),
-        max_abs=float(np.max(np.where(np.isfinite(abs_err), abs_err, np.inf))),
-        max_rel=float(np.max(np.where(np.isfinite(rel), rel, np.inf))),
-        failures=failures, nonfinite=nonfinite,
+        checked=int(np.count_nonzero(judged)), kinks=int(np.count_nonzero(kink)),
+        max_abs=float(np.max(shown_abs)), max_rel=float(np.max(shown_rel)),
+        failures=int(np.count_nonzero(bad)), nonfinite=nonfinite,
         worst_index=tuple(int(i) for i in worst),
-        worst_analytic=float(a[worst]), worst_numeric=float(n[worst]))
+        worst_value=float(a[worst]), worst_reference=float(n[worst]))
