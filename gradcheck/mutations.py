@@ -1,8 +1,16 @@
-"""Known bugs injected into backward rules, to show that gradcheck catches them.
+"""Known bugs injected into backward passes, to show that gradcheck catches them.
 
 A check that cannot fail is a defect: `gradcheck --inject scale` must report failures.
-Mutations patch the registry's backward rules of the ops a case is made of, only while
-its backward graph is built, and restore them afterwards.
+Two kinds of injection:
+
+- `scale[:FACTOR]` patches the backward rules of the ops a case is made of, multiplying
+  every input gradient by FACTOR (default 1.01);
+- the name of a mutant of `gradcheck.mutants.MUTANTS` (e.g. `softmax_back_no_subtraction`)
+  patches that one documented bug into its op, whatever the case is made of.
+
+Both are in place only within `injected(...)` and restored afterwards, even on error. A
+mutant that changes a kernel must be in place when the plan is made (graph.compute), not
+only while the backward graph is built.
 """
 
 from __future__ import annotations
@@ -10,27 +18,25 @@ from __future__ import annotations
 import contextlib
 
 from engine.registry import OPS
-
-
-def _scaled(backward, factor):
-    def mutated(g, out, *srcs, **params):
-        from engine.ops import scale
-        return tuple(None if sg is None else scale(sg, factor)
-                     for sg in backward(g, out, *srcs, **params))
-    return mutated
-
+from gradcheck.mutants import MUTANTS, scaled_backward
 
 MUTATIONS = {
-    "scale": (_scaled, 1.01, "every input gradient of the op multiplied by FACTOR "
-                             "(default 1.01)"),
+    "scale": (scaled_backward, 1.01, "every input gradient of the op multiplied by FACTOR "
+                                     "(default 1.01)"),
 }
 
 
-def parse(spec: str) -> tuple[str, float]:
-    """'scale' or 'scale:1.05' -> ('scale', 1.05); ValueError on anything else."""
-    name, _, arg = spec.partition(":")
+def parse(spec: str) -> tuple[str, float | None]:
+    """'scale' or 'scale:1.05' -> ('scale', 1.05); a mutant's name -> (name, None);
+    ValueError on anything else."""
+    name, colon, arg = spec.partition(":")
+    if name in MUTANTS:
+        if colon:
+            raise ValueError(f"mutant {name} takes no argument, got {arg!r}")
+        return name, None
     if name not in MUTATIONS:
-        raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")
+        raise ValueError(f"unknown mutation {name!r}; known: "
+                         f"{', '.join([*MUTATIONS, *MUTANTS])}")
     try:
         value = float(arg) if arg else MUTATIONS[name][1]
     except ValueError:
@@ -40,11 +46,16 @@ def parse(spec: str) -> tuple[str, float]:
 
 @contextlib.contextmanager
 def injected(spec: str | None, op_names):
-    """Within the block, the backward rules of `op_names` carry the mutation `spec`."""
+    """Within the block, the mutation `spec` is in place: `scale[:F]` in the backward rules
+    of `op_names`, a named mutant in its own op (`op_names` unused)."""
     if not spec:
         yield
         return
     name, value = parse(spec)
+    if name in MUTANTS:
+        with MUTANTS[name].patch():
+            yield
+        return
     make = MUTATIONS[name][0]
     saved = {}
     try:
