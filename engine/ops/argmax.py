@@ -11,6 +11,7 @@ from engine.errors import ShapeError
 from engine.ops.softmax import check_rows, contiguous_inputs
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import permutations, sample_strategy, shapes
 
 
 def _infer(x):
@@ -32,6 +33,14 @@ def _samples(dtype):
             for s in [(7,), (3, 4), (2, 3, 5)]]
 
 
+@sample_strategy
+def _strategy(draw, dtype):
+    """1 to 3 axes of distinct values in [-2, 2] (no ties), possibly a permuted view."""
+    shape = draw(shapes(min_dims=1, max_dims=3, max_side=8))
+    return Sample.make("argmax", [InputSpec("x", shape, "distinct", -2.0, 2.0,
+                                            permute=draw(permutations(len(shape))))], dtype)
+
+
 def _torch_argmax(x):
     import torch
     return x.argmax(-1).to(torch.int32)
@@ -39,5 +48,5 @@ def _torch_argmax(x):
 
 register(OpDef("argmax", infer=_infer, no_grad="integer output: piecewise constant",
                kernels={"cpu": cpu_argmax}, build=argmax, torch=_torch_argmax,
-               samples=_samples, doc="index of the max along the last axis, int32, first on "
-                                     "ties"))
+               samples=_samples, strategy=_strategy,
+               doc="index of the max along the last axis, int32, first on ties"))

@@ -14,6 +14,7 @@ from engine.errors import DTypeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import broadcast_pair, permutations, sample_strategy
 from engine.tensor import Tensor, constant
 
 
@@ -87,13 +88,27 @@ def _samples(name):
     return samples
 
 
+def _strategy(name):
+    """Random broadcast-compatible shape pairs (0-d included), either operand possibly a
+    permuted view; div's denominator |b| in [0.5, 2]."""
+    @sample_strategy
+    def strategy(draw, dtype):
+        sa, sb = draw(broadcast_pair())
+        b_range = (dict(kind="away_from_zero", low=0.5, high=2.0) if name == "div"
+                   else {})
+        return Sample.make(name, [InputSpec("a", sa, permute=draw(permutations(len(sa)))),
+                                  InputSpec("b", sb, permute=draw(permutations(len(sb))),
+                                            **b_range)], dtype)
+    return strategy
+
+
 _BACKWARD = {"add": _add_backward, "sub": _sub_backward, "mul": _mul_backward,
              "div": _div_backward}
 
 for _name in ("add", "sub", "mul", "div"):
     register(OpDef(_name, infer=_infer(_name), backward=_BACKWARD[_name],
                    kernels={"cpu": cpu.binary(_name)}, build=_builder(_name),
-                   torch=_TORCH[_name], samples=_samples(_name),
+                   torch=_TORCH[_name], samples=_samples(_name), strategy=_strategy(_name),
                    doc=f"elementwise {_name} with numpy broadcasting"))
 
 add = _builder("add")

@@ -21,9 +21,10 @@ from __future__ import annotations
 from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import conv_output_size, im2col, pair
 from engine.ops.matmul import matmul
-from engine.ops.shape import cont, permute, reshape, transpose
+from engine.ops.shape import cont, cont_if_strided, permute, reshape, transpose
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
 
 
 def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
@@ -54,7 +55,8 @@ def conv_2d(x, w, stride=1, padding=0, dilation=1):
     o, c, kh, kw = w.shape
     cols = im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype)
     cols = reshape(cols, (n * oh * ow, c * kh * kw))
-    out = matmul(cols, transpose(reshape(w, (o, c * kh * kw))))   # (N*OH*OW, O)
+    w_rows = reshape(cont_if_strided(w), (o, c * kh * kw))     # a strided kernel is copied
+    out = matmul(cols, transpose(w_rows))                       # (N*OH*OW, O)
     return cont(permute(reshape(out, (n, oh, ow, o)), (0, 3, 1, 2)))
 
 
@@ -76,9 +78,33 @@ def _conv_samples(dtype):
              ((1, 2, 7, 9), (3, 2, 3, 2), (2, 1), (1, 0), (1, 2))]
     return [Sample.make("conv_2d", [InputSpec("x", xs), InputSpec("w", ws)], dtype,
                         stride=s, padding=p, dilation=d)
-            for xs, ws, s, p, d in cases]
+            for xs, ws, s, p, d in cases] + [
+        # strided views: an NHWC-stored image and an IOHW-stored kernel
+        Sample.make("conv_2d", [InputSpec("x", (2, 3, 6, 5), permute=(0, 2, 3, 1)),
+                                InputSpec("w", (2, 3, 3, 3), permute=(1, 0, 2, 3))], dtype,
+                    stride=1, padding=1, dilation=1)]
+
+
+@sample_strategy
+def _conv_strategy(draw, dtype):
+    """Per axis kernel 1-3, stride 1-2, padding 0-1, dilation 1-2 and a side up to 8 that
+    fits the kernel; 1-3 input and output channels, batch 1-3, at most MAX_ELEMENTS inputs in
+    all; image and kernel possibly permuted views."""
+    from hypothesis import strategies as st
+    rows, cols = (draw(window_axis(stride=(1, 2), padding=(0, 1), dilation=(1, 2), max_side=8))
+                  for _ in range(2))
+    c, o = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    w_shape = (o, c, rows.kernel, cols.kernel)
+    budget = (MAX_ELEMENTS - o * c * rows.kernel * cols.kernel) // (c * rows.side * cols.side)
+    (n,) = draw(shapes(1, 1, max_side=3, max_size=max(budget, 1)))
+    return Sample.make("conv_2d", [InputSpec("x", (n, c, rows.side, cols.side),
+                                             permute=draw(permutations(4))),
+                                   InputSpec("w", w_shape, permute=draw(permutations(4)))],
+                       dtype,
+                       stride=(rows.stride, cols.stride), padding=(rows.padding, cols.padding),
+                       dilation=(rows.dilation, cols.dilation))
 
 
 register(OpDef("conv_2d", kind="composite", compose=conv_2d, torch=_torch_conv_2d,
-               samples=_conv_samples,
+               samples=_conv_samples, strategy=_conv_strategy,
                doc="2-D convolution of NCHW input with OIHW kernel, via im2col and matmul"))

@@ -20,6 +20,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.softmax import check_rows, contiguous_inputs
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes
 
 
 def _infer(logits, labels):
@@ -74,6 +75,21 @@ def _back_samples(dtype):
             for s in [(4, 3), (2, 3, 4)]]
 
 
+@sample_strategy
+def _strategy(draw, dtype):
+    """Rows of 2..8 classes (1 to 3 axes in all), logits in [-3, 3], probability labels
+    (no gradient); either input possibly a permuted view."""
+    from hypothesis import strategies as st
+    classes = draw(st.integers(2, 8))
+    rows = draw(shapes(min_dims=0, max_dims=2, max_side=6, max_size=MAX_ELEMENTS // classes))
+    shape = rows + (classes,)
+    return Sample.make("cross_entropy_loss",
+                       [InputSpec("logits", shape, low=-3.0, high=3.0,
+                                  permute=draw(permutations(len(shape)))),
+                        InputSpec("labels", shape, "probs", low=-2.0, high=2.0, grad=False,
+                                  permute=draw(permutations(len(shape))))], dtype)
+
+
 def _torch_cross_entropy(logits, labels):
     import torch.nn.functional as F
     c = logits.shape[-1]
@@ -87,7 +103,7 @@ def _torch_cross_entropy_back(g, logits, labels):
 
 register(OpDef("cross_entropy_loss", infer=_infer, backward=_backward,
                kernels={"cpu": cpu_cross_entropy_loss}, build=cross_entropy_loss,
-               torch=_torch_cross_entropy, samples=_samples,
+               torch=_torch_cross_entropy, samples=_samples, strategy=_strategy,
                doc="mean over rows of -sum(labels * log_softmax(logits)); a 0-d loss"))
 register(OpDef("cross_entropy_loss_back", kind="backward", infer=_back_infer,
                no_grad="dedicated backward op", kernels={"cpu": cpu_cross_entropy_loss_back},

@@ -145,6 +145,11 @@ def im2col_back(g, x_shape, kh, kw, stride, padding, dilation, dtype):
                      dtype=dtype_name(dtype))
 
 
+def _im2col_back_backward(grad, out, g, x_shape, kh, kw, stride, padding, dilation, dtype):
+    # col2im is linear and its transpose is im2col with the same parameters
+    return (im2col(grad, kh, kw, stride, padding, dilation, dtype=g.dtype),)
+
+
 # --- samples and registration ------------------------------------------------------------------
 @both_dtypes
 def _im2col_samples(dtype):
@@ -162,11 +167,32 @@ def _im2col_samples(dtype):
             for s, kh, kw, st, p, d, dt in cases]
 
 
+def _im2col_strategy(dtype):
+    """Per axis kernel 1-3, stride 1-3, padding 0-2, dilation 1-2 and a side up to 8 that
+    fits the kernel; batch and channels 1-3 (at most MAX_ELEMENTS inputs); columns in x's
+    dtype, the other float dtype or the default; the image possibly a permuted view."""
+    from hypothesis import strategies as st
+
+    from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
+
+    @sample_strategy
+    def draw_case(draw, dtype):
+        rows, cols = (draw(window_axis(padding=(0, 2), dilation=(1, 2), max_side=8))
+                      for _ in range(2))
+        batch = draw(shapes(2, 2, max_side=3, max_size=MAX_ELEMENTS // (rows.side * cols.side)))
+        x = InputSpec("x", batch + (rows.side, cols.side), permute=draw(permutations(4)))
+        return Sample.make("im2col", [x], dtype, kh=rows.kernel, kw=cols.kernel,
+                           stride=(rows.stride, cols.stride),
+                           padding=(rows.padding, cols.padding),
+                           dilation=(rows.dilation, cols.dilation),
+                           dtype=draw(st.sampled_from([None, "f32", "f64"])))
+    return draw_case(dtype)
+
+
 register(OpDef("im2col", infer=_im2col_infer, backward=_im2col_backward,
                kernels={"cpu": cpu_im2col}, build=im2col, torch=_torch_im2col,
-               samples=_im2col_samples,
+               samples=_im2col_samples, strategy=_im2col_strategy,
                doc="NCHW image -> (N, OH, OW, C*KH*KW) patch columns, ordered (c, ky, kx)"))
 register(OpDef("im2col_back", kind="backward", infer=_im2col_back_infer,
-               no_grad="a backward op (col2im); the engine takes no second derivatives",
-               kernels={"cpu": cpu_im2col_back}, build=im2col_back,
+               backward=_im2col_back_backward, kernels={"cpu": cpu_im2col_back}, build=im2col_back,
                doc="gradient of im2col: columns added back onto the image (col2im)"))

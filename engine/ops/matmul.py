@@ -15,6 +15,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
 
 
 def _infer(a, b):
@@ -64,6 +65,27 @@ def _samples(dtype):
                                InputSpec("b", (2, 4, 5), permute=(0, 2, 1))], dtype)]
 
 
+def _operand(draw, name, shape):
+    """An operand, contiguous, transposed (last two axes swapped) or otherwise permuted."""
+    from hypothesis import strategies as st
+    n = len(shape)
+    transposed = tuple(range(n - 2)) + (n - 1, n - 2)
+    order = draw(st.sampled_from([None, transposed]) | permutations(n))
+    return InputSpec(name, shape, permute=order)
+
+
+@sample_strategy
+def _strategy(draw, dtype):
+    """m, k, n in 1..5; batch axes (at most 2, at most 4 batches) that each operand may
+    drop or hold as 1 (numpy broadcasting); either operand possibly a strided view."""
+    from hypothesis import strategies as st
+    batch = draw(shapes(min_dims=0, max_dims=2, max_side=4, max_size=4))
+    m, k, n = (draw(st.integers(1, 5)) for _ in range(3))
+    a = _operand(draw, "a", draw(broadcast_source(batch)) + (m, k))
+    b = _operand(draw, "b", draw(broadcast_source(batch)) + (k, n))
+    return Sample.make("matmul", [a, b], dtype)
+
+
 register(OpDef("matmul", infer=_infer, backward=_backward, kernels={"cpu": cpu_matmul},
-               build=matmul, torch=lambda a, b: a @ b, samples=_samples,
+               build=matmul, torch=lambda a, b: a @ b, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))

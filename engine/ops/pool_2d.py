@@ -25,6 +25,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import conv_output_size, pair
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
 
 MODES = ("max", "avg")
 
@@ -129,9 +130,24 @@ def _pool_samples(dtype):
     return out
 
 
+@sample_strategy
+def _pool_strategy(draw, dtype):
+    """Mode; per axis kernel 1-3, stride 1-3, padding <= kernel // 2 and a side up to 9 that
+    fits a window; batch and channels 1-3 (at most MAX_ELEMENTS inputs); max pools distinct
+    values (no ties); the input possibly a permuted view."""
+    from hypothesis import strategies as st
+    mode = draw(st.sampled_from(MODES))
+    rows, cols = draw(window_axis()), draw(window_axis())
+    batch = draw(shapes(2, 2, max_side=3, max_size=MAX_ELEMENTS // (rows.side * cols.side)))
+    spec = InputSpec("x", batch + (rows.side, cols.side),
+                     "distinct" if mode == "max" else "uniform", permute=draw(permutations(4)))
+    return Sample.make("pool_2d", [spec], dtype, mode=mode, kernel=(rows.kernel, cols.kernel),
+                       stride=(rows.stride, cols.stride), padding=(rows.padding, cols.padding))
+
+
 register(OpDef("pool_2d", infer=_pool_infer, backward=_pool_backward,
                kernels={"cpu": cpu_pool_2d}, build=pool_2d, torch=_torch_pool_2d,
-               samples=_pool_samples,
+               samples=_pool_samples, strategy=_pool_strategy,
                doc="2-D max/avg pooling of NCHW input; avg divides by the full window"))
 register(OpDef("pool_2d_back", kind="backward", infer=_pool_back_infer,
                no_grad="a backward op; the engine takes no second derivatives",

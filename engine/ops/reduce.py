@@ -1,4 +1,5 @@
-"""Reductions: sum over all or some axes, and mean (a composite of sum and scale)."""
+"""Reductions: sum over all or some axes, mean (a composite of sum and scale), and sum_rows
+(ggml's SUM_ROWS: the sum over the last axis, kept as size 1; a composite of sum)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from engine.backends.cpu.reduce import cpu_sum
 from engine.errors import DTypeError, ShapeError
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import permutations, sample_strategy, shapes
 
 
 def normalize_axes(op: str, shape, axis) -> tuple[int, ...]:
@@ -57,9 +59,24 @@ def mean(x, axis=None, keepdims=False):
     return scale(sum(x, axes, keepdims), 1.0 / n if n else float("nan"))
 
 
+def sum_rows(x):
+    """ggml's SUM_ROWS: out[..., 0] = sum_j x[..., j], the last axis kept as size 1."""
+    if x.ndim < 1:
+        raise ShapeError(f"sum_rows: needs at least one axis, got shape {list(x.shape)}")
+    return sum(x, -1, keepdims=True)
+
+
+# every axis of a 4-D shape in turn (keepdims alternating), pairs, all axes, and ggml's
+# row lengths (33 and 32 elements: an odd row and a whole number of SIMD lanes)
 REDUCE_CASES = [((10,), None, False), ((3, 4), None, False), ((3, 4), 0, False),
                 ((3, 4), 1, True), ((2, 3, 4), (0, 2), False), ((2, 3, 4, 5), (1, 3), True),
-                ((2, 3, 4, 5), -1, False)]
+                ((2, 3, 4, 5), -1, False), ((2, 3, 4, 5), 0, True), ((2, 3, 4, 5), 1, False),
+                ((2, 3, 4, 5), 2, True), ((2, 3, 4, 5), 3, True), ((2, 3, 4, 5), (0, 1, 2), False),
+                ((33,), -1, True), ((8, 32), -1, True), ((8, 33), 0, False)]
+# permuted inputs (ggml: row-contiguous but non-contiguous, and fully strided)
+PERMUTED_CASES = [((3, 4, 5), (1, 2, 0), None), ((3, 4, 5), (1, 2, 0), 1),
+                  ((3, 4, 5), (1, 2, 0), (0, 2)), ((2, 3, 4, 5), (0, 2, 1, 3), None),
+                  ((2, 3, 4, 5), (3, 2, 1, 0), 2), ((2, 3, 4, 5), (0, 2, 1, 3), -1)]
 
 
 def _samples(name):
@@ -67,9 +84,47 @@ def _samples(name):
     def samples(dtype):
         return [Sample.make(name, [InputSpec("x", s)], dtype, axis=ax, keepdims=kd)
                 for s, ax, kd in REDUCE_CASES] + [
-            Sample.make(name, [InputSpec("x", (3, 4, 5), permute=(1, 2, 0))], dtype, axis=ax,
-                        keepdims=False) for ax in (None, 1, (0, 2))]
+            Sample.make(name, [InputSpec("x", s, permute=p)], dtype, axis=ax,
+                        keepdims=False) for s, p, ax in PERMUTED_CASES]
     return samples
+
+
+def _strategy(name):
+    @sample_strategy
+    def strategy(draw, dtype):
+        from hypothesis import strategies as st
+        shape = draw(shapes(1, 4, 1, 6))
+        ndim = len(shape)
+        axes = draw(st.lists(st.integers(0, ndim - 1), unique=True, min_size=1,
+                                  max_size=ndim))
+        axis = draw(st.sampled_from([None, tuple(a - ndim if draw(st.booleans()) else a
+                                                 for a in axes)]))
+        if axis is not None and len(axis) == 1 and draw(st.booleans()):
+            axis = axis[0]                      # a plain int
+        spec = InputSpec("x", shape, permute=draw(permutations(ndim)))
+        return Sample.make(name, [spec], dtype, axis=axis, keepdims=draw(st.booleans()))
+    strategy.__name__ = f"_{name}_strategy"
+    return strategy
+
+
+# ggml's SUM_ROWS cases: a 4-D tensor (rows of 10 and 16), permuted with the rows kept
+# (row-contiguous, non-contiguous) or moved (strided rows), one row, many rows
+SUM_ROWS_CASES = [((2, 3, 4, 10), None), ((2, 3, 4, 16), None), ((33,), None), ((8, 33), None),
+                  ((2, 3, 4, 10), (1, 2, 0, 3)), ((3, 2, 4, 6), (0, 2, 1, 3)),
+                  ((4, 3, 10), (2, 0, 1)), ((4, 5, 6), (1, 0, 2))]
+
+
+@both_dtypes
+def _sum_rows_samples(dtype):
+    return [Sample.make("sum_rows", [InputSpec("x", s, permute=p)], dtype)
+            for s, p in SUM_ROWS_CASES]
+
+
+@sample_strategy
+def _sum_rows_strategy(draw, dtype):
+    shape = draw(shapes(1, 4, 1, 8))
+    return Sample.make("sum_rows", [InputSpec("x", shape, permute=draw(permutations(
+        len(shape))))], dtype)
 
 
 def _torch_reduce(fn):
@@ -83,8 +138,13 @@ def _torch_reduce(fn):
 
 register(OpDef("sum", infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum}, build=sum, samples=_samples("sum"),
+               strategy=_strategy("sum"),
                torch=_torch_reduce(lambda x, **k: x.sum(**k)),
                doc="sum over axes (all by default), optionally keeping them as size 1"))
 register(OpDef("mean", kind="composite", compose=mean, samples=_samples("mean"),
+               strategy=_strategy("mean"),
                torch=_torch_reduce(lambda x, **k: x.mean(**k)),
                doc="mean over axes: sum * (1/n)"))
+register(OpDef("sum_rows", kind="composite", compose=sum_rows, samples=_sum_rows_samples,
+               strategy=_sum_rows_strategy, torch=lambda x: x.sum(dim=-1, keepdim=True),
+               doc="ggml's SUM_ROWS: sum over the last axis, kept as size 1"))

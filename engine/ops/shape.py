@@ -15,6 +15,7 @@ from engine.errors import ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
 
 
 # --- reshape ---------------------------------------------------------------------------------
@@ -130,23 +131,99 @@ def _broadcast_samples(dtype):
             for s, t in [((4,), (3, 4)), ((3, 1), (2, 3, 5)), ((), (2, 2))]]
 
 
+# --- strategies -----------------------------------------------------------------------------------
+def _prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors
+
+
+@sample_strategy
+def _reshape_strategy(draw, dtype):
+    """A contiguous input reshaped to a random factorisation of its size (1s included),
+    one axis sometimes given as -1."""
+    from hypothesis import strategies as st
+    x_shape = draw(shapes(min_dims=0, max_dims=4))
+    factors = _prime_factors(math.prod(x_shape))
+    ndim = draw(st.integers(1 if factors else 0, 4))
+    target = [1] * ndim
+    for f in factors:
+        target[draw(st.integers(0, ndim - 1))] *= f
+    if ndim and draw(st.booleans()):
+        target[draw(st.integers(0, ndim - 1))] = -1
+    return Sample.make("reshape", [InputSpec("x", x_shape)], dtype, shape=tuple(target))
+
+
+def _axis_order(draw, ndim):
+    """A permutation of range(ndim), some axes written negative."""
+    from hypothesis import strategies as st
+    perm = draw(st.permutations(range(ndim)))
+    return tuple(a - ndim if draw(st.booleans()) else a for a in perm)
+
+
+@sample_strategy
+def _permute_strategy(draw, dtype):
+    """Any axis order (negative axes too) of a possibly already permuted input."""
+    x_shape = draw(shapes(min_dims=1, max_dims=4))
+    return Sample.make("permute", [InputSpec("x", x_shape,
+                                             permute=draw(permutations(len(x_shape))))],
+                       dtype, axes=_axis_order(draw, len(x_shape)))
+
+
+@sample_strategy
+def _transpose_strategy(draw, dtype):
+    """Two axes (possibly negative, possibly equal) of a possibly permuted input."""
+    from hypothesis import strategies as st
+    x_shape = draw(shapes(min_dims=2, max_dims=4))
+    n = len(x_shape)
+    return Sample.make("transpose", [InputSpec("x", x_shape, permute=draw(permutations(n)))],
+                       dtype, axis1=draw(st.integers(-n, n - 1)),
+                       axis2=draw(st.integers(-n, n - 1)))
+
+
+@sample_strategy
+def _cont_strategy(draw, dtype):
+    """A contiguous copy of an input that is often a permuted view."""
+    x_shape = draw(shapes(min_dims=1, max_dims=4))
+    return Sample.make("cont", [InputSpec("x", x_shape,
+                                          permute=draw(permutations(len(x_shape))))], dtype)
+
+
+@sample_strategy
+def _broadcast_strategy(draw, dtype):
+    """A target shape (0-d included) and a possibly permuted input that broadcasts to it."""
+    shape = draw(shapes(min_dims=0, max_dims=4, max_side=4))
+    x_shape = draw(broadcast_source(shape))
+    return Sample.make("broadcast_to", [InputSpec("x", x_shape,
+                                                  permute=draw(permutations(len(x_shape))))],
+                       dtype, shape=shape)
+
+
 register(OpDef("reshape", kind="view", infer=_reshape_infer, backward=_reshape_backward,
                view=lambda ins, shape: ins[0].reshape(shape), build=reshape,
                torch=lambda x, shape: x.reshape(shape), samples=_reshape_samples,
+               strategy=_reshape_strategy,
                doc="a view with a new shape (input must be contiguous)"))
 register(OpDef("permute", kind="view", infer=_permute_infer, backward=_permute_backward,
                view=lambda ins, axes: ins[0].transpose(axes), build=permute,
                torch=lambda x, axes: x.permute(axes), samples=_permute_samples,
+               strategy=_permute_strategy,
                doc="a strided view with axes reordered (numpy.transpose)"))
 register(OpDef("transpose", kind="composite", compose=transpose,
                torch=lambda x, axis1=-2, axis2=-1: x.transpose(axis1, axis2),
-               samples=_transpose_samples, doc="swap two axes (default: last two); a view"))
+               samples=_transpose_samples, strategy=_transpose_strategy,
+               doc="swap two axes (default: last two); a view"))
 register(OpDef("cont", infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
                kernels={"cpu": cpu.unary("cont")}, build=cont,
-               torch=lambda x: x.contiguous(), samples=_cont_samples,
+               torch=lambda x: x.contiguous(), samples=_cont_samples, strategy=_cont_strategy,
                doc="contiguous copy"))
 register(OpDef("broadcast_to", infer=_broadcast_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                kernels={"cpu": _cpu_broadcast_to}, build=broadcast_to,
                torch=lambda x, shape: x.expand(shape).contiguous(),
-               samples=_broadcast_samples, doc="numpy-style broadcast, materialised"))
+               samples=_broadcast_samples, strategy=_broadcast_strategy,
+               doc="numpy-style broadcast, materialised"))

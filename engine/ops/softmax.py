@@ -1,23 +1,37 @@
-"""Row-wise ops along the last axis: softmax (with its dedicated backward) and log_softmax.
+"""Row-wise ops along the last axis: softmax (with an optional additive mask and its
+dedicated backward) and log_softmax.
 
-    softmax(x, s)[..., j] = exp(s x_j - m) / sum_k exp(s x_k - m),   m = max_k s x_k
+    softmax(x, s, mask)[..., j] = exp(z_j - m) / sum_k exp(z_k - m),
+                                  z = s x + mask,  m = max_k z_k
     log_softmax(x)[..., j] = x_j - m - log(sum_k exp(x_k - m)),      m = max_k x_k
 
-Subtracting the row max keeps every exponent <= 0, so large inputs stay finite. Backward:
+Subtracting the row max keeps every exponent <= 0, so large inputs stay finite. The mask
+(ggml's soft_max_ext mask: 0 where attention is allowed, large negatives or -inf where it is
+not) broadcasts to x by numpy's rules without changing x's shape: a mask of x's shape, one
+of shape x.shape[-2:] shared by every batch and head, or a single row. Backward, with
+y = softmax(x, s, mask):
 
-    softmax:      grad_x = s y (g - sum_k g_k y_k)           (the op softmax_back)
+    softmax:      grad_z = y (g - sum_k g_k y_k)   (the op softmax_back with scale 1)
+                  grad_x = s grad_z                (softmax_back with scale s)
+                  grad_mask = grad_z summed over the axes the mask was broadcast along
     log_softmax:  grad_x = g - exp(out) sum_k g_k             (composed: exp(out) = softmax)
 
-The kernels read rows as contiguous memory, so the builders put `cont` in front of a
-strided (permuted) input; the infer rules refuse strided inputs given any other way.
+The mask is differentiable; a mask built as an input or a constant simply gets no gradient
+node. The kernels read rows of x as contiguous memory, so the builders put `cont` in front
+of a strided (permuted) x; the infer rules refuse strided inputs given any other way. The
+mask is read in place through its strides.
 """
 
 from __future__ import annotations
 
+import math
+
 from engine.backends.cpu.softmax import cpu_log_softmax, cpu_softmax, cpu_softmax_back
 from engine.errors import DTypeError, ShapeError
+from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
 
 
 def check_rows(op: str, *tensors) -> None:
@@ -46,19 +60,44 @@ def contiguous_inputs(*tensors):
 
 
 # --- softmax ----------------------------------------------------------------------------------
-def _softmax_infer(x, scale):
+def _softmax_infer(x, *mask, scale):
     check_rows("softmax", x)
+    if mask:
+        (m,) = mask
+        if m.dtype != x.dtype:
+            raise DTypeError(f"softmax: mask dtype {m.dtype} differs from input dtype "
+                             f"{x.dtype} (shapes {shapes_str(x, m)})")
+        if x.ndim > 4:
+            raise ShapeError(f"softmax: a mask needs an input of at most 4 axes, got shapes "
+                             f"{shapes_str(x, m)}")
+        try:
+            fits = broadcast_shapes("softmax", x.shape, m.shape) == x.shape
+        except ShapeError:
+            fits = False
+        if not fits:
+            raise ShapeError(f"softmax: mask of shape {list(m.shape)} does not broadcast to "
+                             f"the input's shape {list(x.shape)}")
     return x.shape, x.dtype
 
 
-def softmax(x, scale=1.0):
-    """softmax(scale * x) along the last axis."""
+def softmax(x, scale=1.0, mask=None):
+    """softmax(scale * x + mask) along the last axis; mask (optional) broadcasts to x."""
     (x,) = contiguous_inputs(x)
-    return make_node("softmax", (x,), scale=float(scale))
+    srcs = (x,) if mask is None else (x, mask)
+    return make_node("softmax", srcs, scale=float(scale))
 
 
-def _softmax_backward(g, y, x, scale):
-    return (softmax_back(g, y, scale),)
+def _softmax_build(x, mask=None, scale=1.0):
+    """The registry's builder: tensor inputs first (x, mask), then the parameter."""
+    return softmax(x, scale, mask)
+
+
+def _softmax_backward(g, y, x, *mask, scale):
+    gx = softmax_back(g, y, scale)
+    if not mask:
+        return (gx,)
+    gz = gx if scale == 1.0 else softmax_back(g, y, 1.0)
+    return gx, sum_to(gz, mask[0].shape)
 
 
 def _softmax_back_infer(g, y, scale):
@@ -92,33 +131,102 @@ def _log_softmax_backward(g, out, x):
     return (sub(g, mul(exp(out), reduce_sum(g, -1, keepdims=True))),)
 
 
-# --- samples, torch references, registration -----------------------------------------------------
+# --- samples, strategies, torch references, registration ---------------------------------------
 ROW_SHAPES = [(5,), (3, 4), (2, 3, 7)]
+SCALES = (1.0, 0.1, 2.5, -0.5)
+# (x shape, mask shape, mask permute, scale, mask values: (kind, low, high)). LARGE masks are
+# integers in [-1e4, 0]; InputSpec has no generator of mostly-zero masks with a few -1e4
+# entries, so that pattern (ggml's causal mask) is tested in tests/engine/test_norms_convs.py
+MODERATE, LARGE = ("uniform", -5.0, 0.0), ("int", -10000, 1)
+MASKED = [((3, 5), (3, 5), None, 1.0, MODERATE),
+          ((2, 3, 4), (3, 4), None, 0.1, MODERATE),           # ggml: one mask for the batch
+          ((2, 2, 3, 4), (3, 4), None, 1.0, MODERATE),        # ... for every batch and head
+          ((2, 2, 3, 4), (2, 1, 3, 4), None, 2.5, MODERATE),  # per batch, shared by heads
+          ((3, 6), (6,), None, -0.5, MODERATE),               # one row for every row
+          ((2, 3, 4), (3, 4), (1, 0), 1.0, MODERATE),         # a transposed (strided) mask
+          ((2, 3, 5), (3, 5), None, 1.0, LARGE),              # large negatives
+          ((2, 4, 3), (2, 4, 3), None, 0.1, LARGE)]
+
+
+def draw_row_input(draw, name, kind="uniform", low=-3.0, high=3.0, grad=True, min_cols=1):
+    """For the strategies of the row-wise ops: an InputSpec of 1-4 axes and at most 150
+    elements, rows of min_cols to 8 elements, contiguous or a permuted view."""
+    from hypothesis import strategies as st
+    lead = draw(shapes(0, 3, max_side=5, max_size=150 // min_cols))
+    rows = math.prod(lead)
+    shape = lead + (draw(st.integers(min_cols, max(min_cols, min(8, 150 // rows)))),)
+    return InputSpec(name, shape, kind, low, high, grad=grad,
+                     permute=draw(permutations(len(shape))))
+
+
+def draw_scale(draw):
+    from hypothesis import strategies as st
+    return draw(st.sampled_from(SCALES) | st.floats(-3.0, 3.0).map(lambda v: round(v, 2)))
 
 
 @both_dtypes
 def _softmax_samples(dtype):
-    out = [Sample.make("softmax", [InputSpec("x", s, low=-3.0, high=3.0)], dtype, scale=1.0)
-           for s in ROW_SHAPES]
-    out += [Sample.make("softmax", [InputSpec("x", (4, 6), low=-3.0, high=3.0)], dtype,
-                        scale=s) for s in (2.5, -0.5)]
+    x = lambda s, p=None: InputSpec("x", s, low=-3.0, high=3.0, permute=p)  # noqa: E731
+    out = [Sample.make("softmax", [x(s)], dtype, scale=1.0) for s in ROW_SHAPES]
+    out += [Sample.make("softmax", [x((4, 6))], dtype, scale=s) for s in SCALES[1:]]
+    out += [Sample.make("softmax", [x((3, 4, 5), (2, 0, 1))], dtype, scale=1.0)]
+    for xs, ms, mp, sc, (kind, lo, hi) in MASKED:
+        out.append(Sample.make("softmax", [x(xs), InputSpec("mask", ms, kind, lo, hi,
+                                                            permute=mp)], dtype, scale=sc))
+    out.append(Sample.make("softmax", [x((2, 5, 3), (0, 2, 1)),
+                                       InputSpec("mask", (5, 3), "uniform", -5.0, 0.0)],
+                           dtype, scale=2.5))
     return out
+
+
+@sample_strategy
+def _softmax_strategy(draw, dtype):
+    """x of 1-4 axes (possibly permuted), a scale, and half of the time a mask with values
+    in [-5, 0] of a shape that broadcasts to x's (possibly permuted too)."""
+    from hypothesis import strategies as st
+    x = draw_row_input(draw, "x")
+    inputs = [x]
+    if draw(st.booleans()):
+        shape = draw(broadcast_source(x.shape, min_dims=1))
+        kind, lo, hi = MODERATE     # a fixed range: ranges are not part of a case's name
+        inputs.append(InputSpec("mask", shape, kind, lo, hi,
+                                permute=draw(permutations(len(shape)))))
+    return Sample.make("softmax", inputs, dtype, scale=draw_scale(draw))
 
 
 @both_dtypes
 def _softmax_back_samples(dtype):
-    return [Sample.make("softmax_back", [InputSpec("g", s), InputSpec("y", s, "probs")],
-                        dtype, scale=sc) for s, sc in [((3, 4), 1.0), ((2, 3, 5), -0.5)]]
+    return [Sample.make("softmax_back", [InputSpec("g", s, permute=p), InputSpec("y", s, "probs")],
+                        dtype, scale=sc)
+            for s, sc, p in [((3, 4), 1.0, None), ((2, 3, 5), -0.5, None),
+                             ((3, 4, 2), 0.1, (1, 2, 0))]]
+
+
+@sample_strategy
+def _softmax_back_strategy(draw, dtype):
+    g = draw_row_input(draw, "g", low=-1.0, high=1.0)
+    y = InputSpec("y", g.shape, "probs", -3.0, 3.0, permute=draw(permutations(len(g.shape))))
+    return Sample.make("softmax_back", [g, y], dtype, scale=draw_scale(draw))
 
 
 @both_dtypes
 def _log_softmax_samples(dtype):
-    return [Sample.make("log_softmax", [InputSpec("x", s, low=-3.0, high=3.0)], dtype)
-            for s in ROW_SHAPES]
+    return [Sample.make("log_softmax", [InputSpec("x", s, low=-3.0, high=3.0, permute=p)],
+                        dtype)
+            for s, p in [*((s, None) for s in ROW_SHAPES), ((3, 4, 5), (2, 0, 1))]]
 
 
-def _torch_softmax(x, scale=1.0):
-    return (x * scale).softmax(-1)
+@sample_strategy
+def _log_softmax_strategy(draw, dtype):
+    return Sample.make("log_softmax", [draw_row_input(draw, "x")], dtype)
+
+
+def _torch_softmax(x, mask=None, scale=1.0):
+    if mask is None:
+        return (x * scale).softmax(-1)
+    # in float64, as the kernel: in float32, s x + mask rounds to the mask's precision,
+    # which costs rows near a large negative mask value their accuracy
+    return (x.double() * scale + mask.double()).softmax(-1).to(x.dtype)
 
 
 def _torch_softmax_back(g, y, scale=1.0):
@@ -126,13 +234,16 @@ def _torch_softmax_back(g, y, scale=1.0):
 
 
 register(OpDef("softmax", infer=_softmax_infer, backward=_softmax_backward,
-               kernels={"cpu": cpu_softmax}, build=softmax, torch=_torch_softmax,
-               samples=_softmax_samples, doc="softmax(scale * x) along the last axis"))
+               kernels={"cpu": cpu_softmax}, build=_softmax_build, torch=_torch_softmax,
+               samples=_softmax_samples, strategy=_softmax_strategy,
+               doc="softmax(scale * x + mask) along the last axis; the mask broadcasts to x"))
 register(OpDef("softmax_back", kind="backward", infer=_softmax_back_infer,
                no_grad="dedicated backward op", kernels={"cpu": cpu_softmax_back},
                build=softmax_back, torch=_torch_softmax_back, samples=_softmax_back_samples,
+               strategy=_softmax_back_strategy,
                doc="scale * y * (g - sum(g * y, last axis)): the gradient of softmax"))
 register(OpDef("log_softmax", infer=_log_softmax_infer, backward=_log_softmax_backward,
                kernels={"cpu": cpu_log_softmax}, build=log_softmax,
                torch=lambda x: x.log_softmax(-1), samples=_log_softmax_samples,
+               strategy=_log_softmax_strategy,
                doc="log(softmax(x)) along the last axis (stable log-sum-exp)"))

@@ -1,16 +1,24 @@
-"""CPU kernels of elementwise ops: unary maps and broadcasting binary ops.
+"""CPU kernels of elementwise ops: unary maps, activations and their one-pass gradients,
+and broadcasting binary ops.
 
 One compiled kernel per family, switching on an op code *outside* the element loop, so
 each loop stays a simple, vectorisable `prange` and numba caches one function per dtype.
 Dispatchers take the op's output buffer and its inputs (possibly strided or broadcast
 views) and never allocate.
+
+Activations compute in float64 whatever the dtype, from scalar functions f(v) and f'(v)
+written once below (LLVM may still evaluate a libm call on a widened float32 value in
+float32, sin as sinf: within an ulp). p0 and p1 are the op's float parameters (elu's alpha,
+leaky_relu's negative_slope, clamp's min and max).
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 
 UNARY_CODES = {"neg": 0, "scale": 1, "sqr": 2, "sqrt": 3, "log": 4, "exp": 5, "abs": 6,
                "sgn": 7, "step": 8, "relu": 9, "cont": 10}
@@ -59,6 +67,171 @@ def _unary(x, out, code, alpha):
     else:
         for i in prange(n):
             out[i] = x[i]
+
+
+# --- activations: f and f' of one float64 value --------------------------------------------
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_CUBIC = 0.044715
+INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+SOFTPLUS_THRESHOLD = 20.0       # torch's default: softplus(x) = x for x > 20
+
+
+@kernel
+def sigmoid(v):
+    """1 / (1 + e^-v), without overflow for either sign."""
+    if v >= 0.0:
+        return 1.0 / (1.0 + math.exp(-v))
+    e = math.exp(v)
+    return e / (1.0 + e)
+
+
+@kernel
+def gelu(v):
+    """0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))."""
+    return 0.5 * v * (1.0 + math.tanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)))
+
+
+@kernel
+def gelu_grad(v):
+    """0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 v^2), t the tanh above."""
+    t = math.tanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v))
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * SQRT_2_OVER_PI * \
+        (1.0 + 3.0 * GELU_CUBIC * v * v)
+
+
+@kernel
+def gelu_erf(v):
+    """v Phi(v) = 0.5 v erfc(-v / sqrt 2) (erfc keeps the tail accurate for v << 0)."""
+    return 0.5 * v * math.erfc(-v * INV_SQRT_2)
+
+
+@kernel
+def gelu_erf_grad(v):
+    """Phi(v) + v phi(v), phi the standard normal density."""
+    return 0.5 * math.erfc(-v * INV_SQRT_2) + v * math.exp(-0.5 * v * v) * INV_SQRT_2PI
+
+
+@kernel
+def silu_grad(v):
+    """d/dv v s(v) = s (1 + v (1 - s)), s = sigmoid(v)."""
+    s = sigmoid(v)
+    return s * (1.0 + v * (1.0 - s))
+
+
+@kernel
+def softplus(v):
+    """log(1 + e^v), or v above the threshold."""
+    return v if v > SOFTPLUS_THRESHOLD else math.log1p(math.exp(v))
+
+
+@kernel
+def hardswish(v):
+    """v relu6(v + 3) / 6."""
+    if v <= -3.0:
+        return 0.0
+    return v if v >= 3.0 else v * (v + 3.0) / 6.0
+
+
+@kernel
+def hardswish_grad(v):
+    """0 below -3, 1 above 3, (2 v + 3) / 6 between."""
+    if v < -3.0:
+        return 0.0
+    return 1.0 if v > 3.0 else v / 3.0 + 0.5
+
+
+@parallel_kernel
+def _activation(x, out, code, p0, p1):
+    """out[i] = f_code(x[i]; p0, p1) over 1-D contiguous arrays (out may alias x)."""
+    n = x.size
+    if code == 0:
+        for i in prange(n):
+            out[i] = math.sin(float(x[i]))
+    elif code == 1:
+        for i in prange(n):
+            out[i] = math.cos(float(x[i]))
+    elif code == 2:
+        for i in prange(n):
+            out[i] = math.tanh(float(x[i]))
+    elif code == 3:
+        for i in prange(n):
+            out[i] = sigmoid(float(x[i]))
+    elif code == 4:
+        for i in prange(n):
+            out[i] = gelu(float(x[i]))
+    elif code == 5:
+        for i in prange(n):
+            out[i] = gelu_erf(float(x[i]))
+    elif code == 6:
+        for i in prange(n):
+            v = float(x[i])
+            out[i] = v * sigmoid(v)
+    elif code == 7:                                   # elu, alpha = p0
+        for i in prange(n):
+            v = float(x[i])
+            out[i] = v if v > 0.0 else p0 * math.expm1(v)
+    elif code == 8:                                   # leaky_relu, negative_slope = p0
+        for i in prange(n):
+            v = float(x[i])
+            out[i] = v if v > 0.0 else p0 * v
+    elif code == 9:
+        for i in prange(n):
+            out[i] = softplus(float(x[i]))
+    elif code == 10:
+        for i in prange(n):
+            out[i] = hardswish(float(x[i]))
+    else:                                             # clamp to [p0, p1]; NaN stays NaN
+        for i in prange(n):
+            v = float(x[i])
+            out[i] = p0 if v < p0 else (p1 if v > p1 else v)
+
+
+@parallel_kernel
+def _activation_back(g, x, out, code, p0, p1):
+    """out[i] = g[i] f_code'(x[i]; p0, p1) over 1-D contiguous arrays (out may alias x)."""
+    n = x.size
+    if code == 0:
+        for i in prange(n):
+            out[i] = g[i] * math.cos(float(x[i]))
+    elif code == 1:
+        for i in prange(n):
+            out[i] = -g[i] * math.sin(float(x[i]))
+    elif code == 2:
+        for i in prange(n):
+            t = math.tanh(float(x[i]))
+            out[i] = g[i] * (1.0 - t * t)
+    elif code == 3:
+        for i in prange(n):
+            s = sigmoid(float(x[i]))
+            out[i] = g[i] * (s * (1.0 - s))
+    elif code == 4:
+        for i in prange(n):
+            out[i] = g[i] * gelu_grad(float(x[i]))
+    elif code == 5:
+        for i in prange(n):
+            out[i] = g[i] * gelu_erf_grad(float(x[i]))
+    elif code == 6:
+        for i in prange(n):
+            out[i] = g[i] * silu_grad(float(x[i]))
+    elif code == 7:
+        for i in prange(n):
+            v = float(x[i])
+            out[i] = g[i] if v > 0.0 else g[i] * (p0 * math.exp(v))
+    elif code == 8:
+        for i in prange(n):
+            out[i] = g[i] if x[i] > 0.0 else g[i] * p0
+    elif code == 9:
+        for i in prange(n):
+            v = float(x[i])
+            out[i] = g[i] if v > SOFTPLUS_THRESHOLD else g[i] * sigmoid(v)
+    elif code == 10:
+        for i in prange(n):
+            out[i] = g[i] * hardswish_grad(float(x[i]))
+    else:
+        for i in prange(n):
+            v = x[i]
+            out[i] = g[i] if p0 <= v <= p1 else 0.0
 
 
 @parallel_kernel
@@ -111,19 +284,60 @@ def _binary_4d(a, b, out, code):
                     out[i0, i1, i2, i3] = a[i0, i1, i2, i3] if v > zero else zero
 
 
-def unary(name: str):
-    """The dispatcher of unary op `name`: kernel(out, [x], **params)."""
-    code = UNARY_CODES[name]
+ACTIVATIONS = ("sin", "cos", "tanh", "sigmoid", "gelu", "gelu_erf", "silu", "elu",
+               "leaky_relu", "softplus", "hardswish", "clamp")
+ACTIVATION_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
 
-    def kernel(out, ins, scale=1.0):
+
+def _param_values(params: dict, names) -> tuple[float, float]:
+    """The op's float parameters `names` (at most two) as (p0, p1), 0.0 for missing ones."""
+    values = [float(params[k]) for k in names] + [0.0, 0.0]
+    return values[0], values[1]
+
+
+def unary(name: str, params=()):
+    """The dispatcher of unary op or activation `name`: kernel(out, [x], **params), the
+    float parameters named in `params` (in order) passed to the kernel."""
+    if name in ACTIVATION_CODES:
+        code = ACTIVATION_CODES[name]
+
+        def run(x, out, p0, p1):
+            _activation(x, out, code, p0, p1)
+    else:
+        code = UNARY_CODES[name]
+
+        def run(x, out, p0, p1):
+            _unary(x, out, code, p0)
+
+    def kernel(out, ins, **kw):
+        p0, p1 = _param_values(kw, params)
         (x,) = ins
         flat_out = out.reshape(-1)
         if x.flags.c_contiguous:
-            _unary(x.reshape(-1), flat_out, code, scale)
+            run(x.reshape(-1), flat_out, p0, p1)
         else:                      # strided view: gather into out, then map in place
             np.copyto(out, x)
-            _unary(flat_out, flat_out, code, scale)
+            run(flat_out, flat_out, p0, p1)
     kernel.__name__ = f"cpu_{name}"
+    return kernel
+
+
+def activation_back(name: str, params=()):
+    """The dispatcher of `<name>_back`: kernel(out, [g, x], **params) = g * f'(x) in one
+    pass. g must be C-contiguous (the op's builder makes it so); a strided x is gathered
+    into out and mapped in place."""
+    code = ACTIVATION_CODES[name]
+
+    def kernel(out, ins, **kw):
+        p0, p1 = _param_values(kw, params)
+        g, x = ins
+        flat_out = out.reshape(-1)
+        if x.flags.c_contiguous:
+            _activation_back(g.reshape(-1), x.reshape(-1), flat_out, code, p0, p1)
+        else:
+            np.copyto(out, x)
+            _activation_back(g.reshape(-1), flat_out, flat_out, code, p0, p1)
+    kernel.__name__ = f"cpu_{name}_back"
     return kernel
 
 

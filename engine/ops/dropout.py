@@ -1,0 +1,86 @@
+"""dropout: seeded, reproducible inverted dropout.
+
+    dropout(x, p, seed) = x * mask / (1 - p),   mask[i] in {0, 1}
+
+for drop probability p in [0, 1) and an integer seed in [0, 2^64). mask[i], for element i
+of x in C order, is a counter-based hash of (seed, i) (see engine.backends.cpu.dropout):
+a deterministic function of the seed and the shape, the same on every run, thread count
+and backend, computed inside the kernel without any buffer. An element survives with
+probability 1 - p; p = 0 is the identity.
+
+dropout is linear in x with the same mask for every input of the shape, so its gradient
+is the same op on g: dropout(g, p, seed) = g * mask / (1 - p). torch reference: x times the
+same mask computed by numpy from the same hash function.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from engine.backends.cpu.dropout import cpu_dropout, keep_mask
+from engine.errors import DTypeError, ShapeError
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import permutations, sample_strategy, shapes
+
+MAX_SEED = 2 ** 64
+
+
+def _dropout_infer(x, p, seed):
+    if x.dtype.kind != "f":
+        raise DTypeError(f"dropout: needs a float input, got {x.dtype} of shape "
+                         f"{list(x.shape)}")
+    return x.shape, x.dtype
+
+
+def dropout(x, p, seed):
+    """x * mask / (1 - p): each element kept with probability 1 - p by a hash of
+    (seed, its C-order index); p in [0, 1), seed an int in [0, 2^64)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not math.isfinite(p) \
+            or not 0.0 <= p < 1.0:
+        raise ShapeError(f"dropout: p must be a number in [0, 1), got {p!r} (input of shape "
+                         f"{list(x.shape)})")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) \
+            or not 0 <= seed < MAX_SEED:
+        raise ShapeError(f"dropout: seed must be an int in [0, 2^64), got {seed!r}")
+    return make_node("dropout", (x,), p=float(p), seed=int(seed))
+
+
+def _torch_dropout(x, p, seed):
+    import torch
+    scaled = np.where(keep_mask(seed, tuple(x.shape), p), 1.0 / (1.0 - p), 0.0)
+    return x * torch.from_numpy(scaled.astype(str(x.dtype).removeprefix("torch.")))
+
+
+# --- samples and registration ---------------------------------------------------------------
+CASES = [((10,), 0.5, 0), ((3, 4), 0.0, 7), ((3, 4), 0.25, 1), ((2, 3, 4, 5), 0.5, 42),
+         ((2, 3, 4, 5), 0.9, 3), ((7, 11), 0.1, 2 ** 63 + 5)]
+
+
+@both_dtypes
+def _dropout_samples(dtype):
+    out = [Sample.make("dropout", [InputSpec("x", s)], dtype, p=p, seed=seed)
+           for s, p, seed in CASES]
+    out.append(Sample.make("dropout", [InputSpec("x", (3, 4, 5), permute=(2, 0, 1))], dtype,
+                           p=0.3, seed=11))
+    return out
+
+
+@sample_strategy
+def _dropout_strategy(draw, dtype):
+    from hypothesis import strategies as st
+    shape = draw(shapes(1, 4, 1, 6))
+    spec = InputSpec("x", shape, permute=draw(permutations(len(shape))))
+    return Sample.make("dropout", [spec], dtype, p=draw(st.sampled_from([0.0, 0.1, 0.5, 0.8])),
+                       seed=draw(st.integers(0, MAX_SEED - 1)))
+
+
+register(OpDef("dropout", infer=_dropout_infer,
+               backward=lambda g, out, x, p, seed: (dropout(g, p, seed),),
+               kernels={"cpu": cpu_dropout}, build=dropout, torch=_torch_dropout,
+               samples=_dropout_samples, strategy=_dropout_strategy,
+               doc="x * mask / (1 - p), mask a hash of (seed, index); gradient: the same "
+                   "mask on g"))

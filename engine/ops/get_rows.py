@@ -1,0 +1,152 @@
+"""get_rows: rows of a table picked by int32 indices (ggml's GET_ROWS), and its dedicated
+backward get_rows_back (ggml's GET_ROWS_BACK).
+
+For a float table of shape (R, C) and int32 indices idx of shape (K,) or (B, K):
+
+    get_rows(table, idx)[..., k, :] = table[idx[..., k], :]            shape idx.shape + (C,)
+    get_rows_back(g, idx, R)[r, :] = sum of g[..., k, :] over every k with idx[..., k] = r
+
+(one table shared by the whole batch). The table's gradient is get_rows_back(g, idx, R): a
+row picked n times gets the sum of its n gradient rows; a row never picked gets zeros. idx
+gets no gradient. get_rows_back is linear in g and its own gradient is get_rows.
+
+Indices are data, so their range is checked when the graph runs: an index outside [0, R)
+raises RowIndexError (an EngineError) from the kernel's dispatcher, before any memory is
+touched. torch: table[idx.long()].
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.backends.cpu.get_rows import cpu_get_rows, cpu_get_rows_back
+from engine.errors import DTypeError, EngineError, ShapeError
+from engine.ops.im2col import integer
+from engine.registry import OpDef, make_node, register, shapes_str
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy
+
+INDEX_DTYPE = np.dtype(np.int32)
+
+
+class RowIndexError(EngineError, IndexError):
+    """get_rows or get_rows_back met an index outside the table's rows (at run time)."""
+
+
+def _check_idx(op, idx, other):
+    if idx.dtype != INDEX_DTYPE:
+        raise DTypeError(f"{op}: indices must be int32, got {idx.dtype} (shapes "
+                         f"{shapes_str(other, idx)})")
+    if idx.ndim not in (1, 2):
+        raise ShapeError(f"{op}: indices must have shape (K,) or (B, K), got "
+                         f"{list(idx.shape)}")
+
+
+def _get_rows_infer(table, idx):
+    if table.dtype.kind != "f":
+        raise DTypeError(f"get_rows: the table must be float, got {table.dtype} (shapes "
+                         f"{shapes_str(table, idx)})")
+    if table.ndim != 2:
+        raise ShapeError(f"get_rows: the table must have shape (R, C), got "
+                         f"{list(table.shape)}")
+    _check_idx("get_rows", idx, table)
+    return idx.shape + table.shape[1:], table.dtype
+
+
+def get_rows(table, idx):
+    """table[idx]: the rows of the (R, C) table at int32 indices idx of shape (K,) or
+    (B, K); an index outside [0, R) raises RowIndexError when the graph runs."""
+    return make_node("get_rows", (table, idx))
+
+
+def _get_rows_back_infer(g, idx, nrows):
+    if g.dtype.kind != "f":
+        raise DTypeError(f"get_rows_back: the gradient must be float, got {g.dtype}")
+    _check_idx("get_rows_back", idx, g)
+    if g.ndim != idx.ndim + 1 or g.shape[:-1] != idx.shape:
+        raise ShapeError(f"get_rows_back: the gradient must have shape indices.shape + (C,), "
+                         f"got {shapes_str(g, idx)}")
+    if nrows < 1:
+        raise ShapeError(f"get_rows_back: nrows must be positive, got {nrows}")
+    return (nrows, g.shape[-1]), g.dtype
+
+
+def get_rows_back(g, idx, nrows):
+    """The (nrows, C) gradient of a table given g, the gradient of get_rows(table, idx):
+    zeros, with g[..., k, :] added to row idx[..., k] for every k (repeats add up)."""
+    return make_node("get_rows_back", (g, idx), nrows=integer("get_rows_back", "nrows", nrows))
+
+
+def _torch_get_rows(table, idx):
+    return table[idx.long()]
+
+
+def _torch_get_rows_back(g, idx, nrows):
+    import torch
+    out = torch.zeros((nrows, g.shape[-1]), dtype=g.dtype)
+    return out.index_add(0, idx.reshape(-1).long(), g.reshape(-1, g.shape[-1]))
+
+
+# --- samples and registration ---------------------------------------------------------------
+def _idx(shape, nrows, permute=None):
+    return InputSpec("idx", shape, "int", 0, nrows, dtype="i32", grad=False, permute=permute)
+
+
+# (R, C, idx shape, idx permute): ggml's cases (a 5 x 10 table, 3 indices, batches, a
+# strided view of the indices, one column) and repeated indices (more indices than rows)
+CASES = [(5, 10, (3,), None), (5, 10, (8,), None), (8, 1, (2,), None), (1, 6, (4,), None),
+         (5, 4, (2, 3), None), (4, 3, (3, 6), (1, 0)), (6, 40, (7,), None)]
+
+
+@both_dtypes
+def _get_rows_samples(dtype):
+    out = [Sample.make("get_rows", [InputSpec("table", (r, c)), _idx(k, r, p)], dtype)
+           for r, c, k, p in CASES]
+    out.append(Sample.make("get_rows", [InputSpec("table", (5, 6), permute=(1, 0)),
+                                        _idx((9,), 5)], dtype))
+    return out
+
+
+@both_dtypes
+def _get_rows_back_samples(dtype):
+    out = [Sample.make("get_rows_back", [InputSpec("g", k + (c,)), _idx(k, r, p)], dtype,
+                       nrows=r) for r, c, k, p in CASES]
+    out.append(Sample.make("get_rows_back", [InputSpec("g", (4, 6, 2), permute=(1, 0, 2)),
+                                             _idx((4, 6), 3, (1, 0))], dtype, nrows=3))
+    return out
+
+
+def _strategy(op):
+    @sample_strategy
+    def strategy(draw, dtype):
+        from hypothesis import strategies as st
+        k_shape = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=2)))
+        nrows = draw(st.integers(1, 6))
+        ncols = draw(st.integers(1, min(8, MAX_ELEMENTS // math.prod(k_shape))))
+        idx = _idx(k_shape, nrows, draw(permutations(len(k_shape))))
+        if op == "get_rows":
+            table = InputSpec("table", (nrows, ncols), permute=draw(permutations(2)))
+            return Sample.make(op, [table, idx], dtype)
+        g_shape = k_shape + (ncols,)
+        g = InputSpec("g", g_shape, permute=draw(permutations(len(g_shape))))
+        return Sample.make(op, [g, idx], dtype, nrows=nrows)
+    strategy.__name__ = f"_{op}_strategy"
+    return strategy
+
+
+register(OpDef("get_rows", infer=_get_rows_infer,
+               backward=lambda g, out, table, idx: (get_rows_back(g, idx, table.shape[0]),
+                                                    None),
+               kernels={"cpu": cpu_get_rows}, build=get_rows, torch=_torch_get_rows,
+               samples=_get_rows_samples, strategy=_strategy("get_rows"),
+               doc="rows of a (R, C) table at int32 indices (K,) or (B, K); gradient: "
+                   "get_rows_back (repeated indices add up)"))
+register(OpDef("get_rows_back", kind="backward", infer=_get_rows_back_infer,
+               backward=lambda g, out, gin, idx, nrows: (get_rows(g, idx), None),
+               kernels={"cpu": cpu_get_rows_back}, build=get_rows_back,
+               torch=_torch_get_rows_back, samples=_get_rows_back_samples,
+               strategy=_strategy("get_rows_back"),
+               doc="scatter-add of g into zeros of (nrows, C) at the indices: the gradient "
+                   "of get_rows; its own gradient is get_rows"))

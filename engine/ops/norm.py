@@ -1,0 +1,175 @@
+"""Row normalisations along the last axis (C elements), without weight or bias, as ggml's
+rms_norm and norm, each with a dedicated one-pass-per-row backward op.
+
+    rms_norm(x, eps)[..., j] = x_j s,          s = 1 / sqrt(mean_k x_k^2 + eps)
+    norm(x, eps)[..., j]     = (x_j - mu) s,   s = 1 / sqrt(var + eps)
+
+with mu = mean_k x_k and the biased variance var = mean_k (x_k - mu)^2 (torch's layer_norm
+without affine). Sums over a row are taken in float64. Backward, g the output gradient:
+
+    rms_norm_back(g, x, eps)[..., j] = s g_j - x_j s^3 mean_k (g_k x_k)
+    norm_back(g, x, eps)[..., j]     = s (g_j - mean_k g_k - xhat_j mean_k (g_k xhat_k)),
+                                       xhat = (x - mu) s
+
+Composed from engine ops, either backward would take several passes and temporaries per
+row; the dedicated ops read g and x once more each. eps must be a finite number >= 0 (with
+eps = 0 a row of zeros, or for norm a constant row, divides by zero). The kernels read rows
+as contiguous memory, so the builders put `cont` in front of strided (permuted) inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from engine.backends.cpu.norm import cpu_norm, cpu_norm_back, cpu_rms_norm, cpu_rms_norm_back
+from engine.errors import ShapeError
+from engine.ops.softmax import check_rows, contiguous_inputs, draw_row_input
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import sample_strategy
+
+
+def check_eps(op: str, eps) -> float:
+    """eps as a float; a bool, a non-number, NaN, inf or a negative number raise."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise ShapeError(f"{op}: eps must be a number, got {eps!r}")
+    eps = float(eps)
+    if not math.isfinite(eps) or eps < 0:
+        raise ShapeError(f"{op}: eps must be finite and >= 0, got {eps!r}")
+    return eps
+
+
+def _row_infer(op):
+    def infer(x, eps):
+        check_rows(op, x)
+        return x.shape, x.dtype
+    return infer
+
+
+def _back_infer(op):
+    def infer(g, x, eps):
+        check_rows(op, g, x)
+        return x.shape, x.dtype
+    return infer
+
+
+def rms_norm(x, eps=1e-6):
+    """x / sqrt(mean(x^2) + eps) along the last axis (no weight)."""
+    (x,) = contiguous_inputs(x)
+    return make_node("rms_norm", (x,), eps=check_eps("rms_norm", eps))
+
+
+def rms_norm_back(g, x, eps=1e-6):
+    """Gradient of rms_norm(x, eps) given the output gradient g:
+    s g - x s^3 mean(g x), s = 1 / sqrt(mean(x^2) + eps), along the last axis."""
+    g, x = contiguous_inputs(g, x)
+    return make_node("rms_norm_back", (g, x), eps=check_eps("rms_norm_back", eps))
+
+
+def norm(x, eps=1e-5):
+    """(x - mean(x)) / sqrt(var(x) + eps) along the last axis (biased variance, no affine)."""
+    (x,) = contiguous_inputs(x)
+    return make_node("norm", (x,), eps=check_eps("norm", eps))
+
+
+def norm_back(g, x, eps=1e-5):
+    """Gradient of norm(x, eps) given the output gradient g:
+    s (g - mean(g) - xhat mean(g xhat)), xhat = norm(x, eps), s = 1 / sqrt(var(x) + eps)."""
+    g, x = contiguous_inputs(g, x)
+    return make_node("norm_back", (g, x), eps=check_eps("norm_back", eps))
+
+
+# --- samples, strategies, torch references ----------------------------------------------------
+# ggml checks eps in {0, 1e-6, 1e-4, 1e-1} on contiguous and strided inputs; rows here are
+# short (the finite-difference check costs 4 evaluations per element)
+EPS = (0.0, 1e-6, 1e-4, 1e-1)
+# (shape, permute, (low, high))
+CASES = [((8,), None, (-1.0, 1.0)), ((3, 5), None, (-1.0, 1.0)),
+         ((2, 3, 6), None, (-10.0, 10.0)), ((2, 2, 3, 5), None, (-1.0, 1.0)),
+         ((4, 6), (1, 0), (-1.0, 1.0)), ((3, 4, 5), (2, 0, 1), (-1.0, 1.0)),
+         ((3, 7), None, (2.0, 4.0)),              # a large mean against a small spread
+         ((2, 3), None, (-1.0, 1.0))]             # rows of three
+
+
+def _samples(op, default_eps):
+    @both_dtypes
+    def samples(dtype):
+        out = []
+        for i, (shape, perm, (lo, hi)) in enumerate(CASES):
+            eps = EPS[i % len(EPS)]
+            # eps = 0: keep rows long enough that no row is (nearly) constant
+            eps = default_eps if eps == 0.0 and shape[-1] < 5 else eps
+            back = op.endswith("_back")
+            inputs = [InputSpec("x", shape, low=lo, high=hi, permute=perm, grad=not back)]
+            if back:
+                inputs.insert(0, InputSpec("g", shape, grad=False))
+            out.append(Sample.make(op, inputs, dtype, eps=eps))
+        return out
+    return samples
+
+
+def _strategy(op):
+    def draw_case(draw, dtype):
+        """x of 1-4 axes and rows in [-2, 2] (a fixed range: ranges are not part of a
+        case's name), possibly permuted; eps from ggml's values or drawn. Rows have >= 2
+        elements for rms_norm and >= 3 for norm: shorter rows have a gradient of order eps
+        made by cancellation, which torch's float32 reference cannot resolve."""
+        from hypothesis import strategies as st
+        back = op.endswith("_back")
+        min_cols = 2 if op.startswith("rms") else 3
+        x = draw_row_input(draw, "x", low=-2.0, high=2.0, min_cols=min_cols, grad=not back)
+        eps = draw(st.sampled_from(EPS[1:]) | st.floats(1e-6, 1.0).map(lambda v: float(f"{v:.3g}")))
+        inputs = [InputSpec("g", x.shape, grad=False), x] if back else [x]
+        return Sample.make(op, inputs, dtype, eps=eps)
+    draw_case.__qualname__ = f"{op}_strategy"
+    return sample_strategy(draw_case)
+
+
+# The references compute in float64 and round to the input's dtype, as the kernels do: in
+# float32, torch's own row sums lose digits where the values of a row are close (norm
+# subtracts their mean), by up to 50 ulp of the row's largest gradient.
+def _torch_rms_norm(x, eps=1e-6):
+    import torch
+    z = x.double()
+    return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _torch_norm(x, eps=1e-5):
+    import torch.nn.functional as F
+    return F.layer_norm(x.double(), x.shape[-1:], eps=eps).to(x.dtype)
+
+
+def _vjp(forward):
+    """The torch reference of a backward op: autograd's vector-Jacobian product of
+    `forward` at x with the output gradient g."""
+    def reference(g, x, eps):
+        import torch
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_(True)
+            (dx,) = torch.autograd.grad(forward(xx, eps), xx, g.to(x.dtype))
+        return dx.to(g.dtype)
+    return reference
+
+
+register(OpDef("rms_norm", infer=_row_infer("rms_norm"),
+               backward=lambda g, out, x, eps: (rms_norm_back(g, x, eps),),
+               kernels={"cpu": cpu_rms_norm}, build=rms_norm, torch=_torch_rms_norm,
+               samples=_samples("rms_norm", 1e-6), strategy=_strategy("rms_norm"),
+               doc="x / sqrt(mean(x^2) + eps) along the last axis"))
+register(OpDef("rms_norm_back", kind="backward", infer=_back_infer("rms_norm_back"),
+               no_grad="dedicated backward op", kernels={"cpu": cpu_rms_norm_back},
+               build=rms_norm_back, torch=_vjp(_torch_rms_norm),
+               samples=_samples("rms_norm_back", 1e-6), strategy=_strategy("rms_norm_back"),
+               doc="s g - x s^3 mean(g x), s = 1/sqrt(mean(x^2) + eps): the gradient of "
+                   "rms_norm"))
+register(OpDef("norm", infer=_row_infer("norm"),
+               backward=lambda g, out, x, eps: (norm_back(g, x, eps),),
+               kernels={"cpu": cpu_norm}, build=norm, torch=_torch_norm,
+               samples=_samples("norm", 1e-5), strategy=_strategy("norm"),
+               doc="(x - mean) / sqrt(var + eps) along the last axis (layer norm, no affine)"))
+register(OpDef("norm_back", kind="backward", infer=_back_infer("norm_back"),
+               no_grad="dedicated backward op", kernels={"cpu": cpu_norm_back},
+               build=norm_back, torch=_vjp(_torch_norm),
+               samples=_samples("norm_back", 1e-5), strategy=_strategy("norm_back"),
+               doc="s (g - mean(g) - xhat mean(g xhat)): the gradient of norm"))

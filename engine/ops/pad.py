@@ -1,0 +1,88 @@
+"""pad: zero padding, one (before, after) pair per axis (numpy's pad_width order).
+
+    pad(x, ((b0, a0), (b1, a1), ...)) has shape (b0 + n0 + a0, b1 + n1 + a1, ...) and
+    out[b + k] = x[k] for 0 <= k < n (per axis), zero everywhere else.
+
+ggml's PAD (zeros after the data, per ggml axis) and its PAD_EXT (zeros before and after)
+in numpy axis order. Every axis needs its pair, (0, 0) for an unpadded axis: no axis is
+padded by default. torch: F.pad(x, (b_last, a_last, ..., b0, a0)).
+
+pad is linear; its gradient is the interior block of g: block(g, (b0, b1, ...), x.shape).
+"""
+
+from __future__ import annotations
+
+from engine.backends.cpu.pad import cpu_pad
+from engine.errors import DTypeError, ShapeError
+from engine.ops.block import block, int_tuple
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import permutations, sample_strategy, shapes
+
+
+def normalize_pads(op: str, pads, ndim: int) -> tuple[tuple[int, int], ...]:
+    """pads as ((before, after), ...) of non-negative ints, exactly one pair per axis."""
+    try:
+        pairs = tuple(pads)
+    except TypeError:
+        raise ShapeError(f"{op}: pads must be {ndim} (before, after) pairs, got {pads!r}") \
+            from None
+    if len(pairs) != ndim:
+        raise ShapeError(f"{op}: pads must give one (before, after) pair per axis: {ndim} "
+                         f"pairs, got {len(pairs)} ({pads!r})")
+    return tuple(int_tuple(op, f"pads[{i}]", p, 2) for i, p in enumerate(pairs))
+
+
+def _pad_infer(x, pads):
+    if x.dtype.kind != "f":
+        raise DTypeError(f"pad: needs a float input, got {x.dtype} of shape {list(x.shape)}")
+    if len(pads) != x.ndim:
+        raise ShapeError(f"pad: {len(pads)} (before, after) pairs for shape {list(x.shape)}")
+    return tuple(b + n + a for n, (b, a) in zip(x.shape, pads, strict=True)), x.dtype
+
+
+def pad(x, pads):
+    """x with zeros around it: pads = ((before, after), ...), one pair per axis."""
+    return make_node("pad", (x,), pads=normalize_pads("pad", pads, x.ndim))
+
+
+def _pad_backward(g, out, x, pads):
+    return (block(g, tuple(b for b, _ in pads), x.shape),)
+
+
+def _torch_pad(x, pads):
+    import torch.nn.functional as F
+    flat = [v for b, a in reversed(pads) for v in (b, a)]
+    return F.pad(x, flat) if flat else x.clone()
+
+
+# --- samples and registration ---------------------------------------------------------------
+CASES = [((10,), ((0, 5),)), ((10,), ((4, 0),)), ((4, 6), ((1, 1), (1, 1))),
+         ((4, 6), ((0, 2), (3, 0))), ((4, 6), ((0, 0), (0, 0))),
+         ((2, 3, 4), ((0, 0), (2, 1), (0, 3))),
+         ((2, 3, 4, 5), ((1, 1), (1, 1), (1, 1), (1, 1))),     # ggml's PAD_EXT
+         ((2, 3, 4, 5), ((0, 0), (0, 0), (0, 2), (0, 1))),     # ggml's PAD
+         ((1, 1, 3, 4), ((0, 1), (2, 0), (0, 0), (1, 2)))]
+
+
+@both_dtypes
+def _pad_samples(dtype):
+    out = [Sample.make("pad", [InputSpec("x", s)], dtype, pads=p) for s, p in CASES]
+    out += [Sample.make("pad", [InputSpec("x", (3, 4, 5), permute=(2, 1, 0))], dtype,
+                        pads=((1, 0), (0, 2), (1, 1)))]
+    return out
+
+
+@sample_strategy
+def _pad_strategy(draw, dtype):
+    from hypothesis import strategies as st
+    shape = draw(shapes(1, 4, 1, 5))
+    pads = tuple((draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in shape)
+    spec = InputSpec("x", shape, permute=draw(permutations(len(shape))))
+    return Sample.make("pad", [spec], dtype, pads=pads)
+
+
+register(OpDef("pad", infer=_pad_infer, backward=_pad_backward, kernels={"cpu": cpu_pad},
+               build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,
+               doc="zero padding, one (before, after) pair per axis; gradient: the interior "
+                   "block"))

@@ -1,0 +1,110 @@
+"""1-D max and average pooling over NCL tensors, composed from 2-D pooling.
+
+For x of shape (N, C, L), kernel k, stride s (default k) and padding p (at most k / 2),
+window o covers cells o s - p ... o s - p + k - 1 and
+
+    OL = (L + 2 p - k) // s + 1
+    max: out[n, c, o] = max of x over the window's cells inside the signal
+    avg: out[n, c, o] = (sum of x over the window's cells inside the signal) / k
+
+(padded cells never win a max and count as zeros in an average: the divisor is always k, as
+torch's avg_pool1d with count_include_pad=True). It is composed as
+
+    out = reshape(pool_2d(reshape(x, (N, C, 1, L)), mode, (1, k), (1, s), (0, p)), (N, C, OL))
+
+so its kernels and its gradient are pool_2d's (pool_2d_back): a max window sends its
+gradient to its first cell equal to the maximum. A strided (permuted) x is made contiguous
+first, as reshape needs.
+"""
+
+from __future__ import annotations
+
+from engine.errors import ShapeError
+from engine.ops.im2col import integer
+from engine.ops.im2col_1d import check_signal, conv_output_length
+from engine.ops.pool_2d import MODES, pool_2d
+from engine.ops.shape import cont_if_strided, reshape
+from engine.registry import OpDef, register
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import permutations, sample_strategy, shapes, window_axis
+
+
+def _check(x, mode, kernel, stride, padding) -> int:
+    """Validate an NCL float input and the pooling params; return OL."""
+    check_signal("pool_1d", x)
+    if mode not in MODES:
+        raise ShapeError(f"pool_1d: mode must be one of {MODES}, got {mode!r}")
+    ol = conv_output_length("pool_1d", x.shape, kernel, stride, padding, 1)
+    if 2 * padding > kernel:
+        raise ShapeError(f"pool_1d: padding {padding} must be at most half the kernel "
+                         f"{kernel} (input of shape {list(x.shape)})")
+    return ol
+
+
+def pool_1d(x, mode, kernel, stride=None, padding=0):
+    """Max ("max") or average ("avg") pooling of the NCL tensor x along its last axis.
+
+    kernel, stride, padding: ints; stride defaults to the kernel. avg divides by the full
+    window size, padded cells included; padded cells never win a max.
+    """
+    kernel = integer("pool_1d", "kernel", kernel)
+    stride = kernel if stride is None else integer("pool_1d", "stride", stride)
+    padding = integer("pool_1d", "padding", padding)
+    ol = _check(x, mode, kernel, stride, padding)
+    n, c, length = x.shape
+    planes = reshape(cont_if_strided(x), (n, c, 1, length))
+    return reshape(pool_2d(planes, mode, (1, kernel), (1, stride), (0, padding)), (n, c, ol))
+
+
+def _torch_pool_1d(x, mode, kernel, stride=None, padding=0):
+    import torch.nn.functional as F
+    if mode == "max":
+        return F.max_pool1d(x, kernel, stride, padding)
+    return F.avg_pool1d(x, kernel, stride, padding, count_include_pad=True)
+
+
+# --- samples and strategy -------------------------------------------------------------------------
+SHAPES = [(1, 1, 9), (2, 3, 8), (1, 2, 11), (2, 1, 10)]
+
+
+def _grid():
+    """ggml-style cases: kernel 1, 2 or 3, stride 1 or 2 (or the default: the kernel),
+    padding 0 or 1 (at most half the kernel), cycling through shapes; plus a few more."""
+    cases = [(k, s, p) for k in (1, 2, 3) for s in (1, 2, None) for p in (0, 1) if 2 * p <= k]
+    cases = [(SHAPES[i % len(SHAPES)], k, s, p, None) for i, (k, s, p) in enumerate(cases)]
+    return cases + [((2, 2, 12), 4, 3, 2, None), ((1, 3, 9), 5, 2, 2, None),
+                    ((2, 3, 8), 3, 2, 1, (0, 2, 1)), ((3, 2, 7), 2, 1, 1, (2, 0, 1))]
+
+
+@both_dtypes
+def _samples(dtype):
+    out = []
+    for mode in MODES:
+        for shape, k, s, p, perm in _grid():
+            spec = InputSpec("x", shape, "distinct" if mode == "max" else "uniform",
+                             permute=perm)
+            out.append(Sample.make("pool_1d", [spec], dtype, mode=mode, kernel=k, stride=s,
+                                   padding=p))
+    return out
+
+
+@sample_strategy
+def _strategy(draw, dtype):
+    """kernel 1-5, stride 1-4 or the default, padding up to half the kernel, a length up to
+    16 that holds a window, batch and channels 1-3, possibly permuted; max pooling on
+    distinct values (no ties, so every max is differentiable)."""
+    from hypothesis import strategies as st
+    ax = draw(window_axis(kernel=(1, 5), stride=(1, 4), max_side=16))
+    shape = draw(shapes(2, 2, max_side=3)) + (ax.side,)
+    mode = draw(st.sampled_from(MODES))
+    spec = InputSpec("x", shape, "distinct" if mode == "max" else "uniform",
+                     permute=draw(permutations(3)))
+    stride = draw(st.sampled_from([None, ax.stride]))
+    return Sample.make("pool_1d", [spec], dtype, mode=mode, kernel=ax.kernel, stride=stride,
+                       padding=ax.padding)
+
+
+register(OpDef("pool_1d", kind="composite", compose=pool_1d, torch=_torch_pool_1d,
+               samples=_samples, strategy=_strategy,
+               doc="1-D max/avg pooling of NCL input (pool_2d on a (N, C, 1, L) view); avg "
+                   "divides by the full window"))

@@ -1,0 +1,108 @@
+"""Generated cases: every registry op's hypothesis strategy, checked as its samples are.
+
+For each op with a `strategy`, hypothesis draws cases of both float dtypes, and each case
+must (a) be a small, well-formed case of that op that builds, (b) agree with the op's torch
+reference, forward and (where the op is differentiable) backward, and (c) pass gradcheck
+against float64 finite differences, with no kinks. The slow test draws 10 cases per op, the
+fast one 3; under CI both are derandomized (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.registry import all_ops
+from engine.samples import Sample
+from engine.strategies import MAX_ELEMENTS, broadcast_pair, shapes, window_axis
+from gradcheck.check import check_sample
+from tests.engine.op_harness import TOL, run_engine, run_torch
+
+OPS = {name: op for name, op in all_ops().items() if op.strategy}
+DTYPES = ("f32", "f64")
+
+
+@pytest.fixture(autouse=True)
+def _one_numba_thread():
+    """The finite-difference loop runs thousands of tiny graphs; numba's thread pool costs
+    more than it saves on them (and xdist workers already share the cores)."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(before)
+
+
+def _check_case(name, dtype, sample):
+    op = OPS[name]
+    # (a) a small, well-formed case of this op
+    assert isinstance(sample, Sample) and sample.op == name and sample.dtype == dtype
+    assert str(sample).startswith(f"{name}(type={dtype}")
+    checked = sum(math.prod(s.shape) for s in sample.inputs if s.grad and s.kind != "int")
+    assert checked <= MAX_ELEMENTS, f"{sample}: {checked} checked input elements"
+    arrays = sample.generate_inputs()
+    # (b) forward, and backward where there is one, against torch
+    differentiable = op.differentiable
+    got, got_grads = run_engine(sample, arrays, with_grad=differentiable)
+    if op.torch is not None:
+        want, want_grads = run_torch(sample, arrays, with_grad=differentiable)
+        tol = TOL[sample.precision]
+        assert got.shape == want.shape and got.dtype == want.dtype, str(sample)
+        np.testing.assert_allclose(got, want, **tol, err_msg=f"{sample}: forward")
+        for spec, g, w in zip(sample.inputs, got_grads, want_grads, strict=True):
+            if w is not None:
+                assert g is not None, f"{sample}: no gradient for input {spec.name}"
+                np.testing.assert_allclose(g, w, **tol, err_msg=f"{sample}: d/d{spec.name}")
+    # (c) backprop against float64 finite differences, off every kink
+    result = check_sample(sample)
+    assert result.status == ("pass" if differentiable else "skip"), \
+        f"{sample}: {result.status}: {result.message}"
+    assert not result.metrics.get("kinks"), f"{sample}: {result.metrics['kinks']} kinks"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(OPS))
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_generated_cases(name, data):
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    _check_case(name, dtype, data.draw(OPS[name].strategy(dtype), label="case"))
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+@settings(max_examples=3, deadline=None)
+@given(data=st.data())
+def test_generated_cases_fast(name, data):
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    _check_case(name, dtype, data.draw(OPS[name].strategy(dtype), label="case"))
+
+
+# --- the shared helpers ---------------------------------------------------------------------
+@settings(deadline=None)
+@given(shape=shapes(min_dims=0, max_dims=4, max_side=9, max_size=40))
+def test_shapes_keep_to_the_budget(shape):
+    assert len(shape) <= 4 and all(1 <= d <= 9 for d in shape) and math.prod(shape) <= 40
+
+
+@settings(deadline=None)
+@given(pair=broadcast_pair(max_dims=3, max_side=4, max_size=30))
+def test_broadcast_pairs_broadcast(pair):
+    out = np.broadcast_shapes(*pair)
+    assert math.prod(out) <= 30 and len(out) <= 3
+
+
+@settings(deadline=None)
+@given(axis=window_axis(kernel=(1, 3), stride=(1, 2), padding=(0, 1), dilation=(1, 2),
+                        max_side=8))
+def test_window_axis_fits_a_window(axis):
+    extent = axis.dilation * (axis.kernel - 1) + 1
+    assert axis.side <= 8 and (axis.side + 2 * axis.padding - extent) // axis.stride + 1 >= 1
+
+
+def test_strategy_rejects_a_non_float_dtype():
+    with pytest.raises(ValueError, match="f32 or f64"):
+        OPS["add"].strategy("i32")
