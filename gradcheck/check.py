@@ -124,9 +124,10 @@ def _project(grads, directions):
 
 
 def check_sample(case, inject: str | None = None, mode: str = "auto",
-                 backend: str = "cpu") -> Result:
+                 backend: str = "cpu", use_torch: bool = True) -> Result:
     """Judge the backward pass of one case (a registry Sample, or any object with its
-    interface, see gradcheck.api). Never raises for a failing case: errors are results."""
+    interface, see gradcheck.api). Never raises for a failing case: errors are results.
+    use_torch False leaves torch out (no import: start-up is faster by its import time)."""
     t0 = time.perf_counter()
     name = str(case)
     labels = {"op": case.op, "backend": backend, "dtype": case.dtype, "mode": mode}
@@ -135,7 +136,7 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
         return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
                       labels=labels)
     try:
-        verdict = _judge(case, inject, mode, backend, labels)
+        verdict = _judge(case, inject, mode, backend, labels, use_torch)
     except Exception as exc:  # a crashing kernel is this case's verdict, not the sweep's end
         kind = "" if isinstance(exc, engine.EngineError) else "unexpected "
         verdict = Result("gradcheck", name, "error", labels=labels,
@@ -144,7 +145,7 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
     return verdict
 
 
-def _judge(case, inject, mode, backend, labels) -> Result:
+def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
     arrays = case.generate_inputs()
     out, analytic, differs = analytic_gradients(case, arrays, inject, backend)
     f_parallel, leaves = _numeric_graph(case, arrays, backend)
@@ -160,7 +161,7 @@ def _judge(case, inject, mode, backend, labels) -> Result:
         mode = "full" if total <= FULL_BUDGET else "fast"
     labels["mode"] = mode
     weights = loss_weights(out.shape, case.seed())
-    ref = torch_gradients(case, arrays, weights)
+    ref = torch_gradients(case, arrays, weights) if use_torch else None
 
     a_list = [analytic[i] for i in idx]
     t_list = None if ref is None else [ref.grads[i] for i in idx]

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output format (default plain)")
     p.add_argument("--output", metavar="FILE",
                    help="write the report to FILE (atomically) instead of standard output")
+    p.add_argument("--no-torch", action="store_true",
+                   help="leave out the torch autograd reference (starts faster: no torch "
+                        "import)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -98,19 +101,21 @@ def _results(args, parser):
             case = parse_case(args.repro)
         except ValueError as exc:
             parser.error(f"--repro: {exc}")
-        return run_checks([case], args.inject, False, args.mode, backends)
+        return run_checks([case], args.inject, False, args.mode, backends, not args.no_torch)
     names = checkable_ops() if args.all else args.op
     samples = select_samples(names, args.dtype, args.filter)
     if not samples and not args.random:
         raise LookupError(f"no sample case of {', '.join(names)} matches "
                           f"dtype={args.dtype} filter={args.filter!r}")
-    results = run_checks(samples, args.inject, progress, args.mode, backends)
+    results = run_checks(samples, args.inject, progress, args.mode, backends,
+                         not args.no_torch)
     if args.random:
         from gradcheck.generated import generated_results
         for name in names:
             for backend in backends:
                 results += generated_results(name, args.random, args.seed, args.dtype,
-                                             args.mode, backend, args.inject)
+                                             args.mode, backend, args.inject,
+                                             not args.no_torch)
     return results
 
 

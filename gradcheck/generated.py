@@ -56,7 +56,7 @@ def parse_case(text: str) -> Sample:
 
 
 def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", mode="auto",
-                      backend="cpu", inject=None) -> list[Result]:
+                      backend="cpu", inject=None, use_torch=True) -> list[Result]:
     """N generated cases of one op, then, if one failed, its shrunk minimal case."""
     op = get_op(op_name)
     if op.strategy is None:
@@ -76,7 +76,7 @@ def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", mode=
               suppress_health_check=list(HealthCheck))
     @given(st.sampled_from(dtypes).flatmap(op.strategy))
     def prop(case):
-        result = check_sample(case, inject, mode, backend)
+        result = check_sample(case, inject, mode, backend, use_torch)
         if not first_failure:
             drawn.append(result)
         if not result.ok:

@@ -31,8 +31,8 @@ def checkable_ops() -> list[str]:
 
 
 def run_checks(samples, inject: str | None = None, progress: bool = False, mode="auto",
-               backends=("cpu",)):
+               backends=("cpu",), use_torch: bool = True):
     """Check every sample on every backend; a list of Results in the same order."""
     jobs = [(s, b) for s in samples for b in backends]
     it = tqdm(jobs, desc="gradcheck", unit="case", disable=not progress, leave=False)
-    return [check_sample(s, inject, mode, b) for s, b in it]
+    return [check_sample(s, inject, mode, b, use_torch) for s, b in it]
