@@ -28,6 +28,23 @@ def evaluate(build, *arrays) -> np.ndarray:
     return engine.compute(out)[0]
 
 
+def weighted_grads(build, arrays, w, params=None):
+    """Gradients of sum(build(*leaves) * w) w.r.t. the leaves flagged in `params` (default:
+    the float ones; None for the others)."""
+    if params is None:
+        params = [a.dtype.kind == "f" for a in arrays]
+    leaves = [(engine.param if p else engine.input_tensor)(a.shape, a.dtype)
+              for a, p in zip(arrays, params, strict=True)]
+    out = build(*leaves)
+    loss = ops.sum(ops.mul(out, engine.constant(w, out.dtype))).set_loss()
+    graph = engine.Graph([loss])
+    grads = graph.build_backward(loss)
+    for t, a in zip(leaves, arrays, strict=True):
+        t.set(a)
+    graph.compute()
+    return [grads[t].numpy() if t in grads else None for t in leaves]
+
+
 def run_engine(sample, arrays, with_grad=True):
     """Forward output and gradients (None where not checked) of `sample` on the engine."""
     arrays = sample.leaf_arrays(arrays)

@@ -17,20 +17,7 @@ import engine
 from engine import ops
 from engine.errors import DTypeError, ShapeError
 from engine.samples import InputSpec, Sample
-from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch
-
-
-def _grads(build, arrays, w):
-    """Gradients of sum(build(*params) * w) w.r.t. every input."""
-    leaves = [engine.param(a.shape, a.dtype) for a in arrays]
-    out = build(*leaves)
-    loss = ops.sum(ops.mul(out, engine.constant(w, out.dtype))).set_loss()
-    graph = engine.Graph([loss])
-    grads = graph.build_backward(loss)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    graph.compute()
-    return [grads[t].numpy() for t in leaves]
+from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch, weighted_grads
 
 
 # --- im2col -----------------------------------------------------------------------------------
@@ -83,7 +70,7 @@ def test_max_pool_padding_never_wins():
 def test_max_pool_backward_routes_ties_to_the_first_maximum():
     x = np.zeros((1, 2, 4, 6))                    # every window is one tie
     g = np.random.default_rng(2).uniform(1, 2, (1, 2, 2, 3))
-    (dx,) = _grads(lambda t: ops.pool_2d(t, "max", 2), [x], g)
+    (dx,) = weighted_grads(lambda t: ops.pool_2d(t, "max", 2), [x], g)
     want = np.zeros_like(x)
     want[:, :, ::2, ::2] = g                       # the top-left cell of each window
     np.testing.assert_array_equal(dx, want)
@@ -92,7 +79,7 @@ def test_max_pool_backward_routes_ties_to_the_first_maximum():
 def test_max_pool_overlapping_windows_add_up():
     x = np.zeros((1, 1, 3, 3))
     x[0, 0, 1, 1] = 5.0                           # the maximum of all four 2x2 windows
-    (dx,) = _grads(lambda t: ops.pool_2d(t, "max", 2, stride=1), [x], np.ones((1, 1, 2, 2)))
+    (dx,) = weighted_grads(lambda t: ops.pool_2d(t, "max", 2, stride=1), [x], np.ones((1, 1, 2, 2)))
     assert dx[0, 0, 1, 1] == 4.0 and dx.sum() == 4.0
 
 
@@ -115,7 +102,7 @@ def test_max_pool_backward_sends_a_nan_window_to_its_first_nan(stride, padding):
     g = np.arange(1.0, 10.0)
     build = lambda t: ops.pool_2d(t, "max", 2, stride=stride, padding=padding)  # noqa: E731
     oh = evaluate(build, x).shape[2]
-    (dx,) = _grads(build, [x], g[:oh * oh].reshape(1, 1, oh, oh))
+    (dx,) = weighted_grads(build, [x], g[:oh * oh].reshape(1, 1, oh, oh))
     want = _reference_max_pool_back(g[:oh * oh].reshape(1, 1, oh, oh), x, (2, 2),
                                     (stride, stride), (padding, padding))
     np.testing.assert_array_equal(dx, want)
@@ -133,7 +120,7 @@ def test_pool_of_a_strided_view(mode, kernel, stride, padding):
     from engine.ops.pool_2d import _torch_pool_2d
     out = _torch_pool_2d(at.permute(0, 2, 1, 3), **kw)
     g = np.random.default_rng(5).uniform(-1, 1, tuple(out.shape))
-    got = _grads(lambda t: ops.pool_2d(ops.permute(t, (0, 2, 1, 3)), **kw), [a], g)[0]
+    got = weighted_grads(lambda t: ops.pool_2d(ops.permute(t, (0, 2, 1, 3)), **kw), [a], g)[0]
     (out * torch.from_numpy(g)).sum().backward()
     np.testing.assert_allclose(got, at.grad.numpy(), rtol=1e-12, atol=1e-14)
 
@@ -200,7 +187,7 @@ def test_conv_2d_mixed_dtypes():
     assert out.dtype == np.float64
     want = F.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
-    gx, gw = _grads(lambda a, b: ops.conv_2d(a, b, padding=1), [x, w], np.ones(out.shape))
+    gx, gw = weighted_grads(lambda a, b: ops.conv_2d(a, b, padding=1), [x, w], np.ones(out.shape))
     assert gx.dtype == np.float32 and gw.dtype == np.float64
 
 
@@ -216,7 +203,7 @@ def test_backward_matches_finite_differences(build, shapes):
     arrays = [rng.permutation(int(np.prod(s))).reshape(s) / np.prod(s) for s in shapes]
     out = evaluate(build, *arrays)
     w = rng.uniform(-1, 1, out.shape)
-    grads = _grads(build, arrays, w)
+    grads = weighted_grads(build, arrays, w)
     eps = 1e-6
     for a, g in zip(arrays, grads, strict=True):
         for idx in np.ndindex(a.shape):

@@ -22,23 +22,11 @@ from engine.backends.cpu.dropout import _keep, keep, keep_mask, threshold
 from engine.errors import DTypeError, EngineError, ShapeError
 from engine.ops.get_rows import RowIndexError
 from engine.registry import get_op
-from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch
+from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch, weighted_grads
 
 RNG = np.random.default_rng(20240611)
 
 
-def _grads(build, arrays, w):
-    """Gradients of sum(build(*leaves) * w) w.r.t. the float leaves (None for the int ones)."""
-    leaves = [engine.param(a.shape, a.dtype) if a.dtype.kind == "f" else
-              engine.input_tensor(a.shape, a.dtype) for a in arrays]
-    out = build(*leaves)
-    loss = ops.sum(ops.mul(out, engine.constant(w, out.dtype))).set_loss()
-    graph = engine.Graph([loss])
-    grads = graph.build_backward(loss)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    graph.compute()
-    return [grads[t].numpy() if t in grads else None for t in leaves]
 
 
 def _threads(n):
@@ -62,7 +50,7 @@ def test_get_rows_back_adds_repeated_indices_in_every_column_band(dtype):
     g = RNG.uniform(-1, 1, idx.shape + (70,)).astype(dtype)
     out = evaluate(ops.get_rows, table, idx)
     np.testing.assert_array_equal(out, table[idx])
-    (dt, di) = _grads(ops.get_rows, [table, idx], g)
+    (dt, di) = weighted_grads(ops.get_rows, [table, idx], g)
     want = np.zeros((4, 70), dtype)               # the same sums, in the same order
     np.add.at(want, idx.reshape(-1), g.reshape(-1, 70))
     np.testing.assert_array_equal(dt, want)
@@ -112,7 +100,7 @@ def test_repeat_and_back_beyond_four_irreducible_axes():
     out = evaluate(lambda t: ops.repeat(t, shape), x)
     np.testing.assert_array_equal(out, np.tile(x, (2, 2, 2, 2, 2)))
     g = RNG.uniform(-1, 1, shape)
-    (dx,) = _grads(lambda t: ops.repeat(t, shape), [x], g)
+    (dx,) = weighted_grads(lambda t: ops.repeat(t, shape), [x], g)
     want = g.reshape(2, 2, 2, 3, 2, 2, 2, 3, 2, 2).sum(axis=(0, 2, 4, 6, 8))
     np.testing.assert_allclose(dx, want, rtol=1e-13)
 
@@ -171,12 +159,12 @@ def test_concat_of_six_axes_permuted():
 def test_set_zeroes_the_block_gradient_of_a_exactly():
     a, b = RNG.uniform(-1, 1, (4, 5)), RNG.uniform(-1, 1, (2, 2))
     g = RNG.uniform(1, 2, (4, 5))
-    da, db = _grads(lambda s, t: ops.set(s, t, (1, 3)), [a, b], g)
+    da, db = weighted_grads(lambda s, t: ops.set(s, t, (1, 3)), [a, b], g)
     want = g.copy()
     want[1:3, 3:5] = 0
     np.testing.assert_array_equal(da, want)
     np.testing.assert_array_equal(db, g[1:3, 3:5])
-    da, db = _grads(lambda s, t: ops.acc(s, t, (1, 3)), [a, b], g)
+    da, db = weighted_grads(lambda s, t: ops.acc(s, t, (1, 3)), [a, b], g)
     np.testing.assert_array_equal(da, g)
     np.testing.assert_array_equal(db, g[1:3, 3:5])
 
@@ -212,7 +200,7 @@ def test_dropout_is_seeded_thread_independent_and_keeps_one_minus_p():
 def test_dropout_backward_uses_the_forward_mask():
     x = RNG.uniform(-1, 1, (6, 7))
     g = RNG.uniform(1, 2, (6, 7))
-    (dx,) = _grads(lambda t: ops.dropout(t, 0.5, 9), [x], g)
+    (dx,) = weighted_grads(lambda t: ops.dropout(t, 0.5, 9), [x], g)
     np.testing.assert_allclose(dx, g * keep_mask(9, x.shape, 0.5) * 2.0, rtol=1e-15)
 
 

@@ -16,25 +16,11 @@ import engine
 from engine import ops
 from engine.errors import DTypeError, ShapeError
 from engine.registry import get_op
-from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch
+from tests.engine.op_harness import TOL, evaluate, run_engine, run_torch, weighted_grads
 
 RNG = np.random.default_rng(2024)
 
 
-def _grads(build, arrays, w, params=None):
-    """Gradients of sum(build(*leaves) * w) w.r.t. the leaves flagged in `params` (all by
-    default); the other leaves are plain inputs."""
-    params = [True] * len(arrays) if params is None else params
-    leaves = [(engine.param if p else engine.input_tensor)(a.shape, a.dtype)
-              for a, p in zip(arrays, params, strict=True)]
-    out = build(*leaves)
-    loss = ops.sum(ops.mul(out, engine.constant(w, out.dtype))).set_loss()
-    graph = engine.Graph([loss])
-    grads = graph.build_backward(loss)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    graph.compute()
-    return [grads[t].numpy() if t in grads else None for t in leaves]
 
 
 def _torch_grads(fn, arrays, w):
@@ -63,7 +49,7 @@ def test_norms_accumulate_in_float64():
 def test_norm_of_a_constant_row_is_zero_with_a_finite_gradient():
     x = np.full((2, 5), 3.0)
     assert not evaluate(lambda t: ops.norm(t, 1e-5), x).any()
-    (dx,) = _grads(lambda t: ops.norm(t, 1e-5), [x], RNG.uniform(-1, 1, (2, 5)))
+    (dx,) = weighted_grads(lambda t: ops.norm(t, 1e-5), [x], RNG.uniform(-1, 1, (2, 5)))
     assert np.isfinite(dx).all()
 
 
@@ -73,7 +59,7 @@ def test_eps_zero_matches_torch():
     for build, ref in [(lambda t: ops.rms_norm(t, 0.0), lambda t: t * torch.rsqrt(
                            t.pow(2).mean(-1, keepdim=True))),
                        (lambda t: ops.norm(t, 0.0), lambda t: F.layer_norm(t, (6,), eps=0.0))]:
-        (got,) = _grads(build, [x], w)
+        (got,) = weighted_grads(build, [x], w)
         out, (want,) = _torch_grads(ref, [x], w)
         np.testing.assert_allclose(evaluate(build, x), out, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
@@ -87,7 +73,7 @@ def test_dedicated_backward_reads_strided_gradients(op):
     w = RNG.uniform(-1, 1, (5, 3, 4))
     build = lambda t: ops.permute(getattr(ops, op)(t, 1e-3), (2, 1, 0))  # noqa: E731
     ref = get_op(op).torch
-    (got,) = _grads(build, [x], w)
+    (got,) = weighted_grads(build, [x], w)
     _, (want,) = _torch_grads(lambda t: ref(t, 1e-3).permute(2, 1, 0), [x], w)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
@@ -124,7 +110,7 @@ def test_causal_mask_with_large_negatives(mask_shape, dtype):
                                     .to(a.dtype), [x, mask], w)
     np.testing.assert_allclose(got, want, **TOL["f32" if dtype == np.float32 else "f64"])
     assert (got[np.broadcast_to(mask, x.shape) < -1] < 1e-30).all()     # masked: exp(-1e4)
-    for g, wg in zip(_grads(build, [x, mask], w), want_grads, strict=True):
+    for g, wg in zip(weighted_grads(build, [x, mask], w), want_grads, strict=True):
         np.testing.assert_allclose(g, wg, **TOL["f32" if dtype == np.float32 else "f64"])
 
 
@@ -141,7 +127,7 @@ def test_a_constant_mask_gets_no_gradient():
     """A mask given as an input (not a param) is a constant: only x gets a gradient."""
     x, mask = RNG.uniform(-1, 1, (3, 4)), RNG.uniform(-5, 0, (3, 4))
     w = RNG.uniform(-1, 1, (3, 4))
-    gx, gm = _grads(lambda a, m: ops.softmax(a, 2.0, m), [x, mask], w, params=[True, False])
+    gx, gm = weighted_grads(lambda a, m: ops.softmax(a, 2.0, m), [x, mask], w, params=[True, False])
     assert gm is None
     xt = torch.tensor(x, requires_grad=True)
     ((2.0 * xt + torch.tensor(mask)).softmax(-1) * torch.tensor(w)).sum().backward()
@@ -154,7 +140,7 @@ def test_masked_softmax_of_permuted_x_and_mask():
     w = RNG.uniform(-1, 1, (2, 4, 3))
     build = lambda a, m: ops.softmax(ops.permute(a, (1, 0, 2)), 1.5,  # noqa: E731
                                      ops.permute(m, (1, 0)))
-    got = _grads(build, [x, mask.T.copy()], w)
+    got = weighted_grads(build, [x, mask.T.copy()], w)
     _, want = _torch_grads(lambda a, m: (1.5 * a.permute(1, 0, 2) + m.T).softmax(-1),
                            [x, mask.T.copy()], w)
     for g, wg in zip(got, want, strict=True):
@@ -197,7 +183,7 @@ def test_im2col_1d_back_is_the_adjoint():
     c = RNG.uniform(-1, 1, cols.shape)
     back = evaluate(lambda t: ops.im2col_1d_back(t, x.shape, k, s, p, d), c)
     np.testing.assert_allclose((cols * c).sum(), (x * back).sum(), rtol=1e-12)
-    (gc,) = _grads(lambda t: ops.im2col_1d_back(t, x.shape, k, s, p, d), [c], x)
+    (gc,) = weighted_grads(lambda t: ops.im2col_1d_back(t, x.shape, k, s, p, d), [c], x)
     np.testing.assert_allclose(gc, cols, rtol=1e-12)
 
 
@@ -211,7 +197,8 @@ def test_max_pool_1d_padding_never_wins_and_ties_go_first():
     x = -1.0 - RNG.uniform(0, 1, (2, 3, 7))
     out = evaluate(lambda t: ops.pool_1d(t, "max", 3, 2, 1), x)
     np.testing.assert_allclose(out, F.max_pool1d(torch.tensor(x), 3, 2, 1).numpy())
-    (dx,) = _grads(lambda t: ops.pool_1d(t, "max", 2), [np.zeros((1, 1, 6))], np.ones((1, 1, 3)))
+    (dx,) = weighted_grads(lambda t: ops.pool_1d(t, "max", 2), [np.zeros((1, 1, 6))],
+                           np.ones((1, 1, 3)))
     np.testing.assert_array_equal(dx[0, 0], [1, 0, 1, 0, 1, 0])
 
 
@@ -223,7 +210,7 @@ def test_pool_1d_of_a_permuted_input(mode):
     ref = lambda t: get_op("pool_1d").torch(t.permute(0, 2, 1), mode, 3, 2, 1)  # noqa: E731
     out, (want,) = _torch_grads(ref, [a], w)
     np.testing.assert_allclose(evaluate(build, a), out, rtol=1e-12)
-    np.testing.assert_allclose(_grads(build, [a], w)[0], want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(weighted_grads(build, [a], w)[0], want, rtol=1e-12, atol=1e-14)
 
 
 # --- conv_transpose_2d and the backward of im2col_back -------------------------------------------
@@ -245,7 +232,7 @@ def test_im2col_back_has_im2col_as_its_backward():
     x = RNG.uniform(-1, 1, (2, 2, 5, 6))
     params = (3, 2, (2, 1), (1, 0), (1, 2))
     cols = evaluate(lambda t: ops.im2col(t, *params), x)
-    (gc,) = _grads(lambda t: ops.im2col_back(t, x.shape, *params, "f64"),
+    (gc,) = weighted_grads(lambda t: ops.im2col_back(t, x.shape, *params, "f64"),
                    [RNG.uniform(-1, 1, cols.shape)], x)
     np.testing.assert_allclose(gc, cols, rtol=1e-12)
 
@@ -257,7 +244,7 @@ def test_mse_loss_is_a_scalar_mean(shape):
     got = evaluate(ops.mse_loss, a, b)
     assert got.shape == ()
     np.testing.assert_allclose(got, ((a - b) ** 2).mean(), rtol=1e-12)
-    ga, gb = _grads(ops.mse_loss, [a, b], np.array(1.0))
+    ga, gb = weighted_grads(ops.mse_loss, [a, b], np.array(1.0))
     np.testing.assert_allclose(ga, 2 * (a - b) / max(a.size, 1), rtol=1e-12)
     np.testing.assert_allclose(gb, -ga, rtol=1e-12)
 
