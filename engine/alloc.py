@@ -102,10 +102,38 @@ class Plan:
         self.no_reuse_bytes = no_reuse
         self.persistent_bytes = sum(t.nbytes for t in nodes if t.persistent)
         self._arena = self.backend.alloc(self.arena_bytes)
+        # flags decide where buffers live: a flag changed after planning makes it stale
+        self.flags = self._flags(graph)
+        self._steps = self._schedule(nodes)
+
+    def _schedule(self, nodes):
+        """One step per node, everything a run needs resolved now: (kind, tensor, function,
+        source positions, params, persistent, arena view)."""
+        position = {t.id: i for i, t in enumerate(nodes)}
+        steps = []
+        for t in nodes:
+            if t.is_leaf:
+                steps.append(("leaf", t, None, (), None, True, None))
+                continue
+            srcs = tuple(position[s.id] for s in t.srcs)
+            op = OPS[t.op]
+            if op.kind == "view":
+                steps.append(("view", t, op.view, srcs, t.params, t.persistent, None))
+            else:
+                arena_view = None if t.persistent else self.backend.view(
+                    self._arena, self.offsets[t.id], t.shape, t.dtype)
+                steps.append(("kernel", t, self.kernels[t.id], srcs, t.params, t.persistent,
+                              arena_view))
+        return steps
+
+    @staticmethod
+    def _flags(graph) -> tuple[int, ...]:
+        return tuple(t.flags._value_ for t in graph.nodes)   # _value_: no enum lookup
 
     def matches(self, graph) -> bool:
         return (graph is self.graph and graph.version == self.version
-                and tuple(t.id for t in graph.nodes) == self.node_ids)
+                and len(graph.nodes) == len(self.node_ids)
+                and self._flags(graph) == self.flags)
 
     def run(self, graph) -> None:
         """Evaluate `graph`, which must be the graph this plan was made for."""
@@ -113,29 +141,29 @@ class Plan:
             raise StalePlanError(
                 f"plan made for graph {self.graph.name!r} (version {self.version}, "
                 f"{len(self.node_ids)} nodes) was asked to run graph {graph.name!r} "
-                f"(version {graph.version}, {len(graph.nodes)} nodes); make a new Plan or "
-                "use Graph.compute, which replans")
+                f"(version {graph.version}, {len(graph.nodes)} nodes, flags as now); make a "
+                "new Plan or use Graph.compute, which replans")
         be = self.backend
-        arrays: dict[int, object] = {}
-        for t in graph.nodes:
-            if t.is_leaf:
-                arrays[t.id] = be.persistent(t)
+        arrays: list = []
+        for kind, t, fn, srcs, params, persistent, arena_view in self._steps:
+            if kind == "leaf":
+                arrays.append(be.persistent(t))
                 continue
-            ins = [arrays[s.id] for s in t.srcs]
-            op = OPS[t.op]
-            if op.kind == "view":
-                out = op.view(ins, **t.params)
-                if t.persistent:
+            ins = [arrays[i] for i in srcs]
+            if kind == "view":
+                out = fn(ins, **params)
+                if persistent:
                     be.copy(be.persistent(t), out)
             else:
-                out = be.persistent(t) if t.persistent else \
-                    be.view(self._arena, self.offsets[t.id], t.shape, t.dtype)
-                self.kernels[t.id](out, ins, **t.params)
-            arrays[t.id] = out
-        for p, acc in graph.grad_accs.items():
-            grad = graph.grads.get(p)
-            if grad is not None:
-                be.accumulate(be.persistent(acc), arrays[grad.id])
+                out = be.persistent(t) if persistent else arena_view
+                fn(out, ins, **params)
+            arrays.append(out)
+        if graph.grad_accs:
+            index = {t.id: i for i, t in enumerate(graph.nodes)}
+            for p, acc in graph.grad_accs.items():
+                grad = graph.grads.get(p)
+                if grad is not None:
+                    be.accumulate(be.persistent(acc), arrays[index[grad.id]])
 
     def summary(self) -> dict:
         return {"graph": self.graph.name, "nodes": len(self.node_ids),

@@ -148,13 +148,7 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
 def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
     arrays = case.generate_inputs()
     out, analytic, differs = analytic_gradients(case, arrays, inject, backend)
-    f_parallel, leaves = _numeric_graph(case, arrays, backend)
-
-    def f() -> float:
-        # thousands of evaluations of a tiny graph: parallel launches would cost more than
-        # the work (backprop above still runs on every thread, races included)
-        with single_thread():
-            return f_parallel()
+    f, leaves = _numeric_graph(case, arrays, backend)
     idx = [i for i, t in enumerate(leaves) if t is not None]
     total = sum(leaves[i].size for i in idx)
     if mode == "auto":
@@ -165,17 +159,22 @@ def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
 
     a_list = [analytic[i] for i in idx]
     t_list = None if ref is None else [ref.grads[i] for i in idx]
+    # thousands of evaluations of a tiny graph: parallel launches would cost more than the
+    # work (backprop above runs on every thread, races included)
+    with single_thread():
+        if mode == "full":
+            nums = [numerical_gradient(f, leaves[i].buffer()) for i in idx]
+        else:
+            dirs = _directions(case, [case.inputs[i].shape for i in idx], DIRECTIONS)
+            leaf_dirs = [[case.inputs[i].to_leaf(v) for i, v in zip(idx, d, strict=True)]
+                         for d in dirs]
+            nums = [directional_derivatives(f, [leaves[i].buffer() for i in idx], leaf_dirs)]
     if mode == "full":
-        nums = [numerical_gradient(f, leaves[i].buffer()) for i in idx]
         nums = [type(d)(*(case.inputs[i].from_leaf(x) for x in (d.value, d.error, d.kink)))
                 for i, d in zip(idx, nums, strict=True)]
         names = [case.inputs[i].name for i in idx]
         fraction = 1.0
     else:
-        dirs = _directions(case, [case.inputs[i].shape for i in idx], DIRECTIONS)
-        leaf_dirs = [[case.inputs[i].to_leaf(v) for i, v in zip(idx, d, strict=True)]
-                     for d in dirs]
-        nums = [directional_derivatives(f, [leaves[i].buffer() for i in idx], leaf_dirs)]
         a_list = [_project(a_list, dirs)]
         t_list = None if t_list is None else [_project(t_list, dirs)]
         names = ["directions"]

@@ -136,3 +136,19 @@ def test_plan_reports_sizes():
     assert s["arena_bytes"] == plan.arena_bytes > 0
     assert s["no_reuse_bytes"] == plan.no_reuse_bytes
     assert "arena" in repr(plan)
+
+
+def test_plan_is_stale_after_a_flag_changes():
+    """Flags decide which buffers are persistent: flagging an intermediate as an output
+    after planning must not run the old plan (its buffer would be in the arena)."""
+    x = engine.input_tensor((4,), "f64", name="x")
+    x.set(np.arange(4.0))
+    hidden = ops.exp(x)
+    out = ops.sum(hidden)
+    g = engine.Graph([out])
+    plan = Plan(g)
+    hidden.set_output()
+    with pytest.raises(engine.StalePlanError):
+        plan.run(g)
+    g.compute()
+    np.testing.assert_allclose(hidden.numpy(), np.exp(np.arange(4.0)))
