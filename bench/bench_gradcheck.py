@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from engine.registry import all_ops
+from gradcheck.runner import checkable_ops
 
 TARGET_SWEEP_S = 120.0
 
@@ -36,10 +37,12 @@ def sweep_seconds() -> float:
 
 
 def torch_cases():
-    for op in all_ops().values():
-        if not op.samples or op.torch is None or not op.differentiable:
-            continue
-        yield from op.samples()
+    """The cases `gradcheck --all` checks, where torch has an equivalent with a gradient."""
+    ops = all_ops()
+    for name in checkable_ops():
+        op = ops[name]
+        if op.torch is not None and op.differentiable:
+            yield from op.samples()
 
 
 def torch_gradcheck_seconds() -> tuple[float, int, int]:
