@@ -64,7 +64,7 @@ class Plan:
     def __init__(self, graph, backend="cpu"):
         self.graph = graph
         self.version = graph.version
-        self.node_ids = tuple(t.id for t in graph.nodes)
+        self.n_nodes = len(graph.nodes)
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         nodes = graph.nodes
 
@@ -132,7 +132,7 @@ class Plan:
 
     def matches(self, graph) -> bool:
         return (graph is self.graph and graph.version == self.version
-                and len(graph.nodes) == len(self.node_ids)
+                and len(graph.nodes) == self.n_nodes
                 and self._flags(graph) == self.flags)
 
     def run(self, graph) -> None:
@@ -140,7 +140,7 @@ class Plan:
         if not self.matches(graph):
             raise StalePlanError(
                 f"plan made for graph {self.graph.name!r} (version {self.version}, "
-                f"{len(self.node_ids)} nodes) was asked to run graph {graph.name!r} "
+                f"{self.n_nodes} nodes) was asked to run graph {graph.name!r} "
                 f"(version {graph.version}, {len(graph.nodes)} nodes, flags as now); make a "
                 "new Plan or use Graph.compute, which replans")
         be = self.backend
@@ -166,7 +166,7 @@ class Plan:
                     be.accumulate(be.persistent(acc), arrays[index[grad.id]])
 
     def summary(self) -> dict:
-        return {"graph": self.graph.name, "nodes": len(self.node_ids),
+        return {"graph": self.graph.name, "nodes": self.n_nodes,
                 "arena_bytes": self.arena_bytes, "no_reuse_bytes": self.no_reuse_bytes,
                 "persistent_bytes": self.persistent_bytes}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 
 from engine.registry import OPS
-from gradcheck.mutants import MUTANTS, scaled_backward
+from gradcheck.mutants import MUTANTS, backward_replaced, scaled_backward
 
 MUTATIONS = {
     "scale": (scaled_backward, 1.01, "every input gradient of the op multiplied by FACTOR "
@@ -57,14 +57,9 @@ def injected(spec: str | None, op_names):
             yield
         return
     make = MUTATIONS[name][0]
-    saved = {}
-    try:
-        for op_name in set(op_names):
-            op = OPS[op_name]
-            if op.backward is not None:
-                saved[op_name] = op.backward
-                op.backward = make(op.backward, value)
+    with contextlib.ExitStack() as stack:
+        for op_name in sorted(set(op_names)):
+            if OPS[op_name].backward is not None:
+                stack.enter_context(backward_replaced(
+                    op_name, lambda real: make(real, value)))
         yield
-    finally:
-        for op_name, backward in saved.items():
-            OPS[op_name].backward = backward
