@@ -26,3 +26,7 @@ class StalePlanError(EngineError, RuntimeError):
 
 class BackendError(EngineError, RuntimeError):
     """A backend lacks a kernel, or was asked for something it cannot do."""
+
+
+class HyperparameterError(EngineError, ValueError):
+    """An optimizer or schedule was given a hyperparameter outside its valid range."""

@@ -18,7 +18,10 @@ An op module defines one `OpDef` per op and registers it. An OpDef says:
 - composite ops (`kind="composite"`) give `compose(*srcs, **params) -> Tensor` and are
   differentiated through the ops they are made of;
 - `build(*srcs, **params) -> Tensor`: the user-facing function (defaults to making the node,
-  or to `compose`); op modules give their own where arguments need normalising.
+  or to `compose`); op modules give their own where arguments need normalising;
+- update ops (`kind="update"`, the optimizer steps) write their first source, a persistent
+  tensor, in place (and other persistent sources, their state): the node shares that
+  buffer and is itself persistent, so no plan ever places it in an arena.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ import dataclasses
 from collections.abc import Callable
 
 from engine.errors import ShapeError, UnknownOpError
-from engine.tensor import Tensor
+from engine.tensor import Flag, Tensor
 
-KINDS = ("primitive", "view", "composite", "backward")
+KINDS = ("primitive", "view", "composite", "backward", "update")
 
 
 @dataclasses.dataclass
@@ -111,6 +114,9 @@ def make_node(name: str, srcs, **params) -> Tensor:
         raise ShapeError(f"{name}: inferred a negative dimension {list(shape)} from "
                          f"{[list(s.shape) for s in srcs]}")
     view_of = srcs[0] if op.kind == "view" else None
+    if op.kind == "update":
+        return Tensor(shape, dtype, op=name, srcs=srcs, params=params, flags=Flag.OUTPUT,
+                      shares=srcs[0])
     return Tensor(shape, dtype, op=name, srcs=srcs, params=params, view_of=view_of,
                   contiguous=contiguous)
 

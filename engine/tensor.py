@@ -46,10 +46,11 @@ class Flag(enum.Flag):
     PARAM = enum.auto()
     LOSS = enum.auto()
     GRAD_ACC = enum.auto()   # persistent gradient accumulator of a param
+    STATE = enum.auto()      # optimizer state (step count, moments), updated in place
 
     @property
     def persistent(self) -> bool:
-        return bool(self & (Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.GRAD_ACC))
+        return bool(self & (Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.GRAD_ACC | Flag.STATE))
 
 
 class Tensor:
@@ -60,10 +61,10 @@ class Tensor:
     """
 
     __slots__ = ("id", "shape", "dtype", "op", "srcs", "params", "name", "flags",
-                 "view_of", "contiguous", "_data", "__weakref__")
+                 "view_of", "contiguous", "shares", "_data", "__weakref__")
 
     def __init__(self, shape, dtype, op=None, srcs=(), params=None, name=None,
-                 flags=Flag.NONE, view_of=None, contiguous=True):
+                 flags=Flag.NONE, view_of=None, contiguous=True, shares=None):
         self.id = next(_ids)
         self.shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in self.shape):
@@ -76,6 +77,13 @@ class Tensor:
         self.flags = flags
         self.view_of = view_of        # the tensor whose buffer this one aliases, for view ops
         self.contiguous = contiguous  # False for strided views (permute)
+        # the persistent tensor whose buffer this persistent one uses as its own: a leaf
+        # reading another graph's gradient, an optimizer step writing its param in place
+        self.shares = shares
+        if shares is not None and (shares.shape != self.shape or shares.dtype != self.dtype):
+            raise EngineError(f"tensor {self.name!r} of shape {list(self.shape)} ({self.dtype}) "
+                              f"cannot share the buffer of {shares.name!r} of shape "
+                              f"{list(shares.shape)} ({shares.dtype})")
         self._data = None
 
     # --- properties -------------------------------------------------------------------
@@ -137,7 +145,9 @@ class Tensor:
         return self
 
     def buffer(self) -> np.ndarray:
-        """The persistent buffer (zeros on first use)."""
+        """The persistent buffer (zeros on first use; the shared tensor's when sharing)."""
+        if self.shares is not None:
+            return self.shares.buffer()
         if self._data is None:
             self._data = np.zeros(self.shape, self.dtype)
         return self._data
@@ -217,6 +227,16 @@ def input_tensor(shape, dtype="f32", name=None) -> Tensor:
 def param(shape, dtype="f32", name=None) -> Tensor:
     """A trainable leaf: gradients are computed for params only."""
     return Tensor(shape, dtype, name=name, flags=Flag.PARAM)
+
+
+def shared_leaf(t: Tensor, name=None) -> Tensor:
+    """An input leaf that reads the buffer of the persistent tensor `t`, so that another graph
+    (an optimizer step) takes `t` as a leaf instead of pulling in the graph that computes it."""
+    if not t.persistent:
+        raise EngineError(f"tensor {t.name!r} is an intermediate: its buffer does not outlive "
+                          "its graph's evaluation, so no other graph can read it (flag it as "
+                          "an output, or accumulate gradients)")
+    return Tensor(t.shape, t.dtype, name=name or t.name, flags=Flag.INPUT, shares=t)
 
 
 def constant(value, dtype=None, name=None) -> Tensor:

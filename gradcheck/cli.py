@@ -13,20 +13,19 @@ Exit status: 0 all pass, 1 any failure or error, 2 usage error.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from tabulate import tabulate
 
 from engine.backends import BACKENDS
 from engine.errors import UnknownOpError
-from engine.registry import all_ops
+from engine.registry import all_ops, get_op
 from gradcheck.check import MODES
 from gradcheck.mutants import MUTANTS
 from gradcheck.mutations import MUTATIONS, parse
 from gradcheck.runner import checkable_ops, run_checks, select_samples
 from reports import exit_status
-from reports.output import FORMATS, OutputError, render, write_atomic
+from reports.output import FORMATS, OutputError, render, unwritable, write_atomic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +102,10 @@ def _results(args, parser):
             parser.error(f"--repro: {exc}")
         return run_checks([case], args.inject, False, args.mode, backends, not args.no_torch)
     names = checkable_ops() if args.all else args.op
+    updates = [n for n in names if get_op(n).kind == "update"]
+    if updates:
+        raise LookupError(f"{', '.join(updates)}: optimizer steps have no gradient to check; "
+                          f"check them with optcheck (optcheck --opt all)")
     samples = select_samples(names, args.dtype, args.filter)
     if not samples and not args.random:
         raise LookupError(f"no sample case of {', '.join(names)} matches "
@@ -117,18 +120,6 @@ def _results(args, parser):
                                              args.mode, backend, args.inject,
                                              not args.no_torch)
     return results
-
-
-def unwritable(path: str) -> str | None:
-    """Why `path` cannot be written, checked before a long run (None if it can)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "it is a directory"
-    if not os.path.isdir(folder):
-        return f"no directory {folder}"
-    if not os.access(folder, os.W_OK):
-        return f"directory {folder} is not writable"
-    return None
 
 
 def main(argv=None) -> int:

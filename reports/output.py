@@ -100,3 +100,15 @@ def write_atomic(path, text: str) -> None:
         if isinstance(exc, UnicodeError):
             raise OutputError(path, f"text is not valid UTF-8: {exc}") from exc
         raise
+
+
+def unwritable(path: str) -> str | None:
+    """Why `path` cannot be written, checked before a long run (None if it can)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "it is a directory"
+    if not os.path.isdir(folder):
+        return f"no directory {folder}"
+    if not os.access(folder, os.W_OK):
+        return f"directory {folder} is not writable"
+    return None

@@ -14,6 +14,7 @@ from engine.ops.im2col_1d import im2col_1d, im2col_1d_back
 from engine.ops.matmul import matmul
 from engine.ops.mse_loss import mse_loss
 from engine.ops.norm import norm, norm_back, rms_norm, rms_norm_back
+from engine.ops.optimizer_steps import adam_step, adamw_step, sgd_step
 from engine.ops.pad import pad
 from engine.ops.pool_1d import pool_1d
 from engine.ops.pool_2d import pool_2d, pool_2d_back
@@ -59,3 +60,4 @@ __all__ += ["conv_transpose_2d", "im2col_1d", "im2col_1d_back", "mse_loss", "nor
             "norm_back", "pool_1d", "rms_norm", "rms_norm_back"]
 __all__ += ["acc", "block", "concat", "dropout", "get_rows", "get_rows_back", "pad",
             "repeat", "repeat_back", "set", "sum_rows"]
+__all__ += ["adam_step", "adamw_step", "sgd_step"]

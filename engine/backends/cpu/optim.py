@@ -1,0 +1,113 @@
+"""CPU kernels of the optimizer steps: one fused pass over each parameter tensor.
+
+Each kernel updates the parameter and its state in place, reading the hyperparameters from
+the small float64 tensor `hp` (so a schedule changes them without recompiling or
+replanning) and counting the step in the float64 tensor `step` (shape (1,)). Scalars derived
+from the hyperparameters (bias corrections, step size, decay factor) are computed once in
+float64 and rounded to the parameter's dtype, and the per-element arithmetic runs in that
+dtype in the order torch.optim's single-tensor implementations use, so that float32
+trajectories follow torch's to a few ulps per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.backends.cpu.jit import parallel_kernel, prange
+
+SGD_HP = ("lr", "momentum", "dampening", "weight_decay")
+ADAM_HP = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+@parallel_kernel
+def _sgd(p, g, buf, step, hp, nesterov, maximize):
+    """SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD):
+
+        d = -g if maximize else g;   d += wd p
+        b = d on the first step, else b = mu b + (1 - dampening) d     (when mu != 0)
+        d = d + mu b if nesterov else b;   p = p - lr d
+    """
+    step[0] += 1.0
+    first = step[0] == 1.0
+    t = p.dtype.type
+    neg_lr = t(-hp[0])
+    mu = t(hp[1])
+    keep = t(1.0 - hp[2])
+    wd = t(hp[3])
+    use_wd = hp[3] != 0.0
+    use_mu = hp[1] != 0.0
+    for i in prange(p.size):
+        d = -g[i] if maximize else g[i]
+        if use_wd:
+            d = d + wd * p[i]
+        if use_mu:
+            if first:
+                b = d
+            else:
+                b = buf[i] * mu + keep * d
+            buf[i] = b
+            d = d + mu * b if nesterov else b
+        p[i] = p[i] + neg_lr * d
+
+
+@parallel_kernel
+def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
+    """Adam (L2 weight decay) or AdamW (decoupled weight decay), with AMSGrad and maximize
+    (torch.optim.Adam / AdamW):
+
+        d = -g if maximize else g
+        AdamW: p = (1 - lr wd) p          Adam: d += wd p
+        m = m + (1 - b1)(d - m);   v = b2 v + (1 - b2) d^2;   vmax = max(vmax, v)
+        p = p - lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps)
+    """
+    step[0] += 1.0
+    n = step[0]
+    lr, b1, b2, eps, wd = hp[0], hp[1], hp[2], hp[3], hp[4]
+    t = p.dtype.type
+    neg_step_size = t(-lr / (1.0 - b1 ** n))
+    bc2_sqrt = t(math.sqrt(1.0 - b2 ** n))
+    decay = t(1.0 - lr * wd)
+    use_decay = decoupled and wd != 0.0
+    use_l2 = (not decoupled) and wd != 0.0
+    l2 = t(wd)
+    w1 = t(1.0 - b1)
+    lerp_low = (1.0 - b1) < 0.5
+    w1c = t(1.0) - w1
+    beta2 = t(b2)
+    w2 = t(1.0 - b2)
+    e = t(eps)
+    for i in prange(p.size):
+        d = -g[i] if maximize else g[i]
+        x = p[i]
+        if use_decay:
+            x = x * decay
+        elif use_l2:
+            d = d + l2 * x
+        # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
+        mi = m[i] + w1 * (d - m[i]) if lerp_low else d - (d - m[i]) * w1c
+        vi = v[i] * beta2 + w2 * d * d
+        m[i] = mi
+        v[i] = vi
+        if amsgrad:
+            if vi > vmax[i]:
+                vmax[i] = vi
+            vi = vmax[i]
+        p[i] = x + neg_step_size * (mi / (math.sqrt(vi) / bc2_sqrt + e))
+
+
+def _flat(a):
+    return a.reshape(-1)
+
+
+def sgd_step(out, ins, nesterov=False, maximize=False):
+    """ins: param, grad, step, hp, momentum_buffer; `out` is the param's own buffer."""
+    _, g, step, hp, buf = ins
+    _sgd(_flat(out), _flat(g), _flat(buf), step, hp, nesterov, maximize)
+
+
+def adam_step(out, ins, amsgrad=False, maximize=False, decoupled=False):
+    """ins: param, grad, step, hp, exp_avg, exp_avg_sq[, max_exp_avg_sq]."""
+    g, step, hp, m, v = ins[1], ins[2], ins[3], ins[4], ins[5]
+    vmax = ins[6] if amsgrad else v
+    _adam(_flat(out), _flat(g), _flat(m), _flat(v), _flat(vmax), step, hp, decoupled, amsgrad,
+          maximize)
