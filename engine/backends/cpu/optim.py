@@ -92,7 +92,8 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
             if vi > vmax[i]:
                 vmax[i] = vi
             vi = vmax[i]
-        p[i] = x + neg_step_size * (mi / (math.sqrt(vi) / bc2_sqrt + e))
+        # torch's addcdiv order: (value * m) / denom
+        p[i] = x + (neg_step_size * mi) / (math.sqrt(vi) / bc2_sqrt + e)
 
 
 def _flat(a):
@@ -109,5 +110,5 @@ def adam_step(out, ins, amsgrad=False, maximize=False, decoupled=False):
     """ins: param, grad, step, hp, exp_avg, exp_avg_sq[, max_exp_avg_sq]."""
     g, step, hp, m, v = ins[1], ins[2], ins[3], ins[4], ins[5]
     vmax = ins[6] if amsgrad else v
-    _adam(_flat(out), _flat(g), _flat(m), _flat(v), _flat(vmax), step, hp, decoupled, amsgrad,
-          maximize)
+    _adam(_flat(out), _flat(g), _flat(m), _flat(v), _flat(vmax), step, hp,
+                             decoupled, amsgrad, maximize)
