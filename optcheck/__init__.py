@@ -1,1 +1,2 @@
-"""optcheck: compare optimizer updates with closed forms and torch.optim (not implemented yet)."""
+"""optcheck: compare optimizer updates with closed-form expectations, torch.optim reference
+trajectories and invariants (families in closed_form, torch_ref, invariants)."""

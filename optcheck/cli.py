@@ -1,19 +1,172 @@
-"""`optcheck`: check optimizer steps (not implemented yet)."""
+"""`optcheck`: check optimizer steps against closed forms, torch.optim and invariants.
+
+    optcheck --opt adam                       # the three families, float32 and float64
+    optcheck --opt all --family torch --steps 200
+    optcheck --opt adamw --lr 0.01 --betas 0.9,0.99 --weight-decay 0.1   # also your settings
+    optcheck --self-test                      # known kernel bugs, each must be caught
+
+Exit status: 0 every check passed, 1 some check failed, 2 usage error (bad hyperparameter,
+unwritable --output, ...).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from engine.backends import BACKENDS
+from engine.errors import EngineError
+from optcheck.harness import DTYPES, OPTIMIZER_NAMES
+from optcheck.runner import FAMILIES, run_checks
+from reports import exit_status
+from reports.output import FORMATS, OutputError, render, unwritable, write_atomic
+
+HP_OPTIONS = {"lr": "lr", "eps": "eps", "weight_decay": "weight_decay",
+              "momentum": "momentum", "dampening": "dampening"}
+FLAG_OPTIONS = ("nesterov", "amsgrad", "maximize")
+
+
+def _betas(text: str) -> tuple[float, float]:
+    try:
+        b1, b2 = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers 'beta1,beta2', got {text!r}") \
+            from None
+    return b1, b2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="optcheck",
+        description="Compare optimizer updates with closed-form trajectories, torch.optim "
+                    "reference trajectories and invariants. Exit 0: all pass, 1: a check "
+                    "failed, 2: usage error.")
+    p.add_argument("--opt", action="append", choices=[*OPTIMIZER_NAMES, "all"],
+                   help="optimizer to check (repeatable; 'all' for every one)")
+    p.add_argument("--family", action="append", choices=[*FAMILIES, "all"],
+                   help="check family (repeatable; default all): closed-form scenarios, "
+                        "torch.optim trajectories over a hyperparameter grid, invariants")
+    p.add_argument("--dtype", choices=[*DTYPES, "all"], default="all",
+                   help="parameter dtype (default all)")
+    p.add_argument("--steps", type=int, default=100, metavar="N",
+                   help="steps per trajectory (default 100)")
+    p.add_argument("--backend", choices=BACKENDS, default="cpu", help="backend (default cpu)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of initial parameters and data (default 0)")
+    p.add_argument("--self-test", action="store_true",
+                   help="inject known bugs into the step kernels; each must be caught")
+    hp = p.add_argument_group(
+        "your hyperparameters", "given any of these, the torch family also checks a "
+        "trajectory with exactly these settings (validated as the Python API does)")
+    hp.add_argument("--lr", type=float)
+    hp.add_argument("--betas", type=_betas, metavar="B1,B2")
+    hp.add_argument("--eps", type=float)
+    hp.add_argument("--weight-decay", type=float, dest="weight_decay")
+    hp.add_argument("--momentum", type=float)
+    hp.add_argument("--dampening", type=float)
+    for flag in FLAG_OPTIONS:
+        hp.add_argument(f"--{flag}", action="store_true")
+    p.add_argument("--format", choices=FORMATS, default="plain", help="output format")
+    p.add_argument("--output", metavar="FILE",
+                   help="write the report to FILE (atomically) instead of standard output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def user_config(args, optimizer: str) -> tuple[dict, dict] | None:
+    """The user's hyperparameters for `optimizer` as (hp, flags), validated by building the
+    engine optimizer; None when none was given. Raises HyperparameterError."""
+    hp = {k: getattr(args, k) for k in HP_OPTIONS if getattr(args, k) is not None}
+    if args.betas is not None:
+        hp["beta1"], hp["beta2"] = args.betas
+    flags = {f: True for f in FLAG_OPTIONS if getattr(args, f)}
+    if not hp and not flags:
+        return None
+    import engine
+    from engine.optim import OPTIMIZERS
+    from optcheck.harness import to_engine_kwargs
+    cls = OPTIMIZERS[optimizer]
+    kwargs = to_engine_kwargs(optimizer, hp, flags)
+    probe = engine.param((1,), name="probe")
+    try:
+        opt = cls([probe], **kwargs)
+    except TypeError as exc:   # an option this optimizer does not take
+        from engine.errors import HyperparameterError
+        bad = str(exc).split("'")[1] if "'" in str(exc) else str(exc)
+        raise HyperparameterError(f"{optimizer} takes no --{bad.replace('_', '-')}") from None
+    return opt.hparams, dict(opt.flags)
+
+
+def _selected(values, all_values):
+    if not values or "all" in values:
+        return tuple(all_values)
+    return tuple(dict.fromkeys(values))
+
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="optcheck",
-        description="Compare optimizer updates with closed-form expectations and torch.optim "
-                    "trajectories. NOT IMPLEMENTED YET: this command only exits with status 2.")
-    parser.parse_args(argv)
-    print("optcheck: not implemented yet", file=sys.stderr)
-    return 2
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.opt and not args.self_test:
+        parser.error("say which optimizer to check: --opt sgd|adam|adamw|all (or --self-test)")
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
+    families = _selected(args.family, FAMILIES)
+    dtypes = _selected([args.dtype], DTYPES)
+    optimizers = _selected(args.opt, OPTIMIZER_NAMES)
+    progress = not args.no_progress and sys.stderr.isatty()
+    if args.output:
+        problem = unwritable(args.output)
+        if problem:
+            print(f"optcheck: cannot write {args.output}: {problem}", file=sys.stderr)
+            return 2
+    try:
+        configs = {o: user_config(args, o) for o in optimizers}
+    except EngineError as exc:
+        print(f"optcheck: {exc}", file=sys.stderr)
+        return 2
+    if args.self_test:
+        from optcheck.selftest import TOOL, run_self_test
+        results = run_self_test(families, "f64", args.steps, args.seed, args.backend, progress)
+        tool = TOOL
+    else:
+        results = run_checks(optimizers, families, dtypes, args.backend, args.steps,
+                             args.seed, progress)
+        for optimizer, config in configs.items():
+            if config is not None:
+                from optcheck.torch_ref import run_config
+                for dtype in dtypes:
+                    results += run_config(optimizer, *config, dtype=dtype,
+                                          backend=args.backend, steps=args.steps,
+                                          seed=args.seed)
+        tool = "optcheck"
+    meta = {"argv": list(sys.argv[1:] if argv is None else argv)}
+    if args.output:
+        try:
+            write_atomic(args.output, render_by_family(results, args.format, tool, meta))
+        except OutputError as exc:
+            print(f"optcheck: {exc}", file=sys.stderr)
+            return 2
+        print(f"optcheck: wrote {args.output} ({len(results)} results)", file=sys.stderr)
+    else:
+        sys.stdout.write(render_by_family(results, args.format, tool, meta))
+    return exit_status(results)
+
+
+def render_by_family(results, fmt: str, tool: str, meta) -> str:
+    """Plain and Markdown output: one table per family, then one summary line; other
+    formats: one document."""
+    if fmt not in ("plain", "github"):
+        return render(results, fmt, tool, meta)
+    from reports.table import render_table, summary_line
+    groups: dict[str, list] = {}
+    for r in results:
+        groups.setdefault(r.labels.get("family", ""), []).append(r)
+    parts = []
+    for family, rows in groups.items():
+        title = f"{family} ({summary_line(rows)})" if family else summary_line(rows)
+        parts.append(("## " if fmt == "github" else "") + title + "\n\n" +
+                     render_table(rows, fmt))
+    return "\n\n".join(parts) + "\n\n" + summary_line(results) + "\n"
 
 
 if __name__ == "__main__":

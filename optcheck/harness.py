@@ -1,0 +1,143 @@
+"""What every optcheck family shares: stepping an engine optimizer on given gradients,
+snapshots of parameters and state, trajectory comparison, and result records.
+
+Tensors are named as in torch.optim's state: a parameter `w0` has state `w0.step`,
+`w0.exp_avg`, `w0.exp_avg_sq`, `w0.max_exp_avg_sq` or `w0.momentum_buffer`. A snapshot is a
+dict from those names (and the parameter names) to float64 copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+import engine
+from engine.optim import OPTIMIZERS, make_optimizer
+from reports.record import Result
+
+OPTIMIZER_NAMES = tuple(OPTIMIZERS)
+DTYPES = ("f32", "f64")
+
+# err <= atol * scale + rtol * |want|, scale = max(1, max |want| of that tensor at that step).
+# float64: the engine and torch round differently but identically often; float32: a few
+# ulps per step, accumulated additively over the steps (gradients come from one trajectory).
+TOLERANCES = {"f64": (1e-12, 1e-10), "f32": (2e-6, 2e-5)}
+
+
+def tolerance(dtype: str, steps: int = 100) -> tuple[float, float]:
+    """The dtype's (atol, rtol), widened in proportion to the steps beyond 100 (rounding
+    errors of the steps add up)."""
+    atol, rtol = TOLERANCES[dtype]
+    k = max(1.0, steps / 100)
+    return atol * k, rtol * k
+
+
+def to_engine_kwargs(name: str, hp: dict, flags: dict) -> dict:
+    """Constructor keywords of the engine optimizer `name` from flat hp/flag dicts
+    (beta1/beta2 become betas)."""
+    kw = {k: v for k, v in hp.items() if k not in ("beta1", "beta2")}
+    if "beta1" in hp or "beta2" in hp:
+        kw["betas"] = (hp.get("beta1", 0.9), hp.get("beta2", 0.999))
+    kw.update(flags)
+    return kw
+
+
+class EngineStepper:
+    """An engine optimizer over parameters initialised from `init` (name -> array), stepped
+    on gradients the caller gives."""
+
+    def __init__(self, name: str, init: dict, hp: dict, flags: dict, dtype: str = "f64",
+                 backend: str = "cpu", schedule=None):
+        self.backend = backend
+        self.params = {k: engine.param(np.shape(v), dtype, name=k) for k, v in init.items()}
+        for k, v in init.items():
+            self.params[k].set(v)
+        self.opt = make_optimizer(name, list(self.params.values()), schedule=schedule,
+                                  **to_engine_kwargs(name, hp, flags))
+        self.dtype = np.dtype(np.float32 if dtype == "f32" else np.float64)
+
+    def step(self, grads: dict) -> None:
+        for k, p in self.params.items():
+            self.opt.grads[p].set(np.asarray(grads[k], self.dtype))
+        self.opt.step(self.backend)
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        snap = {k: p.numpy().astype(np.float64) for k, p in self.params.items()}
+        snap.update({k: v.astype(np.float64) for k, v in self.opt.state_arrays().items()})
+        return snap
+
+
+@dataclasses.dataclass
+class Comparison:
+    """The agreement of two trajectories: worst errors over every tensor and step, and the
+    first (step, tensor) out of tolerance with its error (None when all agree)."""
+
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    first_step: int | None = None
+    first_tensor: str | None = None
+    first_err: float | None = None
+    compared: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.first_step is None
+
+    def add(self, step: int, got: dict, want: dict, dtype: str, names=None,
+            tol: tuple[float, float] | None = None) -> None:
+        """Compare one step's snapshots over `names` (default: every name in `want`)."""
+        atol, rtol = tol or TOLERANCES[dtype]
+        for name in names or want:
+            w = np.asarray(want[name], np.float64)
+            g = np.asarray(got[name], np.float64)
+            if g.shape != w.shape:
+                self._first(step, name, float("inf"))
+                continue
+            self.compared += 1
+            err = np.abs(g - w)
+            bad_nan = ~np.isfinite(g) & ~(np.isnan(g) & np.isnan(w)) & (g != w)
+            scale = max(1.0, float(np.max(np.abs(w), initial=0.0, where=np.isfinite(w))))
+            finite = np.isfinite(err)
+            if finite.any():
+                self.max_abs_err = max(self.max_abs_err, float(err[finite].max()))
+                nonzero = finite & (w != 0)     # relative to zero means nothing
+                if nonzero.any():
+                    rel = err[nonzero] / np.abs(w[nonzero])
+                    self.max_rel_err = max(self.max_rel_err, float(rel.max()))
+            over = finite & (err > atol * scale + rtol * np.abs(w))
+            if bad_nan.any() or over.any():
+                worst = float("inf") if bad_nan.any() else float(err[over].max())
+                self._first(step, name, worst)
+
+    def _first(self, step, name, err):
+        if self.first_step is None:
+            self.first_step, self.first_tensor, self.first_err = step, name, err
+
+    def describe(self) -> str:
+        if self.ok:
+            return ""
+        return (f"first diverged at step {self.first_step} in {self.first_tensor} "
+                f"(|error| {self.first_err:.3g})")
+
+
+def result(optimizer: str, family: str, check: str, case: str, dtype: str, backend: str,
+           comparison: Comparison | None = None, ok: bool | None = None, message: str = "",
+           status: str | None = None, **metrics) -> Result:
+    """One optcheck row. `case` is the one-line description of the scenario and its
+    hyperparameters; the status comes from `comparison` unless `ok` or `status` (e.g.
+    "error", "skip") is given."""
+    if ok is None:
+        ok = comparison.ok if comparison is not None else True
+    m = {}
+    if comparison is not None:
+        m = {"max_abs_err": comparison.max_abs_err, "max_rel_err": comparison.max_rel_err,
+             "first_step": comparison.first_step, "first_tensor": comparison.first_tensor}
+        if not ok and not message:
+            message = comparison.describe()
+    m.update(metrics)
+    m.setdefault("max_abs_err", None)
+    status = status or ("pass" if ok else "fail")
+    return Result("optcheck", f"{optimizer}: {case}", status, m, message,
+                  {"optimizer": optimizer, "family": family, "check": check,
+                   "backend": backend, "dtype": dtype})

@@ -1,0 +1,44 @@
+"""Run optcheck's families over optimizers and dtypes; one list of Results."""
+
+from __future__ import annotations
+
+import importlib
+
+from tqdm import tqdm
+
+from optcheck.harness import DTYPES, OPTIMIZER_NAMES
+from reports.record import Result
+
+# family label -> module with run(optimizer, dtype, backend, steps, seed) -> list[Result]
+FAMILIES = {"closed-form": "optcheck.closed_form", "torch": "optcheck.torch_ref",
+            "invariant": "optcheck.invariants"}
+
+
+def family_runner(family: str):
+    return importlib.import_module(FAMILIES[family]).run
+
+
+def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
+               steps: int = 100, seed: int = 0) -> list[Result]:
+    """One family on one optimizer and dtype; an exception becomes one "error" row."""
+    try:
+        return family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
+                                     seed=seed)
+    except Exception as exc:  # noqa: BLE001  (a broken family must not hide the others)
+        return [Result("optcheck", f"{optimizer}: {family}", "error", {},
+                       f"{type(exc).__name__}: {exc}",
+                       {"optimizer": optimizer, "family": family, "check": "(family)",
+                        "backend": backend, "dtype": dtype})]
+
+
+def run_checks(optimizers=OPTIMIZER_NAMES, families=tuple(FAMILIES), dtypes=DTYPES,
+               backend: str = "cpu", steps: int = 100, seed: int = 0,
+               progress: bool = False) -> list[Result]:
+    """Every family on every optimizer and dtype, grouped by family (a table per family)."""
+    jobs = [(f, o, d) for f in families for o in optimizers for d in dtypes]
+    results = []
+    with tqdm(jobs, desc="optcheck", unit="run", disable=not progress, leave=False) as bar:
+        for family, optimizer, dtype in bar:
+            bar.set_postfix_str(f"{family} {optimizer} {dtype}")
+            results += run_family(family, optimizer, dtype, backend, steps, seed)
+    return results
