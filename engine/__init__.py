@@ -8,7 +8,7 @@
     x.set(engine.init.normal((3, 4), seed=0)); g.compute(); grads[x].numpy()
 """
 
-from engine import init, ops
+from engine import init, ops, optim
 from engine.alloc import Plan
 from engine.errors import (
                            BackendError,
@@ -24,4 +24,4 @@ from engine.tensor import Flag, Tensor, constant, input_tensor, new_tensor, para
 
 __all__ = ["BackendError", "DTypeError", "EngineError", "Flag", "Graph", "OPS", "Plan",
            "ShapeError", "StalePlanError", "Tensor", "UnknownOpError", "all_ops", "compute",
-           "constant", "get_op", "init", "input_tensor", "new_tensor", "ops", "param"]
+           "constant", "get_op", "init", "input_tensor", "new_tensor", "ops", "optim", "param"]

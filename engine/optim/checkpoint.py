@@ -35,7 +35,10 @@ def save_checkpoint(path, params, optimizer=None, arch: str = "gradverify", meta
         tensors.update(optimizer.state_arrays())
         meta[PREFIX + "name"] = optimizer.name
         meta.update({f"{PREFIX}flag.{k}": v for k, v in optimizer.flags.items()})
-        meta.update({f"{PREFIX}hp.{k}": float(v) for k, v in optimizer.hparams.items()})
+        # the base learning rate, not this step's scheduled one: a resumed schedule
+        # multiplies the base again
+        hp = {**optimizer.hparams, "lr": optimizer.base_lr}
+        meta.update({f"{PREFIX}hp.{k}": float(v) for k, v in hp.items()})
     save_gguf(path, tensors, arch, meta)
 
 
