@@ -1,0 +1,47 @@
+"""optcheck's self-test: every kernel mutant is caught, the bug-free control is not."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import engine
+from engine.registry import get_op
+from optcheck.mutants import CONTROL, MUTANTS, mutated
+from optcheck.selftest import power, run_self_test
+
+
+def test_every_mutant_is_caught_and_the_control_passes():
+    results = run_self_test(steps=30)
+    by_name = {r.name.split(":")[0]: r for r in results}
+    assert set(by_name) == {CONTROL.name, *MUTANTS}
+    for name, r in by_name.items():
+        assert r.status == "pass", (name, r.message)
+        if name != CONTROL.name:
+            assert r.metrics["caught_by"], name
+    assert power(results) == (len(MUTANTS), len(MUTANTS))
+
+
+def test_a_toothless_mutant_is_reported_as_missed():
+    from optcheck.mutants import Mutant
+    toothless = Mutant("toothless", "the correct kernel under another name",
+                       {"sgd_step": get_op("sgd_step").kernels["cpu"]}, ("sgd",))
+    MUTANTS["toothless"] = toothless
+    try:
+        results = run_self_test(families=("closed-form",), steps=10)
+    finally:
+        del MUTANTS["toothless"]
+    row = next(r for r in results if r.name.startswith("toothless"))
+    assert row.status == "fail" and "MISSED" in row.message
+
+
+def test_mutated_restores_the_kernels():
+    before = {name: dict(get_op(name).kernels) for name in ("sgd_step", "adam_step",
+                                                             "adamw_step")}
+    w = engine.param((3,), "f64", name="w")
+    with mutated(MUTANTS["dampening_ignored"]):
+        assert get_op("sgd_step").kernels["cpu"] is not before["sgd_step"]["cpu"]
+    assert {name: dict(get_op(name).kernels) for name in before} == before
+    opt = engine.optim.SGD([w], lr=1.0)
+    opt.grads[w].set([1.0, 2.0, 3.0])
+    opt.step()
+    assert np.array_equal(w.numpy(), [-1.0, -2.0, -3.0])
