@@ -66,8 +66,9 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
     t = p.dtype.type
     neg_step_size = t(-lr / (1.0 - b1 ** n))
     bc2_sqrt = t(math.sqrt(1.0 - b2 ** n))
-    decay = t(1.0 - lr * wd)
-    use_decay = decoupled and wd != 0.0
+    # decoupled decay as an unconditional multiply (by 1 without it): a branch here kept
+    # LLVM from vectorising the loop (4-5x slower)
+    decay = t(1.0 - lr * wd) if decoupled else t(1.0)
     use_l2 = (not decoupled) and wd != 0.0
     l2 = t(wd)
     w1 = t(1.0 - b1)
@@ -78,10 +79,8 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
     e = t(eps)
     for i in prange(p.size):
         d = -g[i] if maximize else g[i]
-        x = p[i]
-        if use_decay:
-            x = x * decay
-        elif use_l2:
+        x = p[i] * decay
+        if use_l2:
             d = d + l2 * x
         # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
         mi = m[i] + w1 * (d - m[i]) if lerp_low else d - (d - m[i]) * w1c
