@@ -16,6 +16,7 @@ from __future__ import annotations
 from engine.backends import get_backend
 from engine.errors import StalePlanError
 from engine.registry import OPS
+from engine.tensor import Flag
 
 ALIGN = 64
 
@@ -59,19 +60,38 @@ class _FreeList:
 
 
 class Plan:
-    """Buffers and kernels for one graph, at one version, on one backend."""
+    """Buffers, kernels and backend placement for one graph, at one version.
+
+    Each node runs on the plan's backend when that backend has a kernel for its op, else on
+    the CPU (`fallbacks` lists those ops); a view runs where its source lives. Each backend
+    has its own arena. A tensor computed on one backend and read on another is copied into a
+    buffer of the reader's backend right after it is computed; persistent tensors instead
+    keep one copy per backend, synchronised on demand (Tensor.device, Tensor.host_view).
+    """
 
     def __init__(self, graph, backend="cpu"):
         self.graph = graph
         self.version = graph.version
         self.n_nodes = len(graph.nodes)
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        cpu = get_backend("cpu")
         nodes = graph.nodes
 
-        self.kernels = {}
+        self.placement = {}
+        self.fallbacks: list[str] = []
         for t in nodes:
-            if not t.is_leaf and OPS[t.op].kind != "view":
-                self.kernels[t.id] = self.backend.kernel(OPS[t.op])
+            if t.is_leaf:
+                continue
+            op = OPS[t.op]
+            if op.kind == "view":
+                self.placement[t.id] = self.placement.get(t.srcs[0].id, self.backend)
+            elif self.backend.has_kernel(op):
+                self.placement[t.id] = self.backend
+            else:
+                self.placement[t.id] = cpu
+                self.fallbacks.append(op.name)
+        self.kernels = {t.id: self.placement[t.id].kernel(OPS[t.op]) for t in nodes
+                        if not t.is_leaf and OPS[t.op].kind != "view"}
 
         # last reader of every buffer owner (a view's readers count for its base)
         last: dict[int, int] = {}
@@ -84,46 +104,80 @@ class Plan:
                 last[b.id] = max(last.get(b.id, -1), i)
 
         self.offsets: dict[int, int] = {}
-        frees_after: dict[int, list[tuple[int, int]]] = {}
-        heap = _FreeList()
+        frees_after: dict[int, list[tuple[str, int, int]]] = {}
+        heaps: dict[str, _FreeList] = {}
         no_reuse = 0
         for i, t in enumerate(nodes):
             if not (t.is_leaf or t.persistent or t.view_of is not None):
                 size = _aligned(t.nbytes)
                 no_reuse += size
+                heap = heaps.setdefault(self.placement[t.id].name, _FreeList())
                 off = heap.alloc(size)
                 self.offsets[t.id] = off
-                frees_after.setdefault(max(last.get(t.id, i), i), []).append((off, size))
+                frees_after.setdefault(max(last.get(t.id, i), i), []).append(
+                    (self.placement[t.id].name, off, size))
             # a block is free once its last reader ran (never before this node's output
             # is placed, so an output never overlaps its own inputs)
-            for off_, size_ in frees_after.pop(i, ()):
-                heap.release(off_, size_)
-        self.arena_bytes = heap.top
+            for name, off_, size_ in frees_after.pop(i, ()):
+                heaps[name].release(off_, size_)
+        self.arena_bytes = sum(h.top for h in heaps.values())
         self.no_reuse_bytes = no_reuse
         self.persistent_bytes = sum(t.nbytes for t in nodes if t.persistent)
-        self._arena = self.backend.alloc(self.arena_bytes)
+        self._arenas = {name: be.alloc(heaps[name].top if name in heaps else 0)
+                        for name, be in self._backends().items()}
         # flags decide where buffers live: a flag changed after planning makes it stale
         self.flags = self._flags(graph)
         self._steps = self._schedule(nodes)
 
+    def _backends(self) -> dict:
+        out = {self.backend.name: self.backend}
+        for be in self.placement.values():
+            out.setdefault(be.name, be)
+        return out
+
+    @property
+    def arena(self):
+        return self._arenas[self.backend.name]
+
     def _schedule(self, nodes):
         """One step per node, everything a run needs resolved now: (kind, tensor, function,
-        source positions, params, persistent, arena view)."""
+        source getters, params, backend, output buffer or None, transfers after it)."""
         position = {t.id: i for i, t in enumerate(nodes)}
+        readers: dict[int, set] = {}
+        for t in nodes:
+            for s in t.srcs:
+                if not s.persistent and not t.is_leaf:
+                    readers.setdefault(s.id, set()).add(self.placement[t.id].name)
+        self._transfer_bufs = {}
         steps = []
         for t in nodes:
             if t.is_leaf:
-                steps.append(("leaf", t, None, (), None, True, None))
+                steps.append(("leaf", t, None, (), None, None, None, ()))
                 continue
-            srcs = tuple(position[s.id] for s in t.srcs)
+            be = self.placement[t.id]
             op = OPS[t.op]
-            if op.kind == "view":
-                steps.append(("view", t, op.view, srcs, t.params, t.persistent, None))
-            else:
-                arena_view = None if t.persistent else self.backend.view(
-                    self._arena, self.offsets[t.id], t.shape, t.dtype)
-                steps.append(("kernel", t, self.kernels[t.id], srcs, t.params, t.persistent,
-                              arena_view))
+            getters = []
+            for s in t.srcs:
+                if s.persistent:
+                    writes = op.kind == "update" and bool(s.flags & (Flag.PARAM | Flag.STATE))
+                    getters.append(("persistent", s, writes))
+                elif self.placement[s.id] is be:
+                    getters.append(("array", position[s.id], None))
+                else:
+                    getters.append(("transfer", (s.id, be.name), None))
+            out = None
+            if op.kind != "view" and not t.persistent:
+                out = be.view(self._arenas[be.name], self.offsets[t.id], t.shape, t.dtype)
+            transfers = []
+            if not t.persistent:
+                for name in sorted(readers.get(t.id, ()) - {be.name}):
+                    dst_be = self._backends()[name]
+                    buf = dst_be.view(dst_be.alloc(_aligned(t.nbytes)), 0, t.shape, t.dtype)
+                    self._transfer_bufs[(t.id, name)] = buf
+                    transfers.append((be, dst_be, buf))
+            fn = op.view if op.kind == "view" else self.kernels[t.id]
+            steps.append(("view" if op.kind == "view" else "kernel", t, fn, tuple(getters),
+                          t.params, be, out, tuple(transfers)))
         return steps
 
     @staticmethod
@@ -143,33 +197,47 @@ class Plan:
                 f"{self.n_nodes} nodes) was asked to run graph {graph.name!r} "
                 f"(version {graph.version}, {len(graph.nodes)} nodes, flags as now); make a "
                 "new Plan or use Graph.compute, which replans")
-        be = self.backend
         arrays: list = []
-        for kind, t, fn, srcs, params, persistent, arena_view in self._steps:
+        bufs = self._transfer_bufs
+        for kind, t, fn, getters, params, be, out, transfers in self._steps:
             if kind == "leaf":
-                arrays.append(be.persistent(t))
+                arrays.append(None)
                 continue
-            ins = [arrays[i] for i in srcs]
+            ins = [arrays[key] if how == "array" else
+                   be.persistent(key, writes) if how == "persistent" else bufs[key]
+                   for how, key, writes in getters]
             if kind == "view":
-                out = fn(ins, **params)
-                if persistent:
-                    be.copy(be.persistent(t), out)
+                result = be.device_view(OPS[t.op], ins, params)
+                if t.persistent:
+                    be.copy(be.persistent(t), result)
             else:
-                out = be.persistent(t) if persistent else arena_view
-                fn(out, ins, **params)
-            arrays.append(out)
+                result = be.persistent(t) if t.persistent else out
+                fn(result, ins, **params)
+            arrays.append(result)
+            for src_be, dst_be, buf in transfers:
+                _move(src_be, dst_be, result, buf)
         if graph.grad_accs:
-            index = {t.id: i for i, t in enumerate(graph.nodes)}
+            be = self.backend
             for p, acc in graph.grad_accs.items():
                 grad = graph.grads.get(p)
                 if grad is not None:
-                    be.accumulate(be.persistent(acc), arrays[index[grad.id]])
+                    be.accumulate(be.persistent(acc), be.persistent(grad, False))
 
     def summary(self) -> dict:
-        return {"graph": self.graph.name, "nodes": self.n_nodes,
+        return {"graph": self.graph.name, "nodes": self.n_nodes, "backend": self.backend.name,
                 "arena_bytes": self.arena_bytes, "no_reuse_bytes": self.no_reuse_bytes,
-                "persistent_bytes": self.persistent_bytes}
+                "persistent_bytes": self.persistent_bytes,
+                "fallbacks": sorted(set(self.fallbacks))}
 
     def __repr__(self) -> str:
-        return (f"Plan({self.graph.name!r}, arena {self.arena_bytes} B vs "
-                f"{self.no_reuse_bytes} B without reuse)")
+        fb = f", CPU fallback for {sorted(set(self.fallbacks))}" if self.fallbacks else ""
+        return (f"Plan({self.graph.name!r} on {self.backend.name}, arena {self.arena_bytes} B "
+                f"vs {self.no_reuse_bytes} B without reuse{fb})")
+
+
+def _move(src_be, dst_be, src, dst) -> None:
+    """Copy `src` (on src_be, any strides) into `dst` (contiguous, on dst_be)."""
+    if src_be.name == "cpu":
+        dst_be.to_device(src, dst)
+    else:
+        src_be.to_host(src, dst)

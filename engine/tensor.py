@@ -19,6 +19,7 @@ DTYPES = {"f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "i32": np.dt
 FLOAT_DTYPES = (DTYPES["f32"], DTYPES["f64"])
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ids = itertools.count()
+HOST, DEVICE, BOTH = 1, 2, 3   # where the current copy of a persistent tensor's data is
 
 
 def as_dtype(dtype) -> np.dtype:
@@ -61,7 +62,8 @@ class Tensor:
     """
 
     __slots__ = ("id", "shape", "dtype", "op", "srcs", "params", "name", "flags",
-                 "view_of", "contiguous", "shares", "_data", "__weakref__")
+                 "view_of", "contiguous", "shares", "_data", "device", "_fresh",
+                 "__weakref__")
 
     def __init__(self, shape, dtype, op=None, srcs=(), params=None, name=None,
                  flags=Flag.NONE, view_of=None, contiguous=True, shares=None):
@@ -85,6 +87,10 @@ class Tensor:
                               f"cannot share the buffer of {shares.name!r} of shape "
                               f"{list(shares.shape)} ({shares.dtype})")
         self._data = None
+        # a device backend's copy of the data (set by that backend) and which copy is
+        # current: HOST, DEVICE or BOTH (see buffer, host_view)
+        self.device = None
+        self._fresh = HOST
 
     # --- properties -------------------------------------------------------------------
     @property
@@ -144,20 +150,37 @@ class Tensor:
         self.buffer()[...] = value
         return self
 
+    def owner(self) -> Tensor:
+        """The tensor that holds this one's persistent data (itself unless sharing)."""
+        t = self
+        while t.shares is not None:
+            t = t.shares
+        return t
+
+    def host_view(self) -> np.ndarray:
+        """The host buffer, current (copied back from the device if a device backend wrote
+        it last), for reading: the device copy stays valid."""
+        o = self.owner()
+        if o._data is None:
+            o._data = np.zeros(o.shape, o.dtype)
+        if o._fresh == DEVICE:
+            o.device.copy_to_host(o._data)
+            o._fresh = BOTH
+        return o._data
+
     def buffer(self) -> np.ndarray:
-        """The persistent buffer (zeros on first use; the shared tensor's when sharing)."""
-        if self.shares is not None:
-            return self.shares.buffer()
-        if self._data is None:
-            self._data = np.zeros(self.shape, self.dtype)
-        return self._data
+        """The persistent host buffer (zeros on first use; the shared tensor's when sharing),
+        for reading or writing on the host: a device copy becomes stale."""
+        data = self.host_view()
+        self.owner()._fresh = HOST
+        return data
 
     def numpy(self) -> np.ndarray:
         """A copy of the data of a persistent tensor, as computed by the last evaluation."""
         if not self.persistent:
             raise EngineError(f"tensor {self.name!r} is an intermediate; flag it as an output "
                               "(set_output) to read it after compute")
-        return self.buffer().copy()
+        return self.host_view().copy()
 
     def item(self) -> float:
         return self.numpy().reshape(-1)[0].item()

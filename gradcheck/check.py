@@ -11,6 +11,12 @@ Modes: `full` differentiates along every input element; `fast` along a few rando
 directions (random projections of the Jacobian); `auto` picks full when the case has at most
 FULL_BUDGET checked elements. `checked_fraction` reports the share of the vector-Jacobian
 product's entries checked one by one: 1 in full mode, directions / elements in fast mode.
+
+On a backend other than the CPU, backprop runs on that backend and a fourth comparison,
+the `vs_cpu` column, holds its forward output and gradients against the CPU backend's on the
+same inputs (cross-backend consistency). The numerical reference then runs on the CPU: it
+takes thousands of evaluations, which the CUDA simulator cannot afford, and the function it
+differentiates is the one the forward comparison has just shown to be the same.
 """
 
 from __future__ import annotations
@@ -123,6 +129,28 @@ def _project(grads, directions):
                      for d in directions])
 
 
+def _versus_cpu(case, arrays, inject, out, analytic, backend, problems) -> str:
+    """Cross-backend consistency: `backend`'s forward output and gradients against the CPU
+    backend's on the same inputs, in the case's tolerance; appends to `problems`."""
+    cpu_out, cpu_grads, _ = analytic_gradients(case, arrays, inject, "cpu")
+    pairs = [("forward", out, cpu_out)] + [
+        (f"grad {spec.name}", g, c) for spec, g, c in zip(case.inputs, analytic, cpu_grads,
+                                                          strict=True) if g is not None]
+    off = []
+    for what, got, want in pairs:
+        if np.asarray(got).dtype.kind != "f":
+            if not np.array_equal(got, want):
+                off.append(what)
+            continue
+        cmp = compare(np.asarray(got), np.asarray(want), case.precision)
+        if not cmp.ok or cmp.nonfinite:
+            off.append(f"{what} ({cmp.failures}/{cmp.checked}, max abs err {cmp.max_abs:.3g})")
+    if off:
+        problems.append(f"backend: {backend} differs from cpu: {', '.join(off)}")
+        return "off"
+    return "agree"
+
+
 def check_sample(case, inject: str | None = None, mode: str = "auto",
                  backend: str = "cpu", use_torch: bool = True) -> Result:
     """Judge the backward pass of one case (a registry Sample, or any object with its
@@ -148,7 +176,7 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
 def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
     arrays = case.generate_inputs()
     out, analytic, differs = analytic_gradients(case, arrays, inject, backend)
-    f, leaves = _numeric_graph(case, arrays, backend)
+    f, leaves = _numeric_graph(case, arrays, "cpu")
     idx = [i for i, t in enumerate(leaves) if t is not None]
     total = sum(leaves[i].size for i in idx)
     if mode == "auto":
@@ -228,10 +256,12 @@ def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
     if total_judged and kinks > KINK_DOMINATED * total_judged:
         problems.append(f"kinks: {kinks} of {total_judged} checked points are kinks "
                         "(non-differentiable); the sample generator needs fixing")
-    if differs and backend == "cpu":
+    if differs:
         problems.append("determinism: two backward runs gave different bits")
     metrics = {"checked": checked, "checked_fraction": fraction, "kinks": kinks,
                "max_abs_err": max_abs, "max_rel_err": max_rel, "worst": worst,
                "torch": torch_state}
+    if backend != "cpu":
+        metrics["vs_cpu"] = _versus_cpu(case, arrays, inject, out, analytic, backend, problems)
     return Result("gradcheck", str(case), "fail" if problems else "pass", metrics,
                   "; ".join(problems), labels=labels)

@@ -17,8 +17,8 @@ import sys
 
 from tabulate import tabulate
 
-from engine.backends import BACKENDS
-from engine.errors import UnknownOpError
+from engine.backends import BACKENDS, get_backend
+from engine.errors import BackendError, UnknownOpError
 from engine.registry import all_ops, get_op
 from gradcheck.check import MODES
 from gradcheck.mutants import MUTANTS
@@ -140,6 +140,12 @@ def main(argv=None) -> int:
         if problem:
             print(f"gradcheck: cannot write {args.output}: {problem}", file=sys.stderr)
             return 2
+    try:
+        for name in args.backend or ["cpu"]:
+            get_backend(name)
+    except BackendError as exc:
+        print(f"gradcheck: {exc}", file=sys.stderr)
+        return 2
     try:
         results = _results(args, parser)
     except (UnknownOpError, LookupError) as exc:

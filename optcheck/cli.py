@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.backends import BACKENDS
+from engine.backends import BACKENDS, get_backend
 from engine.errors import EngineError
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES
 from optcheck.runner import FAMILIES, run_checks
@@ -120,6 +120,7 @@ def main(argv=None) -> int:
             print(f"optcheck: cannot write {args.output}: {problem}", file=sys.stderr)
             return 2
     try:
+        get_backend(args.backend)
         configs = {o: user_config(args, o) for o in optimizers}
     except EngineError as exc:
         print(f"optcheck: {exc}", file=sys.stderr)

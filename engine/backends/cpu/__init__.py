@@ -22,14 +22,27 @@ class CpuBackend:
     def view(self, arena, offset: int, shape, dtype) -> np.ndarray:
         return np.ndarray(shape, dtype, buffer=arena, offset=offset)
 
-    def persistent(self, tensor) -> np.ndarray:
-        return tensor.buffer()
+    def has_kernel(self, op) -> bool:
+        return "cpu" in op.kernels
+
+    def persistent(self, tensor, write: bool = True) -> np.ndarray:
+        """The tensor's host buffer, current; `write` says the caller may change it."""
+        return tensor.buffer() if write else tensor.host_view()
+
+    def device_view(self, op, ins, params):
+        return op.view(ins, **params)
 
     def copy(self, dst, src) -> None:
         np.copyto(dst, src)
 
     def accumulate(self, dst, src) -> None:
         np.add(dst, src, out=dst)
+
+    def to_host(self, src, host_dst) -> None:
+        np.copyto(host_dst, src)
+
+    def to_device(self, host_src, dst) -> None:
+        np.copyto(dst, host_src)
 
 
 CPU = CpuBackend()
