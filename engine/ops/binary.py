@@ -107,7 +107,9 @@ _BACKWARD = {"add": _add_backward, "sub": _sub_backward, "mul": _mul_backward,
 
 for _name in ("add", "sub", "mul", "div"):
     register(OpDef(_name, infer=_infer(_name), backward=_BACKWARD[_name],
-                   kernels={"cpu": cpu.binary(_name)}, build=_builder(_name),
+                   kernels={"cpu": cpu.binary(_name),
+                            "cuda": f"engine.backends.cuda.elementwise:cuda_{_name}"},
+                   build=_builder(_name),
                    torch=_TORCH[_name], samples=_samples(_name), strategy=_strategy(_name),
                    doc=f"elementwise {_name} with numpy broadcasting"))
 

@@ -218,12 +218,15 @@ register(OpDef("transpose", kind="composite", compose=transpose,
                samples=_transpose_samples, strategy=_transpose_strategy,
                doc="swap two axes (default: last two); a view"))
 register(OpDef("cont", infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
-               kernels={"cpu": cpu.unary("cont")}, build=cont,
+               kernels={"cpu": cpu.unary("cont"),
+                        "cuda": "engine.backends.cuda.elementwise:cuda_cont"}, build=cont,
                torch=lambda x: x.contiguous(), samples=_cont_samples, strategy=_cont_strategy,
                doc="contiguous copy"))
 register(OpDef("broadcast_to", infer=_broadcast_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
-               kernels={"cpu": _cpu_broadcast_to}, build=broadcast_to,
+               kernels={"cpu": _cpu_broadcast_to,
+                        "cuda": "engine.backends.cuda.elementwise:cuda_broadcast_to"},
+               build=broadcast_to,
                torch=lambda x, shape: x.expand(shape).contiguous(),
                samples=_broadcast_samples, strategy=_broadcast_strategy,
                doc="numpy-style broadcast, materialised"))

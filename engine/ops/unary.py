@@ -255,7 +255,8 @@ def _builder(name):
 
 for _u in UNARY:
     register(OpDef(_u.name, infer=_infer(_u.name, _u.params), backward=_backward(_u),
-                   kernels={"cpu": cpu.unary(_u.name, _u.params)},
+                   kernels={"cpu": cpu.unary(_u.name, _u.params),
+                            "cuda": f"engine.backends.cuda.elementwise:cuda_{_u.name}"},
                    build=_u.build or _builder(_u.name),
                    torch=_u.torch, samples=_samples(_u), strategy=_strategy(_u), doc=_u.doc))
 
@@ -311,7 +312,8 @@ for _u in UNARY:
         register(OpDef(f"{_u.name}_back", kind="backward", infer=_back_infer(f"{_u.name}_back",
                                                                                _u.params),
                        no_grad="dedicated backward op",
-                       kernels={"cpu": cpu.activation_back(_u.name, _u.params)},
+                       kernels={"cpu": cpu.activation_back(_u.name, _u.params),
+                                "cuda": f"engine.backends.cuda.elementwise:cuda_{_u.name}_back"},
                        build=lambda g, x, _name=_u.name, **p: activation_back(_name, g, x, **p),
                        torch=_torch_back(_u.torch), samples=_back_samples(_u),
                        doc=f"g * d/dx {_u.name}(x): the gradient of {_u.name}, one pass"))
@@ -333,7 +335,9 @@ def _relu_back_samples(dtype):
 
 
 register(OpDef("relu_back", kind="backward", infer=_relu_back_infer,
-               no_grad="dedicated backward op", kernels={"cpu": cpu.binary("relu_back")},
+               no_grad="dedicated backward op",
+               kernels={"cpu": cpu.binary("relu_back"),
+                        "cuda": "engine.backends.cuda.elementwise:cuda_relu_back"},
                build=lambda g, x: make_node("relu_back", (g, x)),
                torch=lambda g, x: g * (x > 0).to(g.dtype), samples=_relu_back_samples,
                doc="g where x > 0 else 0: the gradient of relu"))

@@ -9,16 +9,18 @@ views) and never allocate.
 Activations compute in float64 whatever the dtype, from scalar functions f(v) and f'(v)
 written once below (LLVM may still evaluate a libm call on a widened float32 value in
 float32, sin as sinf: within an ulp). p0 and p1 are the op's float parameters (elu's alpha,
-leaky_relu's negative_slope, clamp's min and max).
+leaky_relu's negative_slope, clamp's min and max). The CUDA kernels
+(engine.backends.cuda.elementwise) call the same scalar functions.
 """
 
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 
-from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+from engine.backends.cpu.jit import OPTIONS, parallel_kernel, prange
 
 UNARY_CODES = {"neg": 0, "scale": 1, "sqr": 2, "sqrt": 3, "log": 4, "exp": 5, "abs": 6,
                "sgn": 7, "step": 8, "relu": 9, "cont": 10}
@@ -70,6 +72,13 @@ def _unary(x, out, code, alpha):
 
 
 # --- activations: f and f' of one float64 value --------------------------------------------
+def scalar_math(fn):
+    """Compile a scalar function shared by CPU and CUDA kernels: numba inlines it into each
+    caller at IR level (`inline="always"`). Called otherwise, numba-cuda would compile it
+    as a device function for the current GPU, and cuda.compile_ptx would need one."""
+    return numba.njit(inline="always", **OPTIONS)(fn)
+
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
 INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -77,7 +86,7 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 SOFTPLUS_THRESHOLD = 20.0       # torch's default: softplus(x) = x for x > 20
 
 
-@kernel
+@scalar_math
 def sigmoid(v):
     """1 / (1 + e^-v), without overflow for either sign."""
     if v >= 0.0:
@@ -86,13 +95,13 @@ def sigmoid(v):
     return e / (1.0 + e)
 
 
-@kernel
+@scalar_math
 def gelu(v):
     """0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))."""
     return 0.5 * v * (1.0 + math.tanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)))
 
 
-@kernel
+@scalar_math
 def gelu_grad(v):
     """0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 v^2), t the tanh above."""
     t = math.tanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v))
@@ -100,32 +109,32 @@ def gelu_grad(v):
         (1.0 + 3.0 * GELU_CUBIC * v * v)
 
 
-@kernel
+@scalar_math
 def gelu_erf(v):
     """v Phi(v) = 0.5 v erfc(-v / sqrt 2) (erfc keeps the tail accurate for v << 0)."""
     return 0.5 * v * math.erfc(-v * INV_SQRT_2)
 
 
-@kernel
+@scalar_math
 def gelu_erf_grad(v):
     """Phi(v) + v phi(v), phi the standard normal density."""
     return 0.5 * math.erfc(-v * INV_SQRT_2) + v * math.exp(-0.5 * v * v) * INV_SQRT_2PI
 
 
-@kernel
+@scalar_math
 def silu_grad(v):
     """d/dv v s(v) = s (1 + v (1 - s)), s = sigmoid(v)."""
     s = sigmoid(v)
     return s * (1.0 + v * (1.0 - s))
 
 
-@kernel
+@scalar_math
 def softplus(v):
     """log(1 + e^v), or v above the threshold."""
     return v if v > SOFTPLUS_THRESHOLD else math.log1p(math.exp(v))
 
 
-@kernel
+@scalar_math
 def hardswish(v):
     """v relu6(v + 3) / 6."""
     if v <= -3.0:
@@ -133,7 +142,7 @@ def hardswish(v):
     return v if v >= 3.0 else v * (v + 3.0) / 6.0
 
 
-@kernel
+@scalar_math
 def hardswish_grad(v):
     """0 below -3, 1 above 3, (2 v + 3) / 6 between."""
     if v < -3.0:
