@@ -47,6 +47,7 @@ def _torch_argmax(x):
 
 
 register(OpDef("argmax", infer=_infer, no_grad="integer output: piecewise constant",
-               kernels={"cpu": cpu_argmax}, build=argmax, torch=_torch_argmax,
+               kernels={"cpu": cpu_argmax, "cuda": "engine.backends.cuda.argmax:cuda_argmax"},
+               build=argmax, torch=_torch_argmax,
                samples=_samples, strategy=_strategy,
                doc="index of the max along the last axis, int32, first on ties"))

@@ -102,11 +102,15 @@ def _torch_cross_entropy_back(g, logits, labels):
 
 
 register(OpDef("cross_entropy_loss", infer=_infer, backward=_backward,
-               kernels={"cpu": cpu_cross_entropy_loss}, build=cross_entropy_loss,
+               kernels={"cpu": cpu_cross_entropy_loss,
+                        "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss"},
+               build=cross_entropy_loss,
                torch=_torch_cross_entropy, samples=_samples, strategy=_strategy,
                doc="mean over rows of -sum(labels * log_softmax(logits)); a 0-d loss"))
 register(OpDef("cross_entropy_loss_back", kind="backward", infer=_back_infer,
-               no_grad="dedicated backward op", kernels={"cpu": cpu_cross_entropy_loss_back},
+               no_grad="dedicated backward op",
+               kernels={"cpu": cpu_cross_entropy_loss_back,
+                        "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss_back"},
                build=cross_entropy_loss_back, torch=_torch_cross_entropy_back,
                samples=_back_samples,
                doc="g * (softmax(logits) - labels) / N: the gradient of cross_entropy_loss"))

@@ -154,22 +154,27 @@ def _vjp(forward):
 
 register(OpDef("rms_norm", infer=_row_infer("rms_norm"),
                backward=lambda g, out, x, eps: (rms_norm_back(g, x, eps),),
-               kernels={"cpu": cpu_rms_norm}, build=rms_norm, torch=_torch_rms_norm,
+               kernels={"cpu": cpu_rms_norm, "cuda": "engine.backends.cuda.norm:cuda_rms_norm"},
+               build=rms_norm, torch=_torch_rms_norm,
                samples=_samples("rms_norm", 1e-6), strategy=_strategy("rms_norm"),
                doc="x / sqrt(mean(x^2) + eps) along the last axis"))
 register(OpDef("rms_norm_back", kind="backward", infer=_back_infer("rms_norm_back"),
-               no_grad="dedicated backward op", kernels={"cpu": cpu_rms_norm_back},
+               no_grad="dedicated backward op",
+               kernels={"cpu": cpu_rms_norm_back,
+                        "cuda": "engine.backends.cuda.norm:cuda_rms_norm_back"},
                build=rms_norm_back, torch=_vjp(_torch_rms_norm),
                samples=_samples("rms_norm_back", 1e-6), strategy=_strategy("rms_norm_back"),
                doc="s g - x s^3 mean(g x), s = 1/sqrt(mean(x^2) + eps): the gradient of "
                    "rms_norm"))
 register(OpDef("norm", infer=_row_infer("norm"),
                backward=lambda g, out, x, eps: (norm_back(g, x, eps),),
-               kernels={"cpu": cpu_norm}, build=norm, torch=_torch_norm,
+               kernels={"cpu": cpu_norm, "cuda": "engine.backends.cuda.norm:cuda_norm"},
+               build=norm, torch=_torch_norm,
                samples=_samples("norm", 1e-5), strategy=_strategy("norm"),
                doc="(x - mean) / sqrt(var + eps) along the last axis (layer norm, no affine)"))
 register(OpDef("norm_back", kind="backward", infer=_back_infer("norm_back"),
-               no_grad="dedicated backward op", kernels={"cpu": cpu_norm_back},
+               no_grad="dedicated backward op",
+               kernels={"cpu": cpu_norm_back, "cuda": "engine.backends.cuda.norm:cuda_norm_back"},
                build=norm_back, torch=_vjp(_torch_norm),
                samples=_samples("norm_back", 1e-5), strategy=_strategy("norm_back"),
                doc="s (g - mean(g) - xhat mean(g xhat)): the gradient of norm"))

@@ -137,7 +137,8 @@ def _torch_reduce(fn):
 
 
 register(OpDef("sum", infer=_sum_infer, backward=_sum_backward,
-               kernels={"cpu": cpu_sum}, build=sum, samples=_samples("sum"),
+               kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
+               build=sum, samples=_samples("sum"),
                strategy=_strategy("sum"),
                torch=_torch_reduce(lambda x, **k: x.sum(**k)),
                doc="sum over axes (all by default), optionally keeping them as size 1"))

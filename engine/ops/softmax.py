@@ -234,16 +234,22 @@ def _torch_softmax_back(g, y, scale=1.0):
 
 
 register(OpDef("softmax", infer=_softmax_infer, backward=_softmax_backward,
-               kernels={"cpu": cpu_softmax}, build=_softmax_build, torch=_torch_softmax,
+               kernels={"cpu": cpu_softmax,
+                        "cuda": "engine.backends.cuda.softmax:cuda_softmax"},
+               build=_softmax_build, torch=_torch_softmax,
                samples=_softmax_samples, strategy=_softmax_strategy,
                doc="softmax(scale * x + mask) along the last axis; the mask broadcasts to x"))
 register(OpDef("softmax_back", kind="backward", infer=_softmax_back_infer,
-               no_grad="dedicated backward op", kernels={"cpu": cpu_softmax_back},
+               no_grad="dedicated backward op",
+               kernels={"cpu": cpu_softmax_back,
+                        "cuda": "engine.backends.cuda.softmax:cuda_softmax_back"},
                build=softmax_back, torch=_torch_softmax_back, samples=_softmax_back_samples,
                strategy=_softmax_back_strategy,
                doc="scale * y * (g - sum(g * y, last axis)): the gradient of softmax"))
 register(OpDef("log_softmax", infer=_log_softmax_infer, backward=_log_softmax_backward,
-               kernels={"cpu": cpu_log_softmax}, build=log_softmax,
+               kernels={"cpu": cpu_log_softmax,
+                        "cuda": "engine.backends.cuda.softmax:cuda_log_softmax"},
+               build=log_softmax,
                torch=lambda x: x.log_softmax(-1), samples=_log_softmax_samples,
                strategy=_log_softmax_strategy,
                doc="log(softmax(x)) along the last axis (stable log-sum-exp)"))
