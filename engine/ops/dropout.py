@@ -80,7 +80,9 @@ def _dropout_strategy(draw, dtype):
 
 register(OpDef("dropout", infer=_dropout_infer,
                backward=lambda g, out, x, p, seed: (dropout(g, p, seed),),
-               kernels={"cpu": cpu_dropout}, build=dropout, torch=_torch_dropout,
+               kernels={"cpu": cpu_dropout,
+                        "cuda": "engine.backends.cuda.dropout:cuda_dropout"},
+               build=dropout, torch=_torch_dropout,
                samples=_dropout_samples, strategy=_dropout_strategy,
                doc="x * mask / (1 - p), mask a hash of (seed, index); gradient: the same "
                    "mask on g"))

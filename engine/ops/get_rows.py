@@ -139,13 +139,17 @@ def _strategy(op):
 register(OpDef("get_rows", infer=_get_rows_infer,
                backward=lambda g, out, table, idx: (get_rows_back(g, idx, table.shape[0]),
                                                     None),
-               kernels={"cpu": cpu_get_rows}, build=get_rows, torch=_torch_get_rows,
+               kernels={"cpu": cpu_get_rows,
+                        "cuda": "engine.backends.cuda.get_rows:cuda_get_rows"},
+               build=get_rows, torch=_torch_get_rows,
                samples=_get_rows_samples, strategy=_strategy("get_rows"),
                doc="rows of a (R, C) table at int32 indices (K,) or (B, K); gradient: "
                    "get_rows_back (repeated indices add up)"))
 register(OpDef("get_rows_back", kind="backward", infer=_get_rows_back_infer,
                backward=lambda g, out, gin, idx, nrows: (get_rows(g, idx), None),
-               kernels={"cpu": cpu_get_rows_back}, build=get_rows_back,
+               kernels={"cpu": cpu_get_rows_back,
+                        "cuda": "engine.backends.cuda.get_rows:cuda_get_rows_back"},
+               build=get_rows_back,
                torch=_torch_get_rows_back, samples=_get_rows_back_samples,
                strategy=_strategy("get_rows_back"),
                doc="scatter-add of g into zeros of (nrows, C) at the indices: the gradient "

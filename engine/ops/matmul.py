@@ -86,6 +86,7 @@ def _strategy(draw, dtype):
     return Sample.make("matmul", [a, b], dtype)
 
 
-register(OpDef("matmul", infer=_infer, backward=_backward, kernels={"cpu": cpu_matmul},
+register(OpDef("matmul", infer=_infer, backward=_backward,
+               kernels={"cpu": cpu_matmul, "cuda": "engine.backends.cuda.matmul:cuda_matmul"},
                build=matmul, torch=lambda a, b: a @ b, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))

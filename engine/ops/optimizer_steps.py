@@ -65,16 +65,16 @@ def _adam_kernel(out, ins, amsgrad=False, maximize=False):
 
 sgd_step = register(OpDef(
     "sgd_step", kind="update", infer=_infer_sgd, no_grad=NO_GRAD,
-    kernels={"cpu": cpu.sgd_step},
+    kernels={"cpu": cpu.sgd_step, "cuda": "engine.backends.cuda.optim:cuda_sgd_step"},
     doc="SGD step in place: momentum, dampening, Nesterov, L2 weight decay, maximize "
         "(torch.optim.SGD)")).build
 adam_step = register(OpDef(
     "adam_step", kind="update", infer=_adam_infer("adam_step"), no_grad=NO_GRAD,
-    kernels={"cpu": _adam_kernel},
+    kernels={"cpu": _adam_kernel, "cuda": "engine.backends.cuda.optim:cuda_adam_step"},
     doc="Adam step in place: bias correction, L2 weight decay, AMSGrad, maximize "
         "(torch.optim.Adam)")).build
 adamw_step = register(OpDef(
     "adamw_step", kind="update", infer=_adam_infer("adamw_step"), no_grad=NO_GRAD,
-    kernels={"cpu": _adamw_kernel},
+    kernels={"cpu": _adamw_kernel, "cuda": "engine.backends.cuda.optim:cuda_adamw_step"},
     doc="AdamW step in place: Adam with decoupled weight decay (torch.optim.AdamW, ggml's "
         "OPT_STEP_ADAMW)")).build

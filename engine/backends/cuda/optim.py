@@ -1,0 +1,181 @@
+"""CUDA kernels of the optimizer steps: sgd_step, adam_step and adamw_step.
+
+The update rules, the float64 scalars derived from the hyperparameters and the per-element
+operation order are those of the CPU kernels (engine.backends.cpu.optim, whose docstrings
+state the rules), including torch's two forms of lerp and its addcdiv order. On a GPU the
+compiler fuses a * b + c into one rounding (numba-cuda has no switch for that short of
+fastmath), so the two backends agree to about an ulp per operation, not bit for bit.
+
+The step counter `step` (float64, shape (1,)) is read by every thread and must be written
+once per step. There is no grid-wide barrier, so the update kernel never writes it: every
+thread computes the new count n = step[0] + 1 from the value before the step, and a second
+launch of one thread (`_count_step`, ordered after the update on the stream) stores it.
+
+Parameter and state buffers are persistent tensors, C-contiguous, updated in place through
+1-D views; the gradient may be any strided view, read as a 4-axis view
+(dropout.c_order_rank4) at the flat C-order position of the parameter element.
+"""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda
+
+from engine.backends.cuda.dropout import THREADS, blocks, c_order_rank4
+from engine.errors import BackendError
+
+
+@cuda.jit
+def _count_step(step):
+    """step[0] += 1 (launched with one thread, after the update kernel)."""
+    if cuda.grid(1) == 0:
+        step[0] += 1.0
+
+
+@cuda.jit
+def _sgd(p, g, buf, step, hp, nesterov, maximize):
+    """SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD):
+
+        d = -g if maximize else g;   d += wd p
+        b = d on the first step, else b = mu b + (1 - dampening) d     (when mu != 0)
+        d = d + mu b if nesterov else b;   p = p - lr d
+    """
+    first = step[0] + 1.0 == 1.0
+    t = p.dtype.type
+    neg_lr = t(-hp[0])
+    mu = t(hp[1])
+    keep = t(1.0 - hp[2])
+    wd = t(hp[3])
+    use_wd = hp[3] != 0.0
+    use_mu = hp[1] != 0.0
+    g1, g2, g3 = g.shape[1], g.shape[2], g.shape[3]
+    for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
+        i3 = i % g3
+        rest = i // g3
+        i2 = rest % g2
+        rest //= g2
+        gi = g[rest // g1, rest % g1, i2, i3]
+        d = -gi if maximize else gi
+        if use_wd:
+            d = d + wd * p[i]
+        if use_mu:
+            if first:
+                b = d
+            else:
+                b = buf[i] * mu + keep * d
+            buf[i] = b
+            d = d + mu * b if nesterov else b
+        p[i] = p[i] + neg_lr * d
+
+
+@cuda.jit
+def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
+    """Adam (L2 weight decay) or AdamW (decoupled weight decay), with AMSGrad and maximize
+    (torch.optim.Adam / AdamW), n = step[0] + 1:
+
+        d = -g if maximize else g
+        AdamW: p = (1 - lr wd) p          Adam: d += wd p
+        m = m + (1 - b1)(d - m);   v = b2 v + (1 - b2) d^2;   vmax = max(vmax, v)
+        p = p - lr / (1 - b1^n) * m / (sqrt(v or vmax) / sqrt(1 - b2^n) + eps)
+    """
+    n = step[0] + 1.0
+    lr, b1, b2, eps, wd = hp[0], hp[1], hp[2], hp[3], hp[4]
+    t = p.dtype.type
+    neg_step_size = t(-lr / (1.0 - b1 ** n))
+    bc2_sqrt = t(math.sqrt(1.0 - b2 ** n))
+    decay = t(1.0 - lr * wd) if decoupled else t(1.0)
+    use_l2 = (not decoupled) and wd != 0.0
+    l2 = t(wd)
+    w1 = t(1.0 - b1)
+    lerp_low = (1.0 - b1) < 0.5
+    w1c = t(1.0) - w1
+    beta2 = t(b2)
+    w2 = t(1.0 - b2)
+    e = t(eps)
+    g1, g2, g3 = g.shape[1], g.shape[2], g.shape[3]
+    for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
+        i3 = i % g3
+        rest = i // g3
+        i2 = rest % g2
+        rest //= g2
+        gi = g[rest // g1, rest % g1, i2, i3]
+        d = -gi if maximize else gi
+        x = p[i] * decay
+        if use_l2:
+            d = d + l2 * x
+        # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
+        mi = m[i] + w1 * (d - m[i]) if lerp_low else d - (d - m[i]) * w1c
+        vi = v[i] * beta2 + w2 * d * d
+        m[i] = mi
+        v[i] = vi
+        if amsgrad:
+            if vi > vmax[i]:
+                vmax[i] = vi
+            vi = vmax[i]
+        # torch's addcdiv order: (value * m) / denom
+        p[i] = x + (neg_step_size * mi) / (math.sqrt(vi) / bc2_sqrt + e)
+
+
+def _flat(arr, what: str, op: str):
+    """The 1-D view of a C-contiguous device array (persistent buffers always are)."""
+    if not arr.is_c_contiguous():
+        raise BackendError(f"{op}: the cuda kernel updates {what} in place and needs it "
+                           f"C-contiguous, got shape {list(arr.shape)} with byte strides "
+                           f"{list(arr.strides)}")
+    return arr.reshape(arr.size)
+
+
+def _grad(g, op: str):
+    return c_order_rank4(g, f"{op}'s gradient")
+
+
+def cuda_sgd_step(out, ins, nesterov=False, maximize=False):
+    """Dispatcher of sgd_step: ins = param, grad, step, hp, momentum_buffer; `out` is the
+    param's own buffer."""
+    _, g, step, hp, buf = ins
+    n = out.size
+    if n:
+        _sgd[blocks(n), THREADS](_flat(out, "the parameter", "sgd_step"), _grad(g, "sgd_step"),
+                                 _flat(buf, "the momentum buffer", "sgd_step"), step, hp,
+                                 nesterov, maximize)
+    _count_step[1, 1](step)
+
+
+def _adam_step(op, out, ins, amsgrad, maximize, decoupled):
+    """ins = param, grad, step, hp, exp_avg, exp_avg_sq[, max_exp_avg_sq]."""
+    g, step, hp = ins[1], ins[2], ins[3]
+    m = _flat(ins[4], "exp_avg", op)
+    v = _flat(ins[5], "exp_avg_sq", op)
+    vmax = _flat(ins[6], "max_exp_avg_sq", op) if amsgrad else v
+    n = out.size
+    if n:
+        _adam[blocks(n), THREADS](_flat(out, "the parameter", op), _grad(g, op), m, v, vmax,
+                                  step, hp, decoupled, amsgrad, maximize)
+    _count_step[1, 1](step)
+
+
+def cuda_adam_step(out, ins, amsgrad=False, maximize=False):
+    """Dispatcher of adam_step (L2 weight decay)."""
+    _adam_step("adam_step", out, ins, amsgrad, maximize, decoupled=False)
+
+
+def cuda_adamw_step(out, ins, amsgrad=False, maximize=False):
+    """Dispatcher of adamw_step (decoupled weight decay)."""
+    _adam_step("adamw_step", out, ins, amsgrad, maximize, decoupled=True)
+
+
+def _signatures():
+    """Both kernels for float32 and float64, the gradient contiguous or strided."""
+    sigs = [(_count_step, "void(float64[::1])")]
+    for dt in ("float32", "float64"):
+        flat = f"{dt}[::1]"
+        for grad in (f"{dt}[:, :, :, ::1]", f"{dt}[:, :, :, :]"):
+            sigs.append((_sgd, f"void({flat}, {grad}, {flat}, float64[::1], float64[::1], "
+                               "boolean, boolean)"))
+            sigs.append((_adam, f"void({flat}, {grad}, {flat}, {flat}, {flat}, float64[::1], "
+                                "float64[::1], boolean, boolean, boolean)"))
+    return sigs
+
+
+PTX_SIGNATURES = _signatures()
