@@ -190,9 +190,13 @@ def _im2col_strategy(dtype):
 
 
 register(OpDef("im2col", infer=_im2col_infer, backward=_im2col_backward,
-               kernels={"cpu": cpu_im2col}, build=im2col, torch=_torch_im2col,
+               kernels={"cpu": cpu_im2col, "cuda": "engine.backends.cuda.im2col:cuda_im2col"},
+               build=im2col, torch=_torch_im2col,
                samples=_im2col_samples, strategy=_im2col_strategy,
                doc="NCHW image -> (N, OH, OW, C*KH*KW) patch columns, ordered (c, ky, kx)"))
 register(OpDef("im2col_back", kind="backward", infer=_im2col_back_infer,
-               backward=_im2col_back_backward, kernels={"cpu": cpu_im2col_back}, build=im2col_back,
+               backward=_im2col_back_backward,
+               kernels={"cpu": cpu_im2col_back,
+                        "cuda": "engine.backends.cuda.im2col:cuda_im2col_back"},
+               build=im2col_back,
                doc="gradient of im2col: columns added back onto the image (col2im)"))

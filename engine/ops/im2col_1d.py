@@ -212,12 +212,16 @@ def _back_strategy(draw, dtype):
 
 
 register(OpDef("im2col_1d", infer=_infer, backward=_backward,
-               kernels={"cpu": cpu_im2col_1d}, build=im2col_1d, torch=_torch_im2col_1d,
+               kernels={"cpu": cpu_im2col_1d,
+                        "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d"},
+               build=im2col_1d, torch=_torch_im2col_1d,
                samples=_samples, strategy=_strategy,
                doc="NCL signal -> (N, OL, C*K) window columns, ordered (c, k) (ggml's 1-D "
                    "im2col)"))
 register(OpDef("im2col_1d_back", kind="backward", infer=_back_infer, backward=_back_backward,
-               kernels={"cpu": cpu_im2col_1d_back}, build=im2col_1d_back,
+               kernels={"cpu": cpu_im2col_1d_back,
+                        "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d_back"},
+               build=im2col_1d_back,
                torch=_torch_im2col_1d_back, samples=_back_samples, strategy=_back_strategy,
                doc="gradient of im2col_1d: columns added back onto the signal (col2im); its "
                    "own backward is im2col_1d"))

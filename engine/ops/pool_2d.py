@@ -146,11 +146,14 @@ def _pool_strategy(draw, dtype):
 
 
 register(OpDef("pool_2d", infer=_pool_infer, backward=_pool_backward,
-               kernels={"cpu": cpu_pool_2d}, build=pool_2d, torch=_torch_pool_2d,
+               kernels={"cpu": cpu_pool_2d, "cuda": "engine.backends.cuda.pool:cuda_pool_2d"},
+               build=pool_2d, torch=_torch_pool_2d,
                samples=_pool_samples, strategy=_pool_strategy,
                doc="2-D max/avg pooling of NCHW input; avg divides by the full window"))
 register(OpDef("pool_2d_back", kind="backward", infer=_pool_back_infer,
                no_grad="a backward op; the engine takes no second derivatives",
-               kernels={"cpu": cpu_pool_2d_back}, build=pool_2d_back,
+               kernels={"cpu": cpu_pool_2d_back,
+                        "cuda": "engine.backends.cuda.pool:cuda_pool_2d_back"},
+               build=pool_2d_back,
                doc="gradient of pool_2d given its output y: g routed to each window's first "
                    "cell equal to y (max) or spread as g/(kh*kw) (avg)"))

@@ -1,0 +1,151 @@
+"""CUDA kernels of im2col and im2col_back (2-D), and of im2col_1d and im2col_1d_back.
+
+Column index k = (c*KH + ky)*KW + kx, as in ggml. Output (oy, ox) with window cell (ky, kx)
+reads image cell
+
+    y = oy*sh - ph + ky*dh,    x = ox*sw - pw + kx*dw        (0 outside the image).
+
+im2col runs one thread per column entry (a grid-stride loop over N*OH*OW*C*KH*KW) and copies
+one value, converting to the columns' dtype. im2col_back is the gather form of col2im: one
+thread per image cell (n, c, y, x) sums, in float64 as the CPU kernel does,
+
+    dx[n, c, y, x] = sum over ky, kx (in that order) of g[n, oy, ox, (c*KH + ky)*KW + kx]
+                     where y + ph - ky*dh = oy*sh and x + pw - kx*dw = ox*sw,
+                     0 <= oy < OH, 0 <= ox < OW,
+
+and writes once: no atomics, so the result does not depend on thread timing.
+
+The 1-D ops run the same kernels on 4-axis views, (N, C, L) as (N, C, 1, L) and (N, OL, C*K)
+as (N, 1, OL, C*K), with a 1 x K window.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from engine.backends.cuda.arrays import SIMULATED, strided
+
+THREADS = 128
+# grid-stride loops: a few blocks under the simulator (each thread is a Python thread),
+# enough to fill the device on a GPU
+MAX_BLOCKS = 4 if SIMULATED else 1024
+
+
+def blocks(total: int) -> int:
+    """Blocks of THREADS threads for a grid-stride loop over `total` items."""
+    return min((total + THREADS - 1) // THREADS, MAX_BLOCKS)
+
+
+@cuda.jit
+def _im2col(x, out, kh, kw, sh, sw, ph, pw, dh, dw):
+    """out[n, oy, ox, (c*kh + ky)*kw + kx] = x[n, c, y, x] (0 outside the image)."""
+    n, oh, ow, ck = out.shape
+    h, w = x.shape[2], x.shape[3]
+    for idx in range(cuda.grid(1), n * oh * ow * ck, cuda.gridsize(1)):
+        k = idx % ck
+        r = idx // ck
+        ox = r % ow
+        r //= ow
+        oy = r % oh
+        i = r // oh
+        kx = k % kw
+        ky = (k // kw) % kh
+        ch = k // (kw * kh)
+        y = oy * sh - ph + ky * dh
+        xx = ox * sw - pw + kx * dw
+        if 0 <= y < h and 0 <= xx < w:
+            out[i, oy, ox, k] = x[i, ch, y, xx]
+        else:
+            out[i, oy, ox, k] = 0
+
+
+@cuda.jit
+def _im2col_back(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
+    """dx[n, c, y, x] = sum of g[n, oy, ox, (c*kh + ky)*kw + kx] over the (ky, kx) whose
+    window cell of some (oy, ox) is (y, x); accumulated in float64."""
+    n, c, h, w = dx.shape
+    oh, ow = g.shape[1], g.shape[2]
+    for idx in range(cuda.grid(1), n * c * h * w, cuda.gridsize(1)):
+        xx = idx % w
+        r = idx // w
+        y = r % h
+        r //= h
+        ch = r % c
+        i = r // c
+        acc = np.float64(0)        # not 0.0: the simulator would sum float32 g in float32
+        for ky in range(kh):
+            ty = y + ph - ky * dh
+            if ty < 0 or ty % sh != 0 or ty // sh >= oh:
+                continue
+            oy = ty // sh
+            k0 = (ch * kh + ky) * kw
+            for kx in range(kw):
+                tx = xx + pw - kx * dw
+                if tx < 0 or tx % sw != 0 or tx // sw >= ow:
+                    continue
+                acc += g[i, oy, tx // sw, k0 + kx]
+        dx[i, ch, y, xx] = acc
+
+
+def _launch_im2col(out, x, kh, kw, stride, padding, dilation):
+    total = out.size
+    if total:
+        _im2col[blocks(total), THREADS](x, out, kh, kw, stride[0], stride[1], padding[0],
+                                        padding[1], dilation[0], dilation[1])
+
+
+def _launch_im2col_back(dx, g, kh, kw, stride, padding, dilation):
+    total = dx.size
+    if total:
+        _im2col_back[blocks(total), THREADS](g, dx, kh, kw, stride[0], stride[1], padding[0],
+                                             padding[1], dilation[0], dilation[1])
+
+
+def cuda_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
+    """Dispatcher of im2col: kernel(cols, [x], **params); cols has the columns' dtype."""
+    (x,) = ins
+    _launch_im2col(out, x, kh, kw, stride, padding, dilation)
+
+
+def cuda_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype):
+    """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype."""
+    (g,) = ins
+    _launch_im2col_back(out, g, kh, kw, stride, padding, dilation)
+
+
+def _unit_axis(arr, axis: int):
+    """A view of `arr` with a unit axis inserted before `axis` (stride 0)."""
+    shape, strides = list(arr.shape), list(arr.strides)
+    shape.insert(axis, 1)
+    strides.insert(axis, 0)
+    return strided(arr, shape, strides)
+
+
+def cuda_im2col_1d(out, ins, k, stride, padding, dilation, dtype):
+    """Dispatcher of im2col_1d: the 2-D kernel on (N, C, 1, L) -> (N, 1, OL, C*K) views."""
+    (x,) = ins
+    _launch_im2col(_unit_axis(out, 1), _unit_axis(x, 2), 1, k, (1, stride), (0, padding),
+                   (1, dilation))
+
+
+def cuda_im2col_1d_back(out, ins, x_shape, k, stride, padding, dilation, dtype):
+    """Dispatcher of im2col_1d_back: the 2-D kernel on (N, 1, OL, C*K) -> (N, C, 1, L)
+    views."""
+    (g,) = ins
+    _launch_im2col_back(_unit_axis(out, 2), _unit_axis(g, 1), 1, k, (1, stride), (0, padding),
+                        (1, dilation))
+
+
+def _signatures():
+    """(kernel, signature) for every dtype pair: inputs strided, outputs C-contiguous."""
+    ints = ", ".join(["int64"] * 8)
+    sigs = []
+    for src in ("float32", "float64"):
+        for dst in ("float32", "float64"):
+            sigs.append((_im2col, f"void({src}[:, :, :, :], {dst}[:, :, :, ::1], {ints})"))
+            sigs.append((_im2col_back, f"void({src}[:, :, :, :], {dst}[:, :, :, ::1], {ints})"))
+    return sigs
+
+
+PTX_SIGNATURES = _signatures()
