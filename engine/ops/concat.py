@@ -90,6 +90,7 @@ def _concat_strategy(draw, dtype):
 
 
 register(OpDef("concat", infer=_concat_infer, backward=_concat_backward,
-               kernels={"cpu": cpu_concat}, build=concat, torch=_torch_concat,
+               kernels={"cpu": cpu_concat, "cuda": "engine.backends.cuda.indexing:cuda_concat"},
+               build=concat, torch=_torch_concat,
                samples=_concat_samples, strategy=_concat_strategy,
                doc="a and b joined along an axis; gradient: the two blocks of g"))

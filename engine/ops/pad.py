@@ -82,7 +82,8 @@ def _pad_strategy(draw, dtype):
     return Sample.make("pad", [spec], dtype, pads=pads)
 
 
-register(OpDef("pad", infer=_pad_infer, backward=_pad_backward, kernels={"cpu": cpu_pad},
+register(OpDef("pad", infer=_pad_infer, backward=_pad_backward,
+               kernels={"cpu": cpu_pad, "cuda": "engine.backends.cuda.indexing:cuda_pad"},
                build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,
                doc="zero padding, one (before, after) pair per axis; gradient: the interior "
                    "block"))

@@ -145,12 +145,15 @@ def _repeat_back_strategy(draw, dtype):
 
 register(OpDef("repeat", infer=_repeat_infer,
                backward=lambda g, out, x, shape: (repeat_back(g, x.shape),),
-               kernels={"cpu": cpu_repeat}, build=repeat, torch=_torch_repeat,
+               kernels={"cpu": cpu_repeat, "cuda": "engine.backends.cuda.indexing:cuda_repeat"},
+               build=repeat, torch=_torch_repeat,
                samples=_repeat_samples, strategy=_repeat_strategy,
                doc="x tiled to a shape (each side a multiple of x's); gradient: repeat_back"))
 register(OpDef("repeat_back", kind="backward", infer=_repeat_back_infer,
                backward=lambda g, out, gin, shape: (repeat(g, gin.shape),),
-               kernels={"cpu": cpu_repeat_back}, build=repeat_back, torch=_torch_repeat_back,
+               kernels={"cpu": cpu_repeat_back,
+                        "cuda": "engine.backends.cuda.indexing:cuda_repeat_back"},
+               build=repeat_back, torch=_torch_repeat_back,
                samples=_repeat_back_samples, strategy=_repeat_back_strategy,
                doc="the sum of g's tiles of a shape: the gradient of repeat; its own "
                    "gradient is repeat"))

@@ -121,12 +121,14 @@ def _strategy(name):
     return strategy
 
 
-register(OpDef("set", infer=_infer("set"), backward=_set_backward, kernels={"cpu": cpu_set},
+register(OpDef("set", infer=_infer("set"), backward=_set_backward,
+               kernels={"cpu": cpu_set, "cuda": "engine.backends.cuda.indexing:cuda_set"},
                build=set, torch=_torch("set"), samples=_samples("set"),
                strategy=_strategy("set"),
                doc="a with the block at offset replaced by b; gradient: g with the block "
                    "zeroed to a, g's block to b"))
-register(OpDef("acc", infer=_infer("acc"), backward=_acc_backward, kernels={"cpu": cpu_acc},
+register(OpDef("acc", infer=_infer("acc"), backward=_acc_backward,
+               kernels={"cpu": cpu_acc, "cuda": "engine.backends.cuda.indexing:cuda_acc"},
                build=acc, torch=_torch("acc"), samples=_samples("acc"),
                strategy=_strategy("acc"),
                doc="a with b added onto the block at offset; gradient: g to a, g's block to b"))
