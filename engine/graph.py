@@ -153,9 +153,9 @@ class Graph:
         """Seed the loss gradient with 1 and zero the gradient accumulators."""
         if self.loss_grad is None:
             raise EngineError(f"graph {self.name!r} has no backward pass to reset")
-        self.loss_grad.set(1)
+        self.loss_grad.fill(1)
         for acc in self.grad_accs.values():
-            acc.buffer()[...] = 0
+            acc.fill(0)     # where it lives: no host round trip for device accumulators
 
     # --- evaluation -------------------------------------------------------------------------
     def compute(self, backend="cpu"):

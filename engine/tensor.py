@@ -175,6 +175,18 @@ class Tensor:
         self.owner()._fresh = HOST
         return data
 
+    def fill(self, value: float) -> Tensor:
+        """Set every element to `value` where the current copy lives: on the device when a
+        device backend holds it (no transfer), else on the host."""
+        o = self.owner()
+        if o.device is not None and o._fresh != HOST:
+            from engine.backends.cuda.transfer import fill
+            fill(o.device, value)
+            o._fresh = DEVICE
+        else:
+            self.buffer()[...] = value
+        return self
+
     def numpy(self) -> np.ndarray:
         """A copy of the data of a persistent tensor, as computed by the last evaluation."""
         if not self.persistent:

@@ -153,7 +153,7 @@ class Optimizer:
         """Forget the moments and the step count (as a freshly built optimizer)."""
         for state in self.state.values():
             for t in state.values():
-                t.buffer()[...] = 0
+                t.fill(0)
 
     # --- state ----------------------------------------------------------------------------
     def state_arrays(self) -> dict[str, np.ndarray]:

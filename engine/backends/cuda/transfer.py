@@ -38,6 +38,14 @@ def _add(dst, src):
         dst[i] = dst[i] + src[i]
 
 
+@cuda.jit
+def _fill(dst, value):
+    start = cuda.grid(1)
+    step = cuda.gridsize(1)
+    for i in range(start, dst.size, step):
+        dst[i] = value
+
+
 def _blocks(n: int) -> int:
     return max(1, min(MAX_BLOCKS, (n + THREADS - 1) // THREADS))
 
@@ -56,6 +64,12 @@ def copy(dst, src) -> None:
     _copy_4d[_blocks(dst.size), THREADS](dst.reshape(dst.size), _as_4d(src))
 
 
+def fill(dst, value: float) -> None:
+    """dst[...] = value, dst C-contiguous."""
+    if dst.size:
+        _fill[_blocks(dst.size), THREADS](dst.reshape(dst.size), dst.dtype.type(value))
+
+
 def accumulate(dst, src) -> None:
     """dst += src, both C-contiguous of one shape."""
     if dst.size == 0:
@@ -65,4 +79,5 @@ def accumulate(dst, src) -> None:
 
 PTX_SIGNATURES = [(k, f"void({t}[::1], {t}[:, :, :, :])") for k in (_copy_4d,)
                   for t in ("float32", "float64", "int32")] + \
-                 [(_add, f"void({t}[::1], {t}[::1])") for t in ("float32", "float64")]
+                 [(_add, f"void({t}[::1], {t}[::1])") for t in ("float32", "float64")] + \
+                 [(_fill, f"void({t}[::1], {t})") for t in ("float32", "float64", "int32")]

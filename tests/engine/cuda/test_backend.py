@@ -119,3 +119,23 @@ def test_without_gpu_or_simulator_the_message_says_how_to_enable_either():
     if "GPU" not in out.stdout and out.returncode == 0 and not out.stdout:
         pytest.skip("this machine has a CUDA GPU")
     assert "NUMBA_ENABLE_CUDASIM=1" in out.stdout and "GPU" in out.stdout
+
+
+def test_a_stale_plan_never_runs_on_cuda_and_reset_stays_on_the_device():
+    x = engine.param((3,), "f32", name="x")
+    x.set([1.0, -2.0, 3.0])
+    loss = ops.sum(ops.sqr(x)).set_loss()
+    g = engine.Graph([loss])
+    g.build_backward(loss, accumulate=True)
+    g.compute("cuda")
+    plan = g.plan
+    acc = g.grad(x)
+    g.reset()                       # zeroes the device accumulator in place
+    assert acc.device is not None and acc._fresh == engine.tensor.DEVICE
+    g.compute("cuda")
+    np.testing.assert_array_equal(acc.numpy(), [2.0, -4.0, 6.0])
+    g.expand(ops.sum(x))
+    with pytest.raises(engine.StalePlanError):
+        plan.run(g)
+    g.compute("cuda")
+    assert g.plan is not plan
