@@ -20,6 +20,13 @@ def test_every_op_has_backward_or_reason_and_samples():
             assert op.torch is not None, f"op {name} has no torch reference"
 
 
+def test_every_op_with_a_kernel_has_one_on_every_backend():
+    """An op added with a CPU kernel must come with its CUDA kernel (named, resolved lazily)."""
+    missing = [name for name, op in OPS.items()
+               if op.kind not in ("view", "composite") and set(op.kernels) != {"cpu", "cuda"}]
+    assert not missing, f"ops without a cpu and a cuda kernel: {missing}"
+
+
 @pytest.mark.parametrize("sample", SAMPLES, ids=str)
 def test_forward_matches_torch(sample):
     arrays = sample.generate_inputs()
