@@ -20,6 +20,8 @@ CPU kernel's.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numba import cuda
 
@@ -29,6 +31,8 @@ from engine.errors import BackendError
 
 RANK = 4                                   # kernels see strided arrays with four axes
 THREADS = 128                              # threads per block of the elementwise kernels
+if SIMULATED:   # numpy runs the hash there, and warns on its intended uint64 wrap-around
+    warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning, __name__)
 MAX_BLOCKS = 4 if SIMULATED else 1024      # the simulator runs each thread as a Python thread
 
 
