@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
-from engine.backends.cpu.jit import OPTIONS, parallel_kernel, prange
+from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
 
 UNARY_CODES = {"neg": 0, "scale": 1, "sqr": 2, "sqrt": 3, "log": 4, "exp": 5, "abs": 6,
                "sgn": 7, "step": 8, "relu": 9, "cont": 10}
@@ -72,13 +71,6 @@ def _unary(x, out, code, alpha):
 
 
 # --- activations: f and f' of one float64 value --------------------------------------------
-def scalar_math(fn):
-    """Compile a scalar function shared by CPU and CUDA kernels: numba inlines it into each
-    caller at IR level (`inline="always"`). Called otherwise, numba-cuda would compile it
-    as a device function for the current GPU, and cuda.compile_ptx would need one."""
-    return numba.njit(inline="always", **OPTIONS)(fn)
-
-
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715
 INV_SQRT_2 = 1.0 / math.sqrt(2.0)

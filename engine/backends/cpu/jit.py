@@ -25,6 +25,13 @@ def kernel(fn):
     return numba.njit(**OPTIONS)(fn)
 
 
+def scalar_math(fn):
+    """Compile a scalar function shared by CPU and CUDA kernels: numba inlines it into each
+    caller at IR level (`inline="always"`). Called otherwise, numba-cuda would compile it
+    as a device function for the current GPU, and cuda.compile_ptx would need one."""
+    return numba.njit(inline="always", **OPTIONS)(fn)
+
+
 def parallel_kernel(fn):
     """Compile a kernel whose outer loop is a `numba.prange` (worth it on large tensors);
     on small ones its serial compilation runs instead (see SizeDispatch)."""

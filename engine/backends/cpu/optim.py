@@ -13,10 +13,42 @@ from __future__ import annotations
 
 import math
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
 
 SGD_HP = ("lr", "momentum", "dampening", "weight_decay")
 ADAM_HP = ("lr", "beta1", "beta2", "eps", "weight_decay")
+
+
+@scalar_math
+def sgd_element(x, g, b, first, neg_lr, mu, keep, wd, use_wd, use_mu, nesterov, maximize):
+    """One SGD element: (new param, new momentum buffer), in torch's operation order.
+    Shared by the CPU and CUDA kernels."""
+    d = -g if maximize else g
+    if use_wd:
+        d = d + wd * x
+    if use_mu:
+        b = d if first else b * mu + keep * d
+        d = d + mu * b if nesterov else b
+    return x + neg_lr * d, b
+
+
+@scalar_math
+def adam_element(x, g, m, v, vmax, decay, use_l2, l2, w1, lerp_low, w1c, beta2, w2, e,
+                 neg_step_size, bc2_sqrt, amsgrad, maximize):
+    """One Adam/AdamW element: (new param, m, v, max v), in torch's operation order (lerp
+    form, addcdiv order). Shared by the CPU and CUDA kernels."""
+    d = -g if maximize else g
+    x = x * decay
+    if use_l2:
+        d = d + l2 * x
+    # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
+    m = m + w1 * (d - m) if lerp_low else d - (d - m) * w1c
+    v = v * beta2 + w2 * d * d
+    if amsgrad and v > vmax:
+        vmax = v
+    denom_v = vmax if amsgrad else v
+    # torch's addcdiv order: (value * m) / denom
+    return x + (neg_step_size * m) / (math.sqrt(denom_v) / bc2_sqrt + e), m, v, vmax
 
 
 @parallel_kernel
@@ -37,17 +69,10 @@ def _sgd(p, g, buf, step, hp, nesterov, maximize):
     use_wd = hp[3] != 0.0
     use_mu = hp[1] != 0.0
     for i in prange(p.size):
-        d = -g[i] if maximize else g[i]
-        if use_wd:
-            d = d + wd * p[i]
+        p[i], b = sgd_element(p[i], g[i], buf[i], first, neg_lr, mu, keep, wd, use_wd,
+                              use_mu, nesterov, maximize)
         if use_mu:
-            if first:
-                b = d
-            else:
-                b = buf[i] * mu + keep * d
             buf[i] = b
-            d = d + mu * b if nesterov else b
-        p[i] = p[i] + neg_lr * d
 
 
 @parallel_kernel
@@ -78,21 +103,11 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
     w2 = t(1.0 - b2)
     e = t(eps)
     for i in prange(p.size):
-        d = -g[i] if maximize else g[i]
-        x = p[i] * decay
-        if use_l2:
-            d = d + l2 * x
-        # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
-        mi = m[i] + w1 * (d - m[i]) if lerp_low else d - (d - m[i]) * w1c
-        vi = v[i] * beta2 + w2 * d * d
-        m[i] = mi
-        v[i] = vi
+        p[i], m[i], v[i], vm = adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, use_l2, l2,
+                                            w1, lerp_low, w1c, beta2, w2, e, neg_step_size,
+                                            bc2_sqrt, amsgrad, maximize)
         if amsgrad:
-            if vi > vmax[i]:
-                vmax[i] = vi
-            vi = vmax[i]
-        # torch's addcdiv order: (value * m) / denom
-        p[i] = x + (neg_step_size * mi) / (math.sqrt(vi) / bc2_sqrt + e)
+            vmax[i] = vm
 
 
 def _flat(a):

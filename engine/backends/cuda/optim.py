@@ -1,10 +1,11 @@
 """CUDA kernels of the optimizer steps: sgd_step, adam_step and adamw_step.
 
-The update rules, the float64 scalars derived from the hyperparameters and the per-element
-operation order are those of the CPU kernels (engine.backends.cpu.optim, whose docstrings
-state the rules), including torch's two forms of lerp and its addcdiv order. On a GPU the
-compiler fuses a * b + c into one rounding (numba-cuda has no switch for that short of
-fastmath), so the two backends agree to about an ulp per operation, not bit for bit.
+The update rules and the float64 scalars derived from the hyperparameters are those of the
+CPU kernels (engine.backends.cpu.optim, whose docstrings state the rules), and the
+per-element math is theirs: the same `sgd_element` and `adam_element`, inlined into both.
+On a GPU the compiler fuses a * b + c into one rounding (numba-cuda has no switch for that
+short of fastmath), so the two backends agree to about an ulp per operation, not bit for
+bit.
 
 The step counter `step` (float64, shape (1,)) is read by every thread and must be written
 once per step. There is no grid-wide barrier, so the update kernel never writes it: every
@@ -22,6 +23,7 @@ import math
 
 from numba import cuda
 
+from engine.backends.cpu.optim import adam_element, sgd_element
 from engine.backends.cuda.dropout import THREADS, blocks, c_order_rank4
 from engine.errors import BackendError
 
@@ -56,17 +58,10 @@ def _sgd(p, g, buf, step, hp, nesterov, maximize):
         i2 = rest % g2
         rest //= g2
         gi = g[rest // g1, rest % g1, i2, i3]
-        d = -gi if maximize else gi
-        if use_wd:
-            d = d + wd * p[i]
+        p[i], b = sgd_element(p[i], gi, buf[i], first, neg_lr, mu, keep, wd, use_wd, use_mu,
+                              nesterov, maximize)
         if use_mu:
-            if first:
-                b = d
-            else:
-                b = buf[i] * mu + keep * d
             buf[i] = b
-            d = d + mu * b if nesterov else b
-        p[i] = p[i] + neg_lr * d
 
 
 @cuda.jit
@@ -100,21 +95,11 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
         i2 = rest % g2
         rest //= g2
         gi = g[rest // g1, rest % g1, i2, i3]
-        d = -gi if maximize else gi
-        x = p[i] * decay
-        if use_l2:
-            d = d + l2 * x
-        # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
-        mi = m[i] + w1 * (d - m[i]) if lerp_low else d - (d - m[i]) * w1c
-        vi = v[i] * beta2 + w2 * d * d
-        m[i] = mi
-        v[i] = vi
+        p[i], m[i], v[i], vm = adam_element(p[i], gi, m[i], v[i], vmax[i], decay, use_l2, l2,
+                                            w1, lerp_low, w1c, beta2, w2, e, neg_step_size,
+                                            bc2_sqrt, amsgrad, maximize)
         if amsgrad:
-            if vi > vmax[i]:
-                vmax[i] = vi
-            vi = vmax[i]
-        # torch's addcdiv order: (value * m) / denom
-        p[i] = x + (neg_step_size * mi) / (math.sqrt(vi) / bc2_sqrt + e)
+            vmax[i] = vm
 
 
 def _flat(arr, what: str, op: str):
