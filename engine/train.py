@@ -147,6 +147,7 @@ class Trainer:
         self.optimizer = make_optimizer(optimizer, self.training, schedule=schedule,
                                         **(opt_params or {}))
         self._accumulated = 0
+        self.interrupted = False    # set by fit when Ctrl-C stopped it
 
     # --- one physical batch ---------------------------------------------------------------
     def eval_batch(self, data, labels=None, backward: bool = True,
@@ -198,9 +199,18 @@ class Trainer:
         return train, val
 
     def fit(self, dataset: Dataset, epochs: int = 1, val_split: float = 0.0,
-            shuffle: bool = True, progress=None) -> list[tuple[EpochResult, EpochResult]]:
+            shuffle: bool = True, progress=None, bar: bool = False,
+            on_epoch=None) -> list[tuple[EpochResult, EpochResult]]:
         """`epochs` epochs; the first (1 - val_split) of the data, rounded down to whole
-        logical batches, trains (shuffled each epoch when `shuffle`), the rest validates."""
+        logical batches, trains (shuffled each epoch when `shuffle`), the rest validates.
+
+        bar: a tqdm progress bar per epoch (on stderr) with the running training loss and
+        accuracy. on_epoch(index, train, val): called after each completed epoch.
+        Ctrl-C (KeyboardInterrupt) during an epoch stops training cleanly: the params are
+        put back to their values after the last completed epoch (the initial values if none
+        completed), `self.interrupted` is set, and the completed epochs are returned. The
+        optimizer's state is not rolled back.
+        """
         if not 0.0 <= val_split < 1.0:
             raise EngineError(f"val_split must lie in [0, 1), got {val_split}")
         nbatches_logical = len(dataset) // self.batch_logical
@@ -209,8 +219,60 @@ class Trainer:
             raise ShapeError(f"no whole logical batch of {self.batch_logical} datapoints to "
                              f"train on in {len(dataset)} with val_split={val_split}")
         history = []
-        for _ in range(epochs):
-            if shuffle:
-                dataset.shuffle(self.rng, idata_split)
-            history.append(self.epoch(dataset, idata_split=idata_split, progress=progress))
+        self.interrupted = False
+        params = self.optimizer.params
+        snapshot = [p.numpy().copy() for p in params]
+        nbatches = len(dataset) // self.batch_physical
+        for index in range(epochs):
+            try:
+                if shuffle:
+                    dataset.shuffle(self.rng, idata_split)
+                with _epoch_bar(bar, index, epochs, nbatches, self.batch_physical) as tick:
+                    def report(i, train, val):
+                        tick(train, val)
+                        if progress is not None:
+                            progress(i, train, val)
+                    result = self.epoch(dataset, idata_split=idata_split, progress=report)
+            except KeyboardInterrupt:
+                for p, value in zip(params, snapshot, strict=True):
+                    p.set(value)
+                self._accumulated = 0
+                self.interrupted = True
+                break
+            history.append(result)
+            snapshot = [p.numpy().copy() for p in params]
+            if on_epoch is not None:
+                on_epoch(index, *result)
         return history
+
+
+class _epoch_bar:
+    """A tqdm bar over one epoch's physical batches (a no-op when disabled); the context
+    value is tick(train, val), called after each batch."""
+
+    def __init__(self, enabled: bool, index: int, epochs: int, nbatches: int, batch: int):
+        self.bar, self.batch = None, batch
+        if enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=nbatches * batch, desc=f"epoch {index + 1}/{epochs}",
+                            unit="img", unit_scale=True, leave=False, dynamic_ncols=True)
+
+    def __enter__(self):
+        return self.tick
+
+    def tick(self, train: EpochResult, val: EpochResult) -> None:
+        if self.bar is None:
+            return
+        part = val if val.losses else train
+        loss, _ = part.loss()
+        acc, _ = part.accuracy()
+        text = f"{'val' if part is val else 'train'} loss {loss:.4f}"
+        if not math.isnan(acc):
+            text += f" acc {100 * acc:.2f}%"
+        self.bar.set_postfix_str(text, refresh=False)
+        self.bar.update(self.batch)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+        return False

@@ -175,16 +175,18 @@ def _table_html(results) -> str:
     return "".join(out)
 
 
-def render_html(results, title: str, meta: Mapping | None = None) -> str:
+def render_html(results, title: str, meta: Mapping | None = None,
+                figures: list[str] | None = None) -> str:
     """A self-contained HTML page of `results` under `title`; `meta` (e.g. version, argv,
-    time) is listed under the summary."""
+    time) is listed under the summary. `figures`: extra HTML fragments (a tool's own plots)
+    placed before the table, as given."""
     results = list(results)
     counts = summarize(results)
     badges = "".join(f'<span class="{s}">{counts[STATUS_WORDS[s]]} {STATUS_WORDS[s]}</span>'
                      for s in STATUSES if counts[STATUS_WORDS[s]])
     summary = f'<p class="summary">{badges or "no cases"} ({counts["total"]} in all)</p>\n'
     _, metric_keys = columns(results)
-    figures = []
+    figures = list(figures or [])
     for k in metric_keys:
         svg = error_plot_svg(results, k) if k.endswith("_err") else None
         if svg:

@@ -36,14 +36,15 @@ def format_for_path(path, default: str = "plain") -> str:
     return EXTENSION_FORMATS.get(os.path.splitext(os.fspath(path))[1].lower(), default)
 
 
-def render(results, fmt: str, tool: str, meta: Mapping | None = None) -> str:
+def render(results, fmt: str, tool: str, meta: Mapping | None = None,
+           figures: list[str] | None = None) -> str:
     """`results` in format `fmt` (one of FORMATS), as text ending with a newline.
 
     plain and github: the table, then the summary line (github: a blank line between, so
     Markdown does not read the summary as a row). html: a page titled "<tool> report".
     json: the results document. junit: one testsuite named after the tool.
     `meta` (e.g. {"argv": [...]}) is added to the default version and time for html, json
-    and junit.
+    and junit. `figures`: extra HTML fragments for the html page (ignored otherwise).
     """
     results = list(results)
     if fmt in ("plain", "github"):
@@ -51,7 +52,7 @@ def render(results, fmt: str, tool: str, meta: Mapping | None = None) -> str:
         return render_table(results, fmt) + sep + summary_line(results) + "\n"
     full_meta = {**default_meta(), **(meta or {})}
     if fmt == "html":
-        return render_html(results, f"{tool} report", full_meta)
+        return render_html(results, f"{tool} report", full_meta, figures)
     if fmt == "json":
         return render_json(results, tool, full_meta)
     if fmt == "junit":

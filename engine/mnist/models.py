@@ -1,0 +1,177 @@
+"""The MNIST models of ggml's example, with its GGUF tensor names, shapes and architectures.
+
+    model = Model.new("cnn", init="torch", seed=0)     # or Model.load("mnist-cnn.gguf")
+    images, logits = model.build(batch=500)            # images (500, 784), logits (500, 10)
+    model.save("mnist-cnn.gguf")
+
+Shapes are numpy order (ggml's `ne` reversed, see engine.gguf_io):
+
+    mnist-fc   fc1.weight (500, 784)  fc1.bias (500,)  fc2.weight (10, 500)  fc2.bias (10,)
+    mnist-cnn  conv1.kernel (8, 1, 3, 3)   conv1.bias (8, 1, 1)
+               conv2.kernel (16, 8, 3, 3)  conv2.bias (16, 1, 1)
+               dense.weight (10, 784)      dense.bias (10,)
+
+FC: logits = fc2(relu(fc1(x))) with fc(x) = x W^T + b (ggml's mul_mat, torch's Linear).
+CNN: conv 3x3 1->8 (pad 1) + bias, ReLU, max-pool 2x2; conv 3x3 8->16 (pad 1) + bias, ReLU,
+max-pool 2x2; flatten in ggml's order (height, width, channel), i.e. NCHW permuted to NHWC
+before the reshape; dense 784 -> 10.
+
+A tensor matches its expected shape when the two agree after dropping leading 1s: ggml pads
+`ne` with trailing 1s, so its own writer stores conv1.bias as (8, 1, 1) while ggml's Keras
+script writes (1, 8, 1, 1), and both load in ggml. Only F32 loads, as in ggml's loader.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from engine import init, ops
+from engine.errors import EngineError
+from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf
+from engine.tensor import Tensor, input_tensor, param
+
+NINPUT, NHIDDEN, NCLASSES, HW = 784, 500, 10, 28
+CNN_CHANNELS = 8  # ggml's MNIST_CNN_NCB
+
+ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}
+SHAPES = {
+    "mnist-fc": {"fc1.weight": (NHIDDEN, NINPUT), "fc1.bias": (NHIDDEN,),
+                 "fc2.weight": (NCLASSES, NHIDDEN), "fc2.bias": (NCLASSES,)},
+    "mnist-cnn": {"conv1.kernel": (CNN_CHANNELS, 1, 3, 3), "conv1.bias": (CNN_CHANNELS, 1, 1),
+                  "conv2.kernel": (2 * CNN_CHANNELS, CNN_CHANNELS, 3, 3),
+                  "conv2.bias": (2 * CNN_CHANNELS, 1, 1),
+                  "dense.weight": (NCLASSES, (HW // 4) ** 2 * 2 * CNN_CHANNELS),
+                  "dense.bias": (NCLASSES,)},
+}
+# the weight each bias belongs to (torch's bias init reads the weight's fan_in)
+_BIAS_OF = {"fc1.bias": "fc1.weight", "fc2.bias": "fc2.weight", "conv1.bias": "conv1.kernel",
+            "conv2.bias": "conv2.kernel", "dense.bias": "dense.weight"}
+INITS = ("torch", "ggml")
+
+
+class ModelFileError(GGUFFormatError):
+    """A model file that is not an MNIST model of ggml's layout."""
+
+
+def arch_name(arch: str) -> str:
+    """'fc' / 'cnn' / 'mnist-fc' / 'mnist-cnn' -> the GGUF architecture."""
+    full = ARCHS.get(arch, arch)
+    if full not in SHAPES:
+        raise EngineError(f"unknown MNIST architecture {arch!r}; known: fc, cnn "
+                          f"({', '.join(SHAPES)})")
+    return full
+
+
+def initial_weights(arch: str, init_kind: str = "torch", seed=0) -> dict[str, np.ndarray]:
+    """Fresh float32 weights. "torch": as torch's Linear/Conv2d (Kaiming-uniform with
+    a = sqrt(5) for weights, U(+-1/sqrt(fan_in)) for biases); "ggml": N(0, 0.01) for all, as
+    ggml's mnist_model_init_random. Drawn in the order of the architecture's tensor list."""
+    arch = arch_name(arch)
+    if init_kind not in INITS:
+        raise EngineError(f"unknown init {init_kind!r}; known: {', '.join(INITS)}")
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in SHAPES[arch].items():
+        if init_kind == "ggml":
+            weights[name] = init.normal(shape, 0.0, 0.01, seed=rng)
+        elif name in _BIAS_OF:
+            fan_in = init.fans(SHAPES[arch][_BIAS_OF[name]])[0]
+            weights[name] = init.bias_uniform(shape, fan_in, seed=rng)
+        else:
+            weights[name] = init.kaiming_uniform(shape, a=math.sqrt(5), seed=rng)
+    return weights
+
+
+class Model:
+    """An MNIST model: its architecture and its params (engine tensors named as in ggml)."""
+
+    def __init__(self, arch: str, weights: dict[str, np.ndarray]):
+        self.arch = arch_name(arch)
+        _check_weights(self.arch, weights, "weights")
+        self.params: dict[str, Tensor] = {}
+        for name, shape in SHAPES[self.arch].items():
+            t = param(shape, "f32", name=name)
+            t.set(np.asarray(weights[name], np.float32).reshape(shape))
+            self.params[name] = t
+
+    @classmethod
+    def new(cls, arch: str, init: str = "torch", seed=0) -> Model:
+        return cls(arch, initial_weights(arch, init, seed))
+
+    @classmethod
+    def load(cls, path, arch: str | None = None) -> Model:
+        """A model from a GGUF file written here or by ggml's MNIST example."""
+        return cls(*read_model(path, arch))
+
+    @property
+    def short(self) -> str:
+        return self.arch.removeprefix("mnist-")
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return {name: t.numpy().copy() for name, t in self.params.items()}
+
+    def save(self, path) -> None:
+        save_gguf(path, self.weights(), arch=self.arch)
+
+    def build(self, batch: int) -> tuple[Tensor, Tensor]:
+        """The forward graph's input (batch, 784) float32 images and (batch, 10) logits."""
+        images = input_tensor((batch, NINPUT), "f32", name="images")
+        p = self.params
+        if self.arch == "mnist-fc":
+            hidden = ops.relu(ops.add(ops.matmul(images, ops.transpose(p["fc1.weight"])),
+                                      p["fc1.bias"]))
+            logits = ops.add(ops.matmul(hidden, ops.transpose(p["fc2.weight"])), p["fc2.bias"])
+        else:
+            x = ops.reshape(images, (batch, 1, HW, HW))
+            for conv in ("conv1", "conv2"):
+                x = ops.add(ops.conv_2d(x, p[f"{conv}.kernel"], padding=1), p[f"{conv}.bias"])
+                x = ops.pool_2d(ops.relu(x), "max", 2)
+            flat = ops.reshape(ops.cont(ops.permute(x, (0, 2, 3, 1))), (batch, -1))
+            logits = ops.add(ops.matmul(flat, ops.transpose(p["dense.weight"])),
+                             p["dense.bias"])
+        return images, logits.set_output()
+
+
+def _strip_leading_ones(shape) -> tuple[int, ...]:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _check_weights(arch: str, weights, where: str) -> None:
+    expected = SHAPES[arch]
+    missing = [n for n in expected if n not in weights]
+    extra = [n for n in weights if n not in expected]
+    if missing or extra:
+        raise ModelFileError(
+            f"{where}: {arch} needs exactly the tensors {', '.join(expected)}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unexpected {', '.join(extra)}" if extra else ""))
+    for name, shape in expected.items():
+        got = np.shape(weights[name])
+        if _strip_leading_ones(got) != _strip_leading_ones(shape):
+            raise ModelFileError(f"{where}: tensor {name} has shape {list(got)}, expected "
+                                 f"{list(shape)} for {arch}")
+        dtype = np.asarray(weights[name]).dtype
+        if dtype != np.float32:
+            raise ModelFileError(f"{where}: tensor {name} is {dtype}, expected float32 (F32), "
+                                 "as ggml's MNIST loader requires")
+        if not np.all(np.isfinite(weights[name])):
+            raise ModelFileError(f"{where}: tensor {name} holds NaN or infinite values")
+
+
+def read_model(path, arch: str | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    """(architecture, weights) of a GGUF model file, checked against ggml's layout."""
+    gf = load_gguf(path)
+    where = os.fspath(path)
+    if gf.arch not in SHAPES:
+        raise ModelFileError(f"{where}: general.architecture is {gf.arch!r}, not an MNIST "
+                             f"model ({', '.join(SHAPES)})")
+    if arch is not None and gf.arch != arch_name(arch):
+        raise ModelFileError(f"{where}: holds a {gf.arch} model, expected {arch_name(arch)}")
+    _check_weights(gf.arch, gf.tensors, where)
+    return gf.arch, {name: np.array(gf.tensors[name], np.float32) for name in SHAPES[gf.arch]}
