@@ -12,9 +12,12 @@ here and ne = [784, 500] in the file.
 
 Types written (and the only ones read back):
 
-    numpy float32 / float64 / int32 arrays   ->  tensors of type F32 / F64 / I32
+    numpy float32 / float64 / int32 / int8   ->  tensors of type F32 / F64 / I32 / I8
     bool / int / float / str                 ->  KV of type BOOL / INT64 / FLOAT64 / STRING
     list or tuple of one of those four       ->  KV ARRAY of that element type
+
+GGUF has no unsigned tensor type, so uint8 is refused rather than reinterpreted: store bytes
+k in 0..255 as int8 k - 128 (as engine.mnist.data does with pixels).
 
 INT64 and FLOAT64 make every Python int in [-2**63, 2**63) and every float (NaN and Inf
 included) round-trip exactly. Loading also accepts the other scalar KV types other writers use
@@ -49,6 +52,7 @@ _TENSOR_TYPES = {
     np.dtype(np.float32): GGMLQuantizationType.F32,
     np.dtype(np.float64): GGMLQuantizationType.F64,
     np.dtype(np.int32): GGMLQuantizationType.I32,
+    np.dtype(np.int8): GGMLQuantizationType.I8,
 }
 _NUMPY_DTYPES = {ggml_type: dtype for dtype, ggml_type in _TENSOR_TYPES.items()}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -80,12 +84,12 @@ def save_gguf(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray], a
               metadata: Mapping[str, Any] | None = None) -> None:
     """Write `tensors` and `metadata` to a GGUF file at `path`, with general.architecture = arch.
 
-    Tensors must be numpy arrays of dtype float32, float64 or int32 (any byte order or memory
-    layout) with 1 to 4 dimensions and names of at most 63 UTF-8 bytes, as ggml requires.
-    0-d arrays are refused rather than silently stored as shape (1,): pass `a.reshape(1)`.
-    NaN and Inf are stored as they are. Metadata values follow the table in the module
-    docstring; a tuple comes back as a list; empty and mixed-type lists are refused, since a
-    GGUF array has one element type and needs an element to show it.
+    Tensors must be numpy arrays of dtype float32, float64, int32 or int8 (any byte order or
+    memory layout) with 1 to 4 dimensions and names of at most 63 UTF-8 bytes, as ggml
+    requires. 0-d arrays are refused rather than silently stored as shape (1,): pass
+    `a.reshape(1)`. NaN and Inf are stored as they are. Metadata values follow the table in
+    the module docstring; a tuple comes back as a list; empty and mixed-type lists are refused,
+    since a GGUF array has one element type and needs an element to show it.
 
     Everything is checked before anything touches the disk. The file is written to a temporary
     file in the same directory, synced, and moved onto `path` with os.replace, so `path` holds
@@ -180,7 +184,7 @@ def _tensor_for_writing(name: Any, array: Any) -> np.ndarray:
     dtype = next((d for d in _TENSOR_TYPES if native == d), None)
     if dtype is None:
         raise GGUFFormatError(f"tensor {name!r}: unsupported dtype {array.dtype}; GGUF files "
-                              "here hold float32, float64 and int32")
+                              "here hold float32, float64, int32 and int8")
     if array.ndim == 0:
         raise GGUFFormatError(f"tensor {name!r}: 0-d arrays are not stored; reshape it to (1,)")
     if array.ndim > MAX_DIMS:
@@ -255,7 +259,7 @@ def load_gguf(path: str | os.PathLike[str], arch: str | None = None) -> GGUFFile
     Raises GGUFFormatError naming the file and the problem: missing or unreadable file, not a
     GGUF file (wrong magic), truncated file (including a missing final padding, which ggml
     also refuses), otherwise corrupt file, missing or mismatched architecture, a tensor type
-    other than F32/F64/I32, or metadata that is a nested array.
+    other than F32/F64/I32/I8, or metadata that is a nested array.
     """
     where = os.fsdecode(path)
     _check_magic(where)
@@ -280,7 +284,7 @@ def load_gguf(path: str | os.PathLike[str], arch: str | None = None) -> GGUFFile
         dtype = _NUMPY_DTYPES.get(tensor.tensor_type)
         if dtype is None:
             raise GGUFFormatError(f"{where}: tensor {tensor.name!r} has unsupported type "
-                                  f"{tensor.tensor_type.name}; only F32, F64 and I32 are read")
+                                  f"{tensor.tensor_type.name}; only F32, F64, I32 and I8 are read")
         tensors[tensor.name] = np.array(tensor.data, dtype=dtype, order="C", copy=True)
     return GGUFFile(arch=file_arch, tensors=tensors, metadata=metadata, path=where)
 

@@ -340,7 +340,7 @@ def test_missing_arch(tmp_path):
 
 
 @pytest.mark.parametrize("dtype, type_name", [(np.float16, "F16"), (np.int64, "I64"),
-                                              (np.int8, "I8")])
+                                              (np.int16, "I16")])
 def test_unsupported_tensor_type(tmp_path, dtype, type_name):
     write_like_ggml_mnist(tmp_path / "t.gguf", "arch", {"w.half": np.ones((2, 2), dtype)})
     with pytest.raises(GGUFFormatError, match=rf"tensor 'w.half' has unsupported type {type_name}"):
