@@ -1,0 +1,399 @@
+"""Graph files: a graph's nodes, flags, persistent data and backward bookkeeping, as GGUF.
+
+    save_graph("train.gguf", trainer.training,
+               roles={"images": images, "logits": logits, "labels": labels, "loss": loss})
+    loaded = load_graph("train.gguf")      # LoadedGraph: graph, roles, params, metadata, loss
+    opt = make_optimizer("adamw", loaded.graph, lr=1e-3)    # the imported graph trains
+
+`general.architecture` is "gradverify-graph". The file holds a table of N entries: entries
+0..n-1 are the graph's nodes in its own topological order, entries n..N-1 the persistent
+leaves it uses without holding them as nodes (the gradient accumulators). Keys:
+
+    graph.format_version        int, FORMAT_VERSION
+    graph.name, graph.node_count    the Graph's name; n
+    graph.node.name/op/dtype/flags  N strings each; op "" for a leaf; flags "OUTPUT|PARAM"
+    graph.node.ndim, .dims      each entry's rank; all the shapes, concatenated
+    graph.node.nsrcs, .srcs     each entry's source count; all the sources, concatenated
+    graph.node.params           N strings: each entry's op params as JSON (below)
+    graph.outputs               Graph.outputs, in order
+    graph.backward              bool: a backward pass was built; then also
+    graph.backward.accumulate   bool; graph.backward.loss_grad: the seed leaf;
+    graph.backward.loss         the LOSS-flagged node (-1 unless there is exactly one)
+    graph.backward.grad_params, .grads   param grad_params[k] has gradient grads[k]
+    graph.backward.acc_params, .accs     param acc_params[k] has accumulator accs[k]
+    graph.role.names, .nodes    the tensors the caller named (`roles`)
+
+References are entry indices. An integer array that would be empty is left out (a GGUF array
+cannot be empty) and reads back as empty. Every leaf is persistent (input, param, accumulator,
+state; constants and the loss-gradient seed are inputs); GGUF tensor `node.<i>` holds leaf i's
+current value, so the imported graph computes and trains on exactly as the exported one
+would. Ranks 1 to 4 keep their shape, others are stored as (size,).
+
+Op params are one JSON object, name -> value, read with json.loads and nothing else (no file
+here ever runs code on load; a string holding Python is just a string the op rejects):
+
+    None, bool, int, str     as JSON (true stays a bool, 1 stays an int)
+    float, finite            a JSON number, Python's repr: exact, -0.0 included
+    float, NaN or +-Inf      {"float": "nan" | "inf" | "-inf"} (NaN sign and payload dropped)
+    tuple / list             a JSON array, read as a tuple / {"list": [...]}
+
+Anything else (numpy scalars too: a kernel may compute differently with np.float32 than with
+float) is refused on export. Loading rebuilds each node with the registry's make_node, so the
+op's own shape/dtype inference and parameter checks run; the result must match the stored
+shape and dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+from engine.gguf_io import MAX_DIMS, GGUFFormatError, load_gguf, save_gguf
+from engine.graph import Graph
+from engine.registry import all_ops, make_node
+from engine.tensor import DTYPES, Flag, Tensor, dtype_name
+
+ARCH = "gradverify-graph"
+FORMAT_VERSION = 1
+PREFIX = "graph."
+_FLAG_NAMES = [name for name, f in Flag.__members__.items() if f.value]
+_SPECIAL_FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class GraphFileError(GGUFFormatError):
+    """A graph that cannot be written as a graph file, or a file that is not a valid one."""
+
+
+@dataclasses.dataclass
+class LoadedGraph:
+    """An imported graph. roles: the caller's names -> tensors; params: the graph's params in
+    node order; metadata: the caller's metadata; loss: the node backprop starts from (None
+    without a backward pass or when the graph had several LOSS-flagged nodes)."""
+
+    graph: Graph
+    roles: dict[str, Tensor]
+    params: list[Tensor]
+    metadata: dict[str, Any]
+    loss: Tensor | None = None
+
+
+# --- op params as JSON -----------------------------------------------------------------------
+
+def encode_params(params: dict[str, Any], where: str = "params") -> str:
+    """The JSON text of an op's params (encoding in the module docstring)."""
+    bad = [k for k in params if not isinstance(k, str)]
+    if bad:
+        raise GraphFileError(f"{where}: param name {bad[0]!r} is not a string")
+    return json.dumps({k: _encode(v, f"{where}: param {k!r}") for k, v in params.items()},
+                      allow_nan=False)
+
+
+def _encode(v, where):
+    if v is None or type(v) in (bool, int, str):
+        return v
+    if type(v) is float:
+        return v if math.isfinite(v) else {"float": "nan" if math.isnan(v) else
+                                           ("inf" if v > 0 else "-inf")}
+    if type(v) is tuple:
+        return [_encode(x, where) for x in v]
+    if type(v) is list:
+        return {"list": [_encode(x, where) for x in v]}
+    raise GraphFileError(f"{where}: value {v!r} of type {type(v).__name__} cannot be stored; "
+                         "op params hold None, bool, int, float, str, tuples and lists")
+
+
+def decode_params(text: str, where: str = "params") -> dict[str, Any]:
+    """The params dict of JSON `text` written by encode_params; GraphFileError otherwise."""
+    def no_constant(name):
+        raise GraphFileError(f"{where}: bare {name} in params JSON; non-finite floats are "
+                             'written {"float": "nan"}')
+    try:
+        value = json.loads(text, parse_constant=no_constant)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise GraphFileError(f"{where}: params are not valid JSON ({exc}): {text:.200}") from None
+    if not isinstance(value, dict):
+        raise GraphFileError(f"{where}: params must be a JSON object, got {text[:200]!r}")
+    return {k: _decode(v, f"{where}: param {k!r}") for k, v in value.items()}
+
+
+def _decode(v, where):
+    if isinstance(v, list):
+        return tuple(_decode(x, where) for x in v)
+    if isinstance(v, dict):
+        if list(v) == ["float"] and v["float"] in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[v["float"]]
+        if list(v) == ["list"] and isinstance(v["list"], list):
+            return [_decode(x, where) for x in v["list"]]
+        raise GraphFileError(f"{where}: unknown tagged value {json.dumps(v)[:200]}")
+    return v
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def save_graph(path, graph: Graph, roles: dict[str, Tensor] | None = None,
+               metadata: dict[str, Any] | None = None) -> None:
+    """Write `graph` (forward and, if built, backward nodes), its flags, the data of its
+    persistent leaves and its gradient bookkeeping to the GGUF file `path`, atomically.
+
+    roles: names for tensors a caller wants back from load_graph (each must be an entry).
+    metadata: extra key/values (engine.gguf_io's types; keys must not start with "graph.").
+    Raises GraphFileError naming the node or key that cannot be stored.
+    """
+    if not isinstance(graph, Graph) or not graph.nodes:
+        raise GraphFileError(f"save_graph: expected a Graph with nodes, got {graph!r}")
+    entries = list(graph.nodes)
+    index = {t.id: i for i, t in enumerate(entries)}
+    seed = [] if graph.loss_grad is None else [graph.loss_grad]
+    for t in [*graph.grad_accs.values(), *seed]:
+        if index.setdefault(t.id, len(entries)) == len(entries):
+            entries.append(t)
+    tensors, params = {}, []
+    for i, t in enumerate(entries):
+        at = f"save_graph: node {i} ({t.name!r}, op {t.op})"
+        if t.is_leaf and (t.shares is not None or not t.persistent):
+            raise GraphFileError(f"{at}: a leaf must hold its own data (an input, param, ...); "
+                                 + (f"this one reads the buffer of {t.shares.name!r} in "
+                                    "another graph" if t.shares is not None else "no flags"))
+        params.append(encode_params(t.params, at))
+        if t.is_leaf:
+            data = t.host_view()
+            tensors[f"node.{i}"] = data if 1 <= t.ndim <= MAX_DIMS else data.reshape(-1)
+    keys: dict[str, Any] = {
+        "format_version": FORMAT_VERSION, "name": graph.name, "node_count": len(graph.nodes),
+        "node.name": [t.name for t in entries], "node.op": [t.op or "" for t in entries],
+        "node.dtype": [dtype_name(t.dtype) for t in entries],
+        "node.flags": [_flags_text(t.flags) for t in entries],
+        "node.ndim": [t.ndim for t in entries], "node.dims": [d for t in entries for d in t.shape],
+        "node.nsrcs": [len(t.srcs) for t in entries], "node.params": params,
+        "node.srcs": [index[s.id] for t in entries for s in t.srcs],
+        "outputs": [index[t.id] for t in graph.outputs], "backward": bool(seed)}
+    if seed:
+        losses = [t for t in graph.nodes if t.flags & Flag.LOSS]
+        keys.update({
+            "backward.accumulate": bool(graph.grad_accs), "backward.loss_grad": index[seed[0].id],
+            "backward.loss": index[losses[0].id] if len(losses) == 1 else -1,
+            "backward.grad_params": [index[p.id] for p in graph.grads],
+            "backward.grads": [index[g.id] for g in graph.grads.values()],
+            "backward.acc_params": [index[p.id] for p in graph.grad_accs],
+            "backward.accs": [index[a.id] for a in graph.grad_accs.values()]})
+    roles = dict(roles or {})
+    for name, t in roles.items():
+        if not isinstance(name, str) or not isinstance(t, Tensor) or t.id not in index:
+            raise GraphFileError(f"save_graph: role {name!r} names {t!r}, which is not a "
+                                 f"tensor of graph {graph.name!r}")
+    keys.update({"role.names": list(roles), "role.nodes": [index[t.id] for t in roles.values()]})
+    meta = dict(metadata or {})
+    reserved = [k for k in meta if not isinstance(k, str) or k.startswith(PREFIX)]
+    if reserved:
+        raise GraphFileError(f"save_graph: metadata keys {reserved} are reserved for the graph "
+                             f"(keys starting with {PREFIX!r})")
+    meta.update({PREFIX + k: v for k, v in keys.items() if v != []})   # GGUF: no empty arrays
+    save_gguf(path, tensors, ARCH, meta)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def load_graph(path) -> LoadedGraph:
+    """Rebuild the graph saved at `path` by save_graph, checking everything on the way.
+
+    Raises GGUFFormatError (from engine.gguf_io) for a file that is not readable GGUF
+    (missing, truncated, corrupt), and GraphFileError, naming the node or key, for a GGUF
+    file that is not a valid graph file.
+    """
+    gf, where = load_gguf(path), os.fspath(path)
+    if gf.arch != ARCH:
+        hint = (f"this is an MNIST model file ({gf.arch}), not a graph file; load it with "
+                "engine.mnist.models.Model.load" if gf.arch.startswith("mnist-") else
+                "not a graph file")
+        raise GraphFileError(f"{where}: architecture is {gf.arch!r}, expected {ARCH!r}: {hint}")
+    keys = _Keys(gf.metadata, where)
+    version = keys.one("format_version", int)
+    if version != FORMAT_VERSION:
+        raise GraphFileError(f"{where}: unsupported graph format version {version} (this "
+                             f"engine reads version {FORMAT_VERSION})")
+    names, n = keys.many("node.name", str), keys.one("node_count", int)
+    count = len(names)
+    if not 1 <= n <= count:
+        raise GraphFileError(f"{where}: node_count {n} outside [1, {count}] ({count} entries "
+                             "in graph.node.name)")
+    ops_, dtypes, flags, params = (keys.many("node." + k, str, count)
+                                   for k in ("op", "dtype", "flags", "params"))
+    shapes = _split(keys, "node.ndim", "node.dims", count)
+    srcs = _split(keys, "node.nsrcs", "node.srcs", count)
+    registry = all_ops()
+    entries: list[Tensor] = []
+    for i in range(count):
+        at = f"{where}: node {i} ({names[i]!r}, op {ops_[i] or 'leaf'})"
+        if dtypes[i] not in DTYPES:
+            raise GraphFileError(f"{at}: unknown dtype {dtypes[i]!r}; known: {sorted(DTYPES)}")
+        flag = _parse_flags(flags[i], at)
+        kwargs = decode_params(params[i], at)
+        bad = [s for s in srcs[i] if not 0 <= s < i]
+        if bad:
+            raise GraphFileError(f"{at}: source index {bad[0]} is out of range or not "
+                                 f"earlier than the node (sources {list(srcs[i])})")
+        if not ops_[i]:
+            if srcs[i] or kwargs or not flag.persistent:
+                raise GraphFileError(f"{at}: a leaf must be persistent (input, param, ...), "
+                                     f"with no sources or params; flags {flags[i]!r}")
+            t = Tensor(shapes[i], dtypes[i], name=names[i], flags=flag)
+        else:
+            t = _rebuild(registry, ops_[i], [entries[s] for s in srcs[i]], kwargs, i >= n, at)
+            if t.shape != shapes[i] or dtype_name(t.dtype) != dtypes[i]:
+                raise GraphFileError(f"{at}: stored as {list(shapes[i])} {dtypes[i]}, but the "
+                                     f"op infers {list(t.shape)} {dtype_name(t.dtype)} from "
+                                     "its sources")
+            if flag & (Flag.PARAM | Flag.GRAD_ACC):
+                raise GraphFileError(f"{at}: only leaves may be flagged {flags[i]}")
+            t.name, t.flags = names[i], flag
+        entries.append(t)
+    _restore_data(gf.tensors, entries, where)
+
+    graph = Graph(name=keys.one("name", str))
+    graph.expand(*(entries[i] for i in keys.indices("outputs", n)))
+    if [t.id for t in graph.nodes] != [t.id for t in entries[:n]]:
+        raise GraphFileError(f"{where}: the stored nodes are not the graph of the stored "
+                             "outputs in its topological order (a node is unreachable, or "
+                             "out of order)")
+    loss = _restore_backward(graph, keys, entries, n) if keys.one("backward", bool) else None
+    role_names, role_nodes = keys.many("role.names", str), keys.indices("role.nodes", count)
+    if len(role_names) != len(role_nodes) or len(set(role_names)) != len(role_names):
+        raise GraphFileError(f"{where}: role.names {role_names} and role.nodes {role_nodes} "
+                             "must pair up, names unique")
+    roles = {name: entries[i] for name, i in zip(role_names, role_nodes, strict=True)}
+    user = {k: v for k, v in gf.metadata.items() if not k.startswith(PREFIX)}
+    return LoadedGraph(graph, roles, graph.params(), user, loss)
+
+
+def _rebuild(registry, op, srcs, kwargs, detached, at) -> Tensor:
+    if detached:
+        raise GraphFileError(f"{at}: entries after node_count must be leaves")
+    opdef = registry.get(op)
+    if opdef is None:
+        raise GraphFileError(f"{at}: unknown op {op!r} (not in the registry)")
+    if opdef.kind == "composite":
+        raise GraphFileError(f"{at}: {op} is a composite op; graphs hold the ops it is made of")
+    try:
+        return make_node(op, srcs, **kwargs)
+    except Exception as exc:   # whatever the op's infer raises, the file is what is wrong
+        raise GraphFileError(f"{at}: the op rejects its sources or params "
+                             f"{encode_params(kwargs)[:200]}: {exc}") from exc
+
+
+def _flags_text(flag: Flag) -> str:
+    """'OUTPUT|PARAM' ('' for none), the same on every Python version."""
+    return "|".join(name for name in _FLAG_NAMES if flag & Flag[name])
+
+
+def _parse_flags(text: str, at: str) -> Flag:
+    flag = Flag.NONE
+    for name in filter(None, text.split("|")):
+        if name not in _FLAG_NAMES:
+            raise GraphFileError(f"{at}: unknown flag {name!r}; known: {_FLAG_NAMES}")
+        flag |= Flag[name]
+    return flag
+
+
+def _restore_data(tensors: dict[str, np.ndarray], entries: list[Tensor], where: str) -> None:
+    """Set every leaf from its tensor `node.<i>`; refuse missing and unexpected tensors."""
+    expected = {f"node.{i}": t for i, t in enumerate(entries) if t.is_leaf}
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise GraphFileError(f"{where}: tensors {extra[:5]} belong to no persistent leaf")
+    for key, t in expected.items():
+        at = f"{where}: node {key.split('.')[1]} ({t.name!r}, flags {_flags_text(t.flags)})"
+        data = tensors.get(key)
+        if data is None:
+            raise GraphFileError(f"{at}: no data (tensor {key!r}) for this persistent leaf")
+        stored = t.shape if 1 <= t.ndim <= MAX_DIMS else (t.size,)
+        if data.shape != stored or data.dtype != t.dtype:
+            raise GraphFileError(f"{at}: data is {list(data.shape)} {data.dtype}, the node is "
+                                 f"{list(stored)} {t.dtype}")
+        t.set(data.reshape(t.shape))
+
+
+def _restore_backward(graph: Graph, keys: _Keys, entries: list[Tensor], n: int):
+    """Set the graph's loss_grad, grads and grad_accs; return its loss (None if unknown)."""
+    seed = entries[keys.index("backward.loss_grad", len(entries))]
+    if not (seed.is_leaf and seed.persistent and seed.dtype.kind == "f"):
+        raise GraphFileError(f"{keys.where}: backward.loss_grad {seed.name!r} must be a "
+                             "persistent float leaf")
+    pairs = {}
+    for kind, flag in (("grad", Flag.NONE), ("acc", Flag.GRAD_ACC)):
+        ps = [entries[i] for i in keys.indices(f"backward.{kind}_params", n)]
+        of = [entries[i] for i in keys.indices(f"backward.{kind}s", len(entries))]
+        if len(ps) != len(of):
+            raise GraphFileError(f"{keys.where}: backward.{kind}_params and backward.{kind}s "
+                                 "differ in length")
+        for p, g in zip(ps, of, strict=True):
+            if not (p.is_leaf and p.is_param) or (g.shape, g.dtype) != (p.shape, p.dtype) or \
+                    (flag and not (g.is_leaf and g.flags & flag)):
+                raise GraphFileError(f"{keys.where}: {kind} {g.name!r} cannot belong to "
+                                     f"{p.name!r} (a param leaf of its shape and dtype"
+                                     + (", flagged GRAD_ACC)" if flag else ")"))
+        pairs[kind] = dict(zip(ps, of, strict=True))
+    if keys.one("backward.accumulate", bool) != bool(pairs["acc"]):
+        raise GraphFileError(f"{keys.where}: backward.accumulate disagrees with backward.accs")
+    graph.grads, graph.grad_accs, graph.loss_grad = pairs["grad"], pairs["acc"], seed
+    return None if keys.one("backward.loss", int) == -1 else \
+        entries[keys.index("backward.loss", n)]
+
+
+def _split(keys: _Keys, counts_key: str, flat_key: str, count: int) -> list[tuple[int, ...]]:
+    """Per-entry tuples from a counts array and the concatenated values."""
+    counts, flat = keys.many(counts_key, int, count), keys.many(flat_key, int)
+    if any(c < 0 for c in counts) or sum(counts) != len(flat):
+        raise GraphFileError(f"{keys.where}: {PREFIX}{counts_key} (sum {sum(counts)}) and "
+                             f"{PREFIX}{flat_key} ({len(flat)} values) disagree")
+    out = [tuple(flat[e - c:e]) for c, e in zip(counts, accumulate(counts), strict=True)]
+    bad = [i for i, values in enumerate(out) if min(values, default=0) < 0]
+    if bad:
+        raise GraphFileError(f"{keys.where}: node {bad[0]}: {PREFIX}{flat_key} gives it "
+                             f"{list(out[bad[0]])}; indices and dimensions are >= 0")
+    return out
+
+
+class _Keys:
+    """Typed reads of the graph's keys; every failure is a GraphFileError naming the key."""
+
+    def __init__(self, metadata: dict, where: str):
+        self.metadata, self.where = metadata, where
+
+    def _fail(self, key, problem):
+        return GraphFileError(f"{self.where}: {PREFIX + key} {problem}")
+
+    def one(self, key, kind):
+        """The value of a required scalar key of type `kind` (int, bool or str)."""
+        v = self.metadata.get(PREFIX + key)   # a GGUF value is never None
+        if type(v) is not kind:
+            raise self._fail(key, "is missing" if v is None else
+                             f"must be of type {kind.__name__}, got {v!r:.100}")
+        return v
+
+    def many(self, key, kind, count=None):
+        """An array of `kind`; absent means empty unless `count` (the length) is positive."""
+        v = self.metadata.get(PREFIX + key)
+        if v is None and count:
+            raise self._fail(key, "is missing")
+        v = [] if v is None else v
+        if not isinstance(v, list) or any(type(x) is not kind for x in v):
+            raise self._fail(key, f"must be an array of {kind.__name__}, got {v!r:.100}")
+        if count is not None and len(v) != count:
+            raise self._fail(key, f"has {len(v)} values for {count} entries")
+        return v
+
+    def index(self, key, hi) -> int:
+        return self.indices(key, hi, [self.one(key, int)])[0]
+
+    def indices(self, key, hi, values=None) -> list[int]:
+        values = self.many(key, int) if values is None else values
+        bad = [i for i in values if not 0 <= i < hi]
+        if bad:
+            raise self._fail(key, f"holds {bad[0]}, not an entry index in [0, {hi})")
+        return values

@@ -1,0 +1,397 @@
+"""Graph files: registry and MNIST round trips (bitwise), and every malformed-file error."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import engine
+from engine import ops
+from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf
+from engine.graph_io import GraphFileError, decode_params, encode_params, load_graph, save_graph
+from engine.mnist.models import Model
+from engine.optim import make_optimizer
+from engine.registry import all_ops
+from engine.tensor import Flag, input_tensor, shared_leaf
+from engine.train import Trainer
+from tests.engine.op_harness import loss_weights
+
+OPS = all_ops()
+SAMPLES = [s for op in OPS.values() if op.samples for s in op.samples()]
+
+
+def sample_graph(sample):
+    """The sample's op on leaves holding its inputs, plus (for differentiable ops) the
+    weighted-sum loss and its accumulating backward pass, as in gradcheck."""
+    arrays = sample.leaf_arrays(sample.generate_inputs())
+    leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and a.dtype.kind == "f"
+              else engine.input_tensor(a.shape, a.dtype, name=s.name)
+              for s, a in zip(sample.inputs, arrays, strict=True)]
+    out = sample.build(*leaves).set_output()
+    graph = engine.Graph([out], name=str(sample))
+    if OPS[sample.op].differentiable and out.dtype.kind == "f" and \
+            any(t.is_param for t in leaves):
+        w = engine.constant(loss_weights(out.shape).astype(out.dtype), name="w")
+        loss = ops.sum(ops.mul(out, w)).set_loss()
+        graph.expand(loss)
+        graph.build_backward(loss, accumulate=True)
+    for t, a in zip(leaves, arrays, strict=True):
+        t.set(a)
+    return graph, out
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def persistent_values(graph):
+    return [t.numpy() for t in graph.nodes if t.persistent] + \
+        [a.numpy() for a in graph.grad_accs.values()]
+
+
+# --- op params encoding ----------------------------------------------------------------------
+
+def same_value(a, b) -> bool:
+    """Equal with equal types all the way down; floats by their bits (NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or a.hex() == b.hex()
+    return a == b
+
+
+def test_every_registry_node_params_round_trip():
+    """All samples' forward and backward nodes: decode(encode(params)) is the same value."""
+    count = 0
+    for sample in SAMPLES:
+        graph, _ = sample_graph(sample)
+        for t in graph.nodes:
+            back = decode_params(encode_params(t.params))
+            assert list(back) == list(t.params), t
+            assert all(same_value(t.params[k], back[k]) for k in t.params), (t, back)
+            count += 1
+    assert count > 10_000
+
+
+scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text() | \
+    st.floats(allow_nan=True, allow_infinity=True)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4).map(tuple) |
+                      st.lists(inner, max_size=4), max_leaves=12)
+
+
+@given(st.dictionaries(st.text(), values, max_size=5))
+def test_encoding_round_trips_any_value(params):
+    back = decode_params(encode_params(params))
+    assert list(back) == list(params)
+    assert all(same_value(params[k], back[k]) for k in params)
+
+
+def test_encoding_of_floats_and_tuples_is_explicit():
+    text = encode_params({"a": (1, 2.0), "b": -0.0, "c": math.inf, "d": [True, None]})
+    assert text == ('{"a": [1, 2.0], "b": -0.0, "c": {"float": "inf"}, '
+                    '"d": {"list": [true, null]}}')
+
+
+@pytest.mark.parametrize("value", [np.float32(1.0), np.int64(3), {"a": 1}, b"x", 1j])
+def test_encoding_refuses_other_types(value):
+    with pytest.raises(GraphFileError, match="cannot be stored"):
+        encode_params({"p": value})
+
+
+@pytest.mark.parametrize("text, match", [
+    ("{", "not valid JSON"), ("[1]", "JSON object"), ('{"a": NaN}', "bare NaN"),
+    ('{"a": {"float": "1.5"}}', "unknown tagged"), ('{"a": {"eval": "1"}}', "unknown tagged"),
+])
+def test_decoding_refuses_malformed_text(text, match):
+    with pytest.raises(GraphFileError, match=match):
+        decode_params(text)
+
+
+# --- registry round trip ---------------------------------------------------------------------
+
+# the first 3 samples of every (op, dtype) run by default, the others with -m slow
+FAST_SAMPLES = [s for _, run in itertools.groupby(SAMPLES, lambda s: (s.op, s.dtype))
+                for s in list(run)[:3]]
+
+
+@pytest.mark.parametrize("sample", FAST_SAMPLES + [
+    pytest.param(s, marks=pytest.mark.slow) for s in SAMPLES if s not in FAST_SAMPLES], ids=str)
+def test_registry_sample_round_trips_bitwise(sample, tmp_path):
+    """Export, import, compute both: every output, gradient and accumulator has the same
+    bits, and the nodes keep their ops, shapes, dtypes, names and flags."""
+    graph, _ = sample_graph(sample)
+    save_graph(tmp_path / "g.gguf", graph)
+    loaded = load_graph(tmp_path / "g.gguf").graph
+    assert [(t.op, t.shape, t.dtype, t.name, t.flags, t.params) for t in loaded.nodes] == \
+        [(t.op, t.shape, t.dtype, t.name, t.flags, t.params) for t in graph.nodes]
+    graph.compute()
+    loaded.compute()
+    want, got = persistent_values(graph), persistent_values(loaded)
+    assert len(want) == len(got)
+    assert all(same_bits(w, g) for w, g in zip(want, got, strict=True))
+
+
+# --- MNIST training graphs -------------------------------------------------------------------
+
+def mnist_trainer(arch, batch=4, period=2):
+    model = Model.new(arch, seed=0)
+    images, logits = model.build(batch=batch)
+    labels = input_tensor((batch, 10), "f32", name="labels")
+    trainer = Trainer(images, logits, loss_type="cross_entropy", labels=labels,
+                      optimizer="adamw", opt_params={"lr": 1e-2},
+                      batch_logical=batch * period)
+    roles = {"images": images, "logits": logits, "labels": labels, "loss": trainer.loss}
+    return model, trainer, roles
+
+
+def batches(n, batch=4, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        yield (rng.uniform(0, 1, (batch, 784)).astype(np.float32),
+               np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)])
+
+
+@pytest.mark.parametrize("arch", ["fc", "cnn"])
+def test_imported_training_graph_trains_bitwise_like_the_original(arch, tmp_path):
+    model, trainer, roles = mnist_trainer(arch)
+    start = model.weights()
+    save_graph(tmp_path / "train.gguf", trainer.training, roles, metadata={"run": "test"})
+    loaded = load_graph(tmp_path / "train.gguf")
+    assert loaded.metadata == {"run": "test"}
+    assert [p.name for p in loaded.params] == list(model.params)
+    opt = make_optimizer("adamw", loaded.graph, lr=1e-2)
+    accumulated = 0
+    for data, labels in batches(6):
+        trainer.eval_batch(data, labels)
+        loaded.roles["images"].set(data)
+        loaded.roles["labels"].set(labels)
+        if accumulated == 0:
+            loaded.graph.reset()
+        loaded.graph.compute()
+        accumulated += 1
+        if accumulated == trainer.opt_period:
+            opt.step()
+            accumulated = 0
+        assert loaded.roles["loss"].item() == trainer.loss.item()
+    assert opt.step_count == 3
+    for p in loaded.params:
+        assert not same_bits(p.numpy(), start[p.name]), f"{p.name} did not train"
+        assert same_bits(p.numpy(), model.params[p.name].numpy()), p.name
+
+
+def test_export_mid_accumulation_resumes_bitwise(tmp_path):
+    """Exported after the first of two physical batches: the accumulated gradients travel
+    with the file, and the next batch completes the same logical batch."""
+    model, trainer, roles = mnist_trainer("fc")
+    (data1, labels1), (data2, labels2) = batches(2)
+    trainer.eval_batch(data1, labels1)
+    save_graph(tmp_path / "train.gguf", trainer.training, roles)
+    loaded = load_graph(tmp_path / "train.gguf")
+    assert all(same_bits(a.numpy(), b.numpy()) for a, b in zip(
+        loaded.graph.grad_accs.values(), trainer.training.grad_accs.values(), strict=True))
+    trainer.eval_batch(data2, labels2)
+    loaded.roles["images"].set(data2)
+    loaded.roles["labels"].set(labels2)
+    loaded.graph.compute()
+    make_optimizer("adamw", loaded.graph, lr=1e-2).step()
+    for p in loaded.params:
+        assert same_bits(p.numpy(), model.params[p.name].numpy()), p.name
+
+
+def test_flags_roles_and_backward_bookkeeping_survive(tmp_path):
+    """Names, flags, roles, loss, seed, gradients and accumulators come back; a forward graph
+    over the imported roles (what `mnist eval` does with a graph file) evaluates the same."""
+    _, trainer, roles = mnist_trainer("fc")
+    graph = trainer.training
+    save_graph(tmp_path / "train.gguf", graph, roles)
+    loaded = load_graph(tmp_path / "train.gguf")
+    g = loaded.graph
+    assert (g.name, [(t.name, t.flags) for t in g.nodes]) == \
+        (graph.name, [(t.name, t.flags) for t in graph.nodes])
+    assert {k: (t.name, t.flags) for k, t in loaded.roles.items()} == \
+        {k: (t.name, t.flags) for k, t in roles.items()}
+    assert [loaded.roles[k].flags for k in ("images", "labels")] == [Flag.INPUT] * 2
+    assert [p.flags for p in loaded.params] == [Flag.PARAM] * 4
+    position = {t.id: i for i, t in enumerate(graph.nodes)}
+    at = lambda t: g.nodes[position[t.id]]   # the imported node of an original one
+    assert loaded.loss is at(next(t for t in graph.nodes if t.flags & Flag.LOSS))
+    assert g.loss_grad is at(graph.loss_grad)
+    assert [(p.name, d) for p, d in g.grads.items()] == \
+        [(p.name, at(d)) for p, d in graph.grads.items()]
+    assert [(p.name, a.name, a.flags) for p, a in g.grad_accs.items()] == \
+        [(p.name, a.name, a.flags) for p, a in graph.grad_accs.items()]
+
+    forward = engine.Graph([loaded.roles["loss"], loaded.roles["logits"]], name="eval")
+    assert len(forward.nodes) < len(g.nodes)
+    data, labels = next(batches(1))
+    trainer.eval_batch(data, labels, backward=False)
+    loaded.roles["images"].set(data)
+    loaded.roles["labels"].set(labels)
+    forward.compute()
+    assert loaded.roles["loss"].item() == trainer.loss.item()
+    assert same_bits(loaded.roles["logits"].numpy(), roles["logits"].numpy())
+
+
+# --- malformed files -------------------------------------------------------------------------
+
+def small_graph():
+    """x (param) -> scale -> sum = loss, with an accumulating backward pass."""
+    x = engine.param((2, 3), name="x")
+    x.set(np.arange(6).reshape(2, 3))
+    loss = ops.sum(ops.scale(x, 2.0)).set_loss()
+    graph = engine.Graph([loss], name="small")
+    graph.build_backward(loss, accumulate=True)
+    return graph, x, loss
+
+
+@pytest.fixture
+def small_file(tmp_path):
+    graph, x, loss = small_graph()
+    save_graph(tmp_path / "small.gguf", graph, roles={"x": x, "loss": loss})
+    return tmp_path / "small.gguf"
+
+
+def rewrite(path, edit, arch="gradverify-graph"):
+    """Load `path`'s tensors and metadata, let `edit(tensors, meta)` change them, save."""
+    gf = load_gguf(path)
+    tensors, meta = dict(gf.tensors), dict(gf.metadata)
+    edit(tensors, meta)
+    save_gguf(path, tensors, arch, meta)
+
+
+def node_edit(key, op, value):
+    """Set the first `op` node's entry ("" = the first leaf) of the array `key` to `value`
+    (a list replaces as many values; in node.dims and node.srcs, from the node's slice)."""
+    def edit(tensors, meta):
+        i = meta["graph.node.op"].index(op)
+        counts = {"graph.node.dims": "graph.node.ndim", "graph.node.srcs": "graph.node.nsrcs"}
+        i = sum(meta[counts[key]][:i]) if key in counts else i
+        values = value if isinstance(value, list) else [value]
+        meta[key] = [*meta[key][:i], *values, *meta[key][i + len(values):]]
+    return edit
+
+
+def set_key(key, value):
+    return lambda tensors, meta: meta.update({key: value})
+
+
+def put_tensor(name, array):
+    return lambda tensors, meta: tensors.update({name: array})
+
+
+F32, F64 = np.float32, np.float64
+PARAMS, SRCS, DIMS = "graph.node.params", "graph.node.srcs", "graph.node.dims"
+MALFORMED = {   # case: (edit, the error message, a regex)
+    "unknown op": (node_edit("graph.node.op", "scale", "os.system"), "unknown op 'os.system'"),
+    "composite op": (node_edit("graph.node.op", "scale", "mean"), "composite"),
+    "source out of range": (node_edit(SRCS, "scale", 99), "source index 99"),
+    "source not earlier": (node_edit(SRCS, "sum", 3), "index 3 is out of range or not earlier"),
+    "negative source": (node_edit(SRCS, "scale", -1), r"node 1: graph.node.srcs gives it \[-1\]"),
+    "negative dimension": (node_edit(DIMS, "", -2), r"node 0: graph.node.dims gives it \[-2, 3\]"),
+    "params not JSON": (node_edit(PARAMS, "scale", "{'scale': 2.0"),
+                        r"node 1 \('scale_\d+', op scale\): params are not valid JSON"),
+    "params not an object": (node_edit(PARAMS, "scale", "[2.0]"), "JSON object"),
+    "python code in params": (node_edit(PARAMS, "scale", '{"scale": "__import__(\'os\')"}'),
+                              "scale: parameter scale must be a number"),
+    "params the op lacks": (node_edit(PARAMS, "scale", '{"factor": 2.0}'), "rejects its"),
+    "stored shape disagrees": (node_edit(DIMS, "scale", [3, 2]),
+                               r"stored as \[3, 2\] f32, but the op infers \[2, 3\] f32"),
+    "stored dtype disagrees": (node_edit("graph.node.dtype", "scale", "f64"),
+                               r"stored as \[2, 3\] f64, but the op infers \[2, 3\] f32"),
+    "unknown dtype": (node_edit("graph.node.dtype", "scale", "f16"), "unknown dtype 'f16'"),
+    "unknown flag": (node_edit("graph.node.flags", "scale", "OUTPUT|ROOT"), "unknown flag"),
+    "param flag on an op node": (node_edit("graph.node.flags", "scale", "PARAM"),
+                                 "only leaves may be flagged PARAM"),
+    "leaf without flags": (node_edit("graph.node.flags", "", ""), "must be persistent"),
+    "leaf with sources": (lambda t, m: m.update({SRCS: [*m[SRCS], 0], "graph.node.nsrcs": [
+        *m["graph.node.nsrcs"][:-1], 1]}), "with no sources"),
+    "counts disagree": (node_edit("graph.node.nsrcs", "", 1), "disagree"),
+    "missing param data": (lambda t, m: t.pop("node.0"), r"node 0 \('x', flags PARAM\): no data"),
+    "data shape mismatch": (put_tensor("node.0", np.zeros((3, 2), F32)),
+                            r"data is \[3, 2\] float32, the node is \[2, 3\] float32"),
+    "data dtype mismatch": (put_tensor("node.0", np.zeros((2, 3), F64)), r"\[2, 3\] float64"),
+    "data for no leaf": (put_tensor("node.1", np.zeros((2, 3), F32)), "no persistent leaf"),
+    "unsupported version": (set_key("graph.format_version", 2), "format version 2"),
+    "version missing": (lambda t, m: m.pop("graph.format_version"), "version is missing"),
+    "version not an int": (set_key("graph.format_version", "1"), "must be of type int"),
+    "node table missing": (lambda t, m: m.pop("graph.node.op"), "graph.node.op is missing"),
+    "node table too short": (lambda t, m: m.update({"graph.node.op": m["graph.node.op"][1:]}),
+                             "has 7 values for 8 entries"),
+    "node count too large": (set_key("graph.node_count", 99), "node_count 99"),
+    "op among the detached leaves": (set_key("graph.node_count", 5), "must be leaves"),
+    "output out of range": (set_key("graph.outputs", [50]), "graph.outputs holds 50"),
+    "outputs miss a node": (set_key("graph.outputs", [3]), "not the graph of the stored"),
+    "gradient of the wrong shape": (set_key("graph.backward.grads", [3]), "cannot belong to"),
+    "accumulate disagrees": (set_key("graph.backward.accumulate", False), "disagrees"),
+    "role out of range": (set_key("graph.role.nodes", [0, 77]), "graph.role.nodes holds 77"),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=str)
+def test_malformed_graph_files_raise_naming_the_problem(case, small_file):
+    edit, match = MALFORMED[case]
+    rewrite(small_file, edit)
+    with pytest.raises(GraphFileError, match=match):
+        load_graph(small_file)
+
+
+def test_model_file_and_other_architectures_are_not_graphs(tmp_path, small_file):
+    rewrite(small_file, lambda t, m: None, arch="llama")
+    with pytest.raises(GraphFileError, match="'llama', expected 'gradverify-graph'"):
+        load_graph(small_file)
+    Model.new("fc").save(tmp_path / "fc.gguf")
+    with pytest.raises(GraphFileError, match="this is an MNIST model file .mnist-fc., not a "
+                                             "graph file"):
+        load_graph(tmp_path / "fc.gguf")
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.9, 0.999])
+def test_truncated_file(small_file, keep):
+    data = small_file.read_bytes()
+    small_file.write_bytes(data[:int(len(data) * keep)])
+    with pytest.raises(GGUFFormatError, match="truncated"):
+        load_graph(small_file)
+
+
+# --- what cannot be exported -----------------------------------------------------------------
+
+def test_export_refuses_what_a_graph_file_cannot_hold(tmp_path):
+    path = tmp_path / "g.gguf"
+    y = ops.scale(engine.param((2,), name="x"), 2.0)
+    y.params["scale"] = np.float32(2.0)   # as a builder that forgot float() would store it
+    with pytest.raises(GraphFileError, match=r"param 'scale': value .*2.0.* of type float32"):
+        save_graph(path, engine.Graph([y]))
+    x = engine.param((2,), name="x").set_output()
+    with pytest.raises(GraphFileError, match="reads the buffer of 'x' in another graph"):
+        save_graph(path, engine.Graph([ops.scale(shared_leaf(x, name="x@other"), 2.0)]))
+    with pytest.raises(GraphFileError, match="a leaf must hold its own data"):
+        save_graph(path, engine.Graph([ops.scale(engine.Tensor((2,), "f32"), 2.0)]))
+    graph, _, _ = small_graph()
+    with pytest.raises(GraphFileError, match=r"metadata keys \['graph.name'\] are reserved"):
+        save_graph(path, graph, metadata={"graph.name": "x"})
+    with pytest.raises(GraphFileError, match="role 'y'"):
+        save_graph(path, graph, roles={"y": engine.param((1,))})
+    assert list(tmp_path.iterdir()) == []   # nothing written, no temporary file left
+
+
+def test_special_shapes_and_values_round_trip(tmp_path):
+    """0-d and 5-d leaves (stored flat), an empty one, and NaN/-0.0 data and params."""
+    a = engine.input_tensor((), "f64", name="a").set(np.nan)
+    b = engine.input_tensor((1, 2, 1, 2, 1), "f32", name="b").set([[[[[-0.0], [1]]], [[[2],
+                                                                    [np.inf]]]]])
+    c = engine.input_tensor((0, 3), "i32", name="c")
+    d = ops.clamp(ops.reshape(b, (4,)), -math.inf, 1.0)
+    graph = engine.Graph([a, c, d])
+    save_graph(tmp_path / "g.gguf", graph)
+    loaded = load_graph(tmp_path / "g.gguf").graph
+    assert [t.shape for t in loaded.nodes] == [t.shape for t in graph.nodes]
+    assert same_bits(loaded.nodes[0].numpy(), a.numpy())
+    assert same_bits(loaded.nodes[2].numpy(), b.numpy())
+    assert loaded.nodes[-1].params == {"min": -math.inf, "max": 1.0}
