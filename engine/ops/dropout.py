@@ -33,12 +33,11 @@ def _dropout_infer(x, p, seed):
     if x.dtype.kind != "f":
         raise DTypeError(f"dropout: needs a float input, got {x.dtype} of shape "
                          f"{list(x.shape)}")
+    _check_params(x, p, seed)
     return x.shape, x.dtype
 
 
-def dropout(x, p, seed):
-    """x * mask / (1 - p): each element kept with probability 1 - p by a hash of
-    (seed, its C-order index); p in [0, 1), seed an int in [0, 2^64)."""
+def _check_params(x, p, seed) -> None:
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not math.isfinite(p) \
             or not 0.0 <= p < 1.0:
         raise ShapeError(f"dropout: p must be a number in [0, 1), got {p!r} (input of shape "
@@ -46,6 +45,12 @@ def dropout(x, p, seed):
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) \
             or not 0 <= seed < MAX_SEED:
         raise ShapeError(f"dropout: seed must be an int in [0, 2^64), got {seed!r}")
+
+
+def dropout(x, p, seed):
+    """x * mask / (1 - p): each element kept with probability 1 - p by a hash of
+    (seed, its C-order index); p in [0, 1), seed an int in [0, 2^64)."""
+    _check_params(x, p, seed)
     return make_node("dropout", (x,), p=float(p), seed=int(seed))
 
 

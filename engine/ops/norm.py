@@ -42,6 +42,7 @@ def check_eps(op: str, eps) -> float:
 
 def _row_infer(op):
     def infer(x, eps):
+        check_eps(op, eps)
         check_rows(op, x)
         return x.shape, x.dtype
     return infer
@@ -49,6 +50,7 @@ def _row_infer(op):
 
 def _back_infer(op):
     def infer(g, x, eps):
+        check_eps(op, eps)
         check_rows(op, g, x)
         return x.shape, x.dtype
     return infer

@@ -37,6 +37,11 @@ def reduced_shape(shape, axes, keepdims) -> tuple[int, ...]:
 def _sum_infer(x, axes, keepdims):
     if x.dtype.kind != "f":
         raise DTypeError(f"sum: needs a float input, got {x.dtype}")
+    if not isinstance(keepdims, bool):
+        raise ShapeError(f"sum: keepdims must be True or False, got {keepdims!r}")
+    if not isinstance(axes, tuple) or normalize_axes("sum", x.shape, axes) != axes:
+        raise ShapeError(f"sum: axes must be a sorted tuple of distinct axes of shape "
+                         f"{list(x.shape)}, got {axes!r}")
     return reduced_shape(x.shape, axes, keepdims), x.dtype
 
 

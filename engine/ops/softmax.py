@@ -25,6 +25,7 @@ mask is read in place through its strides.
 from __future__ import annotations
 
 import math
+import numbers
 
 from engine.backends.cpu.softmax import cpu_log_softmax, cpu_softmax, cpu_softmax_back
 from engine.errors import DTypeError, ShapeError
@@ -60,7 +61,14 @@ def contiguous_inputs(*tensors):
 
 
 # --- softmax ----------------------------------------------------------------------------------
+def _check_scale(op, scale) -> None:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
+            or not math.isfinite(scale):
+        raise ShapeError(f"{op}: scale must be a finite number, got {scale!r}")
+
+
 def _softmax_infer(x, *mask, scale):
+    _check_scale("softmax", scale)
     check_rows("softmax", x)
     if mask:
         (m,) = mask
@@ -101,6 +109,7 @@ def _softmax_backward(g, y, x, *mask, scale):
 
 
 def _softmax_back_infer(g, y, scale):
+    _check_scale("softmax_back", scale)
     check_rows("softmax_back", g, y)
     return y.shape, y.dtype
 

@@ -69,3 +69,19 @@ def test_backward_through_an_op_without_gradient_is_refused(monkeypatch):
 def test_registry_refuses_an_op_without_backward_or_reason():
     with pytest.raises(ValueError, match="give a backward rule or say why"):
         OpDef("mystery", infer=lambda x: (x.shape, x.dtype))
+
+
+@pytest.mark.parametrize("op, nsrcs, params", [
+    ("dropout", 1, {"p": "0.5", "seed": 1}), ("dropout", 1, {"p": 0.5, "seed": "1"}),
+    ("rms_norm", 1, {"eps": "1e-5"}), ("norm", 1, {"eps": True}),
+    ("rms_norm_back", 2, {"eps": "x"}), ("norm_back", 2, {"eps": None}),
+    ("softmax", 1, {"scale": "2"}), ("softmax", 1, {"scale": True}),
+    ("softmax_back", 2, {"scale": "__import__('os')"}),
+    ("sum", 1, {"axes": (0,), "keepdims": "no"}), ("sum", 1, {"axes": [0], "keepdims": False}),
+])
+def test_op_params_are_checked_by_the_shape_rule_itself(op, nsrcs, params):
+    """A node built straight from the registry (as a graph file is loaded) gets the same
+    parameter checks as the op's builder: nothing malformed reaches a kernel."""
+    x = engine.input_tensor((3, 4))
+    with pytest.raises(engine.EngineError, match=op.split("_")[0]):
+        make_node(op, (x,) * nsrcs, **params)
