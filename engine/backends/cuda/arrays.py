@@ -5,6 +5,13 @@ need arbitrary strided views of one buffer (permuted inputs, broadcast inputs wi
 unit axes added to reach a fixed rank, the arena's typed blocks). `strided` builds them from
 (shape, strides in bytes, byte offset) alike on a real device (a DeviceNDArray over the same
 device memory) and under NUMBA_ENABLE_CUDASIM=1 (a simulator array over a numpy view).
+
+Launch shapes under the simulator: it runs every CUDA thread of a block as a Python thread
+(starting one costs about as much as a few hundred loop steps) and each syncthreads as a
+barrier that a polling thread releases (milliseconds each, whatever the work between). A
+launch there is cheap when it has few threads that each loop over many elements and few
+barriers; `grid_stride_shape` gives grid-stride kernels that shape (SIM_THREADS threads in
+each of at most SIM_BLOCKS blocks) there, and the GPU's shape on a GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +20,18 @@ import numba
 import numpy as np
 
 SIMULATED = bool(numba.config.ENABLE_CUDASIM)
+SIM_THREADS = 32    # threads per block of a grid-stride launch under the simulator
+SIM_BLOCKS = 2      # blocks of a grid-stride launch under the simulator (more than one, so
+                    # that small test shapes still cover blockIdx > 0)
+
+
+def grid_stride_shape(n: int, threads: int, max_blocks: int) -> tuple[int, int]:
+    """(blocks, threads per block) of a grid-stride launch over n items: `threads` per block
+    and ceil(n / threads) blocks, at most `max_blocks` (at least one block); under the
+    simulator at most SIM_THREADS threads and SIM_BLOCKS blocks."""
+    if SIMULATED:
+        threads, max_blocks = min(threads, SIM_THREADS), min(max_blocks, SIM_BLOCKS)
+    return max(1, min(-(-n // threads), max_blocks)), threads
 
 
 def _is_fake(arr) -> bool:

@@ -18,7 +18,9 @@ layouts (a view without one may be typed "C" or "F", a compilation of its own).
 Every kernel is a grid-stride loop over out's elements in C order. The op code is a kernel
 argument, the same in every thread, so branching on it does not diverge a warp. Under the
 simulator, Python evaluates the math: log or sqrt of a negative number raise there (the
-samples keep their inputs inside the domains).
+samples keep their inputs inside the domains); and a launch there has at most SIM_BLOCKS
+blocks of SIM_THREADS threads (arrays.grid_stride_shape), since each thread is a Python
+thread, costly to start. Each thread then loops over more elements; no value changes.
 """
 
 from __future__ import annotations
@@ -36,11 +38,10 @@ from engine.backends.cpu.elementwise import (
     UNARY_CODES,
     _coalesce,
 )
-from engine.backends.cuda.arrays import SIMULATED, broadcast, strided
+from engine.backends.cuda.arrays import broadcast, grid_stride_shape, strided
 
 THREADS_PER_BLOCK = 128
-# the grid-stride loop covers any size; the simulator runs each thread as a Python thread
-MAX_BLOCKS = 4 if SIMULATED else 4096
+MAX_BLOCKS = 4096       # the grid-stride loop covers any size
 STRIDED_AXES = 3        # merged axes per launch of a strided kernel (its views have 4)
 
 _NEG, _SCALE, _SQR, _SQRT, _LOG, _EXP, _ABS, _SGN, _STEP, _RELU, _CONT = (
@@ -254,9 +255,9 @@ PTX_SIGNATURES = _signatures()
 # --- launching --------------------------------------------------------------------------------
 def _launch_shape(n: int) -> tuple[int, int]:
     """(blocks, threads per block) for n elements: up to 128 threads (fewer for small n, a
-    whole number of warps), blocks capped (the grid-stride loop does the rest)."""
-    threads = min(THREADS_PER_BLOCK, 32 * -(-n // 32))
-    return min(-(-n // threads), MAX_BLOCKS), threads
+    whole number of warps), blocks capped (the grid-stride loop does the rest); fewer of
+    both under the simulator."""
+    return grid_stride_shape(n, min(THREADS_PER_BLOCK, 32 * -(-n // 32)), MAX_BLOCKS)
 
 
 def _launch(flat_kernel, strided_kernel, out, ins, *args) -> None:

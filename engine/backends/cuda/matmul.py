@@ -11,6 +11,14 @@ the slice's TILE products to its own sum, in k order, in the arrays' dtype. Bloc
 over row tiles (grid y) and over the batch (grid z) where the grid is smaller than the
 work. Every output element is written once, by one thread: no atomics.
 
+Under the simulator (which runs each thread as a Python thread, and each syncthreads as a
+polling barrier of milliseconds) the tile is 4 x 4, and a product of more than
+SIM_TILED_MAX_WORK multiply-adds goes to `_matmul_direct` instead: no shared memory, no
+barrier, a grid-stride loop over out's elements in C order on a small grid
+(arrays.grid_stride_shape), each element's sum taken over k in order from zero. That is the
+tiled kernel's sum term for term (its zero padding adds +0.0 to a sum that is never -0.0),
+so the two give the same bits there. A GPU always runs the tiled kernel.
+
 The sums are rounded differently from the CPU kernel's BLAS (its own blocking, and fused
 multiply-adds here), so the two agree to a few ulps per term, not bit for bit.
 """
@@ -20,13 +28,16 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from engine.backends.cuda.arrays import SIMULATED, broadcast, strided
+from engine.backends.cuda.arrays import SIMULATED, broadcast, grid_stride_shape, strided
 
 # 16 x 16 threads per block on a GPU; 4 x 4 under the simulator, which runs each thread as a
 # Python thread (the same code, and small test shapes then span several tiles)
 TILE = 4 if SIMULATED else 16
 MAX_GRID_Y = 65535                        # CUDA's limit on gridDim.y and gridDim.z
 MAX_BATCH_BLOCKS = 4 if SIMULATED else MAX_GRID_Y
+# simulator only: products of more multiply-adds (batch x M x N x K) run without tiles
+SIM_TILED_MAX_WORK = 1024
+DIRECT_THREADS = 128                      # threads per block of _matmul_direct
 
 
 @cuda.jit
@@ -60,6 +71,27 @@ def _matmul_tiled(a, b, out):
                 out[p, q, i, j] = acc
 
 
+@cuda.jit
+def _matmul_direct(a, b, out):
+    """out[p, q] = a[p, q] @ b[p, q] as _matmul_tiled, one output element per thread and
+    grid-stride step: out[p, q, i, j] = sum over k = 0, 1, ... of a[p, q, i, k] b[p, q, k, j]
+    (launched under the simulator only)."""
+    nq, m, n = out.shape[1], out.shape[2], out.shape[3]
+    kdim = a.shape[3]
+    zero = out.dtype.type(0)
+    for e in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+        j = e % n
+        row = e // n
+        i = row % m
+        z = row // m
+        p = z // nq
+        q = z % nq
+        acc = zero
+        for k in range(kdim):
+            acc += a[p, q, i, k] * b[p, q, k, j]
+        out[p, q, i, j] = acc
+
+
 def _at(arr, index):
     """arr[index] for a tuple of leading indices, as a strided view."""
     offset = sum(i * s for i, s in zip(index, arr.strides, strict=False))
@@ -76,6 +108,9 @@ def _launch(out, a, b):
     """out = a @ b on 4-axis views."""
     nbatch = out.shape[0] * out.shape[1]
     m, n = out.shape[2], out.shape[3]
+    if SIMULATED and nbatch * m * n * a.shape[3] > SIM_TILED_MAX_WORK:
+        _matmul_direct[grid_stride_shape(out.size, DIRECT_THREADS, MAX_GRID_Y)](a, b, out)
+        return
     grid = (-(-n // TILE), min(-(-m // TILE), MAX_GRID_Y), min(nbatch, MAX_BATCH_BLOCKS))
     _matmul_tiled[grid, (TILE, TILE)](a, b, out)
 
@@ -101,7 +136,8 @@ def _signatures():
         dense, view = f"{dt}[:, :, :, ::1]", f"{dt}[:, :, :, :]"
         for a in (dense, view):
             for b in (dense, view):
-                sigs.append((_matmul_tiled, f"void({a}, {b}, {dense})"))
+                sigs += [(kernel, f"void({a}, {b}, {dense})")
+                         for kernel in (_matmul_tiled, _matmul_direct)]
     return sigs
 
 

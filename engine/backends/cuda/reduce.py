@@ -8,6 +8,14 @@ threads (the whole block when the reduction is long; several outputs share a blo
 is short), which stride over the reduced elements in row-major order, accumulate in float64
 and meet in a shared-memory tree (block_reduce). A full reduction to a scalar is one block.
 The order of additions depends on the shape only: same bits on every run.
+
+Under the simulator, which runs each thread as a Python thread and each syncthreads as a
+polling barrier of milliseconds, the grid is capped at SIM_BLOCKS blocks (the blocks loop
+over the outputs: neither the segments nor the order of additions change), and a reduction
+of more than SIM_TREE_MAX_WORK elements in all goes to `_sum_serial` instead: one thread per
+output and grid-stride step forms the same `width` partial sums, one after the other, in
+local memory, and combines them by the same tree, with no barrier. Same additions in the
+same order: the same bits as _sum_kernel. A GPU always runs _sum_kernel.
 """
 
 from __future__ import annotations
@@ -16,8 +24,9 @@ import math
 
 from numba import cuda, float64
 
-from engine.backends.cuda.arrays import strided
+from engine.backends.cuda.arrays import SIM_BLOCKS, SIMULATED, grid_stride_shape, strided
 from engine.backends.cuda.block_reduce import (
+    MAX_BLOCKS,
     MAX_THREADS,
     flat_view,
     offset4,
@@ -25,6 +34,9 @@ from engine.backends.cuda.block_reduce import (
     row_launch,
     segment_sum,
 )
+
+SIM_TREE_MAX_WORK = 1024    # simulator only: larger reductions (inputs read) run serially
+SERIAL_THREADS = 32         # threads per block of _sum_serial
 
 
 @cuda.jit
@@ -46,6 +58,31 @@ def _sum_kernel(x, out, kshape, kstrides, rshape, rstrides, nred, width):
         total = segment_sum(shared, acc, tid, width)
         if lane == 0 and o < nout:
             out[o] = total
+
+
+@cuda.jit
+def _sum_serial(x, out, kshape, kstrides, rshape, rstrides, nred, width):
+    """out[o] as _sum_kernel computes it, by one thread per output o (launched under the
+    simulator only):
+
+        partial[l] = sum over t = l, l + width, ... < nred of x[...]      l < width
+        for s = width/2, ..., 1:  partial[l] = partial[l] + partial[l + s]   l < s
+        out[o] = partial[0]
+    """
+    partial = cuda.local.array(MAX_THREADS, float64)
+    for o in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        base = offset4(o, kshape, kstrides)
+        for lane in range(width):
+            acc = 0.0
+            for t in range(lane, nred, width):
+                acc += float64(x[base + offset4(t, rshape, rstrides)])
+            partial[lane] = acc
+        s = width // 2
+        while s > 0:
+            for lane in range(s):
+                partial[lane] += partial[lane + s]
+            s //= 2
+        out[o] = partial[0]
 
 
 def merge_axes(dims):
@@ -75,10 +112,16 @@ def cuda_sum(out, ins, axes, keepdims):
     nred = math.prod(x.shape[i] for i in axes)
     oflat = strided(out, (out.size,), (out.dtype.itemsize,))
     blocks, threads, width = row_launch(out.size, nred)
-    _sum_kernel[blocks, threads](xflat, oflat, kshape, kstrides, rshape, rstrides, nred, width)
+    args = (xflat, oflat, kshape, kstrides, rshape, rstrides, nred, width)
+    if SIMULATED and out.size * nred > SIM_TREE_MAX_WORK:
+        _sum_serial[grid_stride_shape(out.size, SERIAL_THREADS, MAX_BLOCKS)](*args)
+        return
+    if SIMULATED:
+        blocks = min(blocks, SIM_BLOCKS)
+    _sum_kernel[blocks, threads](*args)
 
 
 _TUPLE = "UniTuple(int64, 4)"
 PTX_SIGNATURES = [
-    (_sum_kernel, f"void({t}[::1], {t}[::1], {_TUPLE}, {_TUPLE}, {_TUPLE}, {_TUPLE}, int64, int64)")
-    for t in ("float32", "float64")]
+    (kernel, f"void({t}[::1], {t}[::1], {_TUPLE}, {_TUPLE}, {_TUPLE}, {_TUPLE}, int64, int64)")
+    for kernel in (_sum_kernel, _sum_serial) for t in ("float32", "float64")]
