@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from engine.backends.cuda.arrays import with_rank
+from engine.backends.cuda.arrays import grid_stride_shape, with_rank
 
 THREADS = 128
 MAX_BLOCKS = 1024
@@ -46,8 +46,9 @@ def _fill(dst, value):
         dst[i] = value
 
 
-def _blocks(n: int) -> int:
-    return max(1, min(MAX_BLOCKS, (n + THREADS - 1) // THREADS))
+def _shape(n: int) -> tuple[int, int]:
+    """(blocks, threads) of a grid-stride launch over n elements (capped in the simulator)."""
+    return grid_stride_shape(n, THREADS, MAX_BLOCKS)
 
 
 def _as_4d(a):
@@ -61,20 +62,20 @@ def copy(dst, src) -> None:
     """dst[...] = src, dst C-contiguous, src any strides, same shape."""
     if dst.size == 0:
         return
-    _copy_4d[_blocks(dst.size), THREADS](dst.reshape(dst.size), _as_4d(src))
+    _copy_4d[_shape(dst.size)](dst.reshape(dst.size), _as_4d(src))
 
 
 def fill(dst, value: float) -> None:
     """dst[...] = value, dst C-contiguous."""
     if dst.size:
-        _fill[_blocks(dst.size), THREADS](dst.reshape(dst.size), dst.dtype.type(value))
+        _fill[_shape(dst.size)](dst.reshape(dst.size), dst.dtype.type(value))
 
 
 def accumulate(dst, src) -> None:
     """dst += src, both C-contiguous of one shape."""
     if dst.size == 0:
         return
-    _add[_blocks(dst.size), THREADS](dst.reshape(dst.size), src.reshape(src.size))
+    _add[_shape(dst.size)](dst.reshape(dst.size), src.reshape(src.size))
 
 
 PTX_SIGNATURES = [(k, f"void({t}[::1], {t}[:, :, :, :])") for k in (_copy_4d,)
