@@ -7,13 +7,27 @@ conv2d:
                         w[o, c, ky, kx] x[n, c, oy s_h - p_h + ky d_h, ox s_w - p_w + kx d_w]
 
 (x read as 0 in the padding), OH = (H + 2 p_h - d_h (KH - 1) - 1) // s_h + 1 (OW likewise).
-It is composed as
+With K = C*KH*KW, P = OH*OW, cols = reshape(im2col(x, ...), (N, P, K)) (dtype w's) and
+w_rows = reshape(w, (O, K)), it is composed in one of two arrangements, batched over n:
 
-    cols = im2col(x, KH, KW, s, p, d, dtype=w.dtype)          (N, OH, OW, C*KH*KW)
-    out  = reshape(cols, (N*OH*OW, C*KH*KW)) @ reshape(w, (O, C*KH*KW)).T
-    out  = cont(permute(reshape(out, (N, OH, OW, O)), (0, 3, 1, 2)))   NCHW
+    kernel rows first:  out[n] = w_rows @ cols[n]^T                  (O, P): already NCHW
+    columns first:      out[n] = (cols[n] @ w_rows^T)^T              (P, O), then copied NCHW
 
-so its gradients come from those parts: im2col_back for x, matmul's rule for w.
+so its gradients come from those parts: im2col_back for x, matmul's rule for w. Kernel rows
+first needs no copy in the forward pass; but the gradient of cols[n]^T comes out as
+w_rows^T @ g[n], (K, P), and is copied to (P, K) for im2col_back: N*P*K elements. Columns
+first copies the output, N*P*O elements, in the forward pass, and its backward reads g[n]^T
+as a strided view with no copy, its cols gradient g[n]^T @ w_rows already (P, K). So:
+
+- x with no gradient (it depends on no param, as a model's input images): kernel rows
+  first, no copy at all;
+- x with a gradient: the arrangement that copies less, kernel rows first when K <= O.
+
+The batched products are N products of (O, K) by (K, P) (or their transposes), rather than
+one (N*P, K) by (K, O) product whose K and O are small, a shape that measured far below
+BLAS's speed. The kernel's gradient is summed per image by matmul and then over the batch
+by sum_to: float32 results differ from one (K, N*P) by (N*P, O) product only in the order of
+summation.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ from __future__ import annotations
 from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import conv_output_size, im2col, pair
 from engine.ops.matmul import matmul
-from engine.ops.shape import cont, cont_if_strided, permute, reshape, transpose
+from engine.ops.shape import cont, cont_if_strided, reshape, transpose
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
@@ -42,6 +56,19 @@ def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
                             dilation)
 
 
+def _depends_on_a_param(t) -> bool:
+    """Whether t gets a gradient: it is a param or is computed from one."""
+    seen, stack = set(), [t]
+    while stack:
+        u = stack.pop()
+        if u.is_param:
+            return True
+        if u.id not in seen:
+            seen.add(u.id)
+            stack.extend(u.srcs)
+    return False
+
+
 def conv_2d(x, w, stride=1, padding=0, dilation=1):
     """2-D convolution of NCHW x with OIHW kernel w (torch's conv2d without bias).
 
@@ -53,11 +80,15 @@ def conv_2d(x, w, stride=1, padding=0, dilation=1):
     oh, ow = _check(x, w, stride, padding, dilation)
     n = x.shape[0]
     o, c, kh, kw = w.shape
-    cols = im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype)
-    cols = reshape(cols, (n * oh * ow, c * kh * kw))
-    w_rows = reshape(cont_if_strided(w), (o, c * kh * kw))     # a strided kernel is copied
-    out = matmul(cols, transpose(w_rows))                       # (N*OH*OW, O)
-    return cont(permute(reshape(out, (n, oh, ow, o)), (0, 3, 1, 2)))
+    k = c * kh * kw
+    cols = reshape(im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype),
+                   (n, oh * ow, k))
+    w_rows = reshape(cont_if_strided(w), (o, k))                 # a strided kernel is copied
+    if k <= o or not _depends_on_a_param(x):
+        out = matmul(w_rows, transpose(cols))                      # (N, O, OH*OW)
+    else:
+        out = cont(transpose(matmul(cols, transpose(w_rows))))     # (N, OH*OW, O) -> NCHW
+    return reshape(out, (n, o, oh, ow))
 
 
 def _torch_conv_2d(x, w, stride=1, padding=0, dilation=1):
@@ -75,7 +106,8 @@ def _conv_samples(dtype):
              ((2, 4, 5, 6), (3, 4, 1, 1), 1, 0, 1),
              ((1, 3, 6, 6), (2, 3, 1, 1), 2, 0, 1),
              ((2, 2, 9, 8), (2, 2, 3, 3), 1, 1, 2),
-             ((1, 2, 7, 9), (3, 2, 3, 2), (2, 1), (1, 0), (1, 2))]
+             ((1, 2, 7, 9), (3, 2, 3, 2), (2, 1), (1, 0), (1, 2)),
+             ((2, 1, 6, 5), (10, 1, 3, 3), 1, 1, 1)]        # C*KH*KW <= O: kernel rows first
     return [Sample.make("conv_2d", [InputSpec("x", xs), InputSpec("w", ws)], dtype,
                         stride=s, padding=p, dilation=d)
             for xs, ws, s, p, d in cases] + [

@@ -3,78 +3,133 @@
 Column index k = (c*KH + ky)*KW + kx, as in ggml. Image cell of output (oy, ox) and window
 cell (ky, kx): y = oy*sh - ph + ky*dh, x = ox*sw - pw + kx*dw; cells outside the image read 0.
 
-The forward runs a `prange` over the N*OH output rows. The backward runs a `prange` over
-the N*C image planes and gathers: each image cell sums, privately in float64, the columns
-that read it and writes once, so no two threads write the same element.
+Both kernels gather: every output element is computed whole and written once, by the one
+thread that owns it, so nothing is zeroed first and no two threads write the same element.
+
+The window size is given as the lengths of two tuples, `rows` (KH) and `cols` (KW), part of
+numba's type: each window size up to STATIC_WINDOW per axis compiles its own kernel, in which
+the loops over the window are unrolled. Short loops over a window whose size is known only at
+run time cost 2-3x the time per element. A larger window passes arrays instead of tuples, and
+the same code runs with run-time loop bounds.
+
+The forward runs a `prange` over the N*OH output rows and writes each column vector
+out[n, oy, ox, :] in order. A window whose columns all lie inside the image (x0 >= 0 and
+x0 + (KW-1)*dw < W, for all but the border windows) copies each of its image rows without a
+bounds test; a window row in the padding is written 0.
+
+The backward (col2im) runs a `prange` over the N*H image rows (n, y) and, for each channel c
+and column x, sums in float64, in the order (ky, kx),
+
+    dx[n, c, y, x] = sum of g[n, oy, ox, (c*KH + ky)*KW + kx]
+                     over oy = row_of[y, ky] >= 0 and ox = col_of[x, kx] >= 0,
+
+where row_of[y, ky] = (y + ph - ky*dh) / sh when that is a whole number in [0, OH) and -1
+otherwise (col_of likewise). The tables are made once per geometry by the dispatcher, so the
+loop has no division and no stride test. Image row (n, y) reads only the KH rows of g's block
+that reach it, in cache for all C channels, so g is read from memory about once.
 """
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+
 from engine.backends.cpu.jit import parallel_kernel, prange
+
+# the largest window side (per axis) given its own compiled kernels; each size compiles once
+# per dtype and layout (about 1-2 s) and is cached on disk
+STATIC_WINDOW = 5
 
 
 @parallel_kernel
-def _im2col(x, out, kh, kw, sh, sw, ph, pw, dh, dw):
-    """out[n, oy, ox, (c*kh + ky)*kw + kx] = x[n, c, y, x] (0 outside the image)."""
+def _im2col(x, out, rows, cols, sh, sw, ph, pw, dh, dw):
+    """out[n, oy, ox, (c*kh + ky)*kw + kx] = x[n, c, y, x] (0 outside the image), with
+    kh = len(rows) and kw = len(cols) (their contents are unused)."""
+    kh, kw = len(rows), len(cols)
     n, c, h, w = x.shape
     oh, ow = out.shape[1], out.shape[2]
     zero = out.dtype.type(0)
     for r in prange(n * oh):
         i = r // oh
-        oy = r % oh
+        oy = r - i * oh
+        y0 = oy * sh - ph
         for ox in range(ow):
+            x0 = ox * sw - pw
+            inside = x0 >= 0 and x0 + (kw - 1) * dw < w     # every window column
             col = out[i, oy, ox]
             for ch in range(c):
                 for ky in range(kh):
-                    y = oy * sh - ph + ky * dh
+                    y = y0 + ky * dh
                     k0 = (ch * kh + ky) * kw
                     if y < 0 or y >= h:
                         for kx in range(kw):
                             col[k0 + kx] = zero
-                        continue
-                    for kx in range(kw):
-                        xx = ox * sw - pw + kx * dw
-                        if 0 <= xx < w:
-                            col[k0 + kx] = x[i, ch, y, xx]
-                        else:
-                            col[k0 + kx] = zero
+                    elif inside:
+                        image_row = x[i, ch, y]
+                        for kx in range(kw):
+                            col[k0 + kx] = image_row[x0 + kx * dw]
+                    else:
+                        image_row = x[i, ch, y]
+                        for kx in range(kw):
+                            xx = x0 + kx * dw
+                            col[k0 + kx] = image_row[xx] if 0 <= xx < w else zero
 
 
 @parallel_kernel
-def _im2col_back(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
-    """dx[n, c, y, x] = sum of g[n, oy, ox, (c*kh + ky)*kw + kx] over the (oy, ox, ky, kx)
-    whose window cell is (y, x)."""
+def _im2col_back(g, dx, row_of, col_of, rows, cols):
+    """dx[n, c, y, x] = sum of g[n, row_of[y, ky], col_of[x, kx], (c*kh + ky)*kw + kx] over
+    the (ky, kx) whose table entries are both >= 0 (float64 sum, in (ky, kx) order), with
+    kh = len(rows) and kw = len(cols)."""
+    kh, kw = len(rows), len(cols)
     n, c, h, w = dx.shape
-    oh, ow = g.shape[1], g.shape[2]
-    for p in prange(n * c):
-        i = p // c
-        ch = p % c
-        for y in range(h):
+    for r in prange(n * h):
+        i = r // h
+        y = r - i * h
+        for ch in range(c):
             for xx in range(w):
                 acc = 0.0
                 for ky in range(kh):
-                    ty = y + ph - ky * dh
-                    if ty < 0 or ty % sh != 0 or ty // sh >= oh:
-                        continue
-                    oy = ty // sh
-                    k0 = (ch * kh + ky) * kw
-                    for kx in range(kw):
-                        tx = xx + pw - kx * dw
-                        if tx < 0 or tx % sw != 0 or tx // sw >= ow:
-                            continue
-                        acc += g[i, oy, tx // sw, k0 + kx]
+                    oy = row_of[y, ky]
+                    if oy >= 0:
+                        k0 = (ch * kh + ky) * kw
+                        for kx in range(kw):
+                            ox = col_of[xx, kx]
+                            if ox >= 0:
+                                acc += g[i, oy, ox, k0 + kx]
                 dx[i, ch, y, xx] = acc
+
+
+def window_size(k: int):
+    """What the kernels take for a window side k: a tuple of k zeros (k compiled into the
+    kernel) up to STATIC_WINDOW, an array of k zeros (k read at run time) beyond."""
+    return (0,) * k if k <= STATIC_WINDOW else np.zeros(k, np.int8)
+
+
+@functools.lru_cache(maxsize=256)
+def window_table(size: int, out_size: int, k: int, stride: int, padding: int,
+                 dilation: int) -> np.ndarray:
+    """table[v, j] = the output index o with o*stride - padding + j*dilation = v, 0 <= o <
+    out_size, or -1 where there is none: which output reads image index v through window
+    cell j. (size, k) int64, read-only (it is shared by every call with this geometry)."""
+    t = np.arange(size)[:, None] + padding - np.arange(k)[None, :] * dilation
+    o = t // stride
+    table = np.where((t >= 0) & (t % stride == 0) & (o < out_size), o, -1).astype(np.int64)
+    table.flags.writeable = False
+    return table
 
 
 def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
     """Dispatcher of im2col: kernel(out, [x], **params); out has the columns' dtype."""
     (x,) = ins
-    _im2col(x, out, kh, kw, stride[0], stride[1], padding[0], padding[1],
-            dilation[0], dilation[1])
+    _im2col(x, out, window_size(kh), window_size(kw), stride[0], stride[1],
+            padding[0], padding[1], dilation[0], dilation[1])
 
 
 def cpu_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype):
     """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype."""
     (g,) = ins
-    _im2col_back(g, out, kh, kw, stride[0], stride[1], padding[0], padding[1],
-                 dilation[0], dilation[1])
+    oh, ow = g.shape[1], g.shape[2]
+    row_of = window_table(x_shape[2], oh, kh, stride[0], padding[0], dilation[0])
+    col_of = window_table(x_shape[3], ow, kw, stride[1], padding[1], dilation[1])
+    _im2col_back(g, out, row_of, col_of, window_size(kh), window_size(kw))
