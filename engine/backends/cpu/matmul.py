@@ -1,14 +1,245 @@
-"""CPU kernel of matmul: numpy's BLAS-backed matmul, written into the op's buffer.
+"""CPU kernel of matmul: BLAS (numpy's matmul), or a product that skips exact zeros.
+
+    out[..., i, j] = sum_k a[..., i, k] b[..., k, j]
 
 Batch axes broadcast as in numpy. Inputs may be strided views (a transposed operand goes to
 BLAS as a transposed matrix, without a copy, where numpy can).
+
+The sparse path computes s @ d skipping the zeros of a sparse operand s: s = a (out = a @ b),
+or, for a sparse right operand, s = b^T (out^T = b^T @ a^T, into a scratch that is then
+transposed into out). The lines of s (its rows, or else its columns, whichever is cheaper)
+are split by their measured density: dense lines go to BLAS, gathered into a compact matrix;
+the rest to engine.backends.cpu.matmul_sparse (CSR rows, contiguous row updates).
+
+Costs are counted in multiply-adds on BLAS (BLAS's: m k n). A line of s costs its length
+times n on BLAS and SPARSE_ENTRY_COST times n per non-zero on the sparse path, and goes to
+the cheaper (so a line denser than 1 / SPARSE_ENTRY_COST goes to BLAS); the sparse path
+adds SCAN_COST per element of s (counting, compressing), GATHER_COST per element of d when
+d is not C-contiguous, and CALL_COST per call. The path is taken for 2-D float32/float64
+products, per side, in this order (left, then right), when
+- the rows of s @ d are long enough to vectorise (n, resp. m, >= SPARSE_MIN_ROW) and
+  m k n >= SPARSE_MIN_MACS;
+- the estimated cost of the cheaper split is at most SPARSE_MAX_COST of BLAS's: first
+  estimated from every SAMPLE_STEP-th line of s (a product whose estimate exceeds
+  SAMPLE_MARGIN times that goes to BLAS without a full count), then counted;
+- the dense operand d has no NaN or infinity (a skipped 0 * inf would be NaN in BLAS).
+Everything else (dense operands, gradcheck's random samples, batched products, small or
+skinny products) goes to BLAS. For MNIST's FC layer at batch 1000 (s: the images, 19% non-
+zero; n = 500) both big products go sparse; at batch 100 (under CALL_COST's bound) none.
+
+Numerics: the sparse path adds the same non-zero terms as BLAS in another order (dense
+lines' products and the sparse part added, the sparse part in column blocks, eight terms at
+a time, see matmul_sparse), so results differ from BLAS's by summation order only; a zero
+result can differ in its sign.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
+from engine.backends.cpu import matmul_sparse as sp
+from engine.backends.cpu.jit import bindable
 
+# The cost model, in multiply-adds on BLAS, fitted to the sparse path's time over BLAS's
+# (one core of an AMD EPYC, AVX2, OpenBLAS; float32; 1000 x 784 x 500 and 100 x 784 x 500
+# with s = MNIST images, row- or column-major, d C-contiguous or transposed; uniformly
+# random zeros at densities 0.05 to 0.3, n = 500 and 72). The time varies little with
+# SPARSE_ENTRY_COST between 2 and 4 (the density of a line above which it goes to BLAS).
+SPARSE_ENTRY_COST = 3.0      # a multiply-add on the sparse path costs 3 on BLAS
+SCAN_COST = 150.0            # per element of s: counting, compressing, per-entry overheads
+GATHER_COST = 40.0           # gathering one element of d (when d is not C-contiguous)
+CALL_COST = 1.5e7            # per call: Python, small numpy steps, about five parallel
+                             # regions (~0.15 ms on 2 cores; a region costs more on a
+                             # loaded machine): keeps products under ~100M multiply-adds
+                             # on BLAS
+SPARSE_MAX_COST = 0.9        # take the path at an estimated cost of at most 0.9 of BLAS's
+SPARSE_MIN_MACS = 1 << 22    # m k n below this: BLAS (counting would cost more than it saves)
+SPARSE_MIN_ROW = 16          # product rows shorter than this do not vectorise well
+SAMPLE_STEP = 16             # the estimate reads every 16th line of s
+SAMPLE_MARGIN = 1.25
+L2_BLOCK_BYTES = 1 << 18     # d's rows are used in blocks of about this many bytes
+
+
+def dense_lines(counts, length: int) -> np.ndarray:
+    """The mask of the lines (of `length` elements, `counts` non-zeros) cheaper on BLAS."""
+    return SPARSE_ENTRY_COST * counts > length
+
+
+class SparseProduct:
+    """out = s @ d (or, `transposed`, out^T = s @ d) with s's zeros skipped, for fixed
+    arrays (their data read at each run).
+
+    s: (m, k) any strides; d: (k, n) any strides (when not C-contiguous, the rows the
+    sparse part uses are gathered into a C-contiguous scratch); out: C-contiguous, (m, n),
+    or (n, m) if transposed (then the product goes to a scratch, copied into out). Scratch
+    arrays are allocated at the first run that needs them."""
+
+    def __init__(self, s, d, out, transposed=False):
+        self.s, self.d, self.out, self.transposed = s, d, out, transposed
+        m, k = s.shape
+        self.by_rows = abs(s.strides[1]) <= abs(s.strides[0]) or m == 1
+        self.d_scratch = None
+        # d, or d^T where that is C-contiguous, for the NaN and infinity count
+        self.d_scan = d.T if d.T.flags.c_contiguous and not d.flags.c_contiguous else d
+        self.dest = out if not transposed else None
+        self.row_counts = np.empty(m, np.int64)
+        self.col_counts = np.empty(k, np.int64)
+        self.col_partials = np.empty((max(1, min(numba.get_num_threads(), m)), k + 16),
+                                     np.int64)
+        self.starts = np.zeros(m + 1, np.int64)
+        self.cursor = np.empty(m, np.int64)
+        lines = m if self.by_rows else k
+        self.sample_lines = np.empty(-(-lines // SAMPLE_STEP), np.int64)
+        self.sample_cross = np.empty(k if self.by_rows else m, np.int64)
+        self.block = max(16, L2_BLOCK_BYTES // max(1, d.shape[1] * d.itemsize))
+        n = d.shape[1]
+        self.work = m * k * n
+        # the costs besides the lines', in BLAS's cost of one element of s (n multiply-adds)
+        self.overhead = (SCAN_COST * m * k + CALL_COST) / n + (0 if d.flags.c_contiguous
+                                                                else GATHER_COST * k)
+        self.split = None
+
+    def _sample_cost(self) -> float:
+        """The lines' cost of the better split estimated from every SAMPLE_STEP-th line."""
+        s = self.s
+        m, k = s.shape
+        sp.sample_counts(s, SAMPLE_STEP, self.by_rows, self.sample_lines, self.sample_cross)
+        along = k if self.by_rows else m       # the length of a sampled line
+        across = m if self.by_rows else k
+        return min(SAMPLE_STEP * sp.lines_cost(self.sample_lines, 1, along, SPARSE_ENTRY_COST),
+                   sp.lines_cost(self.sample_cross, SAMPLE_STEP, across, SPARSE_ENTRY_COST))
+
+    def pays(self) -> bool:
+        """Whether the sparse path is estimated to cost at most SPARSE_MAX_COST of BLAS, and
+        d is finite.
+        Costs in BLAS's cost of one element of s: BLAS's is s.size; a line of s costs its
+        length on BLAS, SPARSE_ENTRY_COST per non-zero on the sparse path, and goes to the
+        cheaper; rows or columns of s are split, whichever costs less (kept for `run`)."""
+        s = self.s
+        m, k = s.shape
+        limit = SPARSE_MAX_COST * s.size - self.overhead
+        if limit <= 0:
+            return False
+        if len(self.sample_lines) >= 4 and self._sample_cost() > SAMPLE_MARGIN * limit:
+            return False
+        nonfinite = sp.count_nonzeros.for_size(s.size + self.d.size)(
+            s, self.row_counts, self.col_counts, self.col_partials, self.by_rows, self.d_scan)
+        if nonfinite:            # a skipped 0 * inf would be NaN in BLAS
+            return False
+        row_cost = sp.lines_cost(self.row_counts, 1, k, SPARSE_ENTRY_COST)
+        col_cost = sp.lines_cost(self.col_counts, 1, m, SPARSE_ENTRY_COST)
+        if min(row_cost, col_cost) > limit:
+            return False
+        self.split = "rows" if row_cost <= col_cost else "cols"
+        return True
+
+    def run(self) -> None:
+        """The product, after `pays` has chosen the split: the dense lines by BLAS, the
+        rest from s's CSR (the rows a row split keeps, the columns with a non-zero that a
+        column split keeps)."""
+        s, d = self.s, self.d
+        m, k = s.shape
+        if self.dest is None:
+            self.dest = np.empty((m, d.shape[1]), self.out.dtype)
+        dest = self.dest
+        threads = numba.get_num_threads()
+        keep_row = np.ones(m, np.uint8)
+        kept_cols = self.col_counts > 0
+        if self.split == "rows":
+            dense = dense_lines(self.row_counts, k)
+            keep_row[dense] = 0
+            self.row_counts[dense] = 0
+        else:
+            dense = dense_lines(self.col_counts, m)
+            kept_cols[dense] = False
+        lines = np.flatnonzero(dense)
+        cols = np.flatnonzero(kept_cols)
+        accumulate = self.split == "cols" and len(lines) > 0
+        col_pos = np.full(k, -1, np.int64)
+        if d.flags.c_contiguous:
+            col_pos[cols] = cols
+            d_sparse = d
+            d_dense = d[lines] if accumulate else None
+        else:                    # d's rows gathered: the sparse part's, then the dense lines'
+            col_pos[cols] = np.arange(len(cols))
+            if self.d_scratch is None:
+                self.d_scratch = np.empty(d.shape, d.dtype)
+            rows = np.concatenate([cols, lines]) if accumulate else cols
+            gathered = self.d_scratch[:len(rows)]
+            sp.take_rows.for_size(gathered.size)(d, rows, gathered)
+            d_sparse, d_dense = gathered[:len(cols)], gathered[len(cols):]
+        if accumulate:           # the row counts over the kept columns only
+            sp.count_kept.for_size(s.size)(s, col_pos, self.row_counts, self.by_rows, threads)
+        np.cumsum(self.row_counts, out=self.starts[1:])
+        nnz = int(self.starts[-1])
+        indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
+        if accumulate:           # dest = s[:, lines] @ d[lines] by BLAS, then the rest added
+            s_dense = np.empty((m, len(lines)), s.dtype)
+            sp.take_columns.for_size(s_dense.size)(s, lines, s_dense)
+            np.matmul(s_dense, d_dense, out=dest)
+        sp.compress_multiply.for_size(self.work)(
+            s, keep_row, col_pos, self.starts, indices, values, d_sparse, dest, self.cursor,
+            self.block, accumulate, self.by_rows, threads)
+        if self.split == "rows" and len(lines):     # dest[lines] = s[lines] @ d by BLAS
+            s_dense_t = np.empty((k, len(lines)), s.dtype)
+            sp.take_columns.for_size(s_dense_t.size)(s.T, lines, s_dense_t)
+            dest[lines] = s_dense_t.T @ d
+        if self.transposed:
+            np.copyto(self.out, dest.T)
+
+
+def sparse_products(out, a, b) -> list[SparseProduct]:
+    """The sparse products that the shapes and layouts of out = a @ b allow, in the order
+    they are tried: s = a (left), then s = b^T (right)."""
+    if (a.ndim != 2 or b.ndim != 2 or not out.flags.c_contiguous
+            or out.dtype not in (np.float32, np.float64) or not a.dtype == b.dtype == out.dtype):
+        return []
+    (m, k), n = a.shape, b.shape[1]
+    if m * k * n < SPARSE_MIN_MACS:
+        return []
+    products = []
+    if n >= SPARSE_MIN_ROW:
+        products.append(SparseProduct(a, b, out))
+    if m >= SPARSE_MIN_ROW:
+        products.append(SparseProduct(b.T, a.T, out, transposed=True))
+    return products
+
+
+def choose_product(products) -> SparseProduct | None:
+    """The first product that pays, else None (BLAS). Reads the data: call it at each
+    run."""
+    for p in products:
+        if p.pays():
+            return p
+    return None
+
+
+def matmul_path(out, a, b) -> str:
+    """The path cpu_matmul takes for these arrays now: "blas", or "sparse_left" or
+    "sparse_right" followed by the split ("/rows" or "/cols", with "+blas" when some lines
+    of s go to BLAS); for tests and benchmarks."""
+    p = choose_product(sparse_products(out, a, b))
+    if p is None:
+        return "blas"
+    m, k = p.s.shape
+    counts, length = (p.row_counts, k) if p.split == "rows" else (p.col_counts, m)
+    side = "sparse_right" if p.transposed else "sparse_left"
+    return f"{side}/{p.split}" + ("+blas" if dense_lines(counts, length).any() else "")
+
+
+@bindable
 def cpu_matmul(out, ins):
+    """Dispatcher of matmul: kernel(out, [a, b])."""
     a, b = ins
-    np.matmul(a, b, out=out)
+    products = sparse_products(out, a, b)
+    if not products:
+        return lambda: np.matmul(a, b, out=out)
+
+    def run():
+        p = choose_product(products)
+        if p is None:
+            np.matmul(a, b, out=out)
+        else:
+            p.run()
+    return run

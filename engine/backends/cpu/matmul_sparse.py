@@ -1,0 +1,314 @@
+"""CPU kernels of matmul's sparse path: out = s @ d skipping the exact zeros of s.
+
+    out[i, :] = sum over k with s[i, k] != 0 of s[i, k] * d[k, :]
+
+s (m x k) is any 2-D view; d (k x n) and out (m x n) are C-contiguous (engine.backends.cpu.
+matmul gathers d's rows when d is not, and sends dense lines of s to BLAS). Steps:
+- count (`sample_counts` on every step-th line for a cheap estimate, then
+  `count_nonzeros`, rows and columns, and d's NaNs and infinities; `count_kept` for the
+  columns kept);
+- compress (`_fill_rows`): the kept rows of s as CSR, (column, value) lists in column
+  order, each thread its own chunk of rows, which it then
+- multiplies (`compress_multiply`): per row of out, contiguous row updates
+      out[i, :] += v1 * d[k1, :] + ... + v8 * d[k8, :]
+  eight list entries at a time (then four, two, one), summed as the tree
+  ((p1 + p2) + (p3 + p4)) + ((p5 + p6) + (p7 + p8)), so out's row is read and written once
+  per eight entries; the entries are taken in column blocks of `block` rows of d (a block of
+  d stays in a core's L2 cache while every row of that thread's chunk uses it).
+
+Rows are split among threads into one chunk per thread (compress_multiply: of about equal
+work, entries plus rows), starting at multiples of LINE_ROWS rows; each thread writes only its
+own rows and its own partial counts, so no two threads write to one cache line. The
+terms skipped are s's zeros times d's values, exact zeros when d is finite (callers check
+d with `count_nonzeros`), so the result differs from a dense product only in the order of
+the additions (and, for a zero result, perhaps its sign). A row of s with no non-zero (or
+one left out) gives a zero row, or leaves out's row as it was when accumulating.
+"""
+
+from __future__ import annotations
+
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+
+LINE_ROWS = 16   # chunk boundaries at multiples of 16 rows: threads share no cache line
+
+
+@kernel
+def chunk_start(c, nchunks, m):
+    """The first row of chunk c of nchunks over m rows (c = nchunks: m), a multiple of
+    LINE_ROWS unless 0 or m."""
+    if c >= nchunks:
+        return m
+    return min(m, (c * m // nchunks + LINE_ROWS - 1) // LINE_ROWS * LINE_ROWS)
+
+
+@kernel
+def sample_counts(s, step, by_rows, line_counts, cross_counts):
+    """Non-zeros in every step-th line of s along its contiguous axis (rows 0, step, ... if
+    by_rows, else columns): line_counts[q] = those of sampled line q, cross_counts[j] =
+    those at position j across the sampled lines."""
+    m, kdim = s.shape
+    cross_counts[:] = 0
+    if by_rows:
+        for q in range(line_counts.shape[0]):
+            row = s[q * step]
+            n = 0
+            for k in range(kdim):
+                nz = row[k] != 0
+                n += nz
+                cross_counts[k] += nz
+            line_counts[q] = n
+    else:
+        for q in range(line_counts.shape[0]):
+            col = s[:, q * step]
+            n = 0
+            for i in range(m):
+                nz = col[i] != 0
+                n += nz
+                cross_counts[i] += nz
+            line_counts[q] = n
+
+
+@parallel_kernel
+def count_nonzeros(s, row_counts, col_counts, col_partials, by_rows, d):
+    """row_counts[i], col_counts[k] = the non-zeros of row i, column k of s (through
+    col_partials[c, k], those of column k in row chunk c, one chunk per thread; a row of
+    col_partials may be longer than k: padding). by_rows: s's rows are its contiguous
+    lines (else its columns are: each thread then reads its part of every column).
+    Returns the number of NaNs and infinities in d (any 2-D array; v - v is 0 exactly when
+    v is finite), counted in the same threads."""
+    m, kdim = s.shape
+    nchunks = col_partials.shape[0]
+    bad = 0
+    for c in prange(nchunks):
+        r0 = chunk_start(c, nchunks, m)
+        r1 = chunk_start(c + 1, nchunks, m)
+        for i in range(c * d.shape[0] // nchunks, (c + 1) * d.shape[0] // nchunks):
+            drow = d[i]
+            for j in range(d.shape[1]):
+                v = drow[j]
+                bad += (v - v) != 0
+        cnt = row_counts[r0:r1]
+        cols = col_partials[c, :kdim]
+        cols[:] = 0
+        if by_rows:
+            for i in range(r1 - r0):
+                row = s[r0 + i]
+                n = 0
+                for k in range(kdim):
+                    nz = row[k] != 0
+                    n += nz
+                    cols[k] += nz
+                cnt[i] = n
+        else:
+            cnt[:] = 0
+            for k in range(kdim):
+                col = s[r0:r1, k]
+                n = 0
+                for i in range(r1 - r0):
+                    nz = col[i] != 0
+                    n += nz
+                    cnt[i] += nz
+                cols[k] = n
+    col_counts[:] = 0
+    for c in range(nchunks):
+        for k in range(kdim):
+            col_counts[k] += col_partials[c, k]
+    return bad
+
+
+@kernel
+def lines_cost(counts, scale, length, entry_cost):
+    """sum over lines of min(length, entry_cost * scale * counts[q]): each line of s on
+    the cheaper path (BLAS: its length; sparse: entry_cost per non-zero)."""
+    total = 0.0
+    for q in range(counts.shape[0]):
+        total += min(float(length), entry_cost * scale * counts[q])
+    return total
+
+
+@parallel_kernel
+def count_kept(s, col_pos, counts, by_rows, nchunks):
+    """counts[i] = the non-zeros of row i of s in the kept columns k (col_pos[k] >= 0)."""
+    m, kdim = s.shape
+    nchunks = min(nchunks, m)
+    for c in prange(nchunks):
+        r0 = chunk_start(c, nchunks, m)
+        r1 = chunk_start(c + 1, nchunks, m)
+        cnt = counts[r0:r1]
+        if by_rows:
+            for i in range(r1 - r0):
+                row = s[r0 + i]
+                n = 0
+                for k in range(kdim):
+                    n += (row[k] != 0) & (col_pos[k] >= 0)
+                cnt[i] = n
+        else:
+            cnt[:] = 0
+            for k in range(kdim):
+                if col_pos[k] >= 0:
+                    col = s[r0:r1, k]
+                    for i in range(r1 - r0):
+                        cnt[i] += col[i] != 0
+
+
+@kernel
+def _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows):
+    """The non-zeros of each kept row i in [r0, r1) of s (keep_row[i] != 0) in the kept
+    columns k (col_pos[k] >= 0), in column order, as (col_pos[k], s[i, k]) into
+    indices/values[starts[i]:starts[i + 1]]. cursor: scratch."""
+    kdim = s.shape[1]
+    if by_rows:
+        for i in range(r0, r1):
+            p = starts[i]
+            if p == starts[i + 1]:
+                continue
+            row = s[i]
+            for k in range(kdim):
+                v = row[k]
+                if v != 0 and col_pos[k] >= 0:
+                    indices[p] = col_pos[k]
+                    values[p] = v
+                    p += 1
+    else:
+        pos = cursor[r0:r1]
+        pos[:] = starts[r0:r1]
+        keep = keep_row[r0:r1]
+        for k in range(kdim):
+            q = col_pos[k]
+            if q < 0:
+                continue
+            col = s[r0:r1, k]
+            for i in range(r1 - r0):
+                v = col[i]
+                if v != 0 and keep[i]:
+                    p = pos[i]
+                    indices[p] = q
+                    values[p] = v
+                    pos[i] = p + 1
+
+
+@parallel_kernel
+def take_columns(src, cols, dst):
+    """dst[i, q] = src[i, cols[q]] (a gather of columns; dst C-contiguous)."""
+    m = dst.shape[0]
+    nq = cols.shape[0]
+    for i in prange(m):
+        row = dst[i]
+        for q in range(nq):
+            row[q] = src[i, cols[q]]
+
+
+@parallel_kernel
+def take_rows(src, rows, dst):
+    """dst[q, :] = src[rows[q], :] (a gather of rows; dst C-contiguous, src any strides:
+    a transposed src is read in 64-column blocks, so that each cache line read serves
+    consecutive rows)."""
+    nq, n = dst.shape
+    for q0 in prange((nq + 63) // 64):
+        for j0 in range(0, n, 64):
+            for q in range(q0 * 64, min(q0 * 64 + 64, nq)):
+                r = rows[q]
+                for j in range(j0, min(j0 + 64, n)):
+                    dst[q, j] = src[r, j]
+
+
+@kernel
+def _balanced_row(starts, target):
+    """The first row i with starts[i] + i >= target (entries plus rows: a row's work),
+    rounded up to a multiple of LINE_ROWS (or the last row)."""
+    lo = 0
+    hi = starts.shape[0] - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if starts[mid] + mid < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return min(starts.shape[0] - 1, (lo + LINE_ROWS - 1) // LINE_ROWS * LINE_ROWS)
+
+
+@kernel
+def _accumulate(orow, d, indices, values, p, e):
+    """orow += sum over q in [p, e) of values[q] * d[indices[q]], eight entries at a time
+    summed as a tree, then four, two, one."""
+    n = orow.shape[0]
+    while p + 8 <= e:
+        r1 = d[indices[p]]
+        r2 = d[indices[p + 1]]
+        r3 = d[indices[p + 2]]
+        r4 = d[indices[p + 3]]
+        r5 = d[indices[p + 4]]
+        r6 = d[indices[p + 5]]
+        r7 = d[indices[p + 6]]
+        r8 = d[indices[p + 7]]
+        v1 = values[p]
+        v2 = values[p + 1]
+        v3 = values[p + 2]
+        v4 = values[p + 3]
+        v5 = values[p + 4]
+        v6 = values[p + 5]
+        v7 = values[p + 6]
+        v8 = values[p + 7]
+        for j in range(n):
+            orow[j] += (((v1 * r1[j] + v2 * r2[j]) + (v3 * r3[j] + v4 * r4[j]))
+                        + ((v5 * r5[j] + v6 * r6[j]) + (v7 * r7[j] + v8 * r8[j])))
+        p += 8
+    if p + 4 <= e:
+        r1 = d[indices[p]]
+        r2 = d[indices[p + 1]]
+        r3 = d[indices[p + 2]]
+        r4 = d[indices[p + 3]]
+        v1 = values[p]
+        v2 = values[p + 1]
+        v3 = values[p + 2]
+        v4 = values[p + 3]
+        for j in range(n):
+            orow[j] += (v1 * r1[j] + v2 * r2[j]) + (v3 * r3[j] + v4 * r4[j])
+        p += 4
+    if p + 2 <= e:
+        r1 = d[indices[p]]
+        r2 = d[indices[p + 1]]
+        v1 = values[p]
+        v2 = values[p + 1]
+        for j in range(n):
+            orow[j] += v1 * r1[j] + v2 * r2[j]
+        p += 2
+    if p < e:
+        r1 = d[indices[p]]
+        v1 = values[p]
+        for j in range(n):
+            orow[j] += v1 * r1[j]
+
+
+@parallel_kernel
+def compress_multiply(s, keep_row, col_pos, starts, indices, values, d, out, cursor, block,
+                      accumulate, by_rows, nchunks):
+    """out = s' @ d (out += s' @ d if accumulate), s' = s's kept rows and columns, d and
+    out C-contiguous (d's row col_pos[k] for s's column k): each thread compresses its
+    chunk of rows (_fill_rows, CSR in starts, indices, values) and multiplies it, d's rows
+    in blocks of `block`. cursor: scratch of m (each row's position in its list)."""
+    m, n = out.shape
+    kdim = d.shape[0]
+    nchunks = min(nchunks, m)
+    total = starts[m] + m
+    for c in prange(nchunks):
+        r0 = _balanced_row(starts, c * total // nchunks)
+        r1 = _balanced_row(starts, (c + 1) * total // nchunks)
+        _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows)
+        for k0 in range(0, max(kdim, 1), block):
+            k1 = k0 + block
+            for i in range(r0, r1):
+                orow = out[i]
+                if k0 == 0:
+                    if not accumulate:
+                        for j in range(n):
+                            orow[j] = 0
+                    p = starts[i]
+                else:
+                    p = cursor[i]
+                e = p
+                end = starts[i + 1]
+                while e < end and indices[e] < k1:
+                    e += 1
+                _accumulate(orow, d, indices, values, p, e)
+                cursor[i] = e
