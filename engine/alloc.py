@@ -9,9 +9,14 @@ Persistent tensors (inputs, params, outputs, gradients of params, accumulators, 
 state) keep buffers of their own on the tensor and are never placed in the arena. An
 intermediate gets an arena block when its op runs and frees it once its last reader (or the
 last reader of any view of it) has run; blocks are placed first-fit.
+
+A plan that runs on the host only binds each node once to a call with its buffers, views
+and operand layouts resolved, so that a run is a tight loop over kernels (Plan._bind).
 """
 
 from __future__ import annotations
+
+import functools
 
 from engine.backends import get_backend
 from engine.errors import StalePlanError
@@ -67,6 +72,10 @@ class Plan:
     has its own arena. A tensor computed on one backend and read on another is copied into a
     buffer of the reader's backend right after it is computed; persistent tensors instead
     keep one copy per backend, synchronised on demand (Tensor.device, Tensor.host_view).
+
+    A plan whose nodes all run on the CPU binds every node once, on its first run, to a
+    zero-argument call with its buffers and layouts resolved (`_bind`): a run is then a loop
+    over those calls, with no per-node lookups, checks or allocations in Python.
     """
 
     def __init__(self, graph, backend="cpu"):
@@ -128,6 +137,11 @@ class Plan:
         # flags decide where buffers live: a flag changed after planning makes it stale
         self.flags = self._flags(graph)
         self._steps = self._schedule(nodes)
+        # host-only plans run as a list of bound calls (see _bind), made on the first run
+        self._host_only = all(be.name == "cpu" for be in self._backends().values())
+        persistent = [t for t in nodes if t.persistent] + list(graph.grad_accs.values())
+        self._owners = list({id(o): o for o in (t.owner() for t in persistent)}.values())
+        self._calls = None
 
     def _backends(self) -> dict:
         out = {self.backend.name: self.backend}
@@ -197,6 +211,22 @@ class Plan:
                 f"{self.n_nodes} nodes) was asked to run graph {graph.name!r} "
                 f"(version {graph.version}, {len(graph.nodes)} nodes, flags as now); make a "
                 "new Plan or use Graph.compute, which replans")
+        self.execute(graph)
+
+    def execute(self, graph) -> None:
+        """Evaluate `graph` without checking that the plan matches it (Graph.compute has
+        just checked)."""
+        if self._host_only and not any(o.device is not None for o in self._owners):
+            if self._calls is None:
+                self._calls = self._bind()
+            for c in self._calls:
+                c()
+            return
+        self._run_steps(graph)
+
+    def _run_steps(self, graph) -> None:
+        """The general evaluation: buffers looked up per node (device copies synchronised
+        on demand), transfers between backends."""
         arrays: list = []
         bufs = self._transfer_bufs
         for kind, t, fn, getters, params, be, out, transfers in self._steps:
@@ -222,6 +252,42 @@ class Plan:
                 grad = graph.grads.get(p)
                 if grad is not None:
                     be.accumulate(be.persistent(acc), be.persistent(grad, False))
+
+    def _bind(self) -> list:
+        """The run of a host-only plan as a list of zero-argument calls, every buffer bound.
+
+        Arena views never move, and neither do the host buffers of persistent tensors (their
+        arrays are allocated once and written in place) while no device holds a copy, which
+        `execute` checks on every run before taking this path. Views are taken once; a
+        kernel with a `bind` (engine.backends.cpu.jit.bindable) lays out its operands once;
+        any other kernel is called with its arguments as they are.
+        """
+        be = self.backend
+        arrays: list = []
+        calls = []
+        for kind, t, fn, getters, params, _be, out, _transfers in self._steps:
+            if kind == "leaf":
+                arrays.append(None)
+                continue
+            ins = [arrays[key] if how == "array" else be.persistent(key, writes)
+                   for how, key, writes in getters]
+            if kind == "view":
+                result = be.device_view(OPS[t.op], ins, params)
+                if t.persistent:
+                    calls.append(functools.partial(be.copy, be.persistent(t), result))
+            else:
+                result = be.persistent(t) if t.persistent else out
+                bind = getattr(fn, "bind", None)
+                calls.append(bind(result, ins, **params) if bind is not None else
+                             functools.partial(fn, result, ins, **params))
+            arrays.append(result)
+        graph = self.graph
+        for p, acc in graph.grad_accs.items():
+            grad = graph.grads.get(p)
+            if grad is not None:
+                calls.append(functools.partial(be.accumulate, be.persistent(acc),
+                                               be.persistent(grad, False)))
+        return calls
 
     def summary(self) -> dict:
         return {"graph": self.graph.name, "nodes": self.n_nodes, "backend": self.backend.name,

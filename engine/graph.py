@@ -160,11 +160,11 @@ class Graph:
     # --- evaluation -------------------------------------------------------------------------
     def compute(self, backend="cpu"):
         """Evaluate every node, replanning when the graph changed since the last plan."""
-        from engine.alloc import Plan
-        if self._plan is None or not self._plan.matches(self) or \
-                self._plan.backend.name != backend:
-            self._plan = Plan(self, backend)
-        self._plan.run(self)
+        plan = self._plan
+        if plan is None or plan.backend.name != backend or not plan.matches(self):
+            from engine.alloc import Plan
+            plan = self._plan = Plan(self, backend)
+        plan.execute(self)
         return self
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
 from engine.backends.cpu.softmax import as_rows
 
 
@@ -21,6 +21,7 @@ def _argmax_rows(x, out):
         out[r] = idx
 
 
+@bindable
 def cpu_argmax(out, ins):
     (x,) = ins
-    _argmax_rows(as_rows(x, "argmax"), out.reshape(-1))
+    return call(_argmax_rows, as_rows(x, "argmax"), out.reshape(-1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
 from engine.backends.cpu.softmax import as_rows, row_logsumexp
 
 MAX_CHUNKS = 32
@@ -44,9 +44,11 @@ def _cross_entropy_rows(logits, labels, partials, out):
 
 
 @parallel_kernel
-def _cross_entropy_back_rows(gscale, logits, labels, out):
-    """out[r, c] = gscale (softmax(logits[r])[c] - labels[r, c]), gscale = g / N."""
+def _cross_entropy_back_rows(g, logits, labels, out):
+    """out[r, c] = gscale (softmax(logits[r])[c] - labels[r, c]), gscale = g[0] / N in
+    float64 (g read when the kernel runs)."""
     rows, n = logits.shape
+    gscale = np.float64(g[0]) / rows if rows else 0.0
     for r in prange(rows):
         lse = row_logsumexp(logits, r)
         for j in range(n):
@@ -54,16 +56,17 @@ def _cross_entropy_back_rows(gscale, logits, labels, out):
             out[r, j] = gscale * (p - np.float64(labels[r, j]))
 
 
+@bindable
 def cpu_cross_entropy_loss(out, ins):
     logits, labels = (as_rows(a, "cross_entropy_loss") for a in ins)
-    # a few cache lines of partials (at most MAX_CHUNKS * 64 bytes)
+    # a few cache lines of partials (at most MAX_CHUNKS * 64 bytes), made once per binding
     partials = np.zeros((num_chunks(logits.shape[0]), LINE))
-    _cross_entropy_rows(logits, labels, partials, out.reshape(1))
+    return call(_cross_entropy_rows, logits, labels, partials, out.reshape(1))
 
 
+@bindable
 def cpu_cross_entropy_loss_back(out, ins):
     g, logits, labels = ins
     logits, labels = (as_rows(a, "cross_entropy_loss_back") for a in (logits, labels))
-    rows = logits.shape[0]
-    gscale = float(g.reshape(-1)[0]) / rows if rows else 0.0
-    _cross_entropy_back_rows(gscale, logits, labels, as_rows(out, "cross_entropy_loss_back"))
+    return call(_cross_entropy_back_rows, g.reshape(-1), logits, labels,
+                as_rows(out, "cross_entropy_loss_back"))

@@ -15,11 +15,13 @@ leaky_relu's negative_slope, clamp's min and max). The CUDA kernels
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
+from engine.backends.cpu import layout
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, scalar_math, sequence
 
 UNARY_CODES = {"neg": 0, "scale": 1, "sqr": 2, "sqrt": 3, "log": 4, "exp": 5, "abs": 6,
                "sgn": 7, "step": 8, "relu": 9, "cont": 10}
@@ -235,54 +237,71 @@ def _activation_back(g, x, out, code, p0, p1):
             out[i] = g[i] if p0 <= v <= p1 else 0.0
 
 
+@scalar_math
+def binary_value(code, x, y, zero):
+    """x (op) y for the binary op `code`; relu_back is x if y > 0 else 0."""
+    if code == 0:
+        return x + y
+    if code == 1:
+        return x - y
+    if code == 2:
+        return x * y
+    if code == 3:
+        return x / y
+    return x if y > zero else zero
+
+
 @parallel_kernel
 def _binary_flat(a, b, out, code):
-    """out[i] = a[i] (op) b[i] over 1-D contiguous arrays of one size; relu_back is
-    a[i] if b[i] > 0 else 0."""
-    n = out.size
-    if code == 0:
-        for i in prange(n):
-            out[i] = a[i] + b[i]
-    elif code == 1:
-        for i in prange(n):
-            out[i] = a[i] - b[i]
-    elif code == 2:
-        for i in prange(n):
-            out[i] = a[i] * b[i]
-    elif code == 3:
-        for i in prange(n):
-            out[i] = a[i] / b[i]
-    else:
-        zero = out.dtype.type(0)
-        for i in prange(n):
-            out[i] = a[i] if b[i] > zero else zero
+    """out[i] = a[i] (op) b[i] over 1-D contiguous arrays of one size."""
+    zero = out.dtype.type(0)
+    for i in prange(out.size):
+        out[i] = binary_value(code, a[i], b[i], zero)
+
+
+@parallel_kernel
+def _binary_rows(a, a_rows, a_step, b, b_rows, b_step, out, run, code):
+    """Row r of a broadcast binary op (see engine.backends.cpu.layout):
+    out[r run + j] = a[a_rows[r] + a_step j] (op) b[b_rows[r] + b_step j], steps 0 or 1.
+    Each case is a loop over contiguous slices, which LLVM vectorises."""
+    zero = out.dtype.type(0)
+    for r in prange(a_rows.size):
+        o = out[r * run:(r + 1) * run]
+        ao = a_rows[r]
+        bo = b_rows[r]
+        if a_step == 1 and b_step == 1:
+            x = a[ao:ao + run]
+            y = b[bo:bo + run]
+            for j in range(run):
+                o[j] = binary_value(code, x[j], y[j], zero)
+        elif a_step == 1:
+            x = a[ao:ao + run]
+            w = b[bo]
+            for j in range(run):
+                o[j] = binary_value(code, x[j], w, zero)
+        elif b_step == 1:
+            v = a[ao]
+            y = b[bo:bo + run]
+            for j in range(run):
+                o[j] = binary_value(code, v, y[j], zero)
+        else:
+            value = binary_value(code, a[ao], b[bo], zero)
+            for j in range(run):
+                o[j] = value
 
 
 @parallel_kernel
 def _binary_4d(a, b, out, code):
-    """out = a (op) b over 4-D arrays of out's shape (a, b strided or broadcast, stride 0)."""
+    """out = a (op) b over 4-D arrays of out's shape (any strides; the general fallback)."""
     d0, d1, d2, d3 = out.shape
-    for i in prange(d0 * d1):
-        i0 = i // d1
-        i1 = i % d1
-        for i2 in range(d2):
-            if code == 0:
-                for i3 in range(d3):
-                    out[i0, i1, i2, i3] = a[i0, i1, i2, i3] + b[i0, i1, i2, i3]
-            elif code == 1:
-                for i3 in range(d3):
-                    out[i0, i1, i2, i3] = a[i0, i1, i2, i3] - b[i0, i1, i2, i3]
-            elif code == 2:
-                for i3 in range(d3):
-                    out[i0, i1, i2, i3] = a[i0, i1, i2, i3] * b[i0, i1, i2, i3]
-            elif code == 3:
-                for i3 in range(d3):
-                    out[i0, i1, i2, i3] = a[i0, i1, i2, i3] / b[i0, i1, i2, i3]
-            else:
-                zero = out.dtype.type(0)
-                for i3 in range(d3):
-                    v = b[i0, i1, i2, i3]
-                    out[i0, i1, i2, i3] = a[i0, i1, i2, i3] if v > zero else zero
+    zero = out.dtype.type(0)
+    for r in prange(d0 * d1 * d2):
+        i0 = r // (d1 * d2)
+        i1 = (r // d2) % d1
+        i2 = r % d2
+        for i3 in range(d3):
+            out[i0, i1, i2, i3] = binary_value(code, a[i0, i1, i2, i3], b[i0, i1, i2, i3],
+                                               zero)
 
 
 ACTIVATIONS = ("sin", "cos", "tanh", "sigmoid", "gelu", "gelu_erf", "silu", "elu",
@@ -298,29 +317,28 @@ def _param_values(params: dict, names) -> tuple[float, float]:
 
 def unary(name: str, params=()):
     """The dispatcher of unary op or activation `name`: kernel(out, [x], **params), the
-    float parameters named in `params` (in order) passed to the kernel."""
-    if name in ACTIVATION_CODES:
-        code = ACTIVATION_CODES[name]
+    float parameters named in `params` (in order) passed to the kernel. A strided x is
+    copied into out by numpy (whose copy picks the best loop order for any strides; a
+    numba loop over a strided view was no faster) and mapped in place; `cont` only
+    copies."""
+    activation = name in ACTIVATION_CODES
+    code = ACTIVATION_CODES[name] if activation else UNARY_CODES[name]
 
-        def run(x, out, p0, p1):
-            _activation(x, out, code, p0, p1)
-    else:
-        code = UNARY_CODES[name]
-
-        def run(x, out, p0, p1):
-            _unary(x, out, code, p0)
-
-    def kernel(out, ins, **kw):
+    def prepare(out, ins, **kw):
         p0, p1 = _param_values(kw, params)
         (x,) = ins
         flat_out = out.reshape(-1)
+        src = x.reshape(-1) if x.flags.c_contiguous else flat_out
+        if activation:
+            run = call(_activation, src, flat_out, code, p0, p1)
+        else:
+            run = call(_unary, src, flat_out, code, p0)
         if x.flags.c_contiguous:
-            run(x.reshape(-1), flat_out, p0, p1)
-        else:                      # strided view: gather into out, then map in place
-            np.copyto(out, x)
-            run(flat_out, flat_out, p0, p1)
-    kernel.__name__ = f"cpu_{name}"
-    return kernel
+            return run
+        gather = functools.partial(np.copyto, out, x)
+        return gather if name == "cont" else sequence(gather, run)
+    prepare.__name__ = f"cpu_{name}"
+    return bindable(prepare)
 
 
 def activation_back(name: str, params=()):
@@ -329,56 +347,49 @@ def activation_back(name: str, params=()):
     into out and mapped in place."""
     code = ACTIVATION_CODES[name]
 
-    def kernel(out, ins, **kw):
+    def prepare(out, ins, **kw):
         p0, p1 = _param_values(kw, params)
         g, x = ins
         flat_out = out.reshape(-1)
-        if x.flags.c_contiguous:
-            _activation_back(g.reshape(-1), x.reshape(-1), flat_out, code, p0, p1)
-        else:
-            np.copyto(out, x)
-            _activation_back(g.reshape(-1), flat_out, flat_out, code, p0, p1)
-    kernel.__name__ = f"cpu_{name}_back"
-    return kernel
+        src = x.reshape(-1) if x.flags.c_contiguous else flat_out
+        run = call(_activation_back, g.reshape(-1), src, flat_out, code, p0, p1)
+        return run if x.flags.c_contiguous else \
+            sequence(functools.partial(np.copyto, out, x), run)
+    prepare.__name__ = f"cpu_{name}_back"
+    return bindable(prepare)
 
 
-def _coalesce(shape, *strides_list):
-    """Merge adjacent axes that are contiguous in every operand; drop size-1 axes."""
-    dims = [(n, [s[i] for s in strides_list]) for i, n in enumerate(shape) if n != 1]
-    merged: list[tuple[int, list[int]]] = []
-    for n, st in dims:
-        if merged:
-            pn, pst = merged[-1]
-            if all(ps == s * n for ps, s in zip(pst, st, strict=True)):
-                merged[-1] = (pn * n, st)
-                continue
-        merged.append((n, st))
-    return merged
+_coalesce = layout.coalesce   # also used by other kernel modules
 
 
 def binary(name: str):
-    """The dispatcher of binary op `name`: kernel(out, [a, b]) with numpy broadcasting."""
+    """The dispatcher of binary op `name`: kernel(out, [a, b]) with numpy broadcasting.
+    Same-shape contiguous operands run flat; broadcast ones as rows (layout.Rows: a bias
+    over the rows of a matrix, a channel bias over images); other layouts as 4-D views."""
     code = BINARY_CODES[name]
 
-    def kernel(out, ins):
+    def prepare(out, ins):
         a, b = ins
         if a.shape == b.shape == out.shape and a.flags.c_contiguous and b.flags.c_contiguous:
-            _binary_flat(a.reshape(-1), b.reshape(-1), out.reshape(-1), code)
-            return
-        a = np.broadcast_to(a, out.shape)
-        b = np.broadcast_to(b, out.shape)
-        dims = _coalesce(out.shape, a.strides, b.strides, out.strides)
-        shape = [n for n, _ in dims]
-        lead = max(len(dims) - 4, 0)
-        shape4 = [1] * max(4 - len(dims), 0) + shape[lead:]
-        views = []
-        for k, arr in enumerate((a, b, out)):
-            st = [s[k] for _, s in dims]
-            full_shape = shape[:lead] + shape4
-            full_st = st[:lead] + [0] * max(4 - len(dims), 0) + st[lead:]
-            views.append(np.lib.stride_tricks.as_strided(arr, full_shape, full_st))
-        av, bv, ov = views
-        for idx in np.ndindex(*shape[:lead]):   # only for > 4 irreducible axes
-            _binary_4d(av[idx], bv[idx], ov[idx], code)
-    kernel.__name__ = f"cpu_{name}"
-    return kernel
+            return call(_binary_flat, a.reshape(-1), b.reshape(-1), out.reshape(-1), code)
+        rows = layout.Rows.of(out.shape, [a, b]) if out.flags.c_contiguous else None
+        if rows is not None:
+            (ab, bb), (ar, br), (sa, sb) = rows.bases, rows.offsets, rows.steps
+            return call(_binary_rows, ab, ar, sa, bb, br, sb, out.reshape(-1), rows.run, code)
+        return _binary_views(np.broadcast_to(a, out.shape), np.broadcast_to(b, out.shape),
+                             out, code)
+    prepare.__name__ = f"cpu_{name}"
+    return bindable(prepare)
+
+
+def _binary_views(a, b, out, code):
+    """The general case: coalesced axes as 4-D views, a loop in Python over any more."""
+    dims = layout.coalesce(out.shape, a.strides, b.strides, out.strides) or [(1, [0, 0, 0])]
+    pad = [(1, [0, 0, 0])] * max(4 - len(dims), 0)
+    dims = pad + dims
+    shape = [n for n, _ in dims]
+    views = [layout.as_strided(arr, shape, [st[k] for _, st in dims])
+             for k, arr in enumerate((a, b, out))]
+    lead = len(dims) - 4
+    return sequence(*(call(_binary_4d, *(v[idx] for v in views), code)
+                      for idx in np.ndindex(*shape[:lead])))   # several for > 4 axes only

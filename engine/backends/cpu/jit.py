@@ -5,13 +5,29 @@ the engine compiles nothing and a warm start only loads what it uses. `error_mod
 makes x/0 give inf/nan as numpy does, instead of raising. No fastmath: results are compared
 against torch and against float64 references.
 
-Kernels with prange loops are compiled serial and parallel, and small arrays take the serial
-one: starting the worker threads costs microseconds on a quiet machine and milliseconds on a
-loaded one, more than a loop over a few thousand elements.
+Kernels with prange loops are compiled serial and parallel (SizeDispatch). The parallel
+compilation runs only where it pays, which is rarely:
+- on small arrays never: starting the worker threads costs microseconds on a quiet machine
+  and milliseconds on a loaded one, more than a loop over a few thousand elements
+  (PARALLEL_MIN_SIZE);
+- by default not at all (PARALLEL; set GRADVERIFY_PARALLEL=1 before importing the engine to
+  turn it on). numba's worker pool is a second pool of threads beside BLAS's (numpy's
+  OpenBLAS), and the two fight for the cores: after a matmul, OpenBLAS's workers spin
+  waiting for the next one, so a parallel kernel waits for a worker that has no core; after
+  a parallel kernel, numba's OpenMP workers spin, so the next matmul waits. Measured on the
+  (shared) 2-core machine, MNIST training steps (engine.train), milliseconds per batch,
+  all serial / parallel from PARALLEL_MIN_SIZE, side by side: FC at batch 100 2.7 / 44,
+  FC at batch 1000 16-17 / 69-330, the CNN at batch 1000 136-162 / 174-325. A lone
+  elementwise kernel of 500k elements right after a matmul: 0.1 ms serial, 5 ms parallel.
+  Turn it on where numba's threads have cores of their own (BLAS single-threaded, or a
+  graph without matmuls on many cores), and for tests that must run the parallel
+  compilations.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import types
 
 import numba
@@ -33,8 +49,8 @@ def scalar_math(fn):
 
 
 def parallel_kernel(fn):
-    """Compile a kernel whose outer loop is a `numba.prange` (worth it on large tensors);
-    on small ones its serial compilation runs instead (see SizeDispatch)."""
+    """Compile a kernel whose outer loop is a `numba.prange`, serial and parallel; which
+    one runs is chosen per call (see SizeDispatch and the module doc)."""
     return SizeDispatch(fn)
 
 
@@ -45,10 +61,27 @@ prange = numba.prange
 PARALLEL_MIN_SIZE = 1 << 16
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "default"):
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1 or 0 (on or off), got {os.environ[name]!r}")
+
+
+# Whether prange kernels run their parallel compilation at all (module doc: off by default,
+# numba's threads and BLAS's fight for the cores). Read when a kernel is called or bound.
+PARALLEL = _env_flag("GRADVERIFY_PARALLEL", default=False)
+
+
 class SizeDispatch:
     """A kernel compiled twice, lazily: serial (its prange loops become plain loops) and
-    parallel. A call runs the parallel one when its largest array argument has at least
-    PARALLEL_MIN_SIZE elements; `for_size(n)` picks one for a known size."""
+    parallel. A call runs the parallel one when PARALLEL is on and its largest array
+    argument has at least PARALLEL_MIN_SIZE elements; `for_size(n)` picks one for a known
+    size. `.serial` and `.parallel` call one compilation directly."""
 
     def __init__(self, fn):
         # numba's disk cache keys a function by its qualified name and line, not by its
@@ -63,10 +96,52 @@ class SizeDispatch:
         self.__doc__ = fn.__doc__
 
     def for_size(self, size: int):
-        return self.parallel if size >= PARALLEL_MIN_SIZE else self.serial
+        return self.parallel if PARALLEL and size >= PARALLEL_MIN_SIZE else self.serial
+
+    def for_args(self, args):
+        """The compilation a call on `args` runs (by its largest array)."""
+        return self.for_size(max((a.size for a in args if isinstance(a, np.ndarray)),
+                                 default=0))
 
     def __call__(self, *args):
-        for a in args:
-            if isinstance(a, np.ndarray) and a.size >= PARALLEL_MIN_SIZE:
-                return self.parallel(*args)
+        if PARALLEL:
+            for a in args:
+                if isinstance(a, np.ndarray) and a.size >= PARALLEL_MIN_SIZE:
+                    return self.parallel(*args)
         return self.serial(*args)
+
+
+def call(fn, *args):
+    """A zero-argument call of compiled kernel `fn` on `args`, its serial or parallel
+    compilation chosen now (for SizeDispatch kernels), so that running it costs one
+    dispatch of numba's, nothing more."""
+    if isinstance(fn, SizeDispatch):
+        fn = fn.for_args(args)
+    return functools.partial(fn, *args)
+
+
+def sequence(*calls):
+    """One zero-argument call running `calls` in order (none: a call that does nothing)."""
+    if len(calls) == 1:
+        return calls[0]
+
+    def run_all():
+        for c in calls:
+            c()
+    return run_all
+
+
+def bindable(prepare):
+    """A CPU kernel `kernel(out, ins, **params)` made from `prepare(out, ins, **params)`,
+    which checks and lays out the arrays and returns a zero-argument call that computes.
+
+    A call of the kernel prepares and runs at once. `kernel.bind(out, ins, **params)` only
+    prepares: an allocation plan, whose buffers never move, binds each node once and then
+    runs the calls (engine.alloc.Plan). A prepared call must read the data of its arrays
+    when it runs, never when it is prepared: only shapes, strides and params are fixed.
+    """
+    @functools.wraps(prepare)
+    def kernel(out, ins, **params):
+        prepare(out, ins, **params)()
+    kernel.bind = prepare
+    return kernel

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, scalar_math
 
 SGD_HP = ("lr", "momentum", "dampening", "weight_decay")
 ADAM_HP = ("lr", "beta1", "beta2", "eps", "weight_decay")
@@ -114,15 +114,27 @@ def _flat(a):
     return a.reshape(-1)
 
 
+@bindable
 def sgd_step(out, ins, nesterov=False, maximize=False):
     """ins: param, grad, step, hp, momentum_buffer; `out` is the param's own buffer."""
     _, g, step, hp, buf = ins
-    _sgd(_flat(out), _flat(g), _flat(buf), step, hp, nesterov, maximize)
+    return call(_sgd, _flat(out), _flat(g), _flat(buf), step, hp, nesterov, maximize)
 
 
+@bindable
 def adam_step(out, ins, amsgrad=False, maximize=False, decoupled=False):
     """ins: param, grad, step, hp, exp_avg, exp_avg_sq[, max_exp_avg_sq]."""
     g, step, hp, m, v = ins[1], ins[2], ins[3], ins[4], ins[5]
     vmax = ins[6] if amsgrad else v
-    _adam(_flat(out), _flat(g), _flat(m), _flat(v), _flat(vmax), step, hp,
-                             decoupled, amsgrad, maximize)
+    return call(_adam, _flat(out), _flat(g), _flat(m), _flat(v), _flat(vmax), step, hp,
+                decoupled, amsgrad, maximize)
+
+
+def adam_kernel(decoupled: bool):
+    """The kernel of adam_step (decoupled=False) or adamw_step (True): adam_step with the
+    weight decay's kind fixed, bindable by a plan."""
+    @bindable
+    def prepare(out, ins, amsgrad=False, maximize=False):
+        return adam_step.bind(out, ins, amsgrad=amsgrad, maximize=maximize,
+                              decoupled=decoupled)
+    return prepare

@@ -14,9 +14,11 @@ the gradient's dtype, so its result never depends on the thread count.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, sequence
 
 as_strided = np.lib.stride_tricks.as_strided
 
@@ -100,17 +102,17 @@ def _tiles(small, big):
     return as_strided(big, shape, strides), sizes
 
 
+@bindable
 def cpu_repeat(out, ins, shape):
     """Dispatcher of repeat: kernel(out, [x], shape)."""
     (x,) = ins
     if out.size == 0:
-        return
+        return sequence()
     views = _views(x, out)
     if views is not None:
-        _repeat_4d(views[0], views[1])
-        return
+        return call(_repeat_4d, views[0], views[1])
     tiled, sizes = _tiles(x, out)
-    np.copyto(tiled, _interleaved(x, sizes))
+    return functools.partial(np.copyto, tiled, _interleaved(x, sizes))
 
 
 def _interleaved(x, sizes):
@@ -124,15 +126,15 @@ def _interleaved(x, sizes):
     return as_strided(x, shape, st)
 
 
+@bindable
 def cpu_repeat_back(out, ins, shape):
     """Dispatcher of repeat_back: kernel(dx, [g], shape), shape = dx's shape."""
     (g,) = ins
     if out.size == 0:
-        return
+        return sequence()
     views = _views(out, g)
     if views is not None:
-        _repeat_back_4d(views[1], views[0])
-        return
+        return call(_repeat_back_4d, views[1], views[0])
     tiled, _ = _tiles(out, g)
-    np.sum(tiled, axis=tuple(range(0, tiled.ndim, 2)), out=out.reshape(
-        tuple(tiled.shape[1::2])))
+    return functools.partial(np.sum, tiled, axis=tuple(range(0, tiled.ndim, 2)),
+                             out=out.reshape(tuple(tiled.shape[1::2])))

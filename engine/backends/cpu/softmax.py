@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+from engine.backends.cpu.jit import bindable, call, kernel, parallel_kernel, prange
 from engine.errors import BackendError
 
 
@@ -112,23 +112,27 @@ def as_4d(arr: np.ndarray) -> np.ndarray:
     return arr[(None,) * (4 - arr.ndim)]
 
 
+@bindable
 def cpu_softmax(out, ins, scale=1.0):
     if len(ins) == 1:
         (x,) = ins
-        _softmax_rows(as_rows(x, "softmax"), as_rows(out, "softmax"), float(scale))
-        return
+        return call(_softmax_rows, as_rows(x, "softmax"), as_rows(out, "softmax"),
+                    float(scale))
     x, mask = ins
     as_rows(x, "softmax")       # checks that x is C-contiguous
     x4 = as_4d(x)
-    _softmax_masked_rows(x4, np.broadcast_to(mask, x4.shape), as_4d(out), float(scale))
+    return call(_softmax_masked_rows, x4, np.broadcast_to(mask, x4.shape), as_4d(out),
+                float(scale))
 
 
+@bindable
 def cpu_softmax_back(out, ins, scale=1.0):
     g, y = ins
-    _softmax_back_rows(as_rows(g, "softmax_back"), as_rows(y, "softmax_back"),
-                       as_rows(out, "softmax_back"), float(scale))
+    return call(_softmax_back_rows, as_rows(g, "softmax_back"), as_rows(y, "softmax_back"),
+                as_rows(out, "softmax_back"), float(scale))
 
 
+@bindable
 def cpu_log_softmax(out, ins):
     (x,) = ins
-    _log_softmax_rows(as_rows(x, "log_softmax"), as_rows(out, "log_softmax"))
+    return call(_log_softmax_rows, as_rows(x, "log_softmax"), as_rows(out, "log_softmax"))

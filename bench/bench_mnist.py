@@ -1,0 +1,301 @@
+"""MNIST training epochs of the engine against torch, side by side in one run (a benchmark).
+
+    python bench/bench_mnist.py                       # full epochs, median of 3 repeats
+    python bench/bench_mnist.py --batches 20 --repeats 5
+    python bench/bench_mnist.py --cases fc1000 cnn1000
+
+Seconds per training epoch (57,000 images: MNIST's 60,000 less a 5% validation split;
+AdamW lr=1e-3, weight_decay=1e-2; cross-entropy) of the engine's CPU backend (the MNIST
+models of engine.mnist.models through engine.train.Trainer) and of the same models in torch
+on the CPU, with torch.set_num_threads equal to numba's thread count. Targets (issue 6):
+
+    FC (784-500-ReLU-10) at batch 1000    engine / torch <= 0.8
+    FC at batch 100                       engine / torch <= 1.0
+    CNN at batch 1000                     engine / torch <= 0.8
+    FC at batch 1000                      engine / BLAS bound <= 1.4
+
+The BLAS bound is the epoch's matmul FLOPs (2 M K N summed over the matmul nodes of the
+engine's training graph, dense) over numpy's sgemm throughput, measured in the same run on
+2048 x 2048 float32 matrices. Every training run happens in a child process of its own (the
+engine's never imports torch), so each one's peak memory (VmHWM) is its own; the children of
+a repeat alternate engine, torch, engine, ... so that both see the same machine. Each child
+trains a few warm-up batches first (numba compilation or cache loads, thread pools, page
+faults), then times `--batches` batches (default: a whole epoch's) and scales the time to
+57,000 images. The reported figure is the median over `--repeats`.
+
+Data: real MNIST from engine.mnist.data.load_mnist(); where that fails, random images with
+MNIST's density (19% non-zero pixels, values k/256), which the output says (the density
+matters to kernels that skip zeros). The machine may be shared and noisy: read the ratios.
+Exit status 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+EPOCH_IMAGES = 57_000          # 60,000 less the 5% validation split of ggml's example
+LR, WEIGHT_DECAY = 1e-3, 1e-2
+MNIST_DENSITY = 0.19           # share of non-zero pixels in MNIST's training images
+SGEMM_SIZE = 2048
+BLAS_TARGET = 1.4
+# name: (architecture, batch, target engine / torch)
+CASES = {"fc1000": ("fc", 1000, 0.8), "fc100": ("fc", 100, 1.0), "cnn1000": ("cnn", 1000, 0.8)}
+
+
+# --- children: one training run each, reporting one JSON line ------------------------------
+def _peak_kb() -> int:
+    """This process's peak resident memory (VmHWM) in kB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _batches(rng, nimages: int, batch: int, count: int):
+    """Index arrays of `count` batches: a shuffle of the training part, batch after batch
+    (as Trainer.fit shuffles and Dataset.batch cuts), wrapping around if count asks more."""
+    order = rng.permutation(nimages)
+    per_epoch = nimages // batch
+    return [order[(i % per_epoch) * batch:(i % per_epoch + 1) * batch] for i in range(count)]
+
+
+def engine_child(images, labels, arch, batch, warmup, count) -> float:
+    """Seconds the engine takes for `count` training batches (after `warmup` more)."""
+    from engine.mnist.models import Model
+    from engine.tensor import input_tensor
+    from engine.train import EpochResult, Trainer
+
+    model = Model.new(arch, seed=0)
+    x, logits = model.build(batch)
+    y = input_tensor((batch, 10), "f32", name="labels")
+    trainer = Trainer(x, logits, "cross_entropy", labels=y, optimizer="adamw",
+                      opt_params={"lr": LR, "weight_decay": WEIGHT_DECAY})
+    onehot = np.eye(10, dtype=np.float32)[labels]
+    rng = np.random.default_rng(0)
+    result = EpochResult("cross_entropy")
+    for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
+        trainer.eval_batch(images[idx], onehot[idx], result=result)
+    plan = _batches(rng, EPOCH_IMAGES, batch, count)
+    t0 = time.perf_counter()
+    for idx in plan:
+        trainer.eval_batch(images[idx], onehot[idx], result=result)
+    return time.perf_counter() - t0
+
+
+def torch_child(images, labels, arch, batch, warmup, count, threads) -> float:
+    """Seconds torch takes for `count` training batches (after `warmup` more)."""
+    import torch
+    from torch import nn
+
+    class NHWCFlatten(nn.Module):
+        """ggml's flatten order: (N, C, H, W) -> (N, H, W, C) -> (N, H W C)."""
+
+        def forward(self, x):
+            return x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if arch == "fc":
+        net = nn.Sequential(nn.Linear(784, 500), nn.ReLU(), nn.Linear(500, 10))
+    else:
+        net = nn.Sequential(nn.Unflatten(1, (1, 28, 28)),
+                            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                            NHWCFlatten(), nn.Linear(784, 10))
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    x_all, y_all = torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
+    rng = np.random.default_rng(0)
+
+    def train(idx):
+        idx = torch.from_numpy(idx)
+        x, y = x_all[idx], y_all[idx]
+        opt.zero_grad()
+        out = net(x)
+        loss = nn.functional.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        return loss.item(), int((out.argmax(1) == y).sum())   # as the engine's bookkeeping
+
+    for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
+        train(idx)
+    plan = _batches(rng, EPOCH_IMAGES, batch, count)
+    t0 = time.perf_counter()
+    for idx in plan:
+        train(idx)
+    return time.perf_counter() - t0
+
+
+def run_child(args) -> None:
+    data = np.load(args.data)
+    images, labels = data["images"], data["labels"]
+    if args.child == "engine":
+        seconds = engine_child(images, labels, args.arch, args.batch, args.warmup, args.count)
+    else:
+        seconds = torch_child(images, labels, args.arch, args.batch, args.warmup, args.count,
+                              args.threads)
+    print(json.dumps({"seconds": seconds, "images": args.count * args.batch,
+                      "peak_kb": _peak_kb()}))
+
+
+# --- the parent: data, children, the BLAS bound, the table --------------------------------
+def load_data() -> tuple[np.ndarray, np.ndarray, str]:
+    """(images (60000, 784) float32, labels int32, where they came from)."""
+    try:
+        from engine.mnist.data import load_mnist
+        d = load_mnist()
+        return d.train_images, d.train_labels, f"MNIST ({d.source})"
+    except Exception as exc:   # any failure: fall back, and say why
+        rng = np.random.default_rng(0)
+        pixels = rng.integers(1, 256, (60_000, 784)) * (rng.random((60_000, 784)) <
+                                                         MNIST_DENSITY)
+        images = (pixels / 256).astype(np.float32)
+        labels = rng.integers(0, 10, 60_000).astype(np.int32)
+        return images, labels, (f"RANDOM stand-in for MNIST ({MNIST_DENSITY:.0%} non-zero "
+                                f"pixels k/256): load_mnist failed: {type(exc).__name__}: "
+                                f"{exc}")
+
+
+def sgemm_gflops(n: int = SGEMM_SIZE, repeats: int = 5) -> float:
+    """numpy's float32 matmul throughput on n x n matrices, GFLOP/s (median of repeats)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
+    out = np.empty((n, n), np.float32)
+    np.matmul(a, b, out=out)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.matmul(a, b, out=out)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+def matmul_flops_per_batch(arch: str, batch: int) -> int:
+    """2 M K N summed over the matmul nodes of the engine's training graph (dense)."""
+    from engine.mnist.models import Model
+    from engine.tensor import input_tensor
+    from engine.train import Trainer
+
+    x, logits = Model.new(arch, seed=0).build(batch)
+    y = input_tensor((batch, 10), "f32", name="labels")
+    trainer = Trainer(x, logits, "cross_entropy", labels=y, optimizer="adamw")
+    return sum(2 * int(np.prod(t.shape)) * t.srcs[0].shape[-1]
+               for t in trainer.training.nodes if t.op == "matmul")
+
+
+def spawn(kind, arch, batch, count, args, data_path, threads) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--arch", arch,
+           "--batch", str(batch), "--count", str(count), "--warmup", str(args.warmup),
+           "--threads", str(threads), "--data", data_path]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} child ({arch}, batch {batch}) failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def numba_threads() -> int:
+    import numba
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    p.add_argument("--batches", type=int, default=None,
+                   help="time this many batches per run and scale to an epoch "
+                        "(default: a whole epoch)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per case (median)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed batches before timing")
+    p.add_argument("--child", choices=("engine", "torch"), help=argparse.SUPPRESS)
+    p.add_argument("--arch", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        run_child(args)
+        return 0
+    if args.batches is not None and args.batches < 1:
+        p.error(f"--batches must be at least 1, got {args.batches}")
+    if args.repeats < 1 or args.warmup < 0:
+        p.error("--repeats must be at least 1 and --warmup at least 0")
+
+    threads = numba_threads()
+    images, labels, source = load_data()
+    print("MNIST training epoch (57,000 images, AdamW, cross-entropy): engine (CPU) vs torch "
+          f"(CPU), {threads} threads each (numba, torch.set_num_threads)")
+    print(f"data: {source}; {np.mean(images > 0):.1%} non-zero pixels")
+    scope = (f"{args.batches} batches per run, scaled to an epoch" if args.batches
+             else "whole epochs")
+    print(f"timing: {scope}; median of {args.repeats} runs, each after {args.warmup} "
+          "warm-up batches; each run in a child process, engine and torch alternating")
+
+    times = {(c, k): [] for c in args.cases for k in ("engine", "torch")}
+    peaks = {(c, k): [] for c in args.cases for k in ("engine", "torch")}
+    gflops = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data_path = os.path.join(tmp, "mnist.npz")
+        np.savez(data_path, images=images, labels=labels)
+        for _ in range(args.repeats):
+            gflops.append(sgemm_gflops())
+            for case in args.cases:
+                arch, batch, _ = CASES[case]
+                count = args.batches or EPOCH_IMAGES // batch
+                for kind in ("engine", "torch"):
+                    r = spawn(kind, arch, batch, count, args, data_path, threads)
+                    times[case, kind].append(r["seconds"] * EPOCH_IMAGES / r["images"])
+                    peaks[case, kind].append(r["peak_kb"] / 1024)
+
+    failed = False
+    rows = []
+    for case in args.cases:
+        arch, batch, target = CASES[case]
+        e, t = (statistics.median(times[case, k]) for k in ("engine", "torch"))
+        ok = e / t <= target
+        failed |= not ok
+        rows.append((f"{arch.upper()}@{batch}", f"{e:.3f}", f"{t:.3f}", f"{e / t:.2f}",
+                     f"<= {target}", "PASS" if ok else "FAIL"))
+    _print_table(("case", "engine s/epoch", "torch s/epoch", "engine/torch", "target",
+                  "verdict"), rows)
+
+    rate = statistics.median(gflops)
+    print(f"\nnumpy sgemm ({SGEMM_SIZE}^2 float32): {rate:.1f} GFLOP/s (median of "
+          f"{len(gflops)} measurements, one per repeat)")
+    if "fc1000" in args.cases:
+        flops = matmul_flops_per_batch("fc", 1000) * (EPOCH_IMAGES // 1000)
+        bound = flops / (rate * 1e9)
+        e = statistics.median(times["fc1000", "engine"])
+        ok = e / bound <= BLAS_TARGET
+        failed |= not ok
+        print(f"BLAS bound, FC@1000: {flops / 1e9:.1f} GFLOP of dense matmuls per epoch / "
+              f"{rate:.1f} GFLOP/s = {bound:.3f} s; engine / bound = {e / bound:.2f} "
+              f"(target <= {BLAS_TARGET}) {'PASS' if ok else 'FAIL'}")
+
+    print("\npeak memory of a training run (VmHWM of its child process, MB; max over runs; "
+          "includes the 188 MB of training images and the imports)")
+    _print_table(("case", "engine MB", "torch MB"),
+                 [(f"{CASES[c][0].upper()}@{CASES[c][1]}", f"{max(peaks[c, 'engine']):.0f}",
+                   f"{max(peaks[c, 'torch']):.0f}") for c in args.cases])
+    return 1 if failed else 0
+
+
+def _print_table(header, rows) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        print("  ".join(str(v).rjust(w) if i else str(v).ljust(w)
+                        for i, (v, w) in enumerate(zip(r, widths, strict=True))))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Strided operands described as rows of one run, for the CPU kernels' dispatchers.
+
+Kernels that read broadcast or strided views get each operand as its *flat base* (a 1-D
+contiguous array over the memory the view spans), the element offset of each of its rows
+and its step along a row (1: contiguous, 0: one value broadcast along the row). The output
+is C-contiguous, row r being out[r * run : (r + 1) * run]. Over such 1-D slices numba emits
+plain loops that LLVM vectorises, where indexing a 4-D strided view does not.
+
+Axes are first coalesced (size-1 axes dropped, neighbours merged where every operand is
+contiguous across them), so a bias of shape (C,) added to an (N, C) matrix is N rows of C,
+and a channel bias (C, 1, 1) added to (N, C, H, W) is N C rows of H W with step 0.
+
+All of this is plain numpy on shapes and strides: dispatchers call it once per plan (in
+their `bind`) or once per call, never per element.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+as_strided = np.lib.stride_tricks.as_strided
+
+
+def coalesce(shape, *strides_list):
+    """Merge adjacent axes that are contiguous in every operand; drop size-1 axes.
+    Returns [(size, [stride of each operand])] from the outermost axis in."""
+    dims = [(n, [s[i] for s in strides_list]) for i, n in enumerate(shape) if n != 1]
+    merged: list[tuple[int, list[int]]] = []
+    for n, st in dims:
+        if merged:
+            pn, pst = merged[-1]
+            if all(ps == s * n for ps, s in zip(pst, st, strict=True)):
+                merged[-1] = (pn * n, st)
+                continue
+        merged.append((n, st))
+    return merged
+
+
+def flat_base(arr: np.ndarray) -> np.ndarray | None:
+    """A 1-D contiguous view over the memory `arr` spans (from its first element to its
+    last), or None where a stride is negative or not a multiple of the item size."""
+    item = arr.itemsize
+    if any(s < 0 or s % item for s in arr.strides):
+        return None
+    if arr.size == 0:
+        return arr.reshape(-1)[:0]
+    span = 1 + sum((n - 1) * (s // item) for n, s in zip(arr.shape, arr.strides, strict=True))
+    return as_strided(arr, (span,), (item,), writeable=arr.flags.writeable)
+
+
+def row_offsets(dims, k: int, item: int) -> np.ndarray:
+    """Element offsets (int64) of the rows spanned by the outer `dims` of operand k, rows
+    in C order."""
+    offsets = np.zeros(1, np.int64)
+    for n, st in dims:
+        step = np.arange(n, dtype=np.int64) * (st[k] // item)
+        offsets = (offsets[:, None] + step[None, :]).reshape(-1)
+    return offsets
+
+
+class Rows:
+    """Operands of one shape (broadcast views allowed) as rows of `run` elements:
+    `bases[k]`, `offsets[k]` (int64, one per row) and `steps[k]` (0 or 1) for operand k,
+    `nrows` rows in all. `Rows.of(shape, arrays)` is None where an operand's innermost
+    coalesced axis is neither contiguous nor broadcast, or its base cannot be had."""
+
+    __slots__ = ("run", "nrows", "bases", "offsets", "steps")
+
+    def __init__(self, run, nrows, bases, offsets, steps):
+        self.run, self.nrows = run, nrows
+        self.bases, self.offsets, self.steps = bases, offsets, steps
+
+    @classmethod
+    def of(cls, shape, arrays) -> Rows | None:
+        item = arrays[0].itemsize
+        if any(a.itemsize != item for a in arrays):
+            return None
+        views = [np.broadcast_to(a, shape) if a.shape != tuple(shape) else a for a in arrays]
+        dims = coalesce(shape, *(v.strides for v in views)) or [(1, [0] * len(views))]
+        run, inner = dims[-1]
+        steps = []
+        for s in inner:
+            if s not in (0, item):
+                return None
+            steps.append(1 if s == item else 0)
+        # the base of the array itself, not of its broadcast (which numpy makes read-only):
+        # the same memory, and one numba type (writeable arrays) for every operand
+        bases = [flat_base(a) for a in arrays]
+        if any(b is None for b in bases):
+            return None
+        outer = dims[:-1]
+        offsets = [row_offsets(outer, k, item) for k in range(len(views))]
+        return cls(run, math.prod(n for n, _ in outer), bases, offsets, steps)
