@@ -109,20 +109,27 @@ def _check_backend(backend: str) -> None:
     get_backend(backend)
 
 
-def cmd_train(args) -> int:
-    from engine.mnist.data import to_dataset
-    from engine.mnist.models import Model
-    from engine.mnist.run import evaluate, train_model
-
-    problem = _check_outputs(args.out, args.graph_out)
+def _prepare(args, *outputs):
+    """(config, data) of a training command, after every check that needs no training:
+    output paths writable, settings valid, backend usable, data loaded and large enough."""
+    problem = _check_outputs(*outputs)
     if problem:
         raise EngineError(problem)
     config = _config(args)
     config.validate()
     _check_backend(config.backend)
     data = _load_data(args)
+    config.validate(len(data.train_images[:args.limit]))
+    return config, data
+
+
+def cmd_train(args) -> int:
+    from engine.mnist.data import to_dataset
+    from engine.mnist.models import Model
+    from engine.mnist.run import evaluate, train_model
+
+    config, data = _prepare(args, args.out, args.graph_out)
     dataset = to_dataset(data.train_images, data.train_labels, limit=args.limit)
-    config.validate(len(dataset))
     model = Model.new(args.arch, init=args.init, seed=args.seed)
     _say(f"mnist: training {model.arch} on {len(dataset)} images: {config.epochs} epochs, "
          f"AdamW lr {config.lr}, batch {config.batch_logical} ({config.batch_physical} per "
@@ -194,17 +201,7 @@ def cmd_regress(args) -> int:
     from engine.mnist import regress
     from reports import exit_status, format_for_path, render, write_atomic
 
-    problem = _check_outputs(args.output)
-    if problem:
-        raise EngineError(problem)
-    config = _config(args)
-    config.validate()
-    _check_backend(config.backend)
-    data = _load_data(args)
-    if args.limit is not None:
-        config.validate(min(args.limit, len(data.train_images)))
-    else:
-        config.validate(len(data.train_images))
+    config, data = _prepare(args, args.output)
     full = args.limit is None and args.epochs >= TrainConfig().epochs
     archs = ("fc", "cnn") if args.arch == "all" else (args.arch,)
     runs, results = [], []

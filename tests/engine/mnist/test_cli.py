@@ -69,10 +69,25 @@ def _accuracy_line(capsys) -> float:
     return float(out.split("test accuracy ")[1].split("+-")[0])
 
 
+def _close_and_eval(writer, path, net, root, test_images, test_labels, capsys) -> float:
+    """Finish the GGUF file as ggml's scripts do; `mnist eval` must report torch's test
+    accuracy on it (to one image in a thousand); returns that accuracy."""
+    import torch
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with torch.no_grad():
+        logits = net(torch.from_numpy(test_images)).numpy()
+    expected = float((logits.argmax(1) == test_labels).mean())
+    assert main(["eval", str(path), "--data", str(root)]) == 0
+    assert _accuracy_line(capsys) == pytest.approx(100 * expected, abs=0.1 + 1e-9)
+    return expected
+
+
 def test_eval_reproduces_torch_on_a_file_written_like_ggmls_fc_script(tmp_path, capsys,
                                                                       mnist_subset):
     import gguf
-    import torch
     root, x, y, tx, ty = mnist_subset
     net = _torch_train("mnist-fc", x, y)
     path = tmp_path / "mnist-fc-f32.gguf"
@@ -80,21 +95,13 @@ def test_eval_reproduces_torch_on_a_file_written_like_ggmls_fc_script(tmp_path, 
     for name, value in zip(("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"),
                            net.state_dict().values(), strict=True):
         writer.add_tensor(name, value.squeeze().cpu().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with torch.no_grad():
-        expected = float((net(torch.from_numpy(tx)).argmax(1).numpy() == ty).mean())
-    assert main(["eval", str(path), "--data", str(root)]) == 0
-    assert _accuracy_line(capsys) == pytest.approx(100 * expected, abs=0.1 + 1e-9)
+    expected = _close_and_eval(writer, path, net, root, tx, ty, capsys)
     assert expected > 0.75
 
 
 def test_eval_reproduces_torch_on_a_cnn_file_in_the_keras_scripts_layout(tmp_path, capsys,
                                                                          mnist_subset):
     import gguf
-    import torch
     root, x, y, tx, ty = mnist_subset
     net = _torch_train("mnist-cnn", x, y, epochs=1)
     sd = {k: v.detach().numpy() for k, v in net.state_dict().items()}
@@ -106,14 +113,7 @@ def test_eval_reproduces_torch_on_a_cnn_file_in_the_keras_scripts_layout(tmp_pat
     writer.add_tensor("conv2.bias", sd["4.bias"], raw_shape=(1, 16, 1, 1))
     writer.add_tensor("dense.weight", sd["8.weight"], raw_shape=(10, 7 * 7 * 16))
     writer.add_tensor("dense.bias", sd["8.bias"])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with torch.no_grad():
-        expected = float((net(torch.from_numpy(tx)).argmax(1).numpy() == ty).mean())
-    assert main(["eval", str(path), "--data", str(root)]) == 0
-    assert _accuracy_line(capsys) == pytest.approx(100 * expected, abs=0.1 + 1e-9)
+    _close_and_eval(writer, path, net, root, tx, ty, capsys)
 
 
 def test_train_writes_a_model_and_a_graph_that_both_evaluate(tmp_path, capsys, mnist_subset):
