@@ -79,12 +79,17 @@ def results_of(run: ArchRun, check_accuracy: bool = True) -> list[Result]:
     out = []
     bar = ACCURACY_BARS[run.arch]
     acc_ok = run.engine_test_acc >= bar
+    both = (f"engine {100 * run.engine_test_acc:.2f}%, torch {100 * run.torch_test_acc:.2f}% "
+            f"from the same initial weights on the same batches")
+    if acc_ok:
+        message = both
+    else:
+        message = (f"engine test accuracy {100 * run.engine_test_acc:.2f}% is below "
+                   f"{100 * bar:.1f}% ({both})"
+                   + ("" if check_accuracy else "; not a bar for this shortened run"))
     out.append(Result(
         "mnist", f"{short}: test accuracy", "pass" if acc_ok or not check_accuracy else "fail",
-        {"engine": run.engine_test_acc, "torch": run.torch_test_acc, "bar": bar},
-        "" if acc_ok else f"engine test accuracy {100 * run.engine_test_acc:.2f}% is below "
-                          f"{100 * bar:.1f}%" + ("" if check_accuracy else
-                                                  " (not a bar for this shortened run)"),
+        {"engine": run.engine_test_acc, "torch": run.torch_test_acc, "bar": bar}, message,
         {**labels, "check": "accuracy"}))
     n = min(LOSS_EPOCHS, len(run.engine), len(run.torch))
     for e, t in zip(run.engine[:n], run.torch[:n], strict=True):
