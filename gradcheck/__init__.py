@@ -1,6 +1,9 @@
-"""gradcheck: compare backprop with numerical gradients for every op and sample case."""
+"""gradcheck: compare an engine's backprop with numerical gradients for every op and sample
+case; the engine under test is an adapter (gradcheck.adapters)."""
 
+from gradcheck.api import check_function, check_numpy, check_torch
 from gradcheck.check import check_sample
 from gradcheck.runner import checkable_ops, run_checks, select_samples
 
-__all__ = ["check_sample", "checkable_ops", "run_checks", "select_samples"]
+__all__ = ["check_function", "check_numpy", "check_sample", "check_torch", "checkable_ops",
+           "run_checks", "select_samples"]

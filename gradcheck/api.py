@@ -1,8 +1,9 @@
-"""gradcheck for your own ops: check any function built from engine ops.
+"""gradcheck for your own code: functions built from engine ops, numpy forward/VJP pairs and
+torch callables (custom torch.autograd.Function included), under the same checks.
 
     import numpy as np
     from engine import ops
-    from gradcheck.api import check_function, assert_gradients
+    from gradcheck.api import check_function, check_numpy, check_torch, assert_gradients
 
     def swish(x, beta):
         return ops.mul(x, ops.sigmoid(ops.mul(x, beta)))
@@ -12,11 +13,20 @@
     result = check_function(swish, [x, beta], torch_fn=lambda x, b: x * (x * b).sigmoid())
     print(result.status, result.metrics["max_abs_err"])
 
+    # a hand-written VJP: vjp(cotangent, *inputs) -> J^T cotangent, one per input
+    check_numpy(np.tanh, lambda w, x: [w * (1 - np.tanh(x) ** 2)], [x])
+
+    # any torch callable; its gradient comes from torch's backward (your Function's)
+    check_torch(lambda x, b: x * (x * b).sigmoid(), [x, beta])
+
     def test_swish():                        # in your own pytest suite
         assert_gradients(swish, [x, beta])
 
 The result is the same record `gradcheck --op` produces (numerical float64 reference,
-kinks, tolerances by dtype, optional torch agreement, modes).
+forward check, kinks, tolerances by dtype, optional torch agreement, modes). The numerical
+reference differentiates the function's own forward in float64 (check_function: the engine
+graph of `build`; check_numpy and check_torch: `forward`/`fn` on float64 inputs, or the
+float64 `reference` you give, against which the forward is checked too).
 """
 
 from __future__ import annotations
@@ -27,27 +37,40 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from engine.errors import DTypeError
 from engine.samples import InputSpec
 from engine.tensor import dtype_name
+from gradcheck.adapters.numpy_adapter import NumpyAdapter
+from gradcheck.adapters.torch_adapter import TorchAdapter
 from gradcheck.check import check_sample
 from reports import Result
 
 
 @dataclasses.dataclass(frozen=True)
 class FunctionCase:
-    """A case made of a user's build function and fixed input arrays (Sample's interface)."""
+    """A case made of a user's function and fixed input arrays (Sample's interface).
+
+    build_fn: an engine expression of the inputs (None for numpy and torch functions);
+    torch_fn: the third opinion, a torch function of float64 tensors; reference_forward:
+    the numerical reference, a function of float64 numpy arrays (None: the engine graph of
+    build_fn)."""
 
     name: str
-    build_fn: Callable
+    build_fn: Callable | None
     arrays: tuple
     inputs: tuple
     dtype: str
     torch_fn: Callable | None = None
+    reference_forward: Callable | None = None
     registered = False
 
     @property
     def op(self) -> str:
         return self.name.split("(", 1)[0]
+
+    @property
+    def builds_engine_graph(self) -> bool:
+        return self.build_fn is not None
 
     @property
     def precision(self) -> str:
@@ -73,10 +96,45 @@ class FunctionCase:
         return list(arrays)
 
     def build(self, *leaves):
+        if self.build_fn is None:
+            raise TypeError(f"{self.name} is not built from engine ops")
         return self.build_fn(*leaves)
 
     def __str__(self) -> str:
         return self.name
+
+
+def _dtype_label(dt) -> str:
+    try:
+        return dtype_name(dt)
+    except DTypeError:
+        return np.dtype(dt).name
+
+
+def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
+                   **fields) -> FunctionCase:
+    """The FunctionCase of `fn` at `arrays`, named `name(x0=[shape],...)`."""
+    arrays = tuple(np.asarray(a) for a in arrays)
+    if not arrays:
+        raise ValueError(f"{what} needs at least one input array")
+    floats = [a for a in arrays if a.dtype.kind == "f"]
+    if not floats:
+        raise ValueError(f"{what} needs a float input to differentiate")
+    odd = sorted({str(a.dtype) for a in floats} - {"float32", "float64"})
+    if odd:
+        raise ValueError(f"{what}: float inputs must be float32 or float64, got {odd}")
+    grad = [a.dtype.kind == "f" for a in arrays] if grad is None else list(grad)
+    if len(grad) != len(arrays):
+        raise ValueError(f"grad has {len(grad)} flags for {len(arrays)} inputs")
+    label = dtype_name if engine_dtypes else _dtype_label
+    inputs = tuple(InputSpec(f"x{i}", a.shape, dtype=label(a.dtype), grad=bool(g))
+                   for i, (a, g) in enumerate(zip(arrays, grad, strict=True)))
+    fn_name = name or getattr(fn, "__name__", "function")
+    if fn_name == "<lambda>":
+        fn_name = "lambda"
+    shapes = ",".join(f"{i.name}=[{','.join(map(str, i.shape))}]" for i in inputs)
+    return FunctionCase(f"{fn_name}({shapes})", fields.pop("build_fn", None), arrays, inputs,
+                        dtype_name(floats[0].dtype), **fields)
 
 
 def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
@@ -87,28 +145,70 @@ def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | 
 
     grad: which inputs to differentiate (default: every float input). torch_fn: the same
     function written in torch, taking float64 torch tensors, for three-way agreement."""
-    arrays = tuple(np.asarray(a) for a in arrays)
-    if not arrays:
-        raise ValueError("check_function needs at least one input array")
-    floats = [a for a in arrays if a.dtype.kind == "f"]
-    if not floats:
-        raise ValueError("check_function needs a float input to differentiate")
-    grad = [a.dtype.kind == "f" for a in arrays] if grad is None else list(grad)
-    if len(grad) != len(arrays):
-        raise ValueError(f"grad has {len(grad)} flags for {len(arrays)} inputs")
-    inputs = tuple(InputSpec(f"x{i}", a.shape, dtype=dtype_name(a.dtype), grad=bool(g))
-                   for i, (a, g) in enumerate(zip(arrays, grad, strict=True)))
-    fn_name = name or getattr(build, "__name__", "function")
-    shapes = ",".join(f"{i.name}=[{','.join(map(str, i.shape))}]" for i in inputs)
-    case = FunctionCase(f"{fn_name}({shapes})", build, arrays, inputs,
-                        dtype_name(floats[0].dtype), torch_fn)
+    case = _function_case(build, arrays, grad, name, "check_function", True, build_fn=build,
+                          torch_fn=torch_fn)
     return check_sample(case, mode=mode, backend=backend)
+
+
+def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
+                grad: Sequence[bool] | None = None, reference: Callable | None = None,
+                torch_fn: Callable | None = None, name: str | None = None,
+                mode: str = "auto") -> Result:
+    """Check a hand-written vector-Jacobian product against its forward.
+
+    forward(*arrays) -> output (numpy); vjp(cotangent, *arrays) -> one gradient per input
+    (J^T cotangent, i.e. the gradient of sum(forward(*arrays) * cotangent); None for an
+    input not checked), computed in the inputs' dtypes. The numerical reference
+    differentiates `reference` (default: `forward` itself) on float64 inputs; the forward
+    is checked against it. torch_fn: the same function in torch, a third opinion."""
+    case = _function_case(forward, arrays, grad, name, "check_numpy", False,
+                          torch_fn=torch_fn, reference_forward=reference or forward)
+    return check_sample(case, mode=mode, adapter=NumpyAdapter(forward, vjp))
+
+
+def _torch_forward(fn: Callable) -> Callable:
+    """`fn` of torch tensors as a function of numpy arrays (no autograd)."""
+    def forward(*arrays):
+        import torch
+        with torch.no_grad():
+            out = fn(*(torch.from_numpy(np.asarray(a)) for a in arrays))
+        return out.detach().numpy()
+    return forward
+
+
+def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
+                reference: Callable | None = None, name: str | None = None,
+                mode: str = "auto") -> Result:
+    """Check torch's gradient of `fn(*tensors)` (any torch callable, custom
+    torch.autograd.Function included) at `arrays` (numpy arrays or tensors, float32 or
+    float64), run in the inputs' dtypes.
+
+    The numerical reference differentiates `reference` (a torch callable; default: `fn`
+    itself, so a Function's forward defines what its backward must be) on float64 inputs;
+    the forward is checked against it."""
+    arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in arrays]
+    case = _function_case(fn, arrays, grad, name, "check_torch", False,
+                          reference_forward=_torch_forward(reference or fn))
+    return check_sample(case, mode=mode, adapter=TorchAdapter(fn))
+
+
+def _passed(result: Result) -> Result:
+    if result.status != "pass":
+        raise AssertionError(f"gradcheck {result.status}: {result.name}: {result.message}")
+    return result
 
 
 def assert_gradients(build: Callable, arrays: Sequence, **kwargs) -> Result:
     """check_function, raising AssertionError with gradcheck's verdict unless it passes
     (for use in your own pytest suites)."""
-    result = check_function(build, arrays, **kwargs)
-    if result.status != "pass":
-        raise AssertionError(f"gradcheck {result.status}: {result.name}: {result.message}")
-    return result
+    return _passed(check_function(build, arrays, **kwargs))
+
+
+def assert_numpy(forward: Callable, vjp: Callable, arrays: Sequence, **kwargs) -> Result:
+    """check_numpy, raising AssertionError unless it passes."""
+    return _passed(check_numpy(forward, vjp, arrays, **kwargs))
+
+
+def assert_torch(fn: Callable, arrays: Sequence, **kwargs) -> Result:
+    """check_torch, raising AssertionError unless it passes."""
+    return _passed(check_torch(fn, arrays, **kwargs))

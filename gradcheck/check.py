@@ -1,22 +1,33 @@
-"""Check one case: backprop against float64 numerical gradients and torch autograd.
+"""Check one case: an engine's forward and backprop against float64 references.
 
-The op's output is reduced to a scalar by a fixed random weighting (never a plain sum:
-sum(softmax(x)) is constant and would test nothing). Backprop runs in the case's dtype, twice
-(the two must agree bit for bit). The numerical reference differentiates the same graph with
-every float dtype promoted to float64, on the same (rounded) inputs. torch autograd runs the
-op's torch equivalent in float64. Three comparisons: backprop vs numerical, backprop vs
-torch, numerical vs torch; a disagreement names the side that is off.
+The engine under test is an adapter (gradcheck.adapters): our engine on a backend by default,
+or torch, ggml, a numpy forward/VJP pair, anyone's. It runs the case forward and returns the
+vector-Jacobian product for a fixed random weighting of the output: the gradient of
+loss = sum(output * weights) (never a plain sum: sum(softmax(x)) is constant and would
+test nothing). Everything else is gradcheck's and the same for every engine:
+
+- the numerical reference (gradcheck.reference): the case's own definition in float64, on
+  the same (rounded) inputs, differentiated by finite differences with error estimates;
+- the forward check: the engine's output against the reference's float64 output, so that a
+  failing case says whether the forward or the backward is off;
+- torch autograd on the op's torch equivalent in float64, a third opinion: three
+  comparisons (backprop vs numerical, backprop vs torch, numerical vs torch) name the side
+  that is off;
+- determinism: the engine runs the case twice; the two must agree bit for bit;
+- kinks, tolerances by dtype, modes, and, on a backend other than the CPU, `vs_cpu`.
 
 Modes: `full` differentiates along every input element; `fast` along a few random
 directions (random projections of the Jacobian); `auto` picks full when the case has at most
 FULL_BUDGET checked elements. `checked_fraction` reports the share of the vector-Jacobian
 product's entries checked one by one: 1 in full mode, directions / elements in fast mode.
 
-On a backend other than the CPU, backprop runs on that backend and a fourth comparison,
-the `vs_cpu` column, holds its forward output and gradients against the CPU backend's on the
-same inputs (cross-backend consistency). The numerical reference then runs on the CPU: it
-takes thousands of evaluations, which the CUDA simulator cannot afford, and the function it
-differentiates is the one the forward comparison has just shown to be the same.
+On a backend other than the CPU (an adapter whose `backend` is not "cpu" and that offers
+`on_cpu()`), a fourth comparison, the `vs_cpu` column, holds the forward output and
+gradients against the same engine's on the CPU (cross-backend consistency). The numerical
+reference always runs on the CPU.
+
+An adapter with `isolated` set runs in a worker process (gradcheck.worker): when the worker
+dies or hangs, the case is a `crash` row.
 """
 
 from __future__ import annotations
@@ -28,12 +39,12 @@ import numba
 import numpy as np
 
 import engine
-from engine import ops
 from engine.registry import get_op
-from engine.tensor import as_dtype
-from gradcheck.mutations import injected
+from gradcheck.adapters.base import AdapterError
+from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.numeric import compare, directional_derivatives, numerical_gradient
-from gradcheck.reference import torch_gradients
+from gradcheck.reference import float64_reference, torch_gradients
+from gradcheck.worker import IsolatedAdapter, RemoteError, WorkerCrash
 from reports import Result
 
 MODES = ("auto", "full", "fast")
@@ -42,66 +53,15 @@ DIRECTIONS = 6           # random directions in fast mode
 KINK_DOMINATED = 0.5     # a case whose kinks exceed this share is itself a failure
 
 
+class EngineResultError(Exception):
+    """An engine returned something that is not an answer for the case (wrong shape, a
+    missing gradient): an error row."""
+
+
 def loss_weights(shape, seed: int) -> np.ndarray:
     """Weights in +-[0.5, 1.5] with random signs: no element's gradient is ever zero."""
     rng = np.random.default_rng(seed)
     return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
-
-
-def _weighted_case(case, arrays, as_params: bool):
-    """Leaves (params where checked, else inputs), the op's output and the scalar loss."""
-    leaves = []
-    for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
-        if a.dtype.kind == "f":
-            a = a.astype(as_dtype(spec.dtype or case.dtype))
-        checked = spec.grad and a.dtype.kind == "f"
-        t = (engine.param if as_params and checked else engine.input_tensor)(
-            a.shape, a.dtype, name=spec.name)
-        t.set(a)
-        leaves.append(t)
-    out = case.build(*leaves)
-    if out.dtype.kind != "f":
-        return leaves, out, None
-    out.set_output()
-    w = engine.input_tensor(out.shape, out.dtype, name="loss_weights")
-    w.set(loss_weights(out.shape, case.seed()).astype(out.dtype))
-    loss = ops.sum(ops.mul(out, w)).set_loss()
-    return leaves, out, loss
-
-
-def analytic_gradients(case, arrays, inject=None, backend="cpu"):
-    """(output, gradients per input in the op's layout (None if unchecked), bits differ?)
-    from backprop in the case's dtype, run twice."""
-    leaves, out, loss = _weighted_case(case, arrays, as_params=True)
-    case_ops = {t.op for t in engine.Graph([out]).nodes if not t.is_leaf}
-    graph = engine.Graph([loss], name=str(case))
-
-    def run():
-        graph.compute(backend)
-        return [grads[t].numpy() if t in grads else
-                (np.zeros(t.shape, t.dtype) if t.is_param else None) for t in leaves]
-    # a mutation may patch backward rules (used while building) or kernels (taken when
-    # the plan is made): both happen inside the block
-    with injected(inject, case_ops):
-        grads = graph.build_backward(loss)
-        first, second = run(), run()
-    differs = any(a is not None and not np.array_equal(a, b, equal_nan=True)
-                  for a, b in zip(first, second, strict=True))
-    views = [None if g is None else spec.from_leaf(g)
-             for spec, g in zip(case.inputs, first, strict=True)]
-    return out.numpy(), views, differs
-
-
-def _numeric_graph(case, arrays, backend):
-    leaves, out, loss = _weighted_case(case.promoted("f64"), arrays, as_params=False)
-    graph = engine.Graph([loss], name=f"{case}.numeric")
-
-    def f() -> float:
-        graph.compute(backend)
-        return float(loss.buffer().reshape(-1)[0])
-    checked = [t if spec.grad and t.dtype.kind == "f" else None
-               for spec, t in zip(case.inputs, leaves, strict=True)]
-    return f, checked
 
 
 @contextlib.contextmanager
@@ -129,10 +89,49 @@ def _project(grads, directions):
                      for d in directions])
 
 
-def _versus_cpu(case, arrays, inject, out, analytic, backend, problems) -> str:
-    """Cross-backend consistency: `backend`'s forward output and gradients against the CPU
-    backend's on the same inputs, in the case's tolerance; appends to `problems`."""
-    cpu_out, cpu_grads, _ = analytic_gradients(case, arrays, inject, "cpu")
+def _same_bits(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a), np.asarray(b)
+    return np.array_equal(a, b, equal_nan=a.dtype.kind == "f" == b.dtype.kind)
+
+
+def _validated(vjp, case, output_shape):
+    """(output, gradients) of an engine's VJP, checked against the case's shapes."""
+    out = np.asarray(vjp.output)
+    if out.shape != tuple(output_shape):
+        raise EngineResultError(f"the engine's output has shape {list(out.shape)}, the "
+                                f"case's output {list(output_shape)}")
+    grads = list(vjp.grads)
+    if len(grads) != len(case.inputs):
+        raise EngineResultError(f"the engine returned {len(grads)} gradients for "
+                                f"{len(case.inputs)} inputs")
+    for i, (spec, g) in enumerate(zip(case.inputs, grads, strict=True)):
+        if g is None:
+            continue
+        grads[i] = g = np.asarray(g)
+        if g.shape != tuple(spec.shape):
+            raise EngineResultError(f"the engine's gradient of {spec.name} has shape "
+                                    f"{list(g.shape)}, the input {list(spec.shape)}")
+    return out, grads
+
+
+def engine_vjp(adapter, case, arrays, weights, output_shape):
+    """(output, gradients, differs): the adapter's VJP, run twice; `differs` when the two
+    runs (or the adapter's own repeat) gave different bits."""
+    first = adapter.vjp(case, [a.copy() for a in arrays], weights)
+    second = adapter.vjp(case, [a.copy() for a in arrays], weights)
+    out, grads = _validated(first, case, output_shape)
+    out2, grads2 = _validated(second, case, output_shape)
+    differs = bool(first.differs or second.differs) or not _same_bits(out, out2) or \
+        not all(_same_bits(a, b) for a, b in zip(grads, grads2, strict=True))
+    return out, grads, differs
+
+
+def _versus_cpu(case, arrays, weights, twin, out, analytic, backend, problems) -> str:
+    """Cross-backend consistency: `backend`'s forward output and gradients against the same
+    engine's on the CPU (`twin`), in the case's tolerance; appends to `problems`."""
+    cpu_out, cpu_grads, _ = engine_vjp(twin, case, arrays, weights, out.shape)
     pairs = [("forward", out, cpu_out)] + [
         (f"grad {spec.name}", g, c) for spec, g, c in zip(case.inputs, analytic, cpu_grads,
                                                           strict=True) if g is not None]
@@ -151,52 +150,109 @@ def _versus_cpu(case, arrays, inject, out, analytic, backend, problems) -> str:
     return "agree"
 
 
+def _error_message(exc: Exception) -> str:
+    if isinstance(exc, RemoteError):
+        return f"error: {exc}"
+    known = (engine.EngineError, AdapterError, EngineResultError)
+    kind = "" if isinstance(exc, known) else "unexpected "
+    return f"error: {kind}{type(exc).__name__}: {exc}"
+
+
+def case_labels(case, adapter, mode: str) -> dict:
+    """What a case's row says was checked: op, engine (when not ours), backend, dtype, mode."""
+    labels = {"op": case.op}
+    if adapter.name != EngineAdapter.name:
+        labels["engine"] = adapter.name
+    labels |= {"backend": getattr(adapter, "backend", "cpu"), "dtype": case.dtype,
+               "mode": mode}
+    return labels
+
+
 def check_sample(case, inject: str | None = None, mode: str = "auto",
-                 backend: str = "cpu", use_torch: bool = True) -> Result:
-    """Judge the backward pass of one case (a registry Sample, or any object with its
-    interface, see gradcheck.api). Never raises for a failing case: errors are results.
-    use_torch False leaves torch out (no import: start-up is faster by its import time)."""
+                 backend: str = "cpu", use_torch: bool = True, adapter=None) -> Result:
+    """Judge the forward and backward pass of one case (a registry Sample, or any object
+    with its interface, see gradcheck.api) in `adapter`'s engine; default: our engine on
+    `backend`, with the mutation `inject` in place (both apply to our engine only: with an
+    adapter given they must stay at their defaults, else ValueError). Never raises for a
+    failing case: errors, crashes and unsupported cases are results. use_torch False leaves
+    torch out (no import: start-up is faster by its import time)."""
+    if adapter is None:
+        adapter = EngineAdapter(backend, inject)
+    elif inject or backend != "cpu":
+        raise ValueError("inject and backend apply to our engine only; pass "
+                         f"EngineAdapter(backend, inject) instead of engine {adapter.name!r}")
     t0 = time.perf_counter()
     name = str(case)
-    labels = {"op": case.op, "backend": backend, "dtype": case.dtype, "mode": mode}
+    labels = case_labels(case, adapter, mode)
     op = get_op(case.op) if getattr(case, "registered", True) else None
     if op is not None and not op.differentiable:
         return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
                       labels=labels)
     try:
-        verdict = _judge(case, inject, mode, backend, labels, use_torch)
+        reason = adapter.unsupported(case)
+        if reason:
+            verdict = Result("gradcheck", name, "unsupported", message=reason, labels=labels)
+        elif adapter.isolated and not isinstance(adapter, IsolatedAdapter):
+            with IsolatedAdapter(adapter) as isolated:
+                verdict = _judge(case, isolated, mode, labels, use_torch)
+        else:
+            verdict = _judge(case, adapter, mode, labels, use_torch)
+    except WorkerCrash as exc:
+        verdict = Result("gradcheck", name, "crash", message=f"crash: {exc}", labels=labels)
     except Exception as exc:  # a crashing kernel is this case's verdict, not the sweep's end
-        kind = "" if isinstance(exc, engine.EngineError) else "unexpected "
-        verdict = Result("gradcheck", name, "error", labels=labels,
-                         message=f"error: {kind}{type(exc).__name__}: {exc}")
+        verdict = Result("gradcheck", name, "error", labels=labels, message=_error_message(exc))
     verdict.metrics["seconds"] = round(time.perf_counter() - t0, 3)
     return verdict
 
 
-def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
+def _forward_check(case, out, reference_out, problems) -> str:
+    if out.dtype.kind != "f":
+        same = np.array_equal(out, reference_out)
+        if not same:
+            problems.append("forward: output differs from the float64 reference")
+        return "agree" if same else "off"
+    fwd = compare(out, reference_out, case.precision)
+    if fwd.ok:
+        return "agree"
+    what = "has NaN/Inf" if fwd.nonfinite else "differs from the float64 reference"
+    problems.append(f"forward: output {what} ({fwd.failures}/{fwd.checked} elements, max abs "
+                    f"err {fwd.max_abs:.3g}, worst {list(fwd.worst_index or ())}: reference "
+                    f"{fwd.worst_reference:.6g}, engine {fwd.worst_value:.6g})")
+    return "off"
+
+
+def _judge(case, adapter, mode, labels, use_torch=True) -> Result:
     arrays = case.generate_inputs()
-    out, analytic, differs = analytic_gradients(case, arrays, inject, backend)
-    f, leaves = _numeric_graph(case, arrays, "cpu")
-    idx = [i for i, t in enumerate(leaves) if t is not None]
+    ref = float64_reference(case, arrays)
+    weights = loss_weights(ref.output_shape, case.seed())
+    ref.set_weights(weights)
+    out, analytic, differs = engine_vjp(adapter, case, arrays, weights, ref.output_shape)
+    leaves = ref.leaves
+    idx = [i for i, leaf in enumerate(leaves) if leaf is not None]
+    for i in idx:
+        if analytic[i] is None:
+            raise EngineResultError(f"the engine returned no gradient of "
+                                    f"{case.inputs[i].name}")
     total = sum(leaves[i].size for i in idx)
     if mode == "auto":
         mode = "full" if total <= FULL_BUDGET else "fast"
     labels["mode"] = mode
-    weights = loss_weights(out.shape, case.seed())
-    ref = torch_gradients(case, arrays, weights) if use_torch else None
+    problems: list[str] = []
+    forward_state = _forward_check(case, out, ref.output(), problems)
+    tref = torch_gradients(case, arrays, weights) if use_torch else None
 
     a_list = [analytic[i] for i in idx]
-    t_list = None if ref is None else [ref.grads[i] for i in idx]
+    t_list = None if tref is None else [tref.grads[i] for i in idx]
     # thousands of evaluations of a tiny graph: parallel launches would cost more than the
-    # work (backprop above runs on every thread, races included)
+    # work (the engine above runs on every thread, races included)
     with single_thread():
         if mode == "full":
-            nums = [numerical_gradient(f, leaves[i].buffer()) for i in idx]
+            nums = [numerical_gradient(ref.loss, leaves[i]) for i in idx]
         else:
             dirs = _directions(case, [case.inputs[i].shape for i in idx], DIRECTIONS)
             leaf_dirs = [[case.inputs[i].to_leaf(v) for i, v in zip(idx, d, strict=True)]
                          for d in dirs]
-            nums = [directional_derivatives(f, [leaves[i].buffer() for i in idx], leaf_dirs)]
+            nums = [directional_derivatives(ref.loss, [leaves[i] for i in idx], leaf_dirs)]
     if mode == "full":
         nums = [type(d)(*(case.inputs[i].from_leaf(x) for x in (d.value, d.error, d.kink)))
                 for i, d in zip(idx, nums, strict=True)]
@@ -208,10 +264,10 @@ def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
         names = ["directions"]
         fraction = DIRECTIONS / total
 
-    problems, checked, kinks = [], 0, 0
+    checked, kinks = 0, 0
     max_abs = max_rel = 0.0
     worst = ""
-    torch_state = "n/a" if ref is None else "agree"
+    torch_state = "n/a" if tref is None else "agree"
     for k, (nm, a, d) in enumerate(zip(names, a_list, nums, strict=True)):
         bn = compare(a, d.value, case.precision, d.error, d.kink)
         checked += bn.checked
@@ -239,15 +295,16 @@ def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
                             f"elements), numerical and torch agree, worst {worst}")
         elif not bn.ok and bt.ok:
             problems.append(f"numerical: {nm}: numerical gradient disagrees with backprop and "
-                            "torch (the engine's forward does not match its backward)")
+                            "torch (the float64 reference's forward does not match the "
+                            "backward of the engine and torch)")
         elif bn.ok and not nt.ok:
             problems.append(f"torch: {nm}: torch disagrees with backprop and numerical "
                             f"({nt.failures}/{nt.checked} elements; forward differs from "
                             "torch's, or the torch reference is wrong)")
         else:
             problems.append(f"numerical: {nm}: backprop, numerical and torch all disagree")
-    if ref is not None and out.dtype.kind == "f":
-        fwd = compare(out, ref.output, case.precision)
+    if tref is not None and out.dtype.kind == "f":
+        fwd = compare(out, tref.output, case.precision)
         if not fwd.ok:
             problems.append(f"torch: forward output differs from torch's ({fwd.failures}/"
                             f"{fwd.checked} elements, max abs err {fwd.max_abs:.3g})")
@@ -260,8 +317,10 @@ def _judge(case, inject, mode, backend, labels, use_torch=True) -> Result:
         problems.append("determinism: two backward runs gave different bits")
     metrics = {"checked": checked, "checked_fraction": fraction, "kinks": kinks,
                "max_abs_err": max_abs, "max_rel_err": max_rel, "worst": worst,
-               "torch": torch_state}
-    if backend != "cpu":
-        metrics["vs_cpu"] = _versus_cpu(case, arrays, inject, out, analytic, backend, problems)
+               "forward": forward_state, "torch": torch_state}
+    backend = getattr(adapter, "backend", "cpu")
+    if backend != "cpu" and hasattr(adapter, "on_cpu"):
+        metrics["vs_cpu"] = _versus_cpu(case, arrays, weights, adapter.on_cpu(), out,
+                                        analytic, backend, problems)
     return Result("gradcheck", str(case), "fail" if problems else "pass", metrics,
                   "; ".join(problems), labels=labels)

@@ -1,7 +1,17 @@
-"""torch autograd as the third opinion: the op's torch equivalent, in float64.
+"""The references an engine's gradients are judged against.
 
-torch is optional: without it, or for an op without a torch equivalent, the reference is
-absent and the case is judged on backprop against numerical gradients alone.
+The numerical reference is the case's own definition, evaluated in float64 on the case's
+(rounded) inputs: loss(x) = sum(f(x) * weights), which finite differences differentiate.
+What f is depends on the case, never on the engine under test:
+
+- a registry case, or a function built from engine ops: our engine's float64 graph of it
+  (the op's definition), whatever engine is checked;
+- a user's numpy or torch function: the user's own forward (`case.reference_forward`, a
+  callable on float64 numpy arrays returning the output).
+
+torch autograd is the third opinion: the op's torch equivalent, in float64. torch is
+optional: without it, or for a case without a torch equivalent, that reference is absent and
+the case is judged on the engine against numerical gradients alone.
 """
 
 from __future__ import annotations
@@ -9,6 +19,91 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+
+class Float64Reference:
+    """f of a case in float64. `leaves`: per case input, the float64 array (in the leaf
+    layout, see InputSpec.permute) that `loss` reads and numerical differentiation moves,
+    or None for an input that is not checked. Call `set_weights` before `loss`."""
+
+    output_shape: tuple[int, ...]
+    leaves: list[np.ndarray | None]
+
+    def set_weights(self, weights: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def loss(self) -> float:
+        """sum(f(x) * weights) at the current values of `leaves`."""
+        raise NotImplementedError
+
+    def output(self) -> np.ndarray:
+        """f(x) in float64 at the current values of `leaves`."""
+        raise NotImplementedError
+
+
+class EngineReference(Float64Reference):
+    """Our engine's graph of the case with every float dtype promoted to float64, on CPU."""
+
+    def __init__(self, case, arrays):
+        import engine
+        from gradcheck.adapters.engine_adapter import weighted_graph
+        leaves, self._out, self._w, self._loss = weighted_graph(case.promoted("f64"), arrays,
+                                                                as_params=False)
+        if self._loss is None:
+            raise TypeError(f"{case}: the output is {self._out.dtype}, not a float: "
+                            "no gradient to check")
+        self._graph = engine.Graph([self._loss], name=f"{case}.numeric")
+        self.output_shape = tuple(self._out.shape)
+        self.leaves = [t.buffer() if spec.grad and t.dtype.kind == "f" else None
+                       for spec, t in zip(case.inputs, leaves, strict=True)]
+
+    def set_weights(self, weights):
+        self._w.set(np.asarray(weights, np.float64))
+
+    def loss(self) -> float:
+        self._graph.compute("cpu")
+        return float(self._loss.buffer().reshape(-1)[0])
+
+    def output(self) -> np.ndarray:
+        self._graph.compute("cpu")
+        return self._out.numpy()
+
+
+class FunctionReference(Float64Reference):
+    """A user's forward (numpy arrays in, array out) called on float64 copies of the inputs
+    (integer inputs as they are)."""
+
+    def __init__(self, case, arrays, forward):
+        self._forward = forward
+        self._specs = case.inputs
+        self._values = [np.array(a, np.float64) if a.dtype.kind == "f" else np.asarray(a)
+                        for a in case.leaf_arrays(arrays)]
+        self.leaves = [v if spec.grad and v.dtype.kind == "f" else None
+                       for spec, v in zip(case.inputs, self._values, strict=True)]
+        self.output_shape = self.output().shape
+        self._weights = None
+
+    def set_weights(self, weights):
+        self._weights = np.asarray(weights, np.float64)
+
+    def output(self) -> np.ndarray:
+        out = np.asarray(self._forward(*(spec.from_leaf(v) for spec, v
+                                         in zip(self._specs, self._values, strict=True))))
+        if out.dtype.kind != "f":
+            raise TypeError(f"the reference forward returned {out.dtype}, not a float: no "
+                            "gradient to check")
+        return out.astype(np.float64)
+
+    def loss(self) -> float:
+        return float(np.sum(self.output() * self._weights))
+
+
+def float64_reference(case, arrays) -> Float64Reference:
+    """The numerical reference of `case` on input values `arrays` (see the module doc)."""
+    forward = getattr(case, "reference_forward", None)
+    if forward is not None:
+        return FunctionReference(case, arrays, forward)
+    return EngineReference(case, arrays)
 
 
 @dataclasses.dataclass

@@ -1,13 +1,23 @@
-"""Select sample cases from the registry and check them."""
+"""Select sample cases from the registry and check them in an engine."""
 
 from __future__ import annotations
+
+import contextlib
+import shlex
 
 from tqdm import tqdm
 
 from engine.registry import all_ops, get_op
+from engine.samples import Sample
+from gradcheck.adapters import spec_of
+from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
+from gradcheck.worker import DEFAULT_CASE_TIMEOUT, IsolatedAdapter
 
 DTYPES = ("f32", "f64")
+# adapter options that the gradcheck CLI can say, and how
+OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml-lib"}
+_DEFAULT_OPTIONS = {"backend": "cpu"}
 
 
 def select_samples(op_names, dtype: str = "all", pattern: str | None = None):
@@ -30,9 +40,68 @@ def checkable_ops() -> list[str]:
     return [name for name, op in all_ops().items() if op.samples and op.kind != "backward"]
 
 
+def _is_registry_sample(case) -> bool:
+    try:
+        op = get_op(case.op)
+    except Exception:
+        return False
+    return bool(op.samples) and str(case) in {str(s) for s in op.samples()}
+
+
+def repro_command(case, adapter, mode: str = "auto") -> str | None:
+    """The one-line gradcheck command that re-runs exactly this case in this engine, e.g.
+    `gradcheck --engine ggml --op pool_2d -k '<case>'`; None for a case the CLI cannot
+    name (a user's function)."""
+    if isinstance(case, Sample) and _is_registry_sample(case):
+        what = ["--op", case.op, "-k", str(case)]
+    elif isinstance(case, Sample):
+        what = ["--repro", repr(case)]
+    else:
+        return None
+    spec = spec_of(adapter)
+    words = ["gradcheck"] + ([] if spec.name == EngineAdapter.name else ["--engine", spec.name])
+    for key, value in spec.options:
+        if key in OPTION_FLAGS and value is not None and _DEFAULT_OPTIONS.get(key) != value:
+            words += [OPTION_FLAGS[key], str(value)]
+    words += what + ([] if mode == "auto" else ["--mode", mode])
+    return shlex.join(words)
+
+
+def _with_repro(result, case, adapter, mode):
+    """A failing, erroring or crashing row gets its repro command (metrics["repro"]; a crash
+    row's message names it too)."""
+    if result.status not in ("fail", "error", "crash"):
+        return result
+    command = repro_command(case, adapter, mode)
+    if command:
+        result.metrics["repro"] = command
+        if result.status == "crash":
+            result.message += f"; reproduce: {command}"
+    return result
+
+
 def run_checks(samples, inject: str | None = None, progress: bool = False, mode="auto",
-               backends=("cpu",), use_torch: bool = True):
-    """Check every sample on every backend; a list of Results in the same order."""
-    jobs = [(s, b) for s in samples for b in backends]
-    it = tqdm(jobs, desc="gradcheck", unit="case", disable=not progress, leave=False)
-    return [check_sample(s, inject, mode, b, use_torch) for s, b in it]
+               backends=("cpu",), use_torch: bool = True, adapter=None,
+               case_timeout: float = DEFAULT_CASE_TIMEOUT):
+    """Check every sample; a list of Results in the same order. The engine is `adapter`, or
+    by default ours on every backend of `backends` with the mutation `inject` in place.
+    An adapter with `isolated` set runs in one worker process shared by all cases (a fresh
+    one after a crash); `case_timeout`: seconds an engine call may take there."""
+    if adapter is None:
+        engines = [EngineAdapter(b, inject) for b in backends]
+    elif inject or tuple(backends) != ("cpu",):
+        raise ValueError("inject and backends apply to our engine only, not to engine "
+                         f"{adapter.name!r}")
+    else:
+        engines = [adapter]
+    jobs = [(s, e) for s in samples for e in engines]
+    with contextlib.ExitStack() as stack:
+        running = {}
+        for e in engines:
+            running[id(e)] = e
+            if e.isolated and not isinstance(e, IsolatedAdapter):
+                running[id(e)] = stack.enter_context(IsolatedAdapter(e, case_timeout))
+        it = tqdm(jobs, desc="gradcheck", unit="case", disable=not progress, leave=False)
+        return [_with_repro(check_sample(s, mode=mode, use_torch=use_torch,
+                                         adapter=running[id(e)]), s, e, mode)
+                for s, e in it]

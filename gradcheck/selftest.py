@@ -28,7 +28,7 @@ TOOL = "gradcheck-selftest"
 DTYPES = ("f64",)
 # message prefixes of check_sample's failing Results -> the check that failed
 CHECKS = {"numerical": "numerical", "torch": "torch", "NaN/Inf": "NaN/Inf",
-          "kinks": "kinks", "determinism": "determinism"}
+          "kinks": "kinks", "determinism": "determinism", "forward": "forward"}
 
 
 def _size(case) -> int:

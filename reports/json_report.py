@@ -3,11 +3,14 @@
     {"schema": "gradverify.results/1",
      "tool": "gradcheck",
      "meta": {"version": "0.1.0", "time": "2025-01-01T12:00:00Z", ...},
-     "summary": {"passed": 3, "failed": 1, "errors": 0, "skipped": 0, "unsupported": 0,
-                 "total": 4},
+     "summary": {"passed": 3, "failed": 1, "errors": 0, "crashed": 0, "skipped": 0,
+                 "unsupported": 0, "total": 4},
      "columns": {"labels": ["op", "dtype"], "metrics": ["checked", "max_abs_err"]},
      "results": [{"case": "relu(type=f32,x=[3,4])", "status": "pass", "op": "relu",
                   "dtype": "f32", "checked": 12, "max_abs_err": 1.2e-08, "message": ""}]}
+
+A status is one of pass, fail, error, crash, skip, unsupported. "crashed" joined the summary
+with the crash status; documents written before it lack the key and still load.
 
 Each result object holds "case", "status", its labels and its metrics flattened (labels
 first), and "message". A label whose key is already taken ("case", "status", "message") is
@@ -36,7 +39,8 @@ from reports.record import STATUSES, summarize
 
 SCHEMA_ID = "gradverify.results/1"
 RESERVED_KEYS = ("case", "status", "message")
-SUMMARY_KEYS = ("passed", "failed", "errors", "skipped", "unsupported", "total")
+SUMMARY_KEYS = ("passed", "failed", "errors", "crashed", "skipped", "unsupported", "total")
+OPTIONAL_SUMMARY_KEYS = ("crashed",)     # absent from documents older than the crash status
 
 
 class SchemaError(ValueError):
@@ -139,6 +143,8 @@ def load_json(text: str | bytes) -> dict:
         _require(isinstance(doc.get(key), kind), f"{key!r} missing or not a {kind.__name__}")
     summary = doc["summary"]
     for key in SUMMARY_KEYS:
+        if key in OPTIONAL_SUMMARY_KEYS and key not in summary:
+            continue
         _require(isinstance(summary.get(key), int), f"summary[{key!r}] missing or not an int")
     for i, obj in enumerate(doc["results"]):
         _require(isinstance(obj, dict), f"results[{i}] is not an object")

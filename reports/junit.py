@@ -7,6 +7,7 @@
           <properties>  the result's labels and metrics
           <failure message=... type="fail">   for fail
           <error message=... type="error">    for error
+          <error message=... type="crash">    for crash (counted among the errors)
           <skipped message=...>               for skip and unsupported
 
 Built with xml.etree.ElementTree, so markup in names and messages is escaped; characters
@@ -59,7 +60,8 @@ def render_junit(results, suite_name: str, meta: Mapping | None = None) -> str:
     results = list(results)
     c = summarize(results)
     counts = {"tests": str(c["total"]), "failures": str(c["failed"]),
-              "errors": str(c["errors"]), "skipped": str(c["skipped"] + c["unsupported"])}
+              "errors": str(c["errors"] + c["crashed"]),
+              "skipped": str(c["skipped"] + c["unsupported"])}
     root = ET.Element("testsuites", name=_x(suite_name), **counts)
     suite = ET.SubElement(root, "testsuite", name=_x(suite_name), **counts)
     meta = dict(meta or {})
@@ -75,9 +77,9 @@ def render_junit(results, suite_name: str, meta: Mapping | None = None) -> str:
             el = ET.SubElement(case, "failure", message=_first_line(message) or "failed",
                                type="fail")
             el.text = message
-        elif r.status == "error":
-            el = ET.SubElement(case, "error", message=_first_line(message) or "error",
-                               type="error")
+        elif r.status in ("error", "crash"):
+            el = ET.SubElement(case, "error", message=_first_line(message) or r.status,
+                               type=r.status)
             el.text = message
         elif r.status in ("skip", "unsupported"):
             reason = message or ("skipped" if r.status == "skip" else "")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-STATUSES = ("pass", "fail", "error", "skip", "unsupported")
+STATUSES = ("pass", "fail", "error", "crash", "skip", "unsupported")
 
 # The counting word of each status, as the summaries (table, JSON, HTML) spell it.
-STATUS_WORDS = {"pass": "passed", "fail": "failed", "error": "errors", "skip": "skipped",
-                "unsupported": "unsupported"}
+STATUS_WORDS = {"pass": "passed", "fail": "failed", "error": "errors", "crash": "crashed",
+                "skip": "skipped", "unsupported": "unsupported"}
 
 
 @dataclasses.dataclass
@@ -19,8 +19,9 @@ class Result:
     `name` is the case's one-line string (also its filter key); `labels` say what was
     checked (for gradcheck: op, backend, dtype, mode), `metrics` hold the measured numbers,
     both in display order; `message` says what went wrong, in words.
-    Status: pass, fail, error (the check could not run), skip (nothing to check, e.g. an
-    op without gradient), unsupported (the engine under test lacks the op).
+    Status: pass, fail, error (the check could not run), crash (the engine under test killed
+    its worker process: an abort, a segfault, a hang), skip (nothing to check, e.g. an op
+    without gradient), unsupported (the engine under test lacks the op).
     """
 
     tool: str
@@ -43,13 +44,14 @@ class Result:
 
 
 def exit_status(results) -> int:
-    """0 when every result passed (or was skipped), 1 otherwise."""
+    """0 when every result passed (or was skipped or unsupported), 1 otherwise (any fail,
+    error or crash)."""
     return 0 if all(r.ok for r in results) else 1
 
 
 def summarize(results) -> dict[str, int]:
     """Counts per status, keyed by their words, plus the total:
-    {"passed", "failed", "errors", "skipped", "unsupported", "total"}."""
+    {"passed", "failed", "errors", "crashed", "skipped", "unsupported", "total"}."""
     counts = dict.fromkeys(STATUS_WORDS.values(), 0)
     total = 0
     for r in results:

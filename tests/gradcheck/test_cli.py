@@ -104,3 +104,79 @@ def test_generated_failure_is_shrunk_and_reproducible(capsys):
 
 def test_random_cases_pass_on_correct_ops(capsys):
     assert main(["--op", "relu", "--random", "4", "--seed", "1", "--no-progress"]) == 0
+
+
+# --- engines other than ours ----------------------------------------------------------
+
+ABORT = "tests.gradcheck.abort_adapter:AbortAdapter"
+
+
+def test_torch_engine_passes_and_says_what_it_ran(capsys):
+    assert main(["--engine", "torch", "--op", "relu", "--op", "softmax", "--dtype", "f32",
+                 "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "engine under test: torch 2." in captured.err
+    assert "relu(type=f32,x=[3,4])" in captured.out and "FAIL" not in captured.out
+
+
+def test_a_crashing_engine_gives_a_crash_row_with_its_repro_and_goes_on(tmp_path, capsys):
+    from reports import load_json
+    from tests.gradcheck.abort_adapter import ASSERT_TEXT, CRASH_CASE
+    path = tmp_path / "r.json"
+    assert main(["--engine", ABORT, "--op", "relu", "--op", "softmax", "--dtype", "f64",
+                 "--format", "json", "--output", str(path), "--no-progress"]) == 1
+    doc = load_json(path.read_text())
+    assert doc["meta"]["engine"].startswith("AbortAdapter")
+    rows = {r["case"]: r for r in doc["results"]}
+    crash = rows.pop(CRASH_CASE)
+    assert crash["status"] == "crash" and "SIGABRT" in crash["message"]
+    assert ASSERT_TEXT in crash["message"]
+    assert crash["repro"] == f"gradcheck --engine {ABORT} --op relu -k '{CRASH_CASE}'"
+    statuses = {(r["op"], r["status"]) for r in rows.values()}
+    assert statuses == {("relu", "pass"), ("softmax", "unsupported")}
+    assert doc["summary"]["crashed"] == 1 and doc["summary"]["passed"] == 3
+    assert all("only relu, not softmax" in r["message"] for r in rows.values()
+               if r["op"] == "softmax")
+
+
+def test_crash_row_in_the_table(capsys):
+    from tests.gradcheck.abort_adapter import CRASH_CASE
+    assert main(["--engine", ABORT, "--op", "relu", "--dtype", "f64", "-k", "x=[3,4]",
+                 "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith(CRASH_CASE))
+    assert "CRASH" in row and f"gradcheck --engine {ABORT} --op relu -k" in row
+    assert out.rstrip().endswith("1 crashed")
+
+
+@pytest.mark.parametrize("engine, words", [
+    ("tensorflow", "unknown engine 'tensorflow'"),
+    ("no_such_module:Adapter", "cannot import no_such_module"),
+    ("tests.gradcheck.abort_adapter:Missing", "has no attribute 'Missing'"),
+])
+def test_bad_engine_is_a_usage_error(engine, words, capsys):
+    assert main(["--engine", engine, "--op", "relu"]) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--engine", "torch", "--op", "relu", "--inject", "scale:1.01"],
+    ["--engine", "torch", "--op", "relu", "--backend", "cpu"],
+    ["--engine", "torch", "--op", "relu", "--random", "3"],
+    ["--engine", "torch", "--self-test"],
+    ["--engine", "torch", "--op", "relu", "--ggml-lib", "/tmp"],
+    ["--op", "relu", "--ggml-lib", "/tmp"],
+    ["--engine", ABORT, "--op", "relu", "--case-timeout", "0"],
+])
+def test_options_that_do_not_fit_the_engine_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "applies to" in err or "--case-timeout must be" in err
+
+
+def test_engine_repro_reruns_the_case(capsys):
+    assert main(["--engine", "torch", "--repro",
+                 "Sample(op='relu', inputs=(InputSpec(name='x', shape=(4,)),), dtype='f64')",
+                 "--no-progress"]) == 0

@@ -17,6 +17,7 @@ from reports import (
     OutputError,
     Result,
     SchemaError,
+    exit_status,
     format_for_path,
     load_json,
     render,
@@ -54,7 +55,8 @@ def mixed_results() -> list[Result]:
     ]
 
 
-COUNTS = {"passed": 1, "failed": 2, "errors": 1, "skipped": 1, "unsupported": 1, "total": 6}
+COUNTS = {"passed": 1, "failed": 2, "errors": 1, "crashed": 0, "skipped": 1, "unsupported": 1,
+          "total": 6}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -227,6 +229,49 @@ def test_html_plots_the_errors_on_a_log_scale():
     no_errors = [Result("t", "a", "pass", {"loss": 0.5}), Result("t", "b", "skip")]
     assert "<svg" not in render_html(no_errors, "r")
     assert "no cases" in render_html([], "empty")
+
+
+CRASH = Result("gradcheck", "pool_2d(type=f32,x=[1,1,4,4])", "crash",
+               {"repro": "gradcheck --engine ggml --op pool_2d -k 'pool_2d(type=f32)'"},
+               "crash: worker killed by SIGABRT (signal 6) while running vjp; stderr: "
+               "ggml.c:12: GGML_ASSERT(<cond>) failed",
+               {"op": "pool_2d", "engine": "ggml", "backend": "cpu"})
+
+
+def test_crash_is_a_failure_with_its_own_word():
+    assert not CRASH.ok and exit_status([CRASH]) == 1 and exit_status(mixed_results()[:1]) == 0
+    assert summary_line([*mixed_results(), CRASH]) == \
+        "1 passed, 2 failed, 1 errors, 1 crashed, 1 skipped, 1 unsupported"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_renders_a_crash(fmt):
+    text = render([*mixed_results(), CRASH], fmt, "gradcheck")
+    if fmt in ("plain", "github"):
+        row = next(line for line in text.splitlines() if line.lstrip("| ").startswith("pool_2d"))
+        assert "CRASH" in row and "gradcheck --engine ggml --op pool_2d" in row
+        assert "1 crashed" in text
+    elif fmt == "json":
+        doc = load_json(text)
+        assert doc["summary"]["crashed"] == 1 and doc["summary"]["total"] == 7
+        assert doc["results"][-1]["status"] == "crash"
+        assert doc["results"][-1]["repro"].startswith("gradcheck --engine ggml")
+    elif fmt == "junit":
+        suite = ET.fromstring(text.encode()).find("testsuite")
+        assert (suite.get("failures"), suite.get("errors")) == ("2", "2")
+        error = suite.findall("testcase")[-1].find("error")
+        assert error.get("type") == "crash" and "SIGABRT" in error.get("message")
+        assert "GGML_ASSERT(<cond>)" in error.text
+    else:
+        assert 'class="status status-crash"' in text and "1 crashed" in text
+        assert "td.status-crash { background: #6a1b9a; }" in text
+        assert "GGML_ASSERT(&lt;cond&gt;)" in text
+
+
+def test_load_json_accepts_a_document_from_before_the_crash_status():
+    doc = json.loads(render_json(mixed_results(), "gradcheck"))
+    del doc["summary"]["crashed"]
+    assert load_json(json.dumps(doc))["summary"]["total"] == 6
 
 
 def test_format_for_path():

@@ -1,0 +1,118 @@
+"""Engines under test, by name: `get_adapter("ggml", lib_dir=...)`.
+
+    engine             our engine (EngineAdapter; options: backend, inject)
+    torch              the registry op's torch equivalent under torch autograd, in the
+                       case's dtype (TorchAdapter; option: fn, any torch callable)
+    numpy              a forward and a VJP callable on numpy arrays (NumpyAdapter)
+    ggml               ggml's C API through ctypes (GgmlAdapter; option: lib_dir)
+    module:attribute   your own adapter: a class or factory called with the options, or an
+                       adapter object (see gradcheck.adapters.base.Adapter)
+
+An adapter is rebuilt from its AdapterSpec (name and options) wherever it is needed anew,
+e.g. in a worker process (gradcheck.worker): specs travel, live adapters do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from gradcheck.adapters.base import VJP, Adapter, AdapterError
+
+__all__ = ["ENGINES", "VJP", "Adapter", "AdapterError", "AdapterSpec", "get_adapter",
+           "spec_of"]
+
+# name -> (module, attribute); imported only when asked for (ggml loads C libraries)
+ENGINES = {
+    "engine": ("gradcheck.adapters.engine_adapter", "EngineAdapter"),
+    "torch": ("gradcheck.adapters.torch_adapter", "TorchAdapter"),
+    "numpy": ("gradcheck.adapters.numpy_adapter", "NumpyAdapter"),
+    "ggml": ("gradcheck.adapters.ggml", "GgmlAdapter"),
+}
+_REQUIRED = ("name", "isolated", "describe", "unsupported", "vjp")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterSpec:
+    """How to make an adapter: its name (as for get_adapter) and its options, as sorted
+    (key, value) pairs; picklable when the options are."""
+
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, name: str, options: dict) -> AdapterSpec:
+        return cls(name, tuple(sorted(options.items())))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def build(self) -> Adapter:
+        return get_adapter(self.name, **self.kwargs)
+
+
+def _factory(name: str):
+    if name in ENGINES:
+        module_name, attribute = ENGINES[name]
+    elif ":" in name:
+        module_name, _, attribute = name.partition(":")
+        if not module_name or not attribute:
+            raise AdapterError(f"engine {name!r}: expected module:attribute, e.g. "
+                               "mypackage.adapter:MyAdapter")
+    else:
+        raise AdapterError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}, or "
+                           "module:attribute for your own adapter")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AdapterError(f"engine {name!r}: cannot import {module_name}: {exc}") from exc
+    obj = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AdapterError(f"engine {name!r}: {module_name} has no attribute "
+                               f"{attribute!r}") from None
+    return obj
+
+
+def get_adapter(name: str, **options) -> Adapter:
+    """The adapter called `name` (see the module docstring), made with `options`. Raises
+    AdapterError, naming the engine, when it is unknown, cannot be imported or set up, or
+    is not an adapter."""
+    obj = _factory(name)
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "vjp")):
+        try:
+            adapter = obj(**options)
+        except AdapterError:
+            raise
+        except (TypeError, ImportError, OSError) as exc:
+            raise AdapterError(f"engine {name!r}: cannot be set up with options "
+                               f"{options}: {type(exc).__name__}: {exc}") from exc
+    elif options:
+        raise AdapterError(f"engine {name!r} is an adapter object: it takes no options, "
+                           f"got {options}")
+    else:
+        adapter = obj
+    missing = [a for a in _REQUIRED if not hasattr(adapter, a)]
+    if missing:
+        raise AdapterError(f"engine {name!r} is not an adapter: {type(adapter).__name__} "
+                           f"lacks {', '.join(missing)} (see gradcheck.adapters.base.Adapter)")
+    if getattr(adapter, "spec", None) is None:
+        try:
+            adapter.spec = AdapterSpec.of(name, options)
+        except AttributeError:       # slots or a read-only property: spec_of falls back
+            pass
+    return adapter
+
+
+def spec_of(adapter) -> AdapterSpec:
+    """The spec that rebuilds `adapter`: the one get_adapter recorded (or the adapter's own),
+    else its class by import path, called without options."""
+    spec = getattr(adapter, "spec", None)
+    if isinstance(spec, AdapterSpec):
+        return spec
+    cls = type(adapter)
+    return AdapterSpec(f"{cls.__module__}:{cls.__qualname__}")

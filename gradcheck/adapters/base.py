@@ -1,0 +1,67 @@
+"""The engine under test, as an adapter: one case's forward and vector-Jacobian product.
+
+gradcheck judges every engine the same way. An adapter only runs the case in its engine:
+given the case, its input values (in the layout the op sees) and the weighting that reduces
+the op's output to a scalar loss, it returns the output and the gradient of
+sum(output * weights) with respect to each checked input. Everything else (the float64
+numerical reference, kinks, tolerances, torch agreement, modes, reports, exit codes) stays
+gradcheck's.
+
+An adapter that cannot run a case says why through `unsupported`; the case is reported
+`unsupported`, never skipped silently. An adapter whose engine may abort the process (C code
+with assertions) sets `isolated`, and gradcheck runs its cases in worker processes, where
+an abort becomes a `crash` row.
+
+gradcheck calls `vjp` twice per case and compares the two answers bit for bit (its
+determinism check, the same for every engine); an adapter need not repeat a run itself, and
+`VJP.differs` adds what it may see on its own. Optional attributes that gradcheck reads when
+present: `backend` (the row's backend label, default "cpu"), `spec` (a
+gradcheck.adapters.AdapterSpec that rebuilds the adapter, e.g. in a worker; get_adapter
+sets it) and `on_cpu()` (the same engine on the CPU, for the `vs_cpu` column).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class AdapterError(Exception):
+    """An engine could not be set up (library missing, wrong version, missing symbol):
+    a usage error, exit status 2, reported before any case runs."""
+
+
+@dataclasses.dataclass
+class VJP:
+    """What an engine computed for one case.
+
+    output: the op's forward output, in the case's shape (numpy order).
+    grads: per case input, the gradient of sum(output * weights) in the layout the op sees
+        (the same layout as the input values given), or None for an input that is not
+        checked (an integer input, or one whose spec has grad False).
+    differs: the engine was run twice and the two runs gave different bits (optional: see
+        the module docstring).
+    """
+
+    output: np.ndarray
+    grads: list[np.ndarray | None]
+    differs: bool = False
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    name: str          # as given to --engine, e.g. "engine", "ggml"
+    isolated: bool     # run cases in worker processes (the engine may abort the process)
+
+    def describe(self) -> str:
+        """The engine and its version, for the report's metadata, e.g. 'ggml 0.20.2'."""
+
+    def unsupported(self, case) -> str | None:
+        """Why this engine cannot run `case` (no such op, no backward, a parameter it
+        lacks), or None when it can."""
+
+    def vjp(self, case, arrays: list[np.ndarray], weights: np.ndarray) -> VJP:
+        """Run `case` forward on `arrays` (the case's input values, in its dtypes) and
+        backward for the loss sum(output * weights)."""

@@ -1,0 +1,101 @@
+"""Our own engine as an adapter: one case's forward and vector-Jacobian product on a backend.
+
+The case is built on param-flagged leaves, its output weighted and summed into a scalar loss
+(loss = sum(output * weights)), and backprop gives the gradient of that loss with respect
+to each checked leaf, i.e. the vector-Jacobian product J^T weights. The same weighted graph,
+with every float promoted to float64 and inputs instead of params, is gradcheck's numerical
+reference for a registry case (see gradcheck.reference).
+
+Known bugs injected with `--inject` patch our registry's backward rules and kernels, so they
+belong to this adapter: `EngineAdapter(backend, inject="scale:1.01")`.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import numpy as np
+
+import engine
+from engine import ops
+from engine.tensor import as_dtype
+from gradcheck.adapters.base import VJP
+from gradcheck.mutations import injected, parse
+
+
+def weighted_graph(case, arrays, as_params: bool):
+    """(leaves, output, weights tensor, loss) of `case` built on `arrays` (the values the op
+    sees): leaves are params where checked (as_params) and inputs otherwise; loss =
+    sum(output * weights), with the weights tensor still to be set. Loss and weights are
+    None when the output is not a float."""
+    leaves = []
+    for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
+        if a.dtype.kind == "f":
+            a = a.astype(as_dtype(spec.dtype or case.dtype))
+        checked = spec.grad and a.dtype.kind == "f"
+        t = (engine.param if as_params and checked else engine.input_tensor)(
+            a.shape, a.dtype, name=spec.name)
+        t.set(a)
+        leaves.append(t)
+    out = case.build(*leaves)
+    if out.dtype.kind != "f":
+        return leaves, out, None, None
+    out.set_output()
+    w = engine.input_tensor(out.shape, out.dtype, name="loss_weights")
+    loss = ops.sum(ops.mul(out, w)).set_loss()
+    return leaves, out, w, loss
+
+
+class EngineAdapter:
+    """Our engine on one backend; `inject` is a mutation of gradcheck.mutations (a known bug
+    put into the backward rules of the ops the case is made of, or a named mutant)."""
+
+    name = "engine"
+    isolated = False
+
+    def __init__(self, backend: str = "cpu", inject: str | None = None):
+        if inject:
+            parse(inject)           # a bad mutation raises ValueError now, not per case
+        self.backend = backend
+        self.inject = inject
+
+    @property
+    def spec(self):
+        from gradcheck.adapters import AdapterSpec
+        options = {"backend": self.backend} | ({"inject": self.inject} if self.inject else {})
+        return AdapterSpec.of("engine", options)
+
+    def describe(self) -> str:
+        try:
+            version = metadata.version("gradverify")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return f"engine {version} ({self.backend} backend)"
+
+    def unsupported(self, case) -> str | None:
+        if not getattr(case, "builds_engine_graph", True):
+            return "the case is not built from engine ops"
+        return None
+
+    def on_cpu(self) -> EngineAdapter:
+        """The same engine (and injected bug) on the CPU backend: the `vs_cpu` reference."""
+        return EngineAdapter("cpu", self.inject)
+
+    def vjp(self, case, arrays, weights) -> VJP:
+        """Backprop of sum(output * weights) in the case's dtype, on this backend."""
+        leaves, out, w, loss = weighted_graph(case, arrays, as_params=True)
+        if loss is None:
+            raise TypeError(f"{case}: the output is {out.dtype}, not a float: no gradient")
+        w.set(np.asarray(weights).astype(out.dtype))
+        case_ops = {t.op for t in engine.Graph([out]).nodes if not t.is_leaf}
+        graph = engine.Graph([loss], name=str(case))
+        # a mutation may patch backward rules (used while building) or kernels (taken when
+        # the plan is made): both happen inside the block
+        with injected(self.inject, case_ops):
+            grads = graph.build_backward(loss)
+            graph.compute(self.backend)
+        leaf_grads = [grads[t].numpy() if t in grads else
+                      (np.zeros(t.shape, t.dtype) if t.is_param else None) for t in leaves]
+        views = [None if g is None else spec.from_leaf(g)
+                 for spec, g in zip(case.inputs, leaf_grads, strict=True)]
+        return VJP(out.numpy(), views)

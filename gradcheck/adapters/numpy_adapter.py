@@ -1,0 +1,51 @@
+"""A forward and a vector-Jacobian product written by hand on numpy arrays, as an engine.
+
+    forward(*arrays) -> output
+    vjp(cotangent, *arrays) -> one gradient per input (None for an input not checked)
+
+where vjp returns J^T cotangent: the gradient of sum(forward(*arrays) * cotangent) with
+respect to each input. See gradcheck.api.check_numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from gradcheck.adapters.base import VJP
+
+
+class NumpyAdapter:
+    name = "numpy"
+    isolated = False
+    backend = "cpu"
+
+    def __init__(self, forward: Callable, vjp: Callable):
+        if not callable(forward) or not callable(vjp):
+            raise TypeError("NumpyAdapter needs a forward and a vjp callable, got "
+                            f"{type(forward).__name__} and {type(vjp).__name__}")
+        self.forward, self.backward = forward, vjp
+
+    def describe(self) -> str:
+        def name(f):
+            return getattr(f, "__name__", repr(f))
+        return f"numpy {np.__version__} (forward {name(self.forward)}, vjp {name(self.backward)})"
+
+    def unsupported(self, case) -> str | None:
+        return None
+
+    def vjp(self, case, arrays, weights) -> VJP:
+        out = np.asarray(self.forward(*arrays))
+        cotangent = np.asarray(weights).reshape(out.shape)
+        if out.dtype.kind == "f":
+            cotangent = cotangent.astype(out.dtype)
+        grads = self.backward(cotangent, *arrays)
+        if isinstance(grads, np.ndarray) and len(case.inputs) == 1:
+            grads = [grads]
+        grads = list(grads)
+        if len(grads) != len(case.inputs):
+            raise ValueError(f"vjp returned {len(grads)} gradients for {len(case.inputs)} "
+                             "inputs")
+        return VJP(out, [None if g is None or not spec.grad else np.asarray(g)
+                         for spec, g in zip(case.inputs, grads, strict=True)])

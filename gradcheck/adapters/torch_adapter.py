@@ -1,0 +1,69 @@
+"""torch autograd as the engine under test.
+
+For a registry case (`gradcheck --engine torch --op softmax`) it runs the op's torch
+equivalent, in the case's dtypes (float32 stays float32), on tensors that require grad, and
+returns the gradient of sum(output * weights) that torch's backward computes. Inputs that
+the op sees permuted are made as permuted views of tensors in the leaf layout, so torch's
+non-contiguous paths are exercised as ours are.
+
+With `fn`, any torch callable (tensors in, one tensor out), custom torch.autograd.Function
+included, is run instead of the registry's equivalent: see gradcheck.api.check_torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from gradcheck.adapters.base import VJP
+
+
+class TorchAdapter:
+    name = "torch"
+    isolated = False
+    backend = "cpu"
+
+    def __init__(self, fn: Callable | None = None):
+        import torch  # noqa: F401  (a missing torch fails here, as a set-up error)
+        self.fn = fn
+
+    def describe(self) -> str:
+        import torch
+        what = f", function {getattr(self.fn, '__name__', repr(self.fn))}" if self.fn else ""
+        return f"torch {torch.__version__} (autograd on CPU{what})"
+
+    def _function(self, case):
+        if self.fn is not None:
+            return self.fn, {}
+        return case.torch_fn, dict(getattr(case, "kwargs", {}))
+
+    def unsupported(self, case) -> str | None:
+        if self._function(case)[0] is None:
+            return f"op {case.op} has no torch equivalent in the registry"
+        return None
+
+    def vjp(self, case, arrays, weights) -> VJP:
+        """torch's gradient of sum(fn(*inputs) * weights), in the inputs' dtypes."""
+        import torch
+        fn, kwargs = self._function(case)
+        leaves, views = [], []
+        for spec, a in zip(case.inputs, arrays, strict=True):
+            leaf = torch.from_numpy(np.array(spec.to_leaf(np.asarray(a)), copy=True))
+            if spec.grad and leaf.dtype.is_floating_point:
+                leaf.requires_grad_(True)
+            leaves.append(leaf)
+            views.append(leaf.permute(spec.permute) if spec.permute else leaf)
+        out = fn(*views, **kwargs)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{case}: the torch function returned {type(out).__name__}, "
+                            "not a tensor")
+        grads: list[np.ndarray | None] = [None] * len(leaves)
+        if out.dtype.is_floating_point and any(t.requires_grad for t in leaves):
+            w = torch.from_numpy(np.asarray(weights, np.float64).reshape(tuple(out.shape)))
+            (out * w.to(out.dtype)).sum().backward()
+            grads = [None if not t.requires_grad else spec.from_leaf(
+                        t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape),
+                                                                           t.numpy().dtype))
+                     for spec, t in zip(case.inputs, leaves, strict=True)]
+        return VJP(out.detach().numpy().copy(), grads)

@@ -1,0 +1,312 @@
+"""Run an engine in a worker process, so that an engine which kills its process (a C
+assertion's abort, a segfault, os._exit) or hangs costs one case, not the sweep.
+
+A `Worker` is a persistent child process that rebuilds the adapter from its AdapterSpec
+(specs travel, live adapters do not) and answers calls on it. Children come from the
+forkserver (or spawn) start method, never fork: numba's and torch's threads may be alive in
+the parent. When the child dies, or a call outlives its timeout, the call raises
+WorkerCrash, whose message names the signal or exit status, the tail of what the child wrote
+to its standard error (an assertion's text: `GGML_ASSERT(...) failed`) and the innermost
+Python frame it was in; the next call starts a fresh child.
+
+`IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a worker; gradcheck wraps
+every adapter whose `isolated` is set in one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import multiprocessing
+import os
+import signal
+import sys
+import tempfile
+import time
+
+from gradcheck.adapters.base import AdapterError
+
+DEFAULT_CASE_TIMEOUT = 120.0   # seconds a call may take before it counts as a hang
+START_TIMEOUT = 120.0          # seconds a fresh worker may take to import and build its adapter
+STDERR_TAIL_LINES = 6
+STDERR_TAIL_CHARS = 800
+# imported once by the forkserver, so that a restarted worker starts at fork speed
+PRELOAD = ["gradcheck.worker", "gradcheck.adapters", "engine.samples"]
+
+
+class WorkerCrash(Exception):
+    """The worker died or hung while running a call; the message says how."""
+
+
+class RemoteError(Exception):
+    """The adapter raised in the worker; the message is "TypeName: message"."""
+
+
+def _context():
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -> None:
+    """The worker's loop: build the adapter, then answer (method, args) until told to stop.
+    `sys_path` is the parent's (the forkserver's may be older). Its standard error (fd 2,
+    written by C code too) goes to `stderr_path`, Python tracebacks of fatal signals and of
+    SIGUSR1 (sent before a hang is killed) to `fault_path`."""
+    sys.path[:] = sys_path
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
+    fault = open(fault_path, "w")  # noqa: SIM115 (open until the process ends)
+    faulthandler.enable(fault)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, fault)
+    try:
+        adapter = spec.build()
+    except Exception as exc:
+        conn.send(("setup", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        except Exception as exc:     # a case that does not unpickle here
+            conn.send(("error", f"{type(exc).__name__}: cannot receive the call: {exc}"))
+            continue
+        if message[0] == "stop":
+            return
+        method, args = message
+        try:
+            answer = ("ok", getattr(adapter, method)(*args))
+        except Exception as exc:
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(answer)
+        except Exception as exc:   # an answer that does not pickle
+            conn.send(("error", f"{type(exc).__name__}: cannot send the answer: {exc}"))
+
+
+@contextlib.contextmanager
+def _main_left_alone():
+    """While starting a child: the parent's __main__ hidden from multiprocessing, which
+    would otherwise run it again in the child. The worker needs nothing from it, and a
+    script without a __name__ guard, <stdin> or a notebook would fail there or recurse."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
+    spec = main.__dict__.get("__spec__")
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        main.__spec__ = spec
+
+
+def _tail(path: str, offset: int = 0) -> str:
+    """The last lines written to `path` after `offset`, joined by ' | '."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    joined = " | ".join(lines[-STDERR_TAIL_LINES:])
+    return joined if len(joined) <= STDERR_TAIL_CHARS else "..." + joined[-STDERR_TAIL_CHARS:]
+
+
+def _innermost_frame(fault_path: str) -> str:
+    """The most recent Python frame of the traceback faulthandler wrote, e.g.
+    'File "x.py", line 12 in vjp'."""
+    try:
+        with open(fault_path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    frames = [line.strip() for line in lines if line.strip().startswith("File ")]
+    return frames[0] if frames else ""
+
+
+def exit_description(exitcode: int | None) -> str:
+    """How a process ended, in words: 'killed by SIGABRT (signal 6)', 'exited with status 3'."""
+    if exitcode is None:
+        return "did not exit"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"killed by {name} (signal {-exitcode})"
+    return f"exited with status {exitcode}"
+
+
+class Worker:
+    """A persistent worker process for the adapter that `spec` builds; `timeout`: seconds
+    each call may take. Use as a context manager, or call close()."""
+
+    def __init__(self, spec, timeout: float = DEFAULT_CASE_TIMEOUT):
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+        self.spec, self.timeout = spec, float(timeout)
+        self._dir = tempfile.mkdtemp(prefix="gradcheck-worker-")
+        self._stderr = os.path.join(self._dir, "stderr.log")
+        self._fault = os.path.join(self._dir, "fault.log")
+        self._proc = self._conn = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start the child (if none is alive) and wait until its adapter is built. Raises
+        AdapterError when the adapter cannot be built there, WorkerCrash when the child
+        dies or does not answer within START_TIMEOUT."""
+        if self._proc is not None and self._proc.is_alive():
+            return
+        self._reap()
+        ctx = _context()
+        parent, child = ctx.Pipe()
+        args = (child, self.spec, self._stderr, self._fault, list(sys.path))
+        proc = ctx.Process(target=_serve, args=args,
+                           name=f"gradcheck-worker-{self.spec.name}", daemon=True)
+        offset = self._size()
+        with _main_left_alone():
+            proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+        self.starts += 1
+        kind, value = self._receive(START_TIMEOUT, offset, "starting the worker")
+        if kind == "setup":
+            self._reap()
+            raise AdapterError(f"engine {self.spec.name!r} in the worker process: {value}")
+
+    def call(self, method: str, *args):
+        """adapter.method(*args) in the child; its return value, or RemoteError when it
+        raised, or WorkerCrash when the child died or hung (the next call restarts it)."""
+        self.start()
+        offset = self._size()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._conn.send((method, args))    # a dead child is found by _receive
+        kind, value = self._receive(self.timeout, offset, f"running {method}")
+        if kind == "error":
+            raise RemoteError(value)
+        return value
+
+    def _receive(self, timeout: float, offset: int, doing: str):
+        conn, proc = self._conn, self._proc
+        try:
+            ready = conn.poll(timeout)
+            if ready:
+                return conn.recv()
+        except (EOFError, OSError):
+            ready = True
+        if not ready:
+            if hasattr(signal, "SIGUSR1"):
+                with contextlib.suppress(OSError):
+                    os.kill(proc.pid, signal.SIGUSR1)   # faulthandler: where it hangs
+                time.sleep(0.2)
+            self._reap()
+            what = f"timed out after {timeout:g} s while {doing} (killed)"
+        else:
+            proc.join(5.0)
+            code = proc.exitcode
+            self._reap()
+            what = f"worker {exit_description(code)} while {doing}"
+        return self._crash(what, offset)
+
+    def _crash(self, what: str, offset: int):
+        parts = [what]
+        tail = _tail(self._stderr, offset)
+        if tail:
+            parts.append(f"stderr: {tail}")
+        frame = _innermost_frame(self._fault)
+        if frame:
+            parts.append(f"at {frame}")
+        raise WorkerCrash("; ".join(parts))
+
+    def _size(self) -> int:
+        try:
+            return os.path.getsize(self._stderr)
+        except OSError:
+            return 0
+
+    def _reap(self) -> None:
+        proc, conn = self._proc, self._conn
+        self._proc = self._conn = None
+        if conn is not None:
+            conn.close()
+        if proc is not None:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5.0)
+
+    def close(self) -> None:
+        """Stop the child and remove its log files."""
+        if self._proc is not None and self._proc.is_alive():
+            with contextlib.suppress(OSError, ValueError):
+                self._conn.send(("stop",))
+            self._proc.join(2.0)
+        self._reap()
+        for path in (self._stderr, self._fault):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self._dir)
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class IsolatedAdapter:
+    """`adapter` with its `vjp` run in a Worker, started at once, so that an engine that
+    cannot be set up there fails before any case (AdapterError); `describe` and
+    `unsupported` are the local adapter's. A context manager: leaving it stops the worker."""
+
+    isolated = True
+
+    def __init__(self, adapter, timeout: float = DEFAULT_CASE_TIMEOUT):
+        from gradcheck.adapters import spec_of
+        self.local = adapter
+        self.name = adapter.name
+        self.spec = spec_of(adapter)
+        self.worker = Worker(self.spec, timeout)
+        try:
+            self.worker.start()
+        except WorkerCrash as exc:
+            self.worker.close()
+            raise AdapterError(f"engine {self.name!r}: its worker process did not start: "
+                               f"{exc}") from exc
+        except BaseException:
+            self.worker.close()
+            raise
+
+    def __getattr__(self, name):          # backend and other optional attributes
+        if name == "local":
+            raise AttributeError(name)
+        return getattr(self.local, name)
+
+    def describe(self) -> str:
+        return self.local.describe()
+
+    def unsupported(self, case) -> str | None:
+        return self.local.unsupported(case)
+
+    def vjp(self, case, arrays, weights):
+        return self.worker.call("vjp", case, arrays, weights)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def __enter__(self) -> IsolatedAdapter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
