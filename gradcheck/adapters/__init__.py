@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from typing import Any
 
 from gradcheck.adapters.base import VJP, Adapter, AdapterError
@@ -61,6 +63,9 @@ def _factory(name: str):
         if not module_name or not attribute:
             raise AdapterError(f"engine {name!r}: expected module:attribute, e.g. "
                                "mypackage.adapter:MyAdapter")
+        # as `python -m` does: a user's adapter module in the current directory imports
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
     else:
         raise AdapterError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}, or "
                            "module:attribute for your own adapter")
