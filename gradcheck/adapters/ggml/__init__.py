@@ -1,0 +1,12 @@
+"""gradcheck's adapter for ggml (https://github.com/ggml-org/ggml) through its C API.
+
+    from gradcheck.adapters.ggml import GgmlAdapter
+    adapter = GgmlAdapter()            # the libggml-python wheel's libraries
+    adapter = GgmlAdapter("/path/to/ggml/build/bin")   # a user's own build
+
+See adapter.py for how a case becomes a ggml graph and ops.py for the op table.
+"""
+
+from gradcheck.adapters.ggml.adapter import GgmlAdapter
+
+__all__ = ["GgmlAdapter"]

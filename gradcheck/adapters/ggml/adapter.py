@@ -1,0 +1,140 @@
+"""GgmlAdapter: one gradcheck case as a ggml graph, computed forward and backward on the CPU.
+
+For a case with inputs x_i (param leaves where checked; permuted inputs are ggml_permute
+views of a leaf stored in the other axis order) and the op's output y, the graph is
+
+    loss = ggml_sum(ggml_mul(w, y))          w: the given weights, an input tensor
+
+flagged as the loss (w first: ggml's CPU binary kernels take a strided second operand but
+assert contiguous rows in the first, and y may be a strided view, as for permute).
+ggml_build_forward_expand and ggml_build_backward_expand make the forward and backward
+graphs; ggml_graph_reset seeds d loss = 1; ggml_graph_compute_with_ctx runs it on the CPU.
+The VJP's gradients are ggml_graph_get_grad of each param leaf (zeros where no gradient
+reaches a leaf, as for sgn and step), put into the layout the op sees. The graph is computed
+twice; `differs` says whether the two runs gave different bits.
+
+ggml computes these ops in float32: f64 cases are unsupported. A failed GGML_ASSERT aborts
+the process, so the adapter is `isolated`: gradcheck runs its cases in worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from gradcheck.adapters.base import VJP
+from gradcheck.adapters.ggml import lib as ggml_lib
+from gradcheck.adapters.ggml.graph import GRAPH_SIZE, Context, same_layout
+from gradcheck.adapters.ggml.lib import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
+from gradcheck.adapters.ggml.ops import NO_BACKWARD, OPS
+
+BASE_MEMORY = 16 << 20      # bytes: graph and tensor headers, compute work buffer
+MEMORY_PER_BYTE = 64        # context bytes per byte of the case's inputs, output, columns
+
+
+def _case_bytes(case, weights_size: int) -> int:
+    """Float32 bytes of the case's inputs and output, plus im2col's columns for conv_2d."""
+    n = weights_size + sum(int(np.prod(spec.shape)) for spec in case.inputs)
+    if case.op == "conv_2d":
+        _, c, _, _ = case.inputs[0].shape
+        _, _, kh, kw = case.inputs[1].shape
+        o = case.inputs[1].shape[0]
+        n += weights_size // max(o, 1) * c * kh * kw
+    return 4 * n
+
+
+class GgmlAdapter:
+    """gradcheck's adapter for ggml's CPU backend through its C API.
+
+    lib_dir: a directory holding libggml-base.so and libggml-cpu.so (a user's build);
+    None: the libraries of the PyPI wheel libggml-python. n_threads: ggml's compute
+    threads (default: up to 4 of this machine's cores). Loading errors raise AdapterError.
+    """
+
+    name = "ggml"
+    isolated = True
+
+    def __init__(self, lib_dir: str | None = None, n_threads: int | None = None):
+        self.lib_dir = lib_dir
+        self.n_threads = n_threads or max(1, min(4, os.cpu_count() or 1))
+        self.lib = ggml_lib.load(lib_dir)
+
+    def __getstate__(self):
+        return {"lib_dir": self.lib_dir, "n_threads": self.n_threads}
+
+    def __setstate__(self, state):
+        self.__init__(state["lib_dir"], state["n_threads"])
+
+    def describe(self) -> str:
+        return f"ggml {self.lib.version} (commit {self.lib.commit}, {self.lib.directory})"
+
+    def unsupported(self, case) -> str | None:
+        if "f64" in case.float_dtypes:
+            return "ggml computes in f32; the case is f64"
+        op = OPS.get(case.op)
+        if op is None:
+            if case.op in NO_BACKWARD:
+                return (f"ggml has no backward for {NO_BACKWARD[case.op]}: "
+                        "ggml_build_backward_expand aborts on it")
+            return f"ggml has no op for {case.op}"
+        for spec in case.inputs:
+            if len(spec.shape) > MAX_DIMS:
+                return (f"ggml tensors have at most {MAX_DIMS} dimensions; input "
+                        f"{spec.name} has shape {list(spec.shape)}")
+        return op.why_not(case)
+
+    def vjp(self, case, arrays, weights) -> VJP:
+        why = self.unsupported(case)
+        if why:
+            raise ValueError(f"ggml cannot run {case}: {why}")
+        weights = np.asarray(weights)
+        mem = (BASE_MEMORY + self.lib.ggml_graph_overhead_custom(GRAPH_SIZE, True)
+               + 4 * GRAPH_SIZE * self.lib.ggml_tensor_overhead()
+               + MEMORY_PER_BYTE * _case_bytes(case, weights.size))
+        leaf_shapes = [spec.to_leaf(np.asarray(a)).shape
+                       for spec, a in zip(case.inputs, arrays, strict=True)]
+        with Context(self.lib, mem) as g:
+            leaves, views = _inputs(g, case, arrays)
+            out = OPS[case.op].build(g, case, views)
+            ne = g.ne(out)
+            if not same_layout(ne, weights.shape):
+                raise RuntimeError(f"ggml's output of {case} has ne {list(ne)}, which is not "
+                                   f"the case's output shape {list(weights.shape)}")
+            w = g.from_numpy(weights.reshape(tuple(reversed(ne))), GGML_TYPE_F32)
+            g.build(g.sum(g.mul(w, out)))
+            grads = [None if leaf is None else g.grad(leaf) for leaf in leaves]
+            # tensors read back are outputs, which ggml's CPU backend never fuses away (an
+            # RMS_NORM whose only user is a MUL is computed as one op, into the MUL's memory)
+            for t in [out] + [grad for grad in grads if grad is not None]:
+                g.lib.ggml_set_output(t)
+
+            def run():
+                g.compute(self.n_threads)
+                return [g.to_numpy(out, weights.shape)] + [
+                    None if leaf is None else np.zeros(shape, np.float32) if grad is None
+                    else g.to_numpy(grad, shape)
+                    for leaf, grad, shape in zip(leaves, grads, leaf_shapes, strict=True)]
+            first, second = run(), run()
+        differs = any(a is not None and not np.array_equal(a, b, equal_nan=True)
+                      for a, b in zip(first, second, strict=True))
+        return VJP(first[0], [None if x is None else spec.from_leaf(x)
+                              for spec, x in zip(case.inputs, first[1:], strict=True)], differs)
+
+
+def _inputs(g: Context, case, arrays):
+    """(leaves, views): per input, its param leaf (None if unchecked) and the tensor the op
+    receives: the leaf, a ggml_permute view of it, or an I32 tensor of index values."""
+    leaves, views = [], []
+    for spec, a in zip(case.inputs, arrays, strict=True):
+        a = np.asarray(a)
+        if a.dtype.kind != "f":
+            leaves.append(None)
+            views.append(g.from_numpy(a, GGML_TYPE_I32))
+            continue
+        leaf = g.from_numpy(spec.to_leaf(a), GGML_TYPE_F32)
+        if spec.grad:
+            g.lib.ggml_set_param(leaf)
+        leaves.append(leaf if spec.grad else None)
+        views.append(g.permuted(leaf, spec.permute) if spec.permute else leaf)
+    return leaves, views

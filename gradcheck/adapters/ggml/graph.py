@@ -1,0 +1,140 @@
+"""A ggml context for one case: tensors in and out of numpy, permuted views, the graph.
+
+Shapes: numpy's shape (d_0, ..., d_{k-1}) (last axis fastest) is ggml's ne reversed,
+ne = (d_{k-1}, ..., d_0), padded with 1s to four dimensions; a 0-d array is ne (1, 1, 1, 1).
+Strides likewise: numpy's strides are nb reversed.
+
+Permutes: the view v = x.transpose(p) (numpy axis m of v is axis p[m] of x) is, in ggml,
+ggml_permute(x, axis_0, ..., axis_3), where ggml dimension i of x becomes dimension axis_i
+of the result. ggml dimension i is numpy axis k-1-i, which goes to numpy axis p^-1[k-1-i]
+of v, that is ggml dimension k-1-p^-1[k-1-i]; padding dimensions i >= k stay put.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from gradcheck.adapters.ggml.lib import (
+    GGML_STATUS_SUCCESS,
+    GGML_TYPE_F32,
+    GGML_TYPE_I32,
+    MAX_DIMS,
+    GgmlLib,
+    InitParams,
+)
+
+GRAPH_SIZE = 4096          # nodes per graph: forward, backward and gradient accumulation
+NUMPY_TYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_I32: np.int32}
+
+
+def ne_of(shape) -> tuple[int, int, int, int]:
+    """ggml's ne for a numpy shape of at most 4 axes."""
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"ggml tensors have at most {MAX_DIMS} dimensions, got shape "
+                         f"{list(shape)}")
+    ne = tuple(int(d) for d in reversed(shape))
+    return ne + (1,) * (MAX_DIMS - len(ne))
+
+
+def permute_axes(p) -> tuple[int, int, int, int]:
+    """ggml_permute's (axis_0, ..., axis_3) for numpy's x.transpose(p), see the module doc."""
+    k = len(p)
+    inverse = np.argsort(p)
+    return tuple(k - 1 - int(inverse[k - 1 - i]) if i < k else i for i in range(MAX_DIMS))
+
+
+def same_layout(ne, shape) -> bool:
+    """Whether a ggml tensor of `ne` read in ggml order holds a numpy array of `shape` in C
+    order: the same sides once sides of 1 are dropped."""
+    return ([d for d in reversed(ne) if d != 1] == [int(d) for d in shape if d != 1])
+
+
+class Context:
+    """A ggml context (no_alloc false: every tensor owns memory in it) and the case's graph.
+
+    Use as a context manager; ggml_free runs on exit. `mem_size` must hold every tensor
+    of the forward and backward graphs and the compute work buffer (ggml aborts when it
+    does not).
+    """
+
+    def __init__(self, lib: GgmlLib, mem_size: int):
+        self.lib = lib
+        self.mem_size = int(mem_size)
+        self.ctx = None
+        self.graph = None
+
+    def __enter__(self) -> Context:
+        self.ctx = self.lib.ggml_init(InitParams(self.mem_size, None, False))
+        if not self.ctx:
+            raise MemoryError(f"ggml_init could not allocate a {self.mem_size}-byte context")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lib.ggml_free(self.ctx)
+        self.ctx = None
+
+    def __getattr__(self, name):
+        """`g.add(a, b)` calls ggml_add(ctx, a, b)."""
+        fn = getattr(self.lib, f"ggml_{name}")
+        return lambda *args: fn(self.ctx, *args)
+
+    # --- tensors ------------------------------------------------------------------------
+    def new(self, shape, ggml_type: int = GGML_TYPE_F32):
+        ne = (ctypes.c_int64 * MAX_DIMS)(*ne_of(shape))
+        return self.lib.ggml_new_tensor(self.ctx, ggml_type, MAX_DIMS, ne)
+
+    def from_numpy(self, array: np.ndarray, ggml_type: int = GGML_TYPE_F32):
+        """A new tensor holding `array` (converted to the tensor's type), in its shape."""
+        t = self.new(array.shape, ggml_type)
+        data = np.ascontiguousarray(array, NUMPY_TYPES[ggml_type])
+        if data.nbytes != self.lib.ggml_nbytes(t):
+            raise AssertionError("tensor size differs from the array's")
+        ctypes.memmove(self.lib.ggml_get_data(t), data.ctypes.data, data.nbytes)
+        return t
+
+    def to_numpy(self, t, shape) -> np.ndarray:
+        """A copy of tensor t (any strides) as a numpy array of `shape`, which must have the
+        tensor's layout (see same_layout)."""
+        s = self.lib.tensor(t)
+        ne, nb = list(s.ne), list(s.nb)
+        if not same_layout(ne, shape):
+            raise ValueError(f"ggml tensor of ne {ne} cannot be read as shape {list(shape)}")
+        dtype = np.dtype(NUMPY_TYPES[s.type])
+        span = sum((n - 1) * b for n, b in zip(ne, nb, strict=True)) + dtype.itemsize
+        raw = (ctypes.c_char * span).from_address(s.data)
+        view = np.lib.stride_tricks.as_strided(np.frombuffer(raw, dtype),
+                                               shape=tuple(reversed(ne)),
+                                               strides=tuple(reversed(nb)))
+        return np.array(view).reshape(shape)
+
+    def ne(self, t) -> tuple[int, ...]:
+        return tuple(self.lib.tensor(t).ne)
+
+    def permuted(self, t, p):
+        """The view x.transpose(p) of tensor t (numpy's axes order p)."""
+        return self.lib.ggml_permute(self.ctx, t, *permute_axes(p))
+
+    def contiguous(self, t):
+        """t itself if contiguous, else ggml_cont(t)."""
+        return t if self.lib.ggml_is_contiguous(t) else self.lib.ggml_cont(self.ctx, t)
+
+    # --- the graph ----------------------------------------------------------------------
+    def build(self, loss) -> None:
+        """Forward graph of `loss` (flagged as the loss), then its backward graph."""
+        self.lib.ggml_set_loss(loss)
+        self.graph = self.lib.ggml_new_graph_custom(self.ctx, GRAPH_SIZE, True)
+        self.lib.ggml_build_forward_expand(self.graph, loss)
+        self.lib.ggml_build_backward_expand(self.ctx, self.graph, None)
+
+    def grad(self, t):
+        """The gradient tensor of t in the built graph, or None (no gradient reaches t)."""
+        return self.lib.ggml_graph_get_grad(self.graph, t) or None
+
+    def compute(self, n_threads: int) -> None:
+        """Reset the gradients (the loss's to 1) and compute the whole graph on the CPU."""
+        self.lib.ggml_graph_reset(self.graph)
+        status = self.lib.ggml_graph_compute_with_ctx(self.ctx, self.graph, n_threads)
+        if status != GGML_STATUS_SUCCESS:
+            raise RuntimeError(f"ggml_graph_compute_with_ctx returned status {status}")

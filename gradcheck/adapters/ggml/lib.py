@@ -1,0 +1,225 @@
+"""Loading ggml's CPU libraries through ctypes, against ggml 0.20's C API.
+
+The libraries come from the PyPI wheel `libggml-python` (package `libggml`, directory
+`lib64/`) or from a user's own build directory holding libggml-base.so and libggml-cpu.so.
+libggml-base (tensors, graphs, autodiff) is loaded first with RTLD_GLOBAL, so that
+libggml-cpu (the kernels and ggml_graph_compute) resolves its symbols against it.
+
+Every function the adapter calls is declared in SIGNATURES with its C argument and return
+types. Loading checks, in this order, and raises AdapterError naming the offender:
+the directory and both library files exist and load; every symbol is present; ggml_version()
+is a release this adapter was written for (SUPPORTED); `struct ggml_tensor` has the layout
+mirrored by GgmlTensor (its `ne`, `nb`, `data` and `name` fields are probed on a tensor
+made through the API and compared with what the accessors report).
+
+A failed GGML_ASSERT calls ggml_abort, which by default forks the process to attach gdb for
+a backtrace; when several compute threads fail at once those forks deadlock, and a single
+one takes seconds. Loading sets GGML_NO_BACKTRACE=1 (unless it is set already), so an
+assertion prints its message and aborts at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from ctypes import (
+    POINTER,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_float,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_void_p,
+)
+
+from gradcheck.adapters.base import AdapterError
+
+SUPPORTED = ((0, 20),)          # ggml major.minor releases whose C API this adapter matches
+BASE, CPU = "libggml-base.so", "libggml-cpu.so"
+GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26        # enum ggml_type
+GGML_OP_POOL_MAX, GGML_OP_POOL_AVG = 0, 1   # enum ggml_op_pool
+GGML_STATUS_SUCCESS = 0
+MAX_DIMS = 4
+
+
+class InitParams(ctypes.Structure):
+    """struct ggml_init_params, passed by value to ggml_init."""
+    _fields_ = [("mem_size", c_size_t), ("mem_buffer", c_void_p), ("no_alloc", c_bool)]
+
+
+class GgmlTensor(ctypes.Structure):
+    """struct ggml_tensor as declared in ggml.h (0.20); the adapter reads ne, nb and data."""
+    _fields_ = [("type", c_int), ("buffer", c_void_p),
+                ("ne", c_int64 * MAX_DIMS), ("nb", c_size_t * MAX_DIMS),
+                ("op", c_int), ("op_params", c_int32 * 16), ("flags", c_int32),
+                ("src", c_void_p * 10), ("view_src", c_void_p), ("view_offs", c_size_t),
+                ("data", c_void_p), ("name", c_char * 64), ("extra", c_void_p),
+                ("padding", c_char * 8)]
+
+
+P, I64 = c_void_p, c_int64
+_UNARY = ("sqr", "sqrt", "log", "sin", "cos", "abs", "sgn", "neg", "step", "relu", "silu",
+          "exp", "softplus", "sum", "sum_rows", "mean", "cont", "transpose")
+# library -> {function: (restype, argtypes)}; pointers to ggml structs are opaque c_void_p
+SIGNATURES: dict[str, dict[str, tuple]] = {
+    BASE: {
+        "ggml_version": (c_char_p, []),
+        "ggml_commit": (c_char_p, []),
+        "ggml_init": (P, [InitParams]),
+        "ggml_free": (None, [P]),
+        "ggml_tensor_overhead": (c_size_t, []),
+        "ggml_graph_overhead_custom": (c_size_t, [c_size_t, c_bool]),
+        "ggml_new_tensor": (P, [P, c_int, c_int, POINTER(c_int64)]),
+        "ggml_get_data": (c_void_p, [P]),
+        "ggml_get_name": (c_void_p, [P]),
+        "ggml_set_name": (P, [P, c_char_p]),
+        "ggml_nbytes": (c_size_t, [P]),
+        "ggml_nelements": (c_int64, [P]),
+        "ggml_is_contiguous": (c_bool, [P]),
+        "ggml_set_param": (None, [P]),
+        "ggml_set_output": (None, [P]),
+        "ggml_set_loss": (None, [P]),
+        "ggml_new_graph_custom": (P, [P, c_size_t, c_bool]),
+        "ggml_build_forward_expand": (None, [P, P]),
+        "ggml_build_backward_expand": (None, [P, P, P]),
+        "ggml_graph_reset": (None, [P]),
+        "ggml_graph_get_grad": (P, [P, P]),
+        **{f"ggml_{name}": (P, [P, P]) for name in _UNARY},
+        **{f"ggml_{name}": (P, [P, P, P]) for name in ("add", "sub", "mul", "div", "mul_mat",
+                                                      "get_rows", "repeat_back",
+                                                      "cross_entropy_loss")},
+        "ggml_scale": (P, [P, P, c_float]),
+        "ggml_rms_norm": (P, [P, P, c_float]),
+        "ggml_soft_max_ext": (P, [P, P, P, c_float, c_float]),
+        "ggml_repeat_4d": (P, [P, P, I64, I64, I64, I64]),
+        "ggml_reshape_1d": (P, [P, P, I64]),
+        "ggml_reshape_4d": (P, [P, P, I64, I64, I64, I64]),
+        "ggml_permute": (P, [P, P, c_int, c_int, c_int, c_int]),
+        "ggml_view_4d": (P, [P, P, I64, I64, I64, I64, c_size_t, c_size_t, c_size_t,
+                             c_size_t]),
+        "ggml_acc": (P, [P, P, P, c_size_t, c_size_t, c_size_t, c_size_t]),
+        "ggml_set": (P, [P, P, P, c_size_t, c_size_t, c_size_t, c_size_t]),
+        "ggml_im2col": (P, [P, P, P, c_int, c_int, c_int, c_int, c_int, c_int, c_bool,
+                            c_int]),
+        "ggml_conv_2d": (P, [P, P, P, c_int, c_int, c_int, c_int, c_int, c_int]),
+        "ggml_pool_2d": (P, [P, P, c_int, c_int, c_int, c_int, c_int, c_float, c_float]),
+    },
+    CPU: {
+        "ggml_cpu_init": (None, []),
+        "ggml_graph_compute_with_ctx": (c_int, [P, P, c_int]),
+    },
+}
+
+
+class GgmlLib:
+    """ggml's C functions as attributes (`lib.ggml_add(ctx, a, b)`), with the version,
+    commit and directory they were loaded from."""
+
+    def __init__(self, directory: str, handles: dict[str, ctypes.CDLL]):
+        self.directory = directory
+        for libname, functions in SIGNATURES.items():
+            for fn, (restype, argtypes) in functions.items():
+                try:
+                    f = getattr(handles[libname], fn)
+                except AttributeError:
+                    raise AdapterError(
+                        f"ggml: {os.path.join(directory, libname)} lacks the symbol {fn}; "
+                        f"is it ggml {_supported_text()}?") from None
+                f.restype, f.argtypes = restype, argtypes
+                setattr(self, fn, f)
+        self.version = self.ggml_version().decode()
+        self.commit = self.ggml_commit().decode()
+
+    def tensor(self, ptr) -> GgmlTensor:
+        """The struct behind a tensor pointer (read its ne, nb; never write it)."""
+        return GgmlTensor.from_address(ptr)
+
+
+def _supported_text() -> str:
+    return " or ".join(f"{major}.{minor}.x" for major, minor in SUPPORTED)
+
+
+def wheel_directory() -> str:
+    """The libraries' directory inside the installed `libggml` package (not imported)."""
+    spec = importlib.util.find_spec("libggml")
+    if spec is None or not spec.submodule_search_locations:
+        raise AdapterError("ggml: the package libggml is not installed (pip install "
+                           "'libggml-python>=0.20,<0.21'), and no library directory was given "
+                           "(--ggml-lib DIR)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "lib64")
+
+
+def check_version(version: str, directory: str) -> None:
+    """Raise AdapterError unless `version` (ggml_version()) is a SUPPORTED release."""
+    try:
+        major, minor = (int(p) for p in version.split(".")[:2])
+    except ValueError:
+        raise AdapterError(f"ggml: cannot read the version {version!r} reported by the "
+                           f"libraries in {directory}") from None
+    if (major, minor) not in SUPPORTED:
+        raise AdapterError(f"ggml: the libraries in {directory} are ggml {version}; this "
+                           f"adapter is written against the C API of ggml {_supported_text()}")
+
+
+def _open(path: str) -> ctypes.CDLL:
+    if not os.path.isfile(path):
+        raise AdapterError(f"ggml: library {path} not found")
+    try:
+        return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise AdapterError(f"ggml: cannot load {path}: {exc}") from None
+
+
+def _check_layout(lib: GgmlLib) -> None:
+    """Probe struct ggml_tensor's fields on a [5, 3, 2] f32 tensor against the accessors."""
+    ctx = lib.ggml_init(InitParams(1 << 16, None, False))
+    if not ctx:
+        raise AdapterError("ggml: ggml_init failed for a 64 KiB context")
+    try:
+        ne = (c_int64 * MAX_DIMS)(5, 3, 2, 1)
+        t = lib.ggml_new_tensor(ctx, GGML_TYPE_F32, 3, ne)
+        lib.ggml_set_name(t, b"probe")
+        s = lib.tensor(t)
+        ok = (list(s.ne) == [5, 3, 2, 1] and list(s.nb) == [4, 20, 60, 120]
+              and s.data == lib.ggml_get_data(t)
+              and ctypes.addressof(s) + GgmlTensor.name.offset == lib.ggml_get_name(t)
+              and lib.ggml_nbytes(t) == 120)
+    finally:
+        lib.ggml_free(ctx)
+    if not ok:
+        raise AdapterError(f"ggml: struct ggml_tensor in {lib.directory} (ggml {lib.version}) "
+                           "does not have the layout of ggml 0.20's ggml.h")
+
+
+_LOADED: dict[str, GgmlLib] = {}
+
+
+def load(lib_dir: str | None = None) -> GgmlLib:
+    """ggml's libraries from `lib_dir` (default: the libggml wheel's), loaded once per
+    process and directory; AdapterError if missing, incomplete or of another version."""
+    directory = os.path.realpath(lib_dir if lib_dir is not None else wheel_directory())
+    if directory in _LOADED:
+        return _LOADED[directory]
+    if not os.path.isdir(directory):
+        raise AdapterError(f"ggml: library directory {directory} does not exist")
+    missing = [name for name in (BASE, CPU) if not os.path.isfile(os.path.join(directory, name))]
+    if missing:
+        raise AdapterError(f"ggml: {directory} lacks {' and '.join(missing)} (a ggml build "
+                           f"directory holds both {BASE} and {CPU})")
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    handles = {name: _open(os.path.join(directory, name)) for name in (BASE, CPU)}
+    version = getattr(handles[BASE], "ggml_version", None)
+    if version is None:
+        raise AdapterError(f"ggml: {os.path.join(directory, BASE)} lacks the symbol "
+                           "ggml_version; is it a ggml library?")
+    version.restype, version.argtypes = c_char_p, []
+    check_version(version().decode(), directory)
+    lib = GgmlLib(directory, handles)
+    lib.ggml_cpu_init()
+    _check_layout(lib)
+    _LOADED[directory] = lib
+    return lib

@@ -1,0 +1,337 @@
+"""Registry ops translated to ggml calls: one table row per op.
+
+A row gives the ggml call (`ggml`, shown in the docs and reports), `build(g, case, xs)` making
+the case's output from its input tensors xs (param leaves, permuted views of them, I32 index
+tensors), and `why_not(case)`: why ggml cannot express that case, or None.
+
+Conventions (see graph.py for shapes and permutes):
+- ggml's API asserts some preconditions when an op is built (rows contiguous for
+  ggml_unary ops, a contiguous input for ggml_soft_max_ext and ggml_reshape, a padded-1d
+  input for ggml_scale, a non-transposed first operand for ggml_mul_mat). A strided view
+  is passed through ggml_cont exactly where such a precondition requires it, as a ggml user
+  must; everywhere else the op receives the strided view itself, so its kernel's strided
+  path is what is checked. The engine's own softmax, cross_entropy_loss and rms_norm put
+  cont in front of strided inputs, and so does their translation.
+- ggml broadcasts only the second operand of add/sub/mul/div into the first
+  (ggml_can_repeat(b, a)); add and mul, being commutative, swap their operands when only
+  the first one broadcasts. mul_mat broadcasts the batch of its first operand only.
+- Index inputs (get_rows) are I32 tensors holding the case's index values contiguously.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from engine.ops.im2col import pair
+from engine.ops.reduce import normalize_axes
+from gradcheck.adapters.ggml.graph import ne_of
+from gradcheck.adapters.ggml.lib import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX, GGML_TYPE_F32
+
+
+@dataclasses.dataclass(frozen=True)
+class GgmlOp:
+    """One registry op in ggml: the call it becomes, its builder and its limits."""
+
+    ggml: str
+    build: Callable
+    why_not: Callable = lambda case: None
+
+
+def _shapes(case):
+    return [spec.shape for spec in case.inputs]
+
+
+def _strided_rows(g, t) -> bool:
+    s = g.lib.tensor(t)
+    return s.ne[0] != 1 and s.nb[0] != 4
+
+
+def _rows(g, t):
+    """t, or ggml_cont(t) when its rows are strided (ggml_unary_impl asserts
+    ggml_is_contiguous_rows)."""
+    return g.cont(t) if _strided_rows(g, t) else t
+
+
+def _padded_1d(g, t):
+    """t, or ggml_cont(t) unless ggml_is_padded_1d(t) (asserted by ggml_scale)."""
+    s = g.lib.tensor(t)
+    ok = s.nb[0] == 4 and s.nb[2] == s.nb[1] * s.ne[1] and s.nb[3] == s.nb[2] * s.ne[2]
+    return t if ok else g.cont(t)
+
+
+def _not_transposed(g, t):
+    """t, or ggml_cont(t) if ggml_is_transposed(t) (nb[0] > nb[1]; ggml_mul_mat's first
+    operand must not be)."""
+    s = g.lib.tensor(t)
+    return g.cont(t) if s.nb[0] > s.nb[1] else t
+
+
+# --- elementwise ----------------------------------------------------------------------------
+def _unary(name, rows_contiguous):
+    def build(g, case, xs):
+        x = _rows(g, xs[0]) if rows_contiguous else xs[0]
+        return getattr(g, name)(x)
+    return GgmlOp(f"ggml_{name}" + (" (cont if rows strided)" if rows_contiguous else ""),
+                  build)
+
+
+def _fits(shape, out) -> bool:
+    return (1,) * (len(out) - len(shape)) + tuple(shape) == tuple(out)
+
+
+def _binary(name, commutative):
+    def why_not(case):
+        sa, sb = _shapes(case)
+        out = np.broadcast_shapes(sa, sb)
+        if _fits(sa, out) or (commutative and _fits(sb, out)):
+            return None
+        return (f"ggml_{name} broadcasts only its second operand into the first "
+                f"(ggml_can_repeat(b, a)); here a {list(sa)} would have to broadcast to "
+                f"{list(out)}")
+
+    def build(g, case, xs):
+        sa, sb = _shapes(case)
+        a, b = xs
+        if not _fits(sa, np.broadcast_shapes(sa, sb)):
+            a, b = b, a
+        return getattr(g, name)(a, b)
+    return GgmlOp(f"ggml_{name}(a, b)" + (" (or (b, a))" if commutative else ""),
+                  build, why_not)
+
+
+# --- reductions -----------------------------------------------------------------------------
+def _axes(case):
+    x = case.inputs[0].shape
+    axis = case.kwargs.get("axis")
+    return x, (tuple(range(len(x))) if axis is None else normalize_axes(case.op, x, axis))
+
+
+def _reduce_why_not(case):
+    x, axes = _axes(case)
+    if axes in (tuple(range(len(x))), (len(x) - 1,)):
+        return None
+    return (f"ggml reduces all elements or along rows (the last axis) only; axes "
+            f"{list(axes)} of {list(x)} need a composition")
+
+
+def _sum(g, case, xs):
+    x, axes = _axes(case)
+    if axes == (len(x) - 1,) and case.kwargs.get("axis") is not None:
+        return g.sum_rows(xs[0])
+    return g.sum(xs[0])
+
+
+def _mean(g, case, xs):
+    x, axes = _axes(case)
+    if axes == (len(x) - 1,):
+        return g.mean(xs[0])
+    return g.mean(g.reshape_1d(g.contiguous(xs[0]), int(np.prod(x))))
+
+
+# --- indexing, tiling, products -------------------------------------------------------------
+def _get_rows(g, case, xs):
+    table, idx = xs
+    if len(case.inputs[1].shape) == 1:
+        return g.get_rows(table, idx)
+    # (B, K) indices: ggml_get_rows wants a table per index row (a->ne[2] == b->ne[1]), so
+    # the indices are flattened to B*K, and the (B*K, C) rows reshaped to (B, K, C)
+    b, k = case.inputs[1].shape
+    rows = g.get_rows(table, g.reshape_1d(idx, b * k))
+    return g.reshape_4d(rows, case.inputs[0].shape[1], k, b, 1)
+
+
+def _matmul_order(case):
+    """1: ggml_mul_mat(b^T, a) (b's batch broadcasts); 2: its transpose ggml_mul_mat(a, b^T)^T
+    (a's batch broadcasts); None: neither operand's batch is the output's."""
+    sa, sb = _shapes(case)
+    out = np.broadcast_shapes(sa[:-2], sb[:-2])
+    if len(out) > 2:
+        return None
+    return 1 if _fits(sa[:-2], out) else 2 if _fits(sb[:-2], out) else None
+
+
+def _matmul_why_not(case):
+    if _matmul_order(case) is None:
+        sa, sb = _shapes(case)
+        return (f"ggml_mul_mat broadcasts the batch of its first operand only; neither "
+                f"{list(sa[:-2])} nor {list(sb[:-2])} is the output's batch")
+    return None
+
+
+def _matmul(g, case, xs):
+    a, b = xs
+    bt = _not_transposed(g, g.transpose(b))
+    if _matmul_order(case) == 1:
+        return g.mul_mat(bt, a)
+    return g.transpose(g.mul_mat(_not_transposed(g, a), bt))
+
+
+def _softmax_why_not(case):
+    if len(case.inputs) > 1:
+        return ("ggml has no backward for soft_max's mask (ggml_compute_backward asserts "
+                "'backward pass for softmax mask not implemented'), and the case checks the "
+                "mask's gradient")
+    return None
+
+
+# --- convolutions and pooling ---------------------------------------------------------------
+def _windows(case):
+    """(stride, padding, dilation) as (rows, cols) pairs."""
+    kw = case.kwargs
+    return (pair(case.op, "stride", kw.get("stride", 1)),
+            pair(case.op, "padding", kw.get("padding", 0)),
+            pair(case.op, "dilation", kw.get("dilation", 1)))
+
+
+def _im2col(g, case, xs):
+    (s, p, d), kw = _windows(case), case.kwargs
+    kernel = g.from_numpy(np.zeros((1, case.inputs[0].shape[1], kw["kh"], kw["kw"])))
+    return g.im2col(kernel, xs[0], s[1], s[0], p[1], p[0], d[1], d[0], True, GGML_TYPE_F32)
+
+
+def _im2col_1d(g, case, xs):
+    kw = case.kwargs
+    kernel = g.from_numpy(np.zeros((case.inputs[0].shape[1], kw["k"])))
+    return g.im2col(kernel, xs[0], kw["stride"], 0, kw["padding"], 0, kw["dilation"], 1,
+                    False, GGML_TYPE_F32)
+
+
+def _conv_2d(g, case, xs):
+    x, w = xs
+    s, p, d = _windows(case)
+    return g.conv_2d(g.contiguous(w), x, s[1], s[0], p[1], p[0], d[1], d[0])
+
+
+def _pool_2d(g, case, xs):
+    kw = case.kwargs
+    k = pair("pool_2d", "kernel", kw["kernel"])
+    s = k if kw.get("stride") is None else pair("pool_2d", "stride", kw["stride"])
+    p = pair("pool_2d", "padding", kw.get("padding", 0))
+    mode = GGML_OP_POOL_MAX if kw["mode"] == "max" else GGML_OP_POOL_AVG
+    return g.pool_2d(xs[0], mode, k[1], k[0], s[1], s[0], float(p[1]), float(p[0]))
+
+
+def _contiguous_nb(shape):
+    """(nb1, nb2, nb3) of a contiguous f32 tensor of numpy `shape`."""
+    ne = ne_of(shape)
+    return tuple(4 * int(np.prod(ne[:i])) for i in range(1, 4))
+
+
+def _byte_offset(strides_nb, shape, offset) -> int:
+    """Bytes from the start of a tensor of numpy `shape` and ggml strides nb to the
+    element at numpy index `offset`."""
+    k = len(shape)
+    return sum(int(o) * int(strides_nb[k - 1 - i]) for i, o in enumerate(offset))
+
+
+def _acc_set(name):
+    def build(g, case, xs):
+        a, b = xs
+        shape = case.inputs[0].shape
+        if name == "acc":
+            a = g.contiguous(a)          # ggml_acc_impl asserts ggml_is_contiguous(a)
+        nb = (4,) + _contiguous_nb(shape)  # of the result, a fresh contiguous copy of a
+        return getattr(g, name)(a, b, *nb[1:], _byte_offset(nb, shape, case.kwargs["offset"]))
+    return build
+
+
+def _block_why_not(case):
+    p = case.inputs[0].permute
+    if p is not None and p[-1] != len(p) - 1:
+        return ("ggml_view_4d gives a view unit element stride (nb[0] = 4); a block of this "
+                "permuted input has strided rows")
+    return None
+
+
+def _block(g, case, xs):
+    x = xs[0]
+    nb = list(g.lib.tensor(x).nb)
+    offset = _byte_offset(nb, case.inputs[0].shape, case.kwargs["offset"])
+    return g.view_4d(x, *ne_of(case.kwargs["shape"]), nb[1], nb[2], nb[3], offset)
+
+
+def _transpose(g, case, xs):
+    n = len(case.inputs[0].shape)
+    a, b = (case.kwargs.get(k, d) % n for k, d in (("axis1", -2), ("axis2", -1)))
+    if {a, b} == {n - 2, n - 1}:
+        return g.transpose(xs[0])
+    axes = list(range(n))
+    axes[a], axes[b] = axes[b], axes[a]
+    return g.permuted(xs[0], axes)
+
+
+def _shape_tensor(g, shape):
+    return g.from_numpy(np.zeros(shape))
+
+
+# --- the table ------------------------------------------------------------------------------
+OPS: dict[str, GgmlOp] = {
+    **{name: _unary(name, rows) for name, rows in (
+        ("sqr", False), ("sqrt", False), ("log", False), ("sin", False), ("cos", False),
+        ("abs", True), ("sgn", True), ("neg", True), ("step", True), ("relu", True),
+        ("silu", True), ("exp", True), ("softplus", True))},
+    **{name: _binary(name, name in ("add", "mul")) for name in ("add", "sub", "mul", "div")},
+    "scale": GgmlOp("ggml_scale (cont unless padded 1d)",
+                    lambda g, case, xs: g.scale(_padded_1d(g, xs[0]), case.kwargs["scale"])),
+    "sum": GgmlOp("ggml_sum (all axes), ggml_sum_rows (last axis)", _sum, _reduce_why_not),
+    "mean": GgmlOp("ggml_mean (last axis; all axes: of ggml_reshape_1d)", _mean,
+                   _reduce_why_not),
+    "sum_rows": GgmlOp("ggml_sum_rows", lambda g, case, xs: g.sum_rows(xs[0])),
+    "repeat": GgmlOp("ggml_repeat_4d", lambda g, case, xs: g.repeat_4d(
+        xs[0], *ne_of(case.kwargs["shape"]))),
+    "broadcast_to": GgmlOp("ggml_repeat_4d", lambda g, case, xs: g.repeat_4d(
+        xs[0], *ne_of(case.kwargs["shape"]))),
+    "repeat_back": GgmlOp("ggml_repeat_back", lambda g, case, xs: g.repeat_back(
+        xs[0], _shape_tensor(g, case.kwargs["shape"]))),
+    "get_rows": GgmlOp("ggml_get_rows ((B, K) indices flattened, rows reshaped)", _get_rows),
+    "matmul": GgmlOp("ggml_mul_mat(cont(b^T), a), or its transpose", _matmul,
+                     _matmul_why_not),
+    "softmax": GgmlOp("ggml_soft_max_ext(cont(x), NULL, scale, 0)",
+                      lambda g, case, xs: g.soft_max_ext(g.contiguous(xs[0]), None,
+                                                         case.kwargs["scale"], 0.0),
+                      _softmax_why_not),
+    "cross_entropy_loss": GgmlOp("ggml_cross_entropy_loss", lambda g, case, xs:
+                                 g.cross_entropy_loss(g.contiguous(xs[0]),
+                                                      g.contiguous(xs[1]))),
+    "rms_norm": GgmlOp("ggml_rms_norm(cont(x), eps)", lambda g, case, xs: g.rms_norm(
+        g.contiguous(xs[0]), case.kwargs["eps"])),
+    "im2col": GgmlOp("ggml_im2col(is_2D, F32)", _im2col),
+    "im2col_1d": GgmlOp("ggml_im2col(1-D, F32)", _im2col_1d),
+    "conv_2d": GgmlOp("ggml_conv_2d(cont(w), x)", _conv_2d),
+    "pool_2d": GgmlOp("ggml_pool_2d", _pool_2d),
+    "permute": GgmlOp("ggml_permute", lambda g, case, xs: g.permuted(
+        xs[0], [a % len(case.inputs[0].shape) for a in case.kwargs["axes"]])),
+    "transpose": GgmlOp("ggml_transpose (last two axes), else ggml_permute", _transpose),
+    "cont": GgmlOp("ggml_cont", lambda g, case, xs: g.cont(xs[0])),
+    "acc": GgmlOp("ggml_acc(cont(a), b, nb1, nb2, nb3, offset)", _acc_set("acc")),
+    "set": GgmlOp("ggml_set(a, b, nb1, nb2, nb3, offset)", _acc_set("set")),
+    "block": GgmlOp("ggml_view_4d", _block, _block_why_not),
+    "reshape": GgmlOp("ggml_reshape_4d (cont if strided)", lambda g, case, xs: g.reshape_4d(
+        g.contiguous(xs[0]), *ne_of(_reshaped(case)))),
+}
+
+# registry ops whose ggml counterpart has no backward: ggml_build_backward_expand aborts
+# ("unsupported ggml op for backward pass" / "unsupported unary op for backward pass")
+NO_BACKWARD = {
+    "tanh": "ggml_tanh (GGML_UNARY_OP_TANH)", "sigmoid": "ggml_sigmoid (GGML_UNARY_OP_SIGMOID)",
+    "gelu": "ggml_gelu (GGML_UNARY_OP_GELU)", "gelu_erf": "ggml_gelu_erf (GGML_UNARY_OP_GELU_ERF)",
+    "elu": "ggml_elu (GGML_UNARY_OP_ELU)", "hardswish": "ggml_hardswish (GGML_UNARY_OP_HARDSWISH)",
+    "leaky_relu": "ggml_leaky_relu (GGML_OP_LEAKY_RELU)", "clamp": "ggml_clamp (GGML_OP_CLAMP)",
+    "norm": "ggml_norm (GGML_OP_NORM)", "concat": "ggml_concat (GGML_OP_CONCAT)",
+    "pad": "ggml_pad_ext (GGML_OP_PAD)", "pool_1d": "ggml_pool_1d (GGML_OP_POOL_1D)",
+    "conv_transpose_2d": "ggml_conv_transpose_2d_p0 (GGML_OP_CONV_TRANSPOSE_2D)",
+    "get_rows_back": "ggml_get_rows_back (GGML_OP_GET_ROWS_BACK)",
+    "im2col_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
+    "im2col_1d_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
+}
+
+
+def _reshaped(case):
+    shape = list(case.kwargs["shape"])
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(case.inputs[0].shape)) // known
+    return tuple(shape)

@@ -1,0 +1,267 @@
+"""The ggml adapter: loading (and its errors), layouts, and agreement with our engine.
+
+ggml aborts the process on a failed GGML_ASSERT, so no test triggers one in this process:
+the abort test runs in a subprocess. Every case run here in-process is one on which ggml
+0.20.2 neither aborts nor errs (see the README's ggml findings for those that do).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from engine.registry import OPS, get_op
+from engine.samples import InputSpec, Sample
+from gradcheck.adapters.base import AdapterError
+from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.adapters.ggml import GgmlAdapter
+from gradcheck.adapters.ggml import lib as ggml_lib
+from gradcheck.adapters.ggml.graph import Context, ne_of, permute_axes
+from gradcheck.adapters.ggml.ops import NO_BACKWARD
+from gradcheck.adapters.ggml.ops import OPS as GGML_OPS
+from gradcheck.check import loss_weights
+from gradcheck.numeric import compare
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("libggml") is None,
+                                reason="the libggml-python wheel is not installed")
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return GgmlAdapter()
+
+
+def sample(op: str, text: str) -> Sample:
+    """The registry sample of `op` that prints as `text`."""
+    for case in get_op(op).samples():
+        if str(case) == text:
+            return case
+    raise LookupError(f"no sample {text} of {op}")
+
+
+# --- loading ---------------------------------------------------------------------------------
+def test_wheel_libraries_load_and_report_their_version(adapter):
+    assert adapter.lib.version == "0.20.2"
+    text = adapter.describe()
+    assert text.startswith("ggml 0.20.2 (commit ") and adapter.lib.directory in text
+    assert adapter.name == "ggml" and adapter.isolated is True
+
+
+def test_missing_directory_is_named(tmp_path):
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(AdapterError, match="does not exist") as err:
+        GgmlAdapter(str(missing))
+    assert str(missing) in str(err.value)
+
+
+def test_directory_without_the_libraries_names_them(tmp_path):
+    (tmp_path / "libggml-base.so").write_bytes(b"")
+    with pytest.raises(AdapterError, match="lacks libggml-cpu.so") as err:
+        GgmlAdapter(str(tmp_path))
+    assert str(tmp_path) in str(err.value)
+
+
+def test_a_file_that_is_not_a_library_is_named(tmp_path):
+    for name in ("libggml-base.so", "libggml-cpu.so"):
+        (tmp_path / name).write_text("not a shared object")
+    with pytest.raises(AdapterError, match="cannot load") as err:
+        GgmlAdapter(str(tmp_path))
+    assert "libggml-base.so" in str(err.value)
+
+
+def test_an_unrelated_library_lacks_ggml_version(tmp_path):
+    import _ctypes
+    for name in ("libggml-base.so", "libggml-cpu.so"):
+        shutil.copy(_ctypes.__file__, tmp_path / name)
+    with pytest.raises(AdapterError, match="lacks the symbol ggml_version") as err:
+        GgmlAdapter(str(tmp_path))
+    assert str(tmp_path / "libggml-base.so") in str(err.value)
+
+
+def test_a_missing_symbol_is_named(monkeypatch):
+    monkeypatch.setattr(ggml_lib, "_LOADED", {})
+    table = {lib: dict(fns) for lib, fns in ggml_lib.SIGNATURES.items()}
+    table[ggml_lib.BASE]["ggml_no_such_function"] = (None, [])
+    monkeypatch.setattr(ggml_lib, "SIGNATURES", table)
+    with pytest.raises(AdapterError, match="lacks the symbol ggml_no_such_function") as err:
+        ggml_lib.load()
+    assert "libggml-base.so" in str(err.value)
+
+
+def test_a_wrong_version_is_refused(monkeypatch):
+    monkeypatch.setattr(ggml_lib, "_LOADED", {})
+    monkeypatch.setattr(ggml_lib, "SUPPORTED", ((0, 19),))
+    with pytest.raises(AdapterError, match=r"are ggml 0\.20\.2; .* ggml 0\.19\.x"):
+        ggml_lib.load()
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "1.20.0", "unknown"])
+def test_check_version_refuses_other_releases(version):
+    with pytest.raises(AdapterError, match="ggml"):
+        ggml_lib.check_version(version, "/some/dir")
+    ggml_lib.check_version("0.20.7", "/some/dir")
+
+
+def test_cli_exits_2_on_a_missing_library_directory(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gradcheck.cli", "--engine", "ggml",
+                           "--ggml-lib", str(tmp_path / "nowhere"), "--op", "relu",
+                           "--no-torch", "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "does not exist" in proc.stderr
+
+
+def test_adapter_pickles_by_its_library_directory(adapter):
+    again = pickle.loads(pickle.dumps(adapter))
+    assert again.describe() == adapter.describe() and again.n_threads == adapter.n_threads
+
+
+# --- layouts ---------------------------------------------------------------------------------
+def test_ne_is_the_reversed_numpy_shape():
+    assert ne_of(()) == (1, 1, 1, 1)
+    assert ne_of((2, 3)) == (3, 2, 1, 1)
+    assert ne_of((2, 3, 4, 5)) == (5, 4, 3, 2)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (2, 3, 4, 5)])
+def test_ggml_permute_matches_numpy_transpose(adapter, shape):
+    """Every permutation, read back both through its strides and after ggml_cont."""
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    with Context(adapter.lib, 1 << 22) as g:
+        leaf = g.from_numpy(x)
+        views = {p: g.permuted(leaf, p) for p in itertools.permutations(range(len(shape)))}
+        copies = {p: g.cont(v) for p, v in views.items()}
+        graph = adapter.lib.ggml_new_graph_custom(g.ctx, 2048, False)
+        for t in copies.values():
+            adapter.lib.ggml_build_forward_expand(graph, t)
+        assert adapter.lib.ggml_graph_compute_with_ctx(g.ctx, graph, 1) == 0
+        for p in views:
+            want = x.transpose(p)
+            np.testing.assert_array_equal(g.to_numpy(views[p], want.shape), want)
+            np.testing.assert_array_equal(g.to_numpy(copies[p], want.shape), want)
+
+
+def test_permute_axes_of_a_transpose():
+    assert permute_axes((1, 0)) == (1, 0, 2, 3)
+    assert permute_axes((0, 2, 1)) == (1, 0, 2, 3)
+    assert permute_axes((2, 0, 1)) == (2, 0, 1, 3)
+
+
+# --- the op table ----------------------------------------------------------------------------
+def test_table_names_registry_ops():
+    assert set(GGML_OPS) <= set(OPS) and set(NO_BACKWARD) <= set(OPS)
+    assert not set(GGML_OPS) & set(NO_BACKWARD)
+
+
+@pytest.mark.parametrize("case, reason", [
+    (Sample.make("relu", [InputSpec("x", (3, 4))], "f64"), "f32"),
+    (Sample.make("tanh", [InputSpec("x", (3, 4))]), "no backward for ggml_tanh"),
+    (Sample.make("mse_loss", [InputSpec("a", (3,)), InputSpec("b", (3,))]), "no op"),
+    (Sample.make("sub", [InputSpec("a", (1,)), InputSpec("b", (2, 3))]),
+     "broadcasts only its second operand"),
+    (Sample.make("softmax", [InputSpec("x", (3, 5)), InputSpec("mask", (3, 5))], scale=1.0),
+     "mask"),
+    (Sample.make("sum", [InputSpec("x", (3, 4))], axis=0, keepdims=False), "axes [0]"),
+    (Sample.make("matmul", [InputSpec("a", (2, 1, 3, 4)), InputSpec("b", (5, 4, 2))]),
+     "batch of its first operand"),
+])
+def test_cases_ggml_cannot_express_say_why(adapter, case, reason):
+    assert reason in adapter.unsupported(case)
+
+
+# --- agreement with our engine ---------------------------------------------------------------
+AGREEING = [
+    ("relu", "relu(type=f32,x=[3,4,5]perm[2,0,1])"),            # cont before ggml_relu
+    ("sgn", "sgn(type=f32,x=[3,4])"),                            # no gradient: zeros
+    ("silu", "silu(type=f32,x=[2,3,4,5])"),
+    ("scale", "scale(type=f32,x=[3,4,5]perm[2,0,1],scale=-1.5)"),
+    ("add", "add(type=f32,a=[2,3,4],b=[4])"),                    # b broadcast
+    ("mul", "mul(type=f32,a=[1],b=[2,3])"),                      # a broadcast: swapped
+    ("div", "div(type=f32,a=[3,4],b=[3,4])"),
+    ("sum", "sum(type=f32,x=[2,3,4,5]perm[0,2,1,3],axis=-1,keepdims=False)"),
+    ("mean", "mean(type=f32,x=[3,4,5]perm[1,2,0],axis=None,keepdims=False)"),
+    ("sum_rows", "sum_rows(type=f32,x=[2,3,4,10]perm[1,2,0,3])"),
+    ("repeat", "repeat(type=f32,x=[1,2,3,4],shape=[2,4,6,8])"),
+    ("get_rows", "get_rows(type=f32,table=[5,4],idx=[2,3])"),
+    ("matmul", "matmul(type=f32,a=[2,3,4],b=[2,4,5]perm[0,2,1])"),  # permuted input
+    ("matmul", "matmul(type=f32,a=[3,4],b=[2,4,5])"),            # a's batch broadcasts
+    ("softmax", "softmax(type=f32,x=[3,4,5]perm[2,0,1],scale=1)"),
+    ("softmax", "softmax(type=f32,x=[4,6],scale=-0.5)"),
+    ("cross_entropy_loss", "cross_entropy_loss(type=f32,logits=[2,3,4],labels=[2,3,4])"),
+    ("rms_norm", "rms_norm(type=f32,x=[3,4,5]perm[2,0,1],eps=1e-06)"),
+    ("im2col", "im2col(type=f32,x=[2,2,7,6],dilation=2,dtype=None,kh=3,kw=3,"
+               "padding=[1,2],stride=[1,2])"),
+    ("conv_2d", "conv_2d(type=f32,x=[1,1,5,5],w=[1,1,3,3],dilation=1,padding=0,stride=1)"),
+    ("pool_2d", "pool_2d(type=f32,x=[2,3,8,8],kernel=3,mode=max,padding=1,stride=2)"),
+    ("pool_2d", "pool_2d(type=f32,x=[3,2,5,5],kernel=[2,3],mode=avg,padding=[1,0],"
+                "stride=[1,2])"),
+    ("permute", "permute(type=f32,x=[2,3,4,5],axes=[3,2,1,0])"),   # a strided output
+    ("acc", "acc(type=f32,a=[4,5,3]perm[2,0,1],b=[2,3,2],offset=[1,2,0])"),
+    ("block", "block(type=f32,x=[2,3,4,5],offset=[1,0,1,2],shape=[1,3,2,3])"),
+]
+
+
+# generated-style cases the registry samples lack: negative axes, a non-default transpose
+GENERATED = [
+    Sample.make("permute", [InputSpec("x", (4, 3, 4, 2))], axes=(-1, 0, 1, 2)),
+    Sample.make("transpose", [InputSpec("x", (2, 3, 4), permute=(2, 0, 1))], axis1=0,
+                axis2=-1),
+]
+
+
+def assert_agrees(adapter, case):
+    assert adapter.unsupported(case) is None
+    arrays = case.generate_inputs()
+    _, out, _, _ = weighted_graph(case, arrays, as_params=True)
+    weights = loss_weights(out.shape, case.seed())
+    ours = EngineAdapter("cpu").vjp(case, arrays, weights)
+    theirs = adapter.vjp(case, arrays, weights)
+    assert theirs.output.shape == ours.output.shape
+    assert compare(theirs.output, ours.output, "f32").ok
+    for spec, mine, got in zip(case.inputs, ours.grads, theirs.grads, strict=True):
+        if mine is None:
+            assert got is None, spec.name
+            continue
+        assert got.shape == spec.shape
+        cmp = compare(got, mine, "f32")
+        assert cmp.ok and not cmp.nonfinite, (spec.name, cmp)
+    assert not theirs.differs
+
+
+@pytest.mark.parametrize("op, text", AGREEING, ids=[t for _, t in AGREEING])
+def test_ggml_agrees_with_our_engine(adapter, op, text):
+    assert_agrees(adapter, sample(op, text))
+
+
+@pytest.mark.parametrize("case", GENERATED, ids=str)
+def test_ggml_agrees_on_generated_cases(adapter, case):
+    assert_agrees(adapter, case)
+
+
+# --- aborts ----------------------------------------------------------------------------------
+ABORTING = """
+from engine.samples import InputSpec, Sample
+from gradcheck.adapters.ggml import GgmlAdapter
+import numpy as np
+case = Sample.make("sub", [InputSpec("a", (2, 3, 4)), InputSpec("b", (4,))])
+GgmlAdapter().vjp(case, case.generate_inputs(), np.ones((2, 3, 4)))
+"""
+
+
+def test_a_ggml_abort_ends_its_process_at_once():
+    """sub with a broadcast b: ggml's backward gives b a gradient of a's shape, and
+    ggml_build_backward_expand aborts. Without gdb's backtrace (GGML_NO_BACKTRACE, set by
+    the adapter) the process ends quickly."""
+    env = {k: v for k, v in os.environ.items() if k != "GGML_NO_BACKTRACE"}
+    proc = subprocess.run([sys.executable, "-c", ABORTING], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "GGML_ASSERT" in proc.stderr and "ggml_are_same_shape(src1" in proc.stderr
