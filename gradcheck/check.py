@@ -28,6 +28,10 @@ reference always runs on the CPU.
 
 An adapter with `isolated` set runs in a worker process (gradcheck.worker): when the worker
 dies or hangs, the case is a `crash` row.
+
+An adapter may decline the gradient of some inputs (its optional `declined(case)`, see
+gradcheck.adapters.base): the other inputs are checked, the row's `declined` metric and
+message name the declined ones; a case with nothing left to check is `unsupported`.
 """
 
 from __future__ import annotations
@@ -221,14 +225,36 @@ def _forward_check(case, out, reference_out, problems) -> str:
     return "off"
 
 
+def declined_inputs(adapter, case, checked) -> dict[int, str]:
+    """Of the checked inputs (indices), those whose gradient `adapter` declines (its
+    optional `declined(case)`, see gradcheck.adapters.base), with the reason. Raises
+    EngineResultError when it names something that is not an input of the case."""
+    declined = getattr(adapter, "declined", None)
+    reasons = (declined(case) if declined is not None else None) or {}
+    names = [spec.name for spec in case.inputs]
+    unknown = [repr(n) for n in reasons if n not in names]
+    if unknown:
+        raise EngineResultError(f"the engine declined the gradient of {', '.join(unknown)}, "
+                                f"not an input of the case (inputs: {', '.join(names)})")
+    return {i: str(reasons[names[i]]) for i in checked if names[i] in reasons}
+
+
 def _judge(case, adapter, mode, labels, use_torch=True) -> Result:
     arrays = case.generate_inputs()
     ref = float64_reference(case, arrays)
+    leaves = ref.leaves
+    checked_inputs = [i for i, leaf in enumerate(leaves) if leaf is not None]
+    declined = declined_inputs(adapter, case, checked_inputs)
+    declined_note = "; ".join(f"{case.inputs[i].name}: {why}" for i, why in declined.items())
+    idx = [i for i in checked_inputs if i not in declined]
+    if not idx:
+        return Result("gradcheck", str(case), "unsupported", {"declined": declined_note},
+                      f"the engine declines the gradient of every checked input: "
+                      f"{declined_note}", labels=labels)
     weights = loss_weights(ref.output_shape, case.seed())
     ref.set_weights(weights)
     out, analytic, differs = engine_vjp(adapter, case, arrays, weights, ref.output_shape)
-    leaves = ref.leaves
-    idx = [i for i, leaf in enumerate(leaves) if leaf is not None]
+    analytic = [None if i in declined else g for i, g in enumerate(analytic)]
     for i in idx:
         if analytic[i] is None:
             raise EngineResultError(f"the engine returned no gradient of "
@@ -322,5 +348,8 @@ def _judge(case, adapter, mode, labels, use_torch=True) -> Result:
     if backend != "cpu" and hasattr(adapter, "on_cpu"):
         metrics["vs_cpu"] = _versus_cpu(case, arrays, weights, adapter.on_cpu(), out,
                                         analytic, backend, problems)
-    return Result("gradcheck", str(case), "fail" if problems else "pass", metrics,
-                  "; ".join(problems), labels=labels)
+    status = "fail" if problems else "pass"
+    if declined:
+        metrics["declined"] = declined_note
+        problems.append(f"declined (not checked): {declined_note}")
+    return Result("gradcheck", str(case), status, metrics, "; ".join(problems), labels=labels)

@@ -1,19 +1,43 @@
 """Generated cases: hypothesis draws cases from each op's strategy, and shrinks a failure.
 
 `gradcheck --op OP --random N --seed S` checks N cases per op drawn from the strategy that
-lives beside the op's samples. When one fails, hypothesis shrinks it to a minimal failing
-case, which is reported with a one-line command that reproduces it (`gradcheck --repro`).
+lives beside the op's samples, in the engine under test (`--engine`: ours by default; an
+isolated engine runs them in one worker process, restarted after each crash). The first
+case that fails, errs or crashes ends the drawing; hypothesis shrinks it to a smaller
+failing case, which is reported with a one-line command that reproduces it in the same
+engine, e.g. `gradcheck --engine ggml --repro "Sample(op='pool_2d', ...)"`.
+
+- Cases the engine cannot run (its `unsupported` gives a reason, e.g. ggml and f64) are
+  assumed away: they count neither as drawn cases nor as failures. One `unsupported` row,
+  `OP(generated)`, says how many were drawn and why; when no drawn case was supported it is
+  the only row.
+- Every case is checked once: its verdict is remembered by its repr, so that hypothesis
+  sees the same answer when it meets the case again (a non-deterministic crash must not
+  read as a flaky test) and a duplicate costs nothing.
+- Shrinking is bounded: at most `shrink_checks` new cases and `shrink_seconds` seconds
+  (each check costs a case, each crash a worker restart). Past the budget, candidates are
+  not checked (assumed away) and the smallest failing case so far is reported, its message
+  saying that shrinking stopped early.
 """
 
 from __future__ import annotations
 
 import ast
-import shlex
+import collections
+import copy
+import time
 
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
+from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
+from gradcheck.runner import repro_command
+from gradcheck.worker import DEFAULT_CASE_TIMEOUT, IsolatedAdapter
 from reports import Result
+
+SHRINK_CHECKS = 150      # new cases checked while shrinking a failure
+SHRINK_SECONDS = 45.0    # seconds of shrinking, after which the best case so far stands
+REASONS_SHOWN = 3        # distinct reasons of unsupported draws named in the summary row
 
 
 class _CaseFailed(Exception):
@@ -23,13 +47,8 @@ class _CaseFailed(Exception):
         self.case = case
 
 
-def repro_command(case) -> str:
-    """The one-line command that re-runs exactly this case."""
-    return f"gradcheck --repro {shlex.quote(repr(case))}"
-
-
 def parse_case(text: str) -> Sample:
-    """A Sample from its repr (as printed by repro_command); ValueError on anything else.
+    """A Sample from its repr (as printed in a repro command); ValueError on anything else.
 
     Only the constructors Sample and InputSpec with literal arguments are accepted: the text
     is parsed, never evaluated."""
@@ -55,39 +74,150 @@ def parse_case(text: str) -> Sample:
     return case
 
 
+class _Search:
+    """The state of one hypothesis run: verdicts by case, drawn rows, unsupported draws and
+    the shrink budget."""
+
+    def __init__(self, adapter, mode, use_torch, shrink_checks, shrink_seconds):
+        self.adapter, self.mode, self.use_torch = adapter, mode, use_torch
+        self.shrink_checks, self.shrink_seconds = shrink_checks, shrink_seconds
+        self.verdicts: dict[str, Result] = {}
+        self.drawn: list[Result] = []
+        self.unsupported: collections.Counter[str] = collections.Counter()
+        self.shrink_started: float | None = None    # set at the first failure
+        self.shrunk = 0                              # cases checked while shrinking
+        self.budget_spent = False
+
+    def _over_budget(self) -> bool:
+        if self.shrink_started is None:
+            return False
+        spent = (self.shrunk >= self.shrink_checks
+                 or time.perf_counter() - self.shrink_started >= self.shrink_seconds)
+        self.budget_spent |= spent
+        return spent
+
+    def verdict(self, case) -> Result | None:
+        """The case's Result, checked once; None when it is not to be checked (the engine
+        cannot run it, or the shrink budget is spent)."""
+        key = repr(case)
+        if key in self.verdicts:
+            return self.verdicts[key]
+        reason = self.adapter.unsupported(case)
+        if reason:
+            if self.shrink_started is None:
+                self.unsupported[reason] += 1
+            return None
+        if self._over_budget():
+            return None
+        result = check_sample(case, mode=self.mode, use_torch=self.use_torch,
+                              adapter=self.adapter)
+        self.verdicts[key] = result
+        if self.shrink_started is None:
+            self.drawn.append(_with_repro(result, case, self.adapter, self.mode))
+            if not result.ok:
+                self.shrink_started = time.perf_counter()
+        else:
+            self.shrunk += 1
+        return result
+
+    def summary(self, op_name: str, engine: str) -> Result | None:
+        """The `unsupported` row of the draws the engine could not run (None if none)."""
+        if not self.unsupported:
+            return None
+        total = sum(self.unsupported.values())
+        reasons = "; ".join(f"{n}x {why}" for why, n in
+                            self.unsupported.most_common(REASONS_SHOWN))
+        more = len(self.unsupported) - REASONS_SHOWN
+        if more > 0:
+            reasons += f"; and {more} other reasons"
+        labels = {"op": op_name}
+        if engine != EngineAdapter.name:
+            labels["engine"] = engine
+        return Result("gradcheck", f"{op_name}(generated)", "unsupported",
+                      {"unsupported_draws": total, "checked_draws": len(self.drawn)},
+                      f"{total} drawn cases not run ({engine} cannot run them; assumed "
+                      f"away, not counted): {reasons}",
+                      labels=labels | {"generated": "unsupported"})
+
+
+def _with_repro(result: Result, case, adapter, mode) -> Result:
+    if not result.ok:
+        command = repro_command(case, adapter, mode, by_repr=True)
+        if command:
+            result.metrics["repro"] = command
+    return result
+
+
+def _minimal(result: Result, case, search: _Search) -> Result:
+    """The shrunk case's row: a copy (the same case may be a drawn row too), labelled
+    `generated: minimal`, with the number of cases checked while shrinking
+    (`shrink_checks`), its message ending in the repro command."""
+    row = copy.deepcopy(result)
+    row.labels["generated"] = "minimal"
+    row.metrics["shrink_checks"] = search.shrunk
+    if search.budget_spent:
+        row.message += (f"; shrinking stopped at its budget ({search.shrink_checks} cases or "
+                        f"{search.shrink_seconds:g} s): a smaller failing case may exist")
+    _with_repro(row, case, search.adapter, search.mode)
+    if "repro" in row.metrics:
+        row.message += f"; reproduce: {row.metrics['repro']}"
+    return row
+
+
 def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", mode="auto",
-                      backend="cpu", inject=None, use_torch=True) -> list[Result]:
-    """N generated cases of one op, then, if one failed, its shrunk minimal case."""
+                      backend="cpu", inject=None, use_torch=True, adapter=None,
+                      case_timeout: float = DEFAULT_CASE_TIMEOUT,
+                      shrink_checks: int = SHRINK_CHECKS,
+                      shrink_seconds: float = SHRINK_SECONDS) -> list[Result]:
+    """N generated cases of one op in `adapter`'s engine (default: ours on `backend`, with
+    the mutation `inject`), then, if one failed, errored or crashed, its shrunk case
+    (labelled generated: minimal), and an `unsupported` row for draws the engine cannot
+    run. An isolated adapter runs every case in one worker process (`case_timeout`: seconds
+    per engine call there); a crash is a failing case, and the next case restarts the
+    worker."""
     op = get_op(op_name)
     if op.strategy is None:
         return [Result("gradcheck", f"{op_name}(generated)", "skip",
                        message="no strategy for generated cases", labels={"op": op_name})]
-    from hypothesis import HealthCheck, Phase, given, settings
+    if adapter is None:
+        adapter = EngineAdapter(backend, inject)
+    elif inject or backend != "cpu":
+        raise ValueError("inject and backend apply to our engine only, not to engine "
+                         f"{adapter.name!r}")
+    if adapter.isolated and not isinstance(adapter, IsolatedAdapter):
+        with IsolatedAdapter(adapter, case_timeout) as isolated:
+            return _search(op, n, seed, dtype, mode, use_torch, isolated, shrink_checks,
+                           shrink_seconds)
+    return _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks,
+                   shrink_seconds)
+
+
+def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_seconds):
+    from hypothesis import HealthCheck, Phase, assume, given, settings
     from hypothesis import seed as hseed
     from hypothesis import strategies as st
+    from hypothesis.errors import Unsatisfiable
 
     dtypes = ["f32", "f64"] if dtype == "all" else [dtype]
-    drawn: list[Result] = []
-    first_failure: list[Result] = []
+    search = _Search(adapter, mode, use_torch, shrink_checks, shrink_seconds)
 
     @hseed(seed)
     @settings(max_examples=n, deadline=None, database=None, derandomize=False,
-              phases=[Phase.generate, Phase.shrink],
+              phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False,
               suppress_health_check=list(HealthCheck))
     @given(st.sampled_from(dtypes).flatmap(op.strategy))
     def prop(case):
-        result = check_sample(case, inject, mode, backend, use_torch)
-        if not first_failure:
-            drawn.append(result)
+        result = search.verdict(case)
+        assume(result is not None)
         if not result.ok:
-            first_failure.append(result)
             raise _CaseFailed(result, case)
 
+    minimal: list[Result] = []
     try:
         prop()
     except _CaseFailed as exc:
-        minimal = exc.result
-        minimal.labels["generated"] = "minimal"
-        minimal.message += f"; reproduce: {repro_command(exc.case)}"
-        return drawn + [minimal]
-    return drawn
+        minimal.append(_minimal(exc.result, exc.case, search))
+    except Unsatisfiable:       # no drawn case was one the engine runs: the summary says why
+        pass
+    summary = search.summary(op.name, adapter.name)
+    return search.drawn + minimal + ([summary] if summary else [])

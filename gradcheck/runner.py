@@ -48,11 +48,13 @@ def _is_registry_sample(case) -> bool:
     return bool(op.samples) and str(case) in {str(s) for s in op.samples()}
 
 
-def repro_command(case, adapter, mode: str = "auto") -> str | None:
+def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> str | None:
     """The one-line gradcheck command that re-runs exactly this case in this engine, e.g.
-    `gradcheck --engine ggml --op pool_2d -k '<case>'`; None for a case the CLI cannot
-    name (a user's function)."""
-    if isinstance(case, Sample) and _is_registry_sample(case):
+    `gradcheck --engine ggml --op pool_2d -k '<case>'` for a registry sample, or
+    `gradcheck --engine ggml --repro 'Sample(...)'` for any other Sample (and any Sample
+    when `by_repr`, as for generated cases); None for a case the CLI cannot name (a
+    user's function)."""
+    if isinstance(case, Sample) and not by_repr and _is_registry_sample(case):
         what = ["--op", case.op, "-k", str(case)]
     elif isinstance(case, Sample):
         what = ["--repro", repr(case)]
@@ -64,7 +66,16 @@ def repro_command(case, adapter, mode: str = "auto") -> str | None:
         if key in OPTION_FLAGS and value is not None and _DEFAULT_OPTIONS.get(key) != value:
             words += [OPTION_FLAGS[key], str(value)]
     words += what + ([] if mode == "auto" else ["--mode", mode])
-    return shlex.join(words)
+    return " ".join(_shell_word(w) for w in words)
+
+
+def _shell_word(word: str) -> str:
+    """`word` quoted for a POSIX shell: as shlex.quote does, except that a word holding
+    single quotes (a case's repr) and nothing a shell expands inside double quotes goes in
+    double quotes, which read better than shlex's '"'"' splices."""
+    if "'" in word and not set(word) & set('"$`\\!'):
+        return f'"{word}"'
+    return shlex.quote(word)
 
 
 def _with_repro(result, case, adapter, mode):

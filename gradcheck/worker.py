@@ -110,15 +110,26 @@ def _main_left_alone():
         main.__spec__ = spec
 
 
+def collapse_repeats(lines: list[str]) -> list[str]:
+    """`lines` with each repeated line kept once, where it first appears, and marked with
+    its count: ['a failed', 'b', 'a failed'] -> ['a failed (x2)', 'b']. Threads that fail
+    the same assertion at once each print it."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    return [line if n == 1 else f"{line} (x{n})" for line, n in counts.items()]
+
+
 def _tail(path: str, offset: int = 0) -> str:
-    """The last lines written to `path` after `offset`, joined by ' | '."""
+    """The last distinct lines written to `path` after `offset` (repeats collapsed, see
+    collapse_repeats), joined by ' | '."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = collapse_repeats([line.strip() for line in text.splitlines() if line.strip()])
     joined = " | ".join(lines[-STDERR_TAIL_LINES:])
     return joined if len(joined) <= STDERR_TAIL_CHARS else "..." + joined[-STDERR_TAIL_CHARS:]
 

@@ -12,12 +12,23 @@ An adapter that cannot run a case says why through `unsupported`; the case is re
 with assertions) sets `isolated`, and gradcheck runs its cases in worker processes, where
 an abort becomes a `crash` row.
 
+An engine that differentiates only some of a case's inputs declines the others through the
+optional method `declined(case) -> dict[str, str]`: input name -> why the engine computes no
+gradient of it (ggml has no backward for soft_max's mask). gradcheck then checks the other
+inputs' gradients and ignores what `vjp` returns for the declined ones (None is best); the
+row passes or fails on what was checked, and its `declined` metric and message name each
+declined input with the reason, so that a pass never hides it. A case whose every checked
+input is declined is `unsupported`. A name that is not one of the case's inputs is an error
+row; declining an input that is not checked anyway (integer indices, grad False) changes
+nothing.
+
 gradcheck calls `vjp` twice per case and compares the two answers bit for bit (its
 determinism check, the same for every engine); an adapter need not repeat a run itself, and
 `VJP.differs` adds what it may see on its own. Optional attributes that gradcheck reads when
 present: `backend` (the row's backend label, default "cpu"), `spec` (a
 gradcheck.adapters.AdapterSpec that rebuilds the adapter, e.g. in a worker; get_adapter
-sets it) and `on_cpu()` (the same engine on the CPU, for the `vs_cpu` column).
+sets it), `on_cpu()` (the same engine on the CPU, for the `vs_cpu` column) and
+`declined(case)` (above).
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ class VJP:
     output: the op's forward output, in the case's shape (numpy order).
     grads: per case input, the gradient of sum(output * weights) in the layout the op sees
         (the same layout as the input values given), or None for an input that is not
-        checked (an integer input, or one whose spec has grad False).
+        checked (an integer input, or one whose spec has grad False) or that the adapter
+        declines (see `declined` in the module docstring).
     differs: the engine was run twice and the two runs gave different bits (optional: see
         the module docstring).
     """
@@ -61,6 +73,8 @@ class Adapter(Protocol):
     def unsupported(self, case) -> str | None:
         """Why this engine cannot run `case` (no such op, no backward, a parameter it
         lacks), or None when it can."""
+
+    # optional: def declined(self, case) -> dict[str, str]  (see the module docstring)
 
     def vjp(self, case, arrays: list[np.ndarray], weights: np.ndarray) -> VJP:
         """Run `case` forward on `arrays` (the case's input values, in its dtypes) and

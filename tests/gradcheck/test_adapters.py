@@ -13,6 +13,7 @@ import pytest
 from engine.registry import get_op
 from gradcheck.adapters import AdapterError, AdapterSpec, get_adapter, spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.adapters.numpy_adapter import NumpyAdapter
 from gradcheck.adapters.torch_adapter import TorchAdapter
 from gradcheck.api import assert_numpy, assert_torch, check_numpy, check_torch
 from gradcheck.check import check_sample
@@ -127,6 +128,46 @@ def test_numpy_vjp_with_unchecked_and_integer_inputs():
     r = check_numpy(scale_rows, vjp, [_x(), np.array([2, 0, 2])])
     assert r.status == "pass", r.message
     assert r.metrics["checked"] == 15
+
+
+class _DecliningNumpy(NumpyAdapter):
+    """mul(a, b) whose VJP gives a's gradient and, for b, a wrong one it declines."""
+
+    def __init__(self, declines):
+        super().__init__(np.multiply, lambda w, a, b: [w * b, w * a * 7.0])
+        self.declines = declines
+
+    def declined(self, case) -> dict[str, str]:
+        return self.declines
+
+
+def _mul_case():
+    return next(s for s in get_op("mul").samples() if str(s) == "mul(type=f64,a=[3,4],b=[3,4])")
+
+
+def test_a_declined_gradient_is_not_checked_and_the_row_says_so():
+    r = check_sample(_mul_case(), adapter=_DecliningNumpy({"b": "no backward for b here"}),
+                     use_torch=False)
+    assert r.status == "pass" and r.metrics["checked"] == 12
+    assert r.metrics["declined"] == "b: no backward for b here"
+    assert r.message == "declined (not checked): b: no backward for b here"
+
+
+def test_a_failure_on_the_checked_inputs_still_names_the_declined_one():
+    adapter = _DecliningNumpy({"a": "declined a"})      # b's gradient (off by 7x) is checked
+    r = check_sample(_mul_case(), adapter=adapter, use_torch=False)
+    assert r.status == "fail" and r.message.startswith("numerical: b 12/12 off")
+    assert r.message.endswith("; declined (not checked): a: declined a")
+
+
+def test_declining_every_checked_input_is_unsupported_and_an_unknown_name_an_error():
+    both = _DecliningNumpy({"a": "no a", "b": "no b"})
+    r = check_sample(_mul_case(), adapter=both, use_torch=False)
+    assert r.status == "unsupported" and r.metrics["declined"] == "a: no a; b: no b"
+    assert "declines the gradient of every checked input" in r.message
+    r = check_sample(_mul_case(), adapter=_DecliningNumpy({"c": "?"}), use_torch=False)
+    assert r.status == "error"
+    assert "declined the gradient of 'c', not an input of the case (inputs: a, b)" in r.message
 
 
 # --- torch callables and custom Functions ------------------------------------------------

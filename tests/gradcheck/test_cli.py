@@ -94,10 +94,10 @@ def test_generated_failure_is_shrunk_and_reproducible(capsys):
     assert main(["--op", "relu", "--random", "5", "--seed", "3", "--dtype", "f64",
                  "--inject", "scale:1.01", "--no-progress"]) == 1
     out = capsys.readouterr().out
-    assert "reproduce: gradcheck --repro" in out
-    command = out.split("reproduce: gradcheck --repro ", 1)[1].split("\n")[0]
+    assert "reproduce: gradcheck --inject scale:1.01 --repro \"Sample(op='relu'" in out
+    command = out.split("reproduce: gradcheck --inject scale:1.01 --repro ", 1)[1]
     import shlex
-    case_text = shlex.split(command)[0]
+    case_text = shlex.split(command.split("\n")[0])[0]
     assert main(["--repro", case_text, "--no-progress"]) == 0      # no bug: passes
     assert main(["--repro", case_text, "--inject", "scale:1.01", "--no-progress"]) == 1
 
@@ -162,7 +162,6 @@ def test_bad_engine_is_a_usage_error(engine, words, capsys):
 @pytest.mark.parametrize("argv", [
     ["--engine", "torch", "--op", "relu", "--inject", "scale:1.01"],
     ["--engine", "torch", "--op", "relu", "--backend", "cpu"],
-    ["--engine", "torch", "--op", "relu", "--random", "3"],
     ["--engine", "torch", "--self-test"],
     ["--engine", "torch", "--op", "relu", "--ggml-lib", "/tmp"],
     ["--op", "relu", "--ggml-lib", "/tmp"],
@@ -174,6 +173,13 @@ def test_options_that_do_not_fit_the_engine_exit_2(argv, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "applies to" in err or "--case-timeout must be" in err
+
+
+def test_random_cases_run_in_another_engine(capsys):
+    assert main(["--engine", "torch", "--op", "relu", "--random", "3", "--seed", "0",
+                 "-k", "no-sample", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "FAIL" not in out and "relu(type=" in out
 
 
 def test_engine_repro_reruns_the_case(capsys):

@@ -27,8 +27,10 @@ from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.graph import Context, ne_of, permute_axes
 from gradcheck.adapters.ggml.ops import NO_BACKWARD
 from gradcheck.adapters.ggml.ops import OPS as GGML_OPS
-from gradcheck.check import loss_weights
+from gradcheck.check import check_sample, loss_weights
+from gradcheck.cli import main
 from gradcheck.numeric import compare
+from gradcheck.runner import run_checks
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libggml") is None,
                                 reason="the libggml-python wheel is not installed")
@@ -167,8 +169,6 @@ def test_table_names_registry_ops():
     (Sample.make("mse_loss", [InputSpec("a", (3,)), InputSpec("b", (3,))]), "no op"),
     (Sample.make("sub", [InputSpec("a", (1,)), InputSpec("b", (2, 3))]),
      "broadcasts only its second operand"),
-    (Sample.make("softmax", [InputSpec("x", (3, 5)), InputSpec("mask", (3, 5))], scale=1.0),
-     "mask"),
     (Sample.make("sum", [InputSpec("x", (3, 4))], axis=0, keepdims=False), "axes [0]"),
     (Sample.make("matmul", [InputSpec("a", (2, 1, 3, 4)), InputSpec("b", (5, 4, 2))]),
      "batch of its first operand"),
@@ -244,6 +244,67 @@ def test_ggml_agrees_with_our_engine(adapter, op, text):
 @pytest.mark.parametrize("case", GENERATED, ids=str)
 def test_ggml_agrees_on_generated_cases(adapter, case):
     assert_agrees(adapter, case)
+
+
+# --- declined gradients: soft_max's mask -----------------------------------------------------
+def test_softmax_with_a_mask_declines_the_mask_only(adapter):
+    case = sample("softmax", "softmax(type=f32,x=[2,3,4],mask=[3,4],scale=0.1)")
+    assert adapter.unsupported(case) is None
+    assert list(adapter.declined(case)) == ["mask"]
+    assert "backward pass for softmax mask not implemented" in adapter.declined(case)["mask"]
+    assert adapter.declined(sample("softmax", "softmax(type=f32,x=[5],scale=1)")) == {}
+    arrays = case.generate_inputs()
+    got = adapter.vjp(case, arrays, loss_weights((2, 3, 4), case.seed()))
+    assert got.grads[1] is None and got.grads[0].shape == (2, 3, 4)
+
+
+def test_softmax_with_a_mask_passes_on_x_and_names_the_declined_mask():
+    cases = [s for s in get_op("softmax").samples() if s.dtype == "f32" and len(s.inputs) == 2]
+    assert len(cases) >= 8          # masks broadcast, transposed, of large negatives
+    results = run_checks(cases, adapter=GgmlAdapter())
+    for r in results:
+        assert r.status == "pass", (r.name, r.message)
+        assert r.metrics["declined"].startswith("mask: ggml has no backward for soft_max's")
+        assert r.message.startswith("declined (not checked): mask: ")
+
+
+def test_a_case_checking_only_the_mask_is_unsupported():
+    case = Sample.make("softmax", [InputSpec("x", (3, 5), grad=False),
+                                   InputSpec("mask", (3, 5))], scale=1.0)
+    r = check_sample(case, adapter=GgmlAdapter(), use_torch=False)
+    assert r.status == "unsupported" and "every checked input: mask: " in r.message
+
+
+# --- generated cases and repro commands ------------------------------------------------------
+# the strided max-pool case of the README: ggml's pool_2d reads and writes its input as if
+# contiguous (a segfault, or wrong and non-deterministic values)
+STRIDED_POOL = Sample.make("pool_2d", [InputSpec("x", (1, 2, 4, 4), "distinct",
+                                                 permute=(0, 2, 1, 3))],
+                           kernel=(3, 1), mode="max", padding=(1, 0), stride=(3, 1))
+
+
+def test_engine_ggml_repro_of_a_case_outside_the_registry(capsys):
+    assert main(["--engine", "ggml", "--repro", repr(STRIDED_POOL), "--no-torch",
+                 "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert str(STRIDED_POOL) in out and ("CRASH" in out or "FAIL" in out)
+    assert "gradcheck --engine ggml --repro \"Sample(op='pool_2d'" in out
+
+
+def test_generated_ggml_cases_are_shrunk_and_reproducible(tmp_path):
+    """pool_2d's strategy draws permuted inputs, which ggml's pool_2d gets wrong or crashes
+    on: the run survives, the f64 draws are assumed away, the shrunk case's repro names
+    ggml."""
+    assert main(["--engine", "ggml", "--op", "pool_2d", "--random", "15", "--seed", "0",
+                 "-k", "no-registry-sample", "--no-torch", "--no-progress",
+                 "--format", "json", "--output", str(tmp_path / "r.json")]) == 1
+    from reports import load_json
+    doc = load_json((tmp_path / "r.json").read_text())
+    rows = doc["results"]
+    (minimal,) = [r for r in rows if r.get("generated") == "minimal"]
+    assert minimal["status"] in ("fail", "crash") and "perm[" in minimal["case"]
+    assert minimal["repro"].startswith("gradcheck --engine ggml --repro \"Sample(")
+    assert rows[-1]["status"] == "unsupported" and "the case is f64" in rows[-1]["message"]
 
 
 # --- aborts ----------------------------------------------------------------------------------

@@ -3,13 +3,22 @@ with the signal, the engine's last words and a repro command, and the sweep goes
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.registry import get_op
 from gradcheck.adapters import AdapterError, AdapterSpec, get_adapter
 from gradcheck.check import check_sample
 from gradcheck.runner import run_checks, select_samples
-from gradcheck.worker import IsolatedAdapter, Worker, WorkerCrash, exit_description
+from gradcheck.worker import (
+    IsolatedAdapter,
+    Worker,
+    WorkerCrash,
+    _tail,
+    collapse_repeats,
+    exit_description,
+)
 from tests.gradcheck.abort_adapter import ASSERT_TEXT, CRASH_CASE, AbortAdapter, RaisingAdapter
 
 MODULE = "tests.gradcheck.abort_adapter"
@@ -87,3 +96,30 @@ def test_exit_descriptions():
     assert exit_description(-6) == "killed by SIGABRT (signal 6)"
     assert exit_description(2) == "exited with status 2"
     assert exit_description(None) == "did not exit"
+
+
+class TwoThreadsAbortAdapter(AbortAdapter):
+    """Two threads failing the same assertion at once: its text twice, then abort()."""
+
+    def die(self) -> None:
+        os.write(2, f"{ASSERT_TEXT}\n{ASSERT_TEXT}\n".encode())
+        os.abort()
+
+
+def test_collapse_repeats_keeps_each_line_once_with_its_count():
+    assert collapse_repeats(["a failed", "a failed", "b", "a failed", "c"]) == \
+        ["a failed (x3)", "b", "c"]
+    assert collapse_repeats(["x", "y"]) == ["x", "y"] and collapse_repeats([]) == []
+
+
+def test_stderr_tail_collapses_repeated_lines(tmp_path):
+    path = tmp_path / "stderr.log"
+    path.write_text("earlier\n" + "ggml.c:1: GGML_ASSERT(x) failed\n" * 2 + "\n  done \n")
+    assert _tail(str(path), len("earlier\n")) == "ggml.c:1: GGML_ASSERT(x) failed (x2) | done"
+
+
+def test_an_assertion_printed_by_two_threads_is_named_once():
+    (case,) = [s for s in get_op("relu").samples() if str(s) == CRASH_CASE]
+    r = check_sample(case, adapter=TwoThreadsAbortAdapter(), use_torch=False)
+    assert r.status == "crash"
+    assert f"stderr: {ASSERT_TEXT} (x2);" in r.message and r.message.count(ASSERT_TEXT) == 1

@@ -11,7 +11,8 @@ ggml_build_forward_expand and ggml_build_backward_expand make the forward and ba
 graphs; ggml_graph_reset seeds d loss = 1; ggml_graph_compute_with_ctx runs it on the CPU.
 The VJP's gradients are ggml_graph_get_grad of each param leaf (zeros where no gradient
 reaches a leaf, as for sgn and step), put into the layout the op sees. The graph is computed
-twice; `differs` says whether the two runs gave different bits.
+twice; `differs` says whether the two runs gave different bits. Inputs whose gradient ggml
+does not compute (ops.DECLINED: soft_max's mask) are declined (`declined`) and not params.
 
 ggml computes these ops in float32: f64 cases are unsupported. A failed GGML_ASSERT aborts
 the process, so the adapter is `isolated`: gradcheck runs its cases in worker processes.
@@ -27,7 +28,7 @@ from gradcheck.adapters.base import VJP
 from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.graph import GRAPH_SIZE, Context, same_layout
 from gradcheck.adapters.ggml.lib import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
-from gradcheck.adapters.ggml.ops import NO_BACKWARD, OPS
+from gradcheck.adapters.ggml.ops import DECLINED, NO_BACKWARD, OPS
 
 BASE_MEMORY = 16 << 20      # bytes: graph and tensor headers, compute work buffer
 MEMORY_PER_BYTE = 64        # context bytes per byte of the case's inputs, output, columns
@@ -84,6 +85,12 @@ class GgmlAdapter:
                         f"{spec.name} has shape {list(spec.shape)}")
         return op.why_not(case)
 
+    def declined(self, case) -> dict[str, str]:
+        """Inputs of `case` whose gradient ggml does not compute, with the reason (see
+        gradcheck.adapters.base): soft_max's mask, cross_entropy_loss's labels."""
+        reasons = DECLINED.get(case.op, {})
+        return {spec.name: reasons[spec.name] for spec in case.inputs if spec.name in reasons}
+
     def vjp(self, case, arrays, weights) -> VJP:
         why = self.unsupported(case)
         if why:
@@ -95,7 +102,7 @@ class GgmlAdapter:
         leaf_shapes = [spec.to_leaf(np.asarray(a)).shape
                        for spec, a in zip(case.inputs, arrays, strict=True)]
         with Context(self.lib, mem) as g:
-            leaves, views = _inputs(g, case, arrays)
+            leaves, views = _inputs(g, case, arrays, self.declined(case))
             out = OPS[case.op].build(g, case, views)
             ne = g.ne(out)
             if not same_layout(ne, weights.shape):
@@ -122,9 +129,10 @@ class GgmlAdapter:
                               for spec, x in zip(case.inputs, first[1:], strict=True)], differs)
 
 
-def _inputs(g: Context, case, arrays):
-    """(leaves, views): per input, its param leaf (None if unchecked) and the tensor the op
-    receives: the leaf, a ggml_permute view of it, or an I32 tensor of index values."""
+def _inputs(g: Context, case, arrays, declined=()):
+    """(leaves, views): per input, its param leaf (None if unchecked or `declined`) and the
+    tensor the op receives: the leaf, a ggml_permute view of it, or an I32 tensor of index
+    values."""
     leaves, views = [], []
     for spec, a in zip(case.inputs, arrays, strict=True):
         a = np.asarray(a)
@@ -133,8 +141,9 @@ def _inputs(g: Context, case, arrays):
             views.append(g.from_numpy(a, GGML_TYPE_I32))
             continue
         leaf = g.from_numpy(spec.to_leaf(a), GGML_TYPE_F32)
-        if spec.grad:
+        param = spec.grad and spec.name not in declined
+        if param:
             g.lib.ggml_set_param(leaf)
-        leaves.append(leaf if spec.grad else None)
+        leaves.append(leaf if param else None)
         views.append(g.permuted(leaf, spec.permute) if spec.permute else leaf)
     return leaves, views

@@ -15,7 +15,10 @@ Conventions (see graph.py for shapes and permutes):
 - ggml broadcasts only the second operand of add/sub/mul/div into the first
   (ggml_can_repeat(b, a)); add and mul, being commutative, swap their operands when only
   the first one broadcasts. mul_mat broadcasts the batch of its first operand only.
-- Index inputs (get_rows) are I32 tensors holding the case's index values contiguously.
+- Index inputs (get_rows) are I32 tensors holding the case's index values contiguously;
+  they are never checked (integers), so need no declining.
+- DECLINED lists inputs whose gradient ggml does not compute (soft_max's mask,
+  cross_entropy_loss's labels): the adapter declines them, gradcheck checks the rest.
 """
 
 from __future__ import annotations
@@ -169,12 +172,22 @@ def _matmul(g, case, xs):
     return g.transpose(g.mul_mat(_not_transposed(g, a), bt))
 
 
-def _softmax_why_not(case):
-    if len(case.inputs) > 1:
-        return ("ggml has no backward for soft_max's mask (ggml_compute_backward asserts "
-                "'backward pass for softmax mask not implemented'), and the case checks the "
-                "mask's gradient")
-    return None
+def _softmax(g, case, xs):
+    """ggml_soft_max_ext(cont(x), mask, scale, 0). ggml asserts a contiguous mask whose
+    rows have x's length (mask ne[0] == x ne[0]) and cover x's rows (ne[1] >= x's), and
+    broadcasts its ne[2], ne[3] by index modulo; a mask that numpy broadcasts along its
+    rows or columns is first repeated to x's (ggml_repeat_4d), as a ggml user would. A
+    permuted mask is copied by ggml_cont first, always: the mask is not differentiated, and
+    ggml_repeat's kernel asserts nb[0] == 4 even for a view that ggml_is_contiguous accepts
+    (ne[0] == 1), which would make this a check of ggml_repeat instead of soft_max."""
+    x = g.contiguous(xs[0])
+    if len(xs) == 1:
+        return g.soft_max_ext(x, None, case.kwargs["scale"], 0.0)
+    mask = g.cont(xs[1]) if case.inputs[1].permute else xs[1]
+    xn, mn = g.ne(x), g.ne(mask)
+    if mn[:2] != xn[:2]:
+        mask = g.repeat_4d(mask, xn[0], xn[1], mn[2], mn[3])
+    return g.soft_max_ext(x, mask, case.kwargs["scale"], 0.0)
 
 
 # --- convolutions and pooling ---------------------------------------------------------------
@@ -289,10 +302,8 @@ OPS: dict[str, GgmlOp] = {
     "get_rows": GgmlOp("ggml_get_rows ((B, K) indices flattened, rows reshaped)", _get_rows),
     "matmul": GgmlOp("ggml_mul_mat(cont(b^T), a), or its transpose", _matmul,
                      _matmul_why_not),
-    "softmax": GgmlOp("ggml_soft_max_ext(cont(x), NULL, scale, 0)",
-                      lambda g, case, xs: g.soft_max_ext(g.contiguous(xs[0]), None,
-                                                         case.kwargs["scale"], 0.0),
-                      _softmax_why_not),
+    "softmax": GgmlOp("ggml_soft_max_ext(cont(x), mask (cont if permuted, repeated to x's "
+                      "if broadcast along its rows or columns) or NULL, scale, 0)", _softmax),
     "cross_entropy_loss": GgmlOp("ggml_cross_entropy_loss", lambda g, case, xs:
                                  g.cross_entropy_loss(g.contiguous(xs[0]),
                                                       g.contiguous(xs[1]))),
@@ -311,6 +322,17 @@ OPS: dict[str, GgmlOp] = {
     "block": GgmlOp("ggml_view_4d", _block, _block_why_not),
     "reshape": GgmlOp("ggml_reshape_4d (cont if strided)", lambda g, case, xs: g.reshape_4d(
         g.contiguous(xs[0]), *ne_of(_reshaped(case)))),
+}
+
+# registry op -> {input: why ggml computes no gradient of it}: the adapter declines these
+# gradients (gradcheck checks the other inputs) and leaves the inputs out of the params, as
+# ggml_compute_backward asserts that they need no gradient
+DECLINED = {
+    "softmax": {"mask": "ggml has no backward for soft_max's mask (ggml_compute_backward "
+                        "asserts 'backward pass for softmax mask not implemented')"},
+    "cross_entropy_loss": {"labels": "ggml has no backward for cross_entropy_loss's labels "
+                                     "(ggml_compute_backward asserts 'backward pass for "
+                                     "labels not implemented')"},
 }
 
 # registry ops whose ggml counterpart has no backward: ggml_build_backward_expand aborts
