@@ -5,9 +5,11 @@
     python bench/bench_mnist.py --cases fc1000 cnn1000
 
 Seconds per training epoch (57,000 images: MNIST's 60,000 less a 5% validation split;
-AdamW lr=1e-3, weight_decay=1e-2; cross-entropy) of the engine's CPU backend (the MNIST
-models of engine.mnist.models through engine.train.Trainer) and of the same models in torch
-on the CPU, with torch.set_num_threads equal to numba's thread count. Targets (issue 6):
+AdamW lr=1e-3, weight_decay=1e-2; cross-entropy; each batch made of physical batches of 500
+whose gradients accumulate, as `mnist train` and ggml's example train, `--physical N` for
+another size) of the engine's CPU backend (the MNIST models of engine.mnist.models through
+engine.train.Trainer) and of the same models in torch on the CPU, with torch.set_num_threads
+equal to numba's thread count. Targets (issue 6):
 
     FC (784-500-ReLU-10) at batch 1000    engine / torch <= 0.8
     FC at batch 100                       engine / torch <= 1.0
@@ -44,6 +46,7 @@ import numpy as np
 
 EPOCH_IMAGES = 57_000          # 60,000 less the 5% validation split of ggml's example
 LR, WEIGHT_DECAY = 1e-3, 1e-2
+PHYSICAL = 500                 # ggml's example: logical batch 1000 made of two of 500
 MNIST_DENSITY = 0.19           # share of non-zero pixels in MNIST's training images
 SGEMM_SIZE = 2048
 BLAS_TARGET = 1.4
@@ -70,31 +73,44 @@ def _batches(rng, nimages: int, batch: int, count: int):
     return [order[(i % per_epoch) * batch:(i % per_epoch + 1) * batch] for i in range(count)]
 
 
-def engine_child(images, labels, arch, batch, warmup, count) -> float:
-    """Seconds the engine takes for `count` training batches (after `warmup` more)."""
+def _parts(idx, physical: int) -> list:
+    """A logical batch's index array cut into its physical batches."""
+    return [idx[j:j + physical] for j in range(0, len(idx), physical)]
+
+
+def engine_child(images, labels, arch, batch, physical, warmup, count) -> float:
+    """Seconds the engine takes for `count` training batches of `batch` images, each made
+    of batch / physical physical batches whose gradients accumulate (after `warmup`
+    more)."""
     from engine.mnist.models import Model
     from engine.tensor import input_tensor
     from engine.train import EpochResult, Trainer
 
     model = Model.new(arch, seed=0)
-    x, logits = model.build(batch)
-    y = input_tensor((batch, 10), "f32", name="labels")
+    x, logits = model.build(physical)
+    y = input_tensor((physical, 10), "f32", name="labels")
     trainer = Trainer(x, logits, "cross_entropy", labels=y, optimizer="adamw",
-                      opt_params={"lr": LR, "weight_decay": WEIGHT_DECAY})
+                      opt_params={"lr": LR, "weight_decay": WEIGHT_DECAY},
+                      batch_logical=batch)
     onehot = np.eye(10, dtype=np.float32)[labels]
     rng = np.random.default_rng(0)
     result = EpochResult("cross_entropy")
+
+    def train(idx):
+        for part in _parts(idx, physical):
+            trainer.eval_batch(images[part], onehot[part], result=result)
     for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
-        trainer.eval_batch(images[idx], onehot[idx], result=result)
+        train(idx)
     plan = _batches(rng, EPOCH_IMAGES, batch, count)
     t0 = time.perf_counter()
     for idx in plan:
-        trainer.eval_batch(images[idx], onehot[idx], result=result)
+        train(idx)
     return time.perf_counter() - t0
 
 
-def torch_child(images, labels, arch, batch, warmup, count, threads) -> float:
-    """Seconds torch takes for `count` training batches (after `warmup` more)."""
+def torch_child(images, labels, arch, batch, physical, warmup, count, threads) -> float:
+    """Seconds torch takes for `count` training batches, accumulated as the engine's (after
+    `warmup` more)."""
     import torch
     from torch import nn
 
@@ -117,15 +133,18 @@ def torch_child(images, labels, arch, batch, warmup, count, threads) -> float:
     x_all, y_all = torch.from_numpy(images), torch.from_numpy(labels.astype(np.int64))
     rng = np.random.default_rng(0)
 
+    parts = batch // physical
+
     def train(idx):
-        idx = torch.from_numpy(idx)
-        x, y = x_all[idx], y_all[idx]
         opt.zero_grad()
-        out = net(x)
-        loss = nn.functional.cross_entropy(out, y)
-        loss.backward()
+        for part in _parts(idx, physical):
+            part = torch.from_numpy(part)
+            x, y = x_all[part], y_all[part]
+            out = net(x)
+            loss = nn.functional.cross_entropy(out, y)
+            (loss / parts if parts > 1 else loss).backward()
+            _ = loss.item(), int((out.argmax(1) == y).sum())   # the engine's bookkeeping
         opt.step()
-        return loss.item(), int((out.argmax(1) == y).sum())   # as the engine's bookkeeping
 
     for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
         train(idx)
@@ -140,10 +159,11 @@ def run_child(args) -> None:
     data = np.load(args.data)
     images, labels = data["images"], data["labels"]
     if args.child == "engine":
-        seconds = engine_child(images, labels, args.arch, args.batch, args.warmup, args.count)
+        seconds = engine_child(images, labels, args.arch, args.batch, args.physical,
+                               args.warmup, args.count)
     else:
-        seconds = torch_child(images, labels, args.arch, args.batch, args.warmup, args.count,
-                              args.threads)
+        seconds = torch_child(images, labels, args.arch, args.batch, args.physical,
+                              args.warmup, args.count, args.threads)
     print(json.dumps({"seconds": seconds, "images": args.count * args.batch,
                       "peak_kb": _peak_kb()}))
 
@@ -193,9 +213,15 @@ def matmul_flops_per_batch(arch: str, batch: int) -> int:
                for t in trainer.training.nodes if t.op == "matmul")
 
 
+def physical_batch(batch: int, physical: int) -> int:
+    """The physical batch of a case: `physical`, or the whole batch when it is smaller."""
+    return min(batch, physical)
+
+
 def spawn(kind, arch, batch, count, args, data_path, threads) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--arch", arch,
-           "--batch", str(batch), "--count", str(count), "--warmup", str(args.warmup),
+           "--batch", str(batch), "--physical", str(physical_batch(batch, args.physical)),
+           "--count", str(count), "--warmup", str(args.warmup),
            "--threads", str(threads), "--data", data_path]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -216,6 +242,11 @@ def main(argv=None) -> int:
                         "(default: a whole epoch)")
     p.add_argument("--repeats", type=int, default=3, help="runs per case (median)")
     p.add_argument("--warmup", type=int, default=3, help="untimed batches before timing")
+    p.add_argument("--physical", type=int, default=PHYSICAL,
+                   help="physical batch: each batch of a case is made of batch / physical "
+                        "ones whose gradients accumulate, in the engine and in torch alike "
+                        f"(default {PHYSICAL}, as `mnist train` and ggml's example; a case "
+                        "whose batch is smaller uses its whole batch)")
     p.add_argument("--child", choices=("engine", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--arch", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
@@ -230,6 +261,11 @@ def main(argv=None) -> int:
         p.error(f"--batches must be at least 1, got {args.batches}")
     if args.repeats < 1 or args.warmup < 0:
         p.error("--repeats must be at least 1 and --warmup at least 0")
+    for case in args.cases:
+        batch = CASES[case][1]
+        if args.physical < 1 or batch % physical_batch(batch, args.physical):
+            p.error(f"--physical {args.physical} does not divide the batch of {case} "
+                    f"({batch})")
 
     threads = numba_threads()
     images, labels, source = load_data()
@@ -240,6 +276,8 @@ def main(argv=None) -> int:
              else "whole epochs")
     print(f"timing: {scope}; median of {args.repeats} runs, each after {args.warmup} "
           "warm-up batches; each run in a child process, engine and torch alternating")
+    print(f"batches: each made of physical batches of at most {args.physical} whose "
+          "gradients accumulate, in both (as `mnist train`; --physical changes it)")
 
     times = {(c, k): [] for c in args.cases for k in ("engine", "torch")}
     peaks = {(c, k): [] for c in args.cases for k in ("engine", "torch")}
