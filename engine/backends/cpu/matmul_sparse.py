@@ -42,30 +42,27 @@ def chunk_start(c, nchunks, m):
 
 
 @kernel
+def count_line(line, cross):
+    """The non-zeros of the 1-D view `line`; cross[j] += 1 where line[j] is one."""
+    n = 0
+    for j in range(line.shape[0]):
+        nz = line[j] != 0
+        n += nz
+        cross[j] += nz
+    return n
+
+
+@kernel
 def sample_counts(s, step, by_rows, line_counts, cross_counts):
     """Non-zeros in every step-th line of s along its contiguous axis (rows 0, step, ... if
     by_rows, else columns): line_counts[q] = those of sampled line q, cross_counts[j] =
     those at position j across the sampled lines."""
-    m, kdim = s.shape
     cross_counts[:] = 0
-    if by_rows:
-        for q in range(line_counts.shape[0]):
-            row = s[q * step]
-            n = 0
-            for k in range(kdim):
-                nz = row[k] != 0
-                n += nz
-                cross_counts[k] += nz
-            line_counts[q] = n
-    else:
-        for q in range(line_counts.shape[0]):
-            col = s[:, q * step]
-            n = 0
-            for i in range(m):
-                nz = col[i] != 0
-                n += nz
-                cross_counts[i] += nz
-            line_counts[q] = n
+    for q in range(line_counts.shape[0]):
+        if by_rows:
+            line_counts[q] = count_line(s[q * step], cross_counts)
+        else:
+            line_counts[q] = count_line(s[:, q * step], cross_counts)
 
 
 @parallel_kernel
@@ -92,23 +89,11 @@ def count_nonzeros(s, row_counts, col_counts, col_partials, by_rows, d):
         cols[:] = 0
         if by_rows:
             for i in range(r1 - r0):
-                row = s[r0 + i]
-                n = 0
-                for k in range(kdim):
-                    nz = row[k] != 0
-                    n += nz
-                    cols[k] += nz
-                cnt[i] = n
+                cnt[i] = count_line(s[r0 + i], cols)
         else:
             cnt[:] = 0
             for k in range(kdim):
-                col = s[r0:r1, k]
-                n = 0
-                for i in range(r1 - r0):
-                    nz = col[i] != 0
-                    n += nz
-                    cnt[i] += nz
-                cols[k] = n
+                cols[k] = count_line(s[r0:r1, k], cnt)
     col_counts[:] = 0
     for c in range(nchunks):
         for k in range(kdim):
