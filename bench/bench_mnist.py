@@ -78,6 +78,18 @@ def _parts(idx, physical: int) -> list:
     return [idx[j:j + physical] for j in range(0, len(idx), physical)]
 
 
+def _timed(train, rng, batch: int, warmup: int, count: int) -> float:
+    """Seconds `train` takes for `count` batches of `batch` images (index arrays), after
+    `warmup` untimed ones."""
+    for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
+        train(idx)
+    plan = _batches(rng, EPOCH_IMAGES, batch, count)
+    t0 = time.perf_counter()
+    for idx in plan:
+        train(idx)
+    return time.perf_counter() - t0
+
+
 def engine_child(images, labels, arch, batch, physical, warmup, count) -> float:
     """Seconds the engine takes for `count` training batches of `batch` images, each made
     of batch / physical physical batches whose gradients accumulate (after `warmup`
@@ -99,13 +111,7 @@ def engine_child(images, labels, arch, batch, physical, warmup, count) -> float:
     def train(idx):
         for part in _parts(idx, physical):
             trainer.eval_batch(images[part], onehot[part], result=result)
-    for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
-        train(idx)
-    plan = _batches(rng, EPOCH_IMAGES, batch, count)
-    t0 = time.perf_counter()
-    for idx in plan:
-        train(idx)
-    return time.perf_counter() - t0
+    return _timed(train, rng, batch, warmup, count)
 
 
 def torch_child(images, labels, arch, batch, physical, warmup, count, threads) -> float:
@@ -146,13 +152,7 @@ def torch_child(images, labels, arch, batch, physical, warmup, count, threads) -
             _ = loss.item(), int((out.argmax(1) == y).sum())   # the engine's bookkeeping
         opt.step()
 
-    for idx in _batches(rng, EPOCH_IMAGES, batch, warmup):
-        train(idx)
-    plan = _batches(rng, EPOCH_IMAGES, batch, count)
-    t0 = time.perf_counter()
-    for idx in plan:
-        train(idx)
-    return time.perf_counter() - t0
+    return _timed(train, rng, batch, warmup, count)
 
 
 def run_child(args) -> None:
