@@ -9,7 +9,7 @@ AdamW lr=1e-3, weight_decay=1e-2; cross-entropy; each batch made of physical bat
 whose gradients accumulate, as `mnist train` and ggml's example train, `--physical N` for
 another size) of the engine's CPU backend (the MNIST models of engine.mnist.models through
 engine.train.Trainer) and of the same models in torch on the CPU, with torch.set_num_threads
-equal to numba's thread count. Targets (issue 6):
+equal to the engine's thread count (engine.backends.cpu.threads). Targets (issue 6):
 
     FC (784-500-ReLU-10) at batch 1000    engine / torch <= 0.8
     FC at batch 100                       engine / torch <= 1.0
@@ -90,14 +90,16 @@ def _timed(train, rng, batch: int, warmup: int, count: int) -> float:
     return time.perf_counter() - t0
 
 
-def engine_child(images, labels, arch, batch, physical, warmup, count) -> float:
+def engine_child(images, labels, arch, batch, physical, warmup, count, threads) -> float:
     """Seconds the engine takes for `count` training batches of `batch` images, each made
     of batch / physical physical batches whose gradients accumulate (after `warmup`
-    more)."""
+    more), its kernels split across `threads` threads."""
+    from engine.backends.cpu.threads import set_num_threads
     from engine.mnist.models import Model
     from engine.tensor import input_tensor
     from engine.train import EpochResult, Trainer
 
+    set_num_threads(threads)
     model = Model.new(arch, seed=0)
     x, logits = model.build(physical)
     y = input_tensor((physical, 10), "f32", name="labels")
@@ -160,7 +162,7 @@ def run_child(args) -> None:
     images, labels = data["images"], data["labels"]
     if args.child == "engine":
         seconds = engine_child(images, labels, args.arch, args.batch, args.physical,
-                               args.warmup, args.count)
+                               args.warmup, args.count, args.threads)
     else:
         seconds = torch_child(images, labels, args.arch, args.batch, args.physical,
                               args.warmup, args.count, args.threads)
@@ -229,9 +231,9 @@ def spawn(kind, arch, batch, count, args, data_path, threads) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def numba_threads() -> int:
-    import numba
-    return int(numba.config.NUMBA_NUM_THREADS)
+def engine_threads() -> int:
+    from engine.backends.cpu.threads import get_num_threads
+    return get_num_threads()
 
 
 def main(argv=None) -> int:
@@ -251,7 +253,9 @@ def main(argv=None) -> int:
     p.add_argument("--arch", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--count", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for the engine and for torch alike (default: the engine's, "
+                        "GRADVERIFY_THREADS or the cores this process may use)")
     p.add_argument("--data", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -267,10 +271,12 @@ def main(argv=None) -> int:
             p.error(f"--physical {args.physical} does not divide the batch of {case} "
                     f"({batch})")
 
-    threads = numba_threads()
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads must be at least 1, got {args.threads}")
+    threads = args.threads or engine_threads()
     images, labels, source = load_data()
     print("MNIST training epoch (57,000 images, AdamW, cross-entropy): engine (CPU) vs torch "
-          f"(CPU), {threads} threads each (numba, torch.set_num_threads)")
+          f"(CPU), {threads} threads each (the engine's, torch.set_num_threads)")
     print(f"data: {source}; {np.mean(images > 0):.1%} non-zero pixels")
     scope = (f"{args.batches} batches per run, scaled to an epoch" if args.batches
              else "whole epochs")

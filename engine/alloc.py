@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 
 from engine.backends import get_backend
+from engine.backends.cpu.threads import engine_threads
 from engine.errors import StalePlanError
 from engine.registry import OPS
 from engine.tensor import Flag
@@ -216,13 +217,14 @@ class Plan:
     def execute(self, graph) -> None:
         """Evaluate `graph` without checking that the plan matches it (Graph.compute has
         just checked)."""
-        if self._host_only and not any(o.device is not None for o in self._owners):
-            if self._calls is None:
-                self._calls = self._bind()
-            for c in self._calls:
-                c()
-            return
-        self._run_steps(graph)
+        with engine_threads():
+            if self._host_only and not any(o.device is not None for o in self._owners):
+                if self._calls is None:
+                    self._calls = self._bind()
+                for c in self._calls:
+                    c()
+                return
+            self._run_steps(graph)
 
     def _run_steps(self, graph) -> None:
         """The general evaluation: buffers looked up per node (device copies synchronised

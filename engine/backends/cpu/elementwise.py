@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from engine.backends.cpu import layout
+from engine.backends.cpu import layout, threads
 from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, scalar_math, sequence
 
 UNARY_CODES = {"neg": 0, "scale": 1, "sqr": 2, "sqrt": 3, "log": 4, "exp": 5, "abs": 6,
@@ -338,7 +338,7 @@ def unary(name: str, params=()):
         gather = functools.partial(np.copyto, out, x)
         return gather if name == "cont" else sequence(gather, run)
     prepare.__name__ = f"cpu_{name}"
-    return bindable(prepare)
+    return threads.split(bindable(prepare))
 
 
 def activation_back(name: str, params=()):
@@ -356,7 +356,7 @@ def activation_back(name: str, params=()):
         return run if x.flags.c_contiguous else \
             sequence(functools.partial(np.copyto, out, x), run)
     prepare.__name__ = f"cpu_{name}_back"
-    return bindable(prepare)
+    return threads.split(bindable(prepare))
 
 
 _coalesce = layout.coalesce   # also used by other kernel modules
@@ -379,7 +379,7 @@ def binary(name: str):
         return _binary_views(np.broadcast_to(a, out.shape), np.broadcast_to(b, out.shape),
                              out, code)
     prepare.__name__ = f"cpu_{name}"
-    return bindable(prepare)
+    return threads.split(bindable(prepare))
 
 
 def _binary_views(a, b, out, code):

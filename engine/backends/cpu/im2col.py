@@ -35,6 +35,7 @@ import functools
 
 import numpy as np
 
+from engine.backends.cpu import threads
 from engine.backends.cpu.jit import parallel_kernel, prange
 
 # the largest window side (per axis) given its own compiled kernels; each size compiles once
@@ -119,6 +120,7 @@ def window_table(size: int, out_size: int, k: int, stride: int, padding: int,
     return table
 
 
+@threads.split
 def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
     """Dispatcher of im2col: kernel(out, [x], **params); out has the columns' dtype."""
     (x,) = ins
@@ -126,6 +128,7 @@ def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
             padding[0], padding[1], dilation[0], dilation[1])
 
 
+@threads.split
 def cpu_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype):
     """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype."""
     (g,) = ins

@@ -35,10 +35,13 @@ result can differ in its sign.
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
 from engine.backends.cpu import matmul_sparse as sp
+from engine.backends.cpu import threads
 from engine.backends.cpu.jit import bindable
 
 # The cost model, in multiply-adds on BLAS, fitted to the sparse path's time over BLAS's
@@ -143,7 +146,7 @@ class SparseProduct:
         if self.dest is None:
             self.dest = np.empty((m, d.shape[1]), self.out.dtype)
         dest = self.dest
-        threads = numba.get_num_threads()
+        numba_threads = numba.get_num_threads()
         keep_row = np.ones(m, np.uint8)
         kept_cols = self.col_counts > 0
         if self.split == "rows":
@@ -170,38 +173,53 @@ class SparseProduct:
             sp.take_rows.for_size(gathered.size)(d, rows, gathered)
             d_sparse, d_dense = gathered[:len(cols)], gathered[len(cols):]
         if accumulate:           # the row counts over the kept columns only
-            sp.count_kept.for_size(s.size)(s, col_pos, self.row_counts, self.by_rows, threads)
+            sp.count_kept.for_size(s.size)(s, col_pos, self.row_counts, self.by_rows,
+                                           numba_threads)
         np.cumsum(self.row_counts, out=self.starts[1:])
         nnz = int(self.starts[-1])
         indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
         if accumulate:           # dest = s[:, lines] @ d[lines] by BLAS, then the rest added
             s_dense = np.empty((m, len(lines)), s.dtype)
             sp.take_columns.for_size(s_dense.size)(s, lines, s_dense)
-            np.matmul(s_dense, d_dense, out=dest)
-        sp.compress_multiply.for_size(self.work)(
-            s, keep_row, col_pos, self.starts, indices, values, d_sparse, dest, self.cursor,
-            self.block, accumulate, self.by_rows, threads)
+            blas_product(s_dense, d_dense, dest)
+        args = (s, keep_row, col_pos, self.starts, indices, values, d_sparse, dest,
+                self.cursor, self.block, accumulate, self.by_rows)
+        parts = min(threads.THREADS, m)
+        if parts > 1:            # the rows' chunks on the engine's threads
+            threads.side_by_side([functools.partial(sp.compress_multiply_chunk, *args, parts, c)
+                                  for c in range(parts)])()
+        else:
+            sp.compress_multiply.for_size(self.work)(*args, numba_threads)
         if self.split == "rows" and len(lines):     # dest[lines] = s[lines] @ d by BLAS
             s_dense_t = np.empty((k, len(lines)), s.dtype)
             sp.take_columns.for_size(s_dense_t.size)(s.T, lines, s_dense_t)
-            dest[lines] = s_dense_t.T @ d
+            dense_rows = np.empty((len(lines), dest.shape[1]), dest.dtype)
+            blas_product(s_dense_t.T, d, dense_rows)
+            dest[lines] = dense_rows
         if self.transposed:
             np.copyto(self.out, dest.T)
+
+
+def _sparse_sides(out, a, b) -> tuple[bool, bool]:
+    """Whether the shapes and layouts of out = a @ b allow the sparse path with s = a
+    (left) and with s = b^T (right)."""
+    if (a.ndim != 2 or b.ndim != 2 or not out.flags.c_contiguous
+            or out.dtype not in (np.float32, np.float64) or not a.dtype == b.dtype == out.dtype):
+        return False, False
+    (m, k), n = a.shape, b.shape[1]
+    if m * k * n < SPARSE_MIN_MACS:
+        return False, False
+    return n >= SPARSE_MIN_ROW, m >= SPARSE_MIN_ROW
 
 
 def sparse_products(out, a, b) -> list[SparseProduct]:
     """The sparse products that the shapes and layouts of out = a @ b allow, in the order
     they are tried: s = a (left), then s = b^T (right)."""
-    if (a.ndim != 2 or b.ndim != 2 or not out.flags.c_contiguous
-            or out.dtype not in (np.float32, np.float64) or not a.dtype == b.dtype == out.dtype):
-        return []
-    (m, k), n = a.shape, b.shape[1]
-    if m * k * n < SPARSE_MIN_MACS:
-        return []
+    left, right = _sparse_sides(out, a, b)
     products = []
-    if n >= SPARSE_MIN_ROW:
+    if left:
         products.append(SparseProduct(a, b, out))
-    if m >= SPARSE_MIN_ROW:
+    if right:
         products.append(SparseProduct(b.T, a.T, out, transposed=True))
     return products
 
@@ -228,6 +246,38 @@ def matmul_path(out, a, b) -> str:
     return f"{side}/{p.split}" + ("+blas" if dense_lines(counts, length).any() else "")
 
 
+def matmul_chunks(out, ins, parts):
+    """How a product is split across the engine's threads (engine.backends.cpu.threads):
+    batched products along the first batch axis; a matrix product by rows of out (rows of
+    a), or by columns (of b) when out has fewer rows than threads. A product that may take
+    the sparse path is not split here: its run splits its own parts (SparseProduct.run,
+    blas_product)."""
+    a, b = ins
+    if out.size * a.shape[-1] < threads.MIN_MACS:
+        return None
+    if out.ndim > 2:
+        return threads.along_axis0(out, ins, parts) if out.shape[0] > 1 else None
+    if any(_sparse_sides(out, a, b)):
+        return None
+    m, n = out.shape
+    if m >= parts:
+        return [(out[lo:hi], [a[lo:hi], b]) for lo, hi in threads.bounds(m, parts)]
+    if n >= parts:
+        return [(out[:, lo:hi], [a, b[:, lo:hi]]) for lo, hi in threads.bounds(n, parts)]
+    return None
+
+
+def blas_product(a, b, out) -> None:
+    """out = a @ b by BLAS (2-D), its rows split across the engine's threads where that
+    pays (BLAS itself runs one thread while a plan runs)."""
+    if a.shape[0] >= threads.THREADS > 1 and out.size * a.shape[1] >= threads.MIN_MACS:
+        threads.side_by_side([functools.partial(np.matmul, a[lo:hi], b, out=out[lo:hi])
+                              for lo, hi in threads.bounds(a.shape[0], threads.THREADS)])()
+    else:
+        np.matmul(a, b, out=out)
+
+
+@functools.partial(threads.split, chunks=matmul_chunks)
 @bindable
 def cpu_matmul(out, ins):
     """Dispatcher of matmul: kernel(out, [a, b])."""
@@ -239,7 +289,7 @@ def cpu_matmul(out, ins):
     def run():
         p = choose_product(products)
         if p is None:
-            np.matmul(a, b, out=out)
+            blas_product(a, b, out)
         else:
             p.run()
     return run

@@ -265,35 +265,46 @@ def _accumulate(orow, d, indices, values, p, e):
             orow[j] += v1 * r1[j]
 
 
+@kernel
+def compress_multiply_chunk(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
+                            block, accumulate, by_rows, nchunks, c):
+    """compress_multiply's chunk c of nchunks (rows balanced by their entries): each chunk
+    writes only its own rows of out, indices, values and cursor, so chunks may run on
+    threads of their own."""
+    m, n = out.shape
+    kdim = d.shape[0]
+    total = starts[m] + m
+    r0 = _balanced_row(starts, c * total // nchunks)
+    r1 = _balanced_row(starts, (c + 1) * total // nchunks)
+    _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows)
+    for k0 in range(0, max(kdim, 1), block):
+        k1 = k0 + block
+        for i in range(r0, r1):
+            orow = out[i]
+            if k0 == 0:
+                if not accumulate:
+                    for j in range(n):
+                        orow[j] = 0
+                p = starts[i]
+            else:
+                p = cursor[i]
+            e = p
+            end = starts[i + 1]
+            while e < end and indices[e] < k1:
+                e += 1
+            _accumulate(orow, d, indices, values, p, e)
+            cursor[i] = e
+
+
 @parallel_kernel
 def compress_multiply(s, keep_row, col_pos, starts, indices, values, d, out, cursor, block,
                       accumulate, by_rows, nchunks):
     """out = s' @ d (out += s' @ d if accumulate), s' = s's kept rows and columns, d and
-    out C-contiguous (d's row col_pos[k] for s's column k): each thread compresses its
-    chunk of rows (_fill_rows, CSR in starts, indices, values) and multiplies it, d's rows
-    in blocks of `block`. cursor: scratch of m (each row's position in its list)."""
-    m, n = out.shape
-    kdim = d.shape[0]
-    nchunks = min(nchunks, m)
-    total = starts[m] + m
+    out C-contiguous (d's row col_pos[k] for s's column k): each chunk of rows is
+    compressed (_fill_rows, CSR in starts, indices, values) and multiplied
+    (compress_multiply_chunk), d's rows in blocks of `block`. cursor: scratch of m (each
+    row's position in its list)."""
+    nchunks = min(nchunks, out.shape[0])
     for c in prange(nchunks):
-        r0 = _balanced_row(starts, c * total // nchunks)
-        r1 = _balanced_row(starts, (c + 1) * total // nchunks)
-        _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows)
-        for k0 in range(0, max(kdim, 1), block):
-            k1 = k0 + block
-            for i in range(r0, r1):
-                orow = out[i]
-                if k0 == 0:
-                    if not accumulate:
-                        for j in range(n):
-                            orow[j] = 0
-                    p = starts[i]
-                else:
-                    p = cursor[i]
-                e = p
-                end = starts[i + 1]
-                while e < end and indices[e] < k1:
-                    e += 1
-                _accumulate(orow, d, indices, values, p, e)
-                cursor[i] = e
+        compress_multiply_chunk(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
+                                block, accumulate, by_rows, nchunks, c)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.backends.cpu import threads
 from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 
 # the largest window (per axis) given its own compiled kernel when the windows tile the image;
@@ -236,6 +237,7 @@ def _tiles(kernel, stride, padding) -> bool:
             and max(kernel) <= MAX_TILE)
 
 
+@threads.split
 def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d: kernel(out, [x], **params)."""
     (x,) = ins
@@ -246,6 +248,7 @@ def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
     fn(x, out, kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
 
 
+@threads.split
 def cpu_pool_2d_back(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d_back: kernel(dx, [g, x, y], **params), y = pool_2d's output."""
     g, x, y = ins

@@ -1,0 +1,232 @@
+"""The CPU backend's own threads: a kernel's work split into chunks that run side by side.
+
+numba's parallel kernels and BLAS's threads fight for the cores (see engine.backends.cpu.jit):
+after a threaded matmul, OpenBLAS's workers keep spinning, so whatever runs next on another
+thread waits for a core. So the engine owns its threads instead. While a plan runs
+(`engine_threads`), BLAS is held to one thread, and a kernel declared splittable (`split`)
+is bound as THREADS chunks along one axis of its output. Each chunk is the kernel itself on
+slices of the arrays (numba kernels release the GIL, and so does numpy's BLAS); the calling
+thread runs the first chunk and a pool of blocking (never spinning) worker threads the
+others. Work too small to pay for the hand-over (about 100 microseconds) is not split.
+
+    GRADVERIFY_THREADS=1     no splitting, BLAS left as it is (the engine before threads)
+    GRADVERIFY_THREADS=N     N chunks (default: the cores this process may use)
+
+Results: a chunk computes its elements exactly as the whole would, so elementwise kernels,
+im2col and pooling give the same bits split or not. A matmul chunk is a smaller product,
+which BLAS (or the sparse path's choice of lines) may sum in another order: float32 results
+agree to rounding. With a fixed thread count every run gives the same bits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import threading
+
+
+def _threads_from_env() -> int:
+    value = os.environ.get("GRADVERIFY_THREADS", "").strip()
+    if value in ("", "default"):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:               # not on Linux
+            return max(1, os.cpu_count() or 1)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}")
+    return n
+
+
+THREADS = _threads_from_env()
+
+# Below these sizes a kernel runs whole. Handing chunks to the workers and waiting for them
+# costs about 100 microseconds (two thread wake-ups, measured on the 2-core machine:
+# a round trip between two threads takes 60), as much as an elementwise pass over about a
+# million float32 or a single-threaded product of some 5 * 10^6 multiply-adds.
+MIN_ELEMENTS = 1 << 20            # elements of out and of the inputs sliced with it
+MIN_MACS = 1 << 23                # multiply-adds, for matmul
+
+
+def set_num_threads(n: int) -> None:
+    """Split kernels bound from now on into `n` chunks (1: no splitting)."""
+    global THREADS
+    if int(n) < 1:
+        raise ValueError(f"the number of threads must be >= 1, got {n!r}")
+    THREADS = int(n)
+
+
+def get_num_threads() -> int:
+    return THREADS
+
+
+class _Pool:
+    """Worker threads that block on a queue until given a call; `run(calls)` runs calls[0]
+    on the calling thread and the rest on workers, and returns when all are done (even
+    when interrupted: no chunk is left writing after it returns), raising the first
+    error."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.workers: list[queue.SimpleQueue] = []
+
+    def _grow(self, n: int) -> None:
+        while len(self.workers) < n:
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_work, args=(jobs,), daemon=True,
+                             name=f"gradverify-cpu-{len(self.workers) + 1}").start()
+            self.workers.append(jobs)
+
+    def run(self, calls) -> None:
+        if not self.lock.acquire(blocking=False):
+            for c in calls:                # another thread's plan holds the workers
+                c()
+            return
+        try:
+            self._grow(len(calls) - 1)
+            done: queue.SimpleQueue = queue.SimpleQueue()
+            for jobs, c in zip(self.workers, calls[1:], strict=False):
+                jobs.put((c, done))
+            error = None
+            try:
+                calls[0]()
+            except BaseException as e:
+                error = e
+            waiting = len(calls) - 1
+            while waiting:
+                try:
+                    e = done.get()
+                except BaseException as interrupt:      # Ctrl-C: wait for the chunks
+                    error = error or interrupt
+                    continue
+                waiting -= 1
+                error = error or e
+            if error is not None:
+                raise error
+        finally:
+            self.lock.release()
+
+
+def _work(jobs: queue.SimpleQueue) -> None:
+    while True:
+        fn, done = jobs.get()
+        try:
+            fn()
+            done.put(None)
+        except BaseException as e:         # handed to the caller, which raises it
+            done.put(e)
+
+
+_POOL = _Pool()
+
+
+def _reset_after_fork() -> None:
+    global _POOL
+    _POOL = _Pool()                        # the parent's workers do not exist in a child
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def side_by_side(calls):
+    """One zero-argument call that runs `calls` on the pool's threads at once."""
+    if len(calls) == 1:
+        return calls[0]
+    calls = list(calls)
+    return lambda: _POOL.run(calls)
+
+
+def bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` near-equal [lo, hi) ranges covering range(n) (fewer when n < parts)."""
+    parts = max(1, min(parts, n))
+    edges = [n * i // parts for i in range(parts + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
+
+
+def aligned(a, out) -> bool:
+    """Whether input `a` runs along out's axis 0 (and so is sliced with it): same number
+    of axes and the same length there. A broadcast input has fewer axes or length 1."""
+    return a.ndim == out.ndim and out.ndim > 0 and a.shape[0] == out.shape[0]
+
+
+def along_axis0(out, ins, parts: int):
+    """Chunks along out's axis 0, the inputs that run along it sliced with it."""
+    return [(out[lo:hi], [a[lo:hi] if aligned(a, out) else a for a in ins])
+            for lo, hi in bounds(out.shape[0], parts)]
+
+
+def rows(out, ins, parts: int):
+    """The chunking of elementwise-like kernels (each output element computed from the
+    inputs' elements at its own index along axis 0): along axis 0, if big enough."""
+    if out.ndim == 0 or out.size + sum(a.size for a in ins if aligned(a, out)) < MIN_ELEMENTS:
+        return None
+    return along_axis0(out, ins, parts)
+
+
+def split(kernel, chunks=rows):
+    """Kernel `kernel` (a bindable CPU kernel: engine.backends.cpu.jit.bindable) whose bound
+    call runs as chunks side by side. `chunks(out, ins, parts)` gives [(out_chunk,
+    ins_chunk)], each computable on its own, or None to run whole. A kernel without a
+    `bind` is called as it is on each chunk."""
+    prepare = getattr(kernel, "bind", None) or (
+        lambda out, ins, *args, **params: functools.partial(kernel, out, ins, *args, **params))
+
+    @functools.wraps(prepare)
+    def bind(out, ins, *args, **params):
+        parts = THREADS
+        pieces = chunks(out, ins, parts) if parts > 1 else None
+        if not pieces or len(pieces) == 1:
+            return prepare(out, ins, *args, **params)
+        return side_by_side([prepare(o, i, *args, **params) for o, i in pieces])
+
+    @functools.wraps(prepare)
+    def run(out, ins, *args, **params):
+        bind(out, ins, *args, **params)()
+    run.bind = bind
+    run.chunks = chunks
+    return run
+
+
+class _Blas:
+    """numpy's BLAS as threadpoolctl finds it (None where it finds none)."""
+
+    def __init__(self):
+        self.libs = None
+
+    def controllers(self):
+        if self.libs is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+                self.libs = ThreadpoolController().select(user_api="blas").lib_controllers
+            except Exception:              # no threadpoolctl, or a BLAS it cannot drive
+                self.libs = []
+        return self.libs
+
+
+_BLAS = _Blas()
+
+
+@contextlib.contextmanager
+def engine_threads():
+    """While a plan runs with more than one thread: BLAS held to one thread (the engine's
+    chunks are the parallelism), restored afterwards."""
+    if THREADS <= 1:
+        yield
+        return
+    libs = _BLAS.controllers()
+    before = [lib.get_num_threads() for lib in libs]
+    for lib, n in zip(libs, before, strict=True):
+        if n != 1:
+            lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in zip(libs, before, strict=True):
+            if n != 1:
+                lib.set_num_threads(n)
+
