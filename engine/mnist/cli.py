@@ -31,6 +31,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
                    help="engine backend (default cpu; cuda needs a GPU or "
                         "NUMBA_ENABLE_CUDASIM=1)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads of the engine, and of torch in regress (default: "
+                        "GRADVERIFY_THREADS, else one per core)")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
@@ -234,6 +237,12 @@ def main(argv=None) -> int:
     from reports.output import OutputError
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"mnist: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+            return 2
+        from engine.backends.cpu.threads import set_num_threads
+        set_num_threads(args.threads)
     try:
         return COMMANDS[args.command](args)
     except (EngineError, GGUFFormatError, OutputError, ImportError) as exc:

@@ -25,11 +25,15 @@ from engine.train import EpochResult
 
 
 def _torch():
+    """torch, running as many CPU threads as the engine (a fair time per epoch)."""
     try:
         import torch
     except ImportError:
         raise ImportError("the torch reference needs torch: pip install 'gradverify[torch]'") \
             from None
+    from engine.backends.cpu.threads import get_num_threads
+    if torch.get_num_threads() != get_num_threads():
+        torch.set_num_threads(get_num_threads())
     return torch
 
 

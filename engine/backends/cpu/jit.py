@@ -22,6 +22,11 @@ compilation runs only where it pays, which is rarely:
   Turn it on where numba's threads have cores of their own (BLAS single-threaded, or a
   graph without matmuls on many cores), and for tests that must run the parallel
   compilations.
+
+The engine's CPU parallelism comes instead from engine.backends.cpu.threads: a kernel's work
+split into chunks, each the serial compilation on slices of the arrays, run on worker
+threads that block (never spin) between chunks, with BLAS held to one thread while a plan
+runs (GRADVERIFY_THREADS sets their number).
 """
 
 from __future__ import annotations

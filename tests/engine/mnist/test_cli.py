@@ -177,4 +177,17 @@ def test_train_refuses_bad_settings_before_work(tmp_path, capsys):
     assert main(["train", "--arch", "fc", "--out", str(tmp_path / "x.gguf"), "--data",
                  str(tmp_path)]) == 2
     assert "train-images-idx3-ubyte" in capsys.readouterr().err
+    assert main(["train", "--arch", "fc", "--out", str(tmp_path / "x.gguf"), "--threads",
+                 "0"]) == 2
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_threads_option_sets_the_engines_threads(tmp_path, capsys):
+    from engine.backends.cpu import threads
+    before = threads.get_num_threads()
+    try:
+        assert main(["eval", str(tmp_path / "none.gguf"), "--threads", "3"]) == 2
+        assert threads.get_num_threads() == 3
+    finally:
+        threads.set_num_threads(before)
