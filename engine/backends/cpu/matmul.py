@@ -178,24 +178,36 @@ class SparseProduct:
         np.cumsum(self.row_counts, out=self.starts[1:])
         nnz = int(self.starts[-1])
         indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
+        s_dense = None
         if accumulate:           # dest = s[:, lines] @ d[lines] by BLAS, then the rest added
             s_dense = np.empty((m, len(lines)), s.dtype)
             sp.take_columns.for_size(s_dense.size)(s, lines, s_dense)
-            blas_product(s_dense, d_dense, dest)
-        args = (s, keep_row, col_pos, self.starts, indices, values, d_sparse, dest,
-                self.cursor, self.block, accumulate, self.by_rows)
-        parts = min(threads.THREADS, m)
-        if parts > 1:            # the rows' chunks on the engine's threads
-            threads.side_by_side([functools.partial(sp.compress_multiply_chunk, *args, parts, c)
-                                  for c in range(parts)])()
-        else:
-            sp.compress_multiply.for_size(self.work)(*args, numba_threads)
+        dense_rows = None
         if self.split == "rows" and len(lines):     # dest[lines] = s[lines] @ d by BLAS
             s_dense_t = np.empty((k, len(lines)), s.dtype)
             sp.take_columns.for_size(s_dense_t.size)(s.T, lines, s_dense_t)
-            dense_rows = np.empty((len(lines), dest.shape[1]), dest.dtype)
-            blas_product(s_dense_t.T, d, dense_rows)
-            dest[lines] = dense_rows
+            dense_rows = s_dense_t.T
+        args = (s, keep_row, col_pos, self.starts, indices, values, d_sparse, dest,
+                self.cursor, self.block, accumulate, self.by_rows)
+        parts = min(threads.THREADS, m)
+        if parts == 1:
+            if accumulate:
+                np.matmul(s_dense, d_dense, out=dest)
+            sp.compress_multiply.for_size(self.work)(*args, numba_threads)
+            if dense_rows is not None:
+                dest[lines] = dense_rows @ d
+        else:                    # row ranges on the engine's threads, one hand-over
+            bounds = sp.chunk_rows(self.starts, parts)
+            at = np.searchsorted(lines, bounds)     # the dense lines in each range
+
+            def rows(c):
+                r0, r1 = int(bounds[c]), int(bounds[c + 1])
+                if accumulate and r1 > r0:
+                    np.matmul(s_dense[r0:r1], d_dense, out=dest[r0:r1])
+                sp.compress_multiply_rows(*args, r0, r1)
+                if dense_rows is not None and at[c + 1] > at[c]:
+                    dest[lines[at[c]:at[c + 1]]] = dense_rows[at[c]:at[c + 1]] @ d
+            threads.side_by_side([functools.partial(rows, c) for c in range(parts)])()
         if self.transposed:
             np.copyto(self.out, dest.T)
 

@@ -27,6 +27,8 @@ one left out) gives a zero row, or leaves out's row as it was when accumulating.
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 
 LINE_ROWS = 16   # chunk boundaries at multiples of 16 rows: threads share no cache line
@@ -266,16 +268,24 @@ def _accumulate(orow, d, indices, values, p, e):
 
 
 @kernel
-def compress_multiply_chunk(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
-                            block, accumulate, by_rows, nchunks, c):
-    """compress_multiply's chunk c of nchunks (rows balanced by their entries): each chunk
-    writes only its own rows of out, indices, values and cursor, so chunks may run on
-    threads of their own."""
-    m, n = out.shape
-    kdim = d.shape[0]
+def chunk_rows(starts, nchunks):
+    """The row bounds of compress_multiply's nchunks chunks (rows balanced by their
+    entries plus one per row, boundaries at multiples of LINE_ROWS): nchunks + 1 of them."""
+    m = starts.shape[0] - 1
     total = starts[m] + m
-    r0 = _balanced_row(starts, c * total // nchunks)
-    r1 = _balanced_row(starts, (c + 1) * total // nchunks)
+    bounds = np.empty(nchunks + 1, np.int64)
+    for c in range(nchunks + 1):
+        bounds[c] = _balanced_row(starts, c * total // nchunks)
+    return bounds
+
+
+@kernel
+def compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
+                           block, accumulate, by_rows, r0, r1):
+    """compress_multiply on rows [r0, r1) only: it writes only those rows of out, indices,
+    values and cursor, so row ranges may run on threads of their own."""
+    n = out.shape[1]
+    kdim = d.shape[0]
     _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows)
     for k0 in range(0, max(kdim, 1), block):
         k1 = k0 + block
@@ -300,11 +310,15 @@ def compress_multiply_chunk(s, keep_row, col_pos, starts, indices, values, d, ou
 def compress_multiply(s, keep_row, col_pos, starts, indices, values, d, out, cursor, block,
                       accumulate, by_rows, nchunks):
     """out = s' @ d (out += s' @ d if accumulate), s' = s's kept rows and columns, d and
-    out C-contiguous (d's row col_pos[k] for s's column k): each chunk of rows is
-    compressed (_fill_rows, CSR in starts, indices, values) and multiplied
-    (compress_multiply_chunk), d's rows in blocks of `block`. cursor: scratch of m (each
+    out C-contiguous (d's row col_pos[k] for s's column k): each chunk of rows (chunk_rows)
+    is compressed (_fill_rows, CSR in starts, indices, values) and multiplied
+    (compress_multiply_rows), d's rows in blocks of `block`. cursor: scratch of m (each
     row's position in its list)."""
     nchunks = min(nchunks, out.shape[0])
+    m = out.shape[0]
+    total = starts[m] + m
     for c in prange(nchunks):
-        compress_multiply_chunk(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
-                                block, accumulate, by_rows, nchunks, c)
+        r0 = _balanced_row(starts, c * total // nchunks)
+        r1 = _balanced_row(starts, (c + 1) * total // nchunks)
+        compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
+                               block, accumulate, by_rows, r0, r1)
