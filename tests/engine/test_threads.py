@@ -21,6 +21,8 @@ SPLIT_OPS = sorted(name for name, op in all_ops().items()
                    if hasattr(op.kernels.get("cpu"), "chunks"))
 # the backward ops have no samples of their own: their forward ops' backward runs them
 SAMPLED_SPLIT_OPS = [name for name in SPLIT_OPS if all_ops()[name].samples is not None]
+# sum splits inside its kernel (ranges of kept elements, each summed as whole)
+THREADED_OPS = SAMPLED_SPLIT_OPS + ["sum"]
 
 
 @pytest.fixture
@@ -34,12 +36,27 @@ def split_everything(monkeypatch):
     threads.set_num_threads(before)
 
 
+def test_channel_sums_on_threads_are_the_whole_sums_bits(split_everything):
+    """A bias gradient's sum over (N, H, W) per channel, big enough to split by default."""
+    x = np.random.default_rng(4).standard_normal((64, 16, 30, 30)).astype(np.float32)
+    kernel = all_ops()["sum"].kernels["cpu"]
+    got = {}
+    for n in (1, 2, 3):
+        split_everything(n)
+        out = np.empty(16, np.float32)
+        kernel(out, [x], axes=(0, 2, 3), keepdims=False)
+        got[n] = out
+    np.testing.assert_array_equal(got[2], got[1])
+    np.testing.assert_array_equal(got[3], got[1])
+    np.testing.assert_allclose(got[1], x.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-6)
+
+
 def test_the_models_kernels_are_split():
     assert {"matmul", "im2col", "im2col_back", "pool_2d", "pool_2d_back", "add", "relu",
             "relu_back", "cont"} <= set(SPLIT_OPS)
 
 
-@pytest.mark.parametrize("name", SAMPLED_SPLIT_OPS)
+@pytest.mark.parametrize("name", THREADED_OPS)
 def test_split_kernels_give_the_whole_kernels_results(name, split_everything):
     """Every registry sample of a split op, forward and backward, with 1 and 3 threads: the
     same bits (a chunk computes its elements as the whole does), except matmul, a product

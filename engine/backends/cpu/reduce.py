@@ -18,7 +18,8 @@ Layouts (axes coalesced first, see engine.backends.cpu.layout):
   chunks in order; every addition is a contiguous, vectorised row operation;
 - a reduced axis innermost and contiguous (a channel bias gradient: the sum over images
   and pixels for each channel): each kept element adds its contiguous runs into its own
-  accumulators, one thread per kept element;
+  accumulators, one thread per kept element (a big one: ranges of kept elements on the
+  engine's threads, engine.backends.cpu.threads);
 - anything else: a strided loop over at most two kept and two reduced axes, else numpy.
 """
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu import layout
+from engine.backends.cpu import layout, threads
 from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, scalar_math
 
 MAX_CHUNKS = 64
@@ -187,6 +188,12 @@ def cpu_sum(out, ins, axes, keepdims):
         width = _whole_lines(min(run, BLOCK))
         vertical = run >= 16 and kept_offsets.size * width <= MAX_SCRATCH
         acc = np.empty((kept_offsets.size, width) if vertical else (0, 1))
+        if threads.THREADS > 1 and kept_offsets.size > 1 and x.size >= threads.MIN_ELEMENTS:
+            # kept elements in ranges on the engine's threads: each element's sum as whole
+            return threads.side_by_side([
+                call(_sum_runs, base, kept_offsets[lo:hi], reduced_offsets, run,
+                     acc[lo:hi] if vertical else acc, flat_out[lo:hi])
+                for lo, hi in threads.bounds(kept_offsets.size, threads.THREADS)])
         return call(_sum_runs, base, kept_offsets, reduced_offsets, run, acc, flat_out)
     if len(kdims) > 2 or len(rdims) > 2:      # more than two irreducible axes on a side
         return lambda: np.sum(x, axis=tuple(axes), keepdims=keepdims, out=out)
