@@ -162,14 +162,15 @@ def _error_message(exc: Exception) -> str:
     return f"error: {kind}{type(exc).__name__}: {exc}"
 
 
+def op_labels(op: str, engine: str) -> dict:
+    """The labels every row of an op carries: op, and engine when it is not ours."""
+    return {"op": op} | ({"engine": engine} if engine != EngineAdapter.name else {})
+
+
 def case_labels(case, adapter, mode: str) -> dict:
     """What a case's row says was checked: op, engine (when not ours), backend, dtype, mode."""
-    labels = {"op": case.op}
-    if adapter.name != EngineAdapter.name:
-        labels["engine"] = adapter.name
-    labels |= {"backend": getattr(adapter, "backend", "cpu"), "dtype": case.dtype,
-               "mode": mode}
-    return labels
+    return op_labels(case.op, adapter.name) | {
+        "backend": getattr(adapter, "backend", "cpu"), "dtype": case.dtype, "mode": mode}
 
 
 def check_sample(case, inject: str | None = None, mode: str = "auto",

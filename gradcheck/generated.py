@@ -30,7 +30,7 @@ import time
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.check import check_sample
+from gradcheck.check import check_sample, op_labels
 from gradcheck.runner import repro_command
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT, IsolatedAdapter
 from reports import Result
@@ -130,14 +130,11 @@ class _Search:
         more = len(self.unsupported) - REASONS_SHOWN
         if more > 0:
             reasons += f"; and {more} other reasons"
-        labels = {"op": op_name}
-        if engine != EngineAdapter.name:
-            labels["engine"] = engine
         return Result("gradcheck", f"{op_name}(generated)", "unsupported",
                       {"unsupported_draws": total, "checked_draws": len(self.drawn)},
                       f"{total} drawn cases not run ({engine} cannot run them; assumed "
                       f"away, not counted): {reasons}",
-                      labels=labels | {"generated": "unsupported"})
+                      labels=op_labels(op_name, engine) | {"generated": "unsupported"})
 
 
 def _with_repro(result: Result, case, adapter, mode) -> Result:
