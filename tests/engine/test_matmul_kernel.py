@@ -23,6 +23,16 @@ def sparse(rng, shape, density, dtype, layout="C"):
     return laid_out(values.astype(dtype), layout)
 
 
+def blob_images(rng, n, dtype) -> np.ndarray:
+    """n flattened 28x28 images, each zero but for a 12x10 blob at a random place, 70% of it
+    non-zero (MNIST-like: mostly zeros in clustered runs), shape (n, 784)."""
+    x = np.zeros((n, 28, 28), dtype)
+    for i in range(n):
+        r0, c0 = rng.integers(3, 12, 2)
+        x[i, r0:r0 + 12, c0:c0 + 10] = rng.random((12, 10)) * (rng.random((12, 10)) < 0.7)
+    return x.reshape(n, 784)
+
+
 def laid_out(x, layout):
     if layout == "T":
         return np.ascontiguousarray(x.T).T
@@ -237,11 +247,7 @@ def test_fc_layer_on_sparse_images(dtype):
     """x @ W^T and its gradients through the engine, x mostly zeros in clustered runs (as
     MNIST images): the forward product and the weight gradient x^T @ g go sparse."""
     rng = np.random.default_rng(9)
-    x = np.zeros((1000, 28, 28), dtype)
-    for i in range(1000):
-        r0, c0 = rng.integers(3, 12, 2)
-        x[i, r0:r0 + 12, c0:c0 + 10] = rng.random((12, 10)) * (rng.random((12, 10)) < 0.7)
-    x = x.reshape(1000, 784)
+    x = blob_images(rng, 1000, dtype)
     w = rng.uniform(-0.1, 0.1, (500, 784)).astype(dtype)
     out = np.empty((1000, 500), dtype)
     assert matmul_path(out, x, w.T).startswith("sparse")

@@ -15,7 +15,7 @@ from engine.backends.cpu import matmul as mm
 from engine.backends.cpu import threads
 from engine.registry import all_ops
 from tests.engine.op_harness import run_engine, weighted_grads
-from tests.engine.test_matmul_kernel import assert_matches
+from tests.engine.test_matmul_kernel import assert_matches, blob_images
 
 SPLIT_OPS = sorted(name for name, op in all_ops().items()
                    if hasattr(op.kernels.get("cpu"), "chunks"))
@@ -98,11 +98,7 @@ def test_sparse_path_on_threads(nthreads, dtype, split_everything):
     product (a column split) and weight gradient (a row split)."""
     split_everything(nthreads)
     rng = np.random.default_rng(3)
-    x = np.zeros((600, 28, 28), dtype)
-    for i in range(600):
-        r0, c0 = rng.integers(3, 12, 2)
-        x[i, r0:r0 + 12, c0:c0 + 10] = rng.random((12, 10)) * (rng.random((12, 10)) < 0.7)
-    x = x.reshape(600, 784)
+    x = blob_images(rng, 600, dtype)
     w = rng.uniform(-0.1, 0.1, (500, 784)).astype(dtype)
     g = rng.uniform(-1, 1, (600, 500)).astype(dtype)
     for (a, b), path in (((x, w.T), "sparse_left/cols+blas"),
