@@ -222,3 +222,16 @@ def test_a_bad_thread_count_is_a_clear_error(monkeypatch, value):
         threads._threads_from_env()
     with pytest.raises(ValueError, match="number of threads must be >= 1"):
         threads.set_num_threads(0)
+
+
+@pytest.mark.parametrize("shape", [(64, 48, 40), (2, 48, 40)])   # rows, or columns, split
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_blas_product_on_threads(shape, nthreads, split_everything):
+    """A product that the sparse path declined, on BLAS in chunks: as numpy's."""
+    split_everything(nthreads)
+    m, k, n = shape
+    rng = np.random.default_rng(6)
+    a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
+    out = np.empty((m, n))
+    mm.blas_product(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)

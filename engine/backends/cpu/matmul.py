@@ -24,8 +24,11 @@ products, per side, in this order (left, then right), when
   SAMPLE_MARGIN times that goes to BLAS without a full count), then counted;
 - the dense operand d has no NaN or infinity (a skipped 0 * inf would be NaN in BLAS).
 Everything else (dense operands, gradcheck's random samples, batched products, small or
-skinny products) goes to BLAS. For MNIST's FC layer at batch 1000 (s: the images, 19% non-
-zero; n = 500) both big products go sparse; at batch 100 (under CALL_COST's bound) none.
+skinny products) goes to BLAS. With the engine's threads (engine.backends.cpu.threads), big
+products run as chunks side by side (matmul_chunks), and a sparse product as row ranges,
+each with its dense lines (SparseProduct.run). For MNIST's FC layer at batch 1000 (s: the
+images, 19% non-zero; n = 500) both big products go sparse; at batch 100 (under CALL_COST's
+bound) none.
 
 Numerics: the sparse path adds the same non-zero terms as BLAS in another order (dense
 lines' products and the sparse part added, the sparse part in column blocks, eight terms at
@@ -260,10 +263,9 @@ def matmul_path(out, a, b) -> str:
 
 def matmul_chunks(out, ins, parts):
     """How a product is split across the engine's threads (engine.backends.cpu.threads):
-    batched products along the first batch axis; a matrix product by rows of out (rows of
-    a), or by columns (of b) when out has fewer rows than threads. A product that may take
-    the sparse path is not split here: its run splits its own parts (SparseProduct.run,
-    blas_product)."""
+    batched products along the first batch axis; a matrix product as matrix_chunks. A
+    product that may take the sparse path is not split here: its run splits its own parts
+    (SparseProduct.run, or blas_product when it goes to BLAS)."""
     a, b = ins
     if out.size * a.shape[-1] < threads.MIN_MACS:
         return None
@@ -271,6 +273,12 @@ def matmul_chunks(out, ins, parts):
         return threads.along_axis0(out, ins, parts) if out.shape[0] > 1 else None
     if any(_sparse_sides(out, a, b)):
         return None
+    return matrix_chunks(out, a, b, parts)
+
+
+def matrix_chunks(out, a, b, parts):
+    """A matrix product out = a @ b as products on ranges of out's rows (a's rows), or of
+    its columns (b's) when it has fewer rows than `parts`; None when neither splits."""
     m, n = out.shape
     if m >= parts:
         return [(out[lo:hi], [a[lo:hi], b]) for lo, hi in threads.bounds(m, parts)]
@@ -280,11 +288,14 @@ def matmul_chunks(out, ins, parts):
 
 
 def blas_product(a, b, out) -> None:
-    """out = a @ b by BLAS (2-D), its rows split across the engine's threads where that
-    pays (BLAS itself runs one thread while a plan runs)."""
-    if a.shape[0] >= threads.THREADS > 1 and out.size * a.shape[1] >= threads.MIN_MACS:
-        threads.side_by_side([functools.partial(np.matmul, a[lo:hi], b, out=out[lo:hi])
-                              for lo, hi in threads.bounds(a.shape[0], threads.THREADS)])()
+    """out = a @ b by BLAS (2-D), split across the engine's threads where that pays (BLAS
+    itself runs one thread while a plan runs)."""
+    parts = threads.THREADS
+    pieces = (matrix_chunks(out, a, b, parts)
+              if parts > 1 and out.size * a.shape[1] >= threads.MIN_MACS else None)
+    if pieces:
+        threads.side_by_side([functools.partial(np.matmul, ca, cb, out=o)
+                              for o, (ca, cb) in pieces])()
     else:
         np.matmul(a, b, out=out)
 
