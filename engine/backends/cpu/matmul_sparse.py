@@ -315,10 +315,9 @@ def compress_multiply(s, keep_row, col_pos, starts, indices, values, d, out, cur
     (compress_multiply_rows), d's rows in blocks of `block`. cursor: scratch of m (each
     row's position in its list)."""
     nchunks = min(nchunks, out.shape[0])
-    m = out.shape[0]
-    total = starts[m] + m
+    if nchunks < 1:
+        return
+    bounds = chunk_rows(starts, nchunks)
     for c in prange(nchunks):
-        r0 = _balanced_row(starts, c * total // nchunks)
-        r1 = _balanced_row(starts, (c + 1) * total // nchunks)
         compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
-                               block, accumulate, by_rows, r0, r1)
+                               block, accumulate, by_rows, bounds[c], bounds[c + 1])
