@@ -192,23 +192,14 @@ def split(kernel, chunks=rows):
     return run
 
 
-class _Blas:
-    """numpy's BLAS as threadpoolctl finds it (None where it finds none)."""
-
-    def __init__(self):
-        self.libs = None
-
-    def controllers(self):
-        if self.libs is None:
-            try:
-                from threadpoolctl import ThreadpoolController
-                self.libs = ThreadpoolController().select(user_api="blas").lib_controllers
-            except Exception:              # no threadpoolctl, or a BLAS it cannot drive
-                self.libs = []
-        return self.libs
-
-
-_BLAS = _Blas()
+@functools.cache
+def _blas_controllers() -> list:
+    """numpy's BLAS libraries as threadpoolctl finds them (none where it cannot)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+        return ThreadpoolController().select(user_api="blas").lib_controllers
+    except Exception:                      # no threadpoolctl, or a BLAS it cannot drive
+        return []
 
 
 @contextlib.contextmanager
@@ -218,7 +209,7 @@ def engine_threads():
     if THREADS <= 1:
         yield
         return
-    libs = _BLAS.controllers()
+    libs = _blas_controllers()
     before = [lib.get_num_threads() for lib in libs]
     for lib, n in zip(libs, before, strict=True):
         if n != 1:
