@@ -109,6 +109,25 @@ def test_dense_lines_go_to_blas(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("every", [1, 4])
+def test_transposed_dense_operand_copied_whole_or_gathered(dtype, every):
+    """A transposed d (a weight W read as W^T) is copied whole when the sparse part uses at
+    least half of its rows (here: every column of s has a non-zero), and only the rows
+    used are gathered otherwise (every 4th: then d's row 4 is the scratch's row 1)."""
+    rng = np.random.default_rng(5)
+    a = sparse(rng, (M, K), 0.02, dtype)
+    a[:, np.arange(K) % every != 0] = 0
+    b = laid_out(rng.uniform(-1, 1, (K, N)).astype(dtype), "T")
+    out = np.empty((M, N), dtype)
+    (p,) = [p for p in sparse_products(out, a, b) if not p.transposed]
+    assert p.pays()
+    p.run()
+    assert_matches(out, a, b)
+    assert np.array_equal(p.d_scratch[1], b[1]) == (every == 1)
+    assert np.array_equal(p.d_scratch[1], b[4]) == (every == 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_empty_rows_and_all_zero_operand(dtype):
     rng = np.random.default_rng(3)
     a = sparse(rng, (M, K), 0.02, dtype)

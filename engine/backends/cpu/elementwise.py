@@ -15,7 +15,6 @@ leaky_relu's negative_slope, clamp's min and max). The CUDA kernels
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -318,9 +317,9 @@ def _param_values(params: dict, names) -> tuple[float, float]:
 def unary(name: str, params=()):
     """The dispatcher of unary op or activation `name`: kernel(out, [x], **params), the
     float parameters named in `params` (in order) passed to the kernel. A strided x is
-    copied into out by numpy (whose copy picks the best loop order for any strides; a
-    numba loop over a strided view was no faster) and mapped in place; `cont` only
-    copies."""
+    copied into out (layout.copy_call: a transposed view in tiles, any other by numpy,
+    whose copy picks the best loop order for any strides) and mapped in place; `cont`
+    only copies."""
     activation = name in ACTIVATION_CODES
     code = ACTIVATION_CODES[name] if activation else UNARY_CODES[name]
 
@@ -335,7 +334,7 @@ def unary(name: str, params=()):
             run = call(_unary, src, flat_out, code, p0)
         if x.flags.c_contiguous:
             return run
-        gather = functools.partial(np.copyto, out, x)
+        gather = layout.copy_call(out, x)
         return gather if name == "cont" else sequence(gather, run)
     prepare.__name__ = f"cpu_{name}"
     return threads.split(bindable(prepare))
@@ -354,7 +353,7 @@ def activation_back(name: str, params=()):
         src = x.reshape(-1) if x.flags.c_contiguous else flat_out
         run = call(_activation_back, g.reshape(-1), src, flat_out, code, p0, p1)
         return run if x.flags.c_contiguous else \
-            sequence(functools.partial(np.copyto, out, x), run)
+            sequence(layout.copy_call(out, x), run)
     prepare.__name__ = f"cpu_{name}_back"
     return threads.split(bindable(prepare))
 

@@ -11,14 +11,18 @@ contiguous across them), so a bias of shape (C,) added to an (N, C) matrix is N 
 and a channel bias (C, 1, 1) added to (N, C, H, W) is N C rows of H W with step 0.
 
 All of this is plain numpy on shapes and strides: dispatchers call it once per plan (in
-their `bind`) or once per call, never per element.
+their `bind`) or once per call, never per element. The one kernel here, `copy_call`'s tiled
+copy, makes a transposed view contiguous.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
+
+from engine.backends.cpu.jit import kernel
 
 as_strided = np.lib.stride_tricks.as_strided
 
@@ -93,3 +97,49 @@ class Rows:
         outer = dims[:-1]
         offsets = [row_offsets(outer, k, item) for k in range(len(views))]
         return cls(run, math.prod(n for n, _ in outer), bases, offsets, steps)
+
+
+@kernel
+def _transpose_tiles(src, out):
+    """out[b] = src[b].T for 3-D arrays (src contiguous along its last axis, as out): in
+    tiles of 8 x 8, so that every cache line read (of src) and written (of out) is used
+    whole while it is in the L1 cache."""
+    nb, nr, nc = out.shape
+    r8, c8 = nr // 8 * 8, nc // 8 * 8
+    for b in range(nb):
+        sb = src[b]
+        ob = out[b]
+        for r0 in range(0, r8, 8):
+            for c0 in range(0, c8, 8):
+                for c in range(c0, c0 + 8):
+                    for r in range(r0, r0 + 8):
+                        ob[r, c] = sb[c, r]
+            for r in range(r0, r0 + 8):
+                for c in range(c8, nc):
+                    ob[r, c] = sb[c, r]
+        for r in range(r8, nr):
+            for c in range(nc):
+                ob[r, c] = sb[c, r]
+
+
+_TILED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
+
+
+def copy_call(out, x):
+    """A zero-argument call that copies view `x` into C-contiguous `out` (same shape and
+    dtype): a transposed view (its second-last axis the contiguous one, not its last) by
+    `_transpose_tiles`, about twice as fast as numpy's copy there (1.5 times where the
+    untransposed view is not contiguous), for the dtypes numba compiles it for; anything
+    else by numpy."""
+    item = x.itemsize
+    if (x.ndim >= 2 and x.strides[-2] == item and x.strides[-1] != item
+            and x.shape[-2] >= 8 and x.shape[-1] > 1
+            and out.flags.c_contiguous and x.dtype == out.dtype and x.dtype in _TILED_DTYPES):
+        nr, nc = x.shape[-2:]
+        lead = [(n, s) for n, s in zip(x.shape[:-2], x.strides[:-2], strict=True) if n != 1]
+        if all(s == s2 * n2 for (_, s), (n2, s2) in zip(lead, lead[1:], strict=False)):
+            nb = math.prod(n for n, _ in lead)             # the batch axes as one
+            step = lead[-1][1] if lead else 0
+            src = as_strided(x, (nb, nc, nr), (step, x.strides[-1], item), writeable=False)
+            return functools.partial(_transpose_tiles, src, out.reshape(nb, nr, nc))
+    return functools.partial(np.copyto, out, x)

@@ -43,8 +43,8 @@ import functools
 import numba
 import numpy as np
 
+from engine.backends.cpu import layout, threads
 from engine.backends.cpu import matmul_sparse as sp
-from engine.backends.cpu import threads
 from engine.backends.cpu.jit import bindable
 
 # The cost model, in multiply-adds on BLAS, fitted to the sparse path's time over BLAS's
@@ -77,7 +77,8 @@ class SparseProduct:
     arrays (their data read at each run).
 
     s: (m, k) any strides; d: (k, n) any strides (when not C-contiguous, the rows the
-    sparse part uses are gathered into a C-contiguous scratch); out: C-contiguous, (m, n),
+    sparse part uses are gathered into a C-contiguous scratch, or all of d is copied there
+    when d is transposed and they are at least half of its rows); out: C-contiguous, (m, n),
     or (n, m) if transposed (then the product goes to a scratch, copied into out). Scratch
     arrays are allocated at the first run that needs them."""
 
@@ -85,10 +86,14 @@ class SparseProduct:
         self.s, self.d, self.out, self.transposed = s, d, out, transposed
         m, k = s.shape
         self.by_rows = abs(s.strides[1]) <= abs(s.strides[0]) or m == 1
-        self.d_scratch = None
+        # d's rows for the sparse part, C-contiguous, when d is not (allocated by the first
+        # run that needs it); copy_d: a copy of all of d into it, where d is transposed
+        self.d_scratch = self.copy_d = None
+        self.d_transposed = d.T.flags.c_contiguous and not d.flags.c_contiguous
         # d, or d^T where that is C-contiguous, for the NaN and infinity count
         self.d_scan = d.T if d.T.flags.c_contiguous and not d.flags.c_contiguous else d
         self.dest = out if not transposed else None
+        self.copy_out = None     # bound at the first run, with dest
         self.row_counts = np.empty(m, np.int64)
         self.col_counts = np.empty(k, np.int64)
         self.col_partials = np.empty((max(1, min(numba.get_num_threads(), m)), k + 16),
@@ -105,6 +110,12 @@ class SparseProduct:
         self.overhead = (SCAN_COST * m * k + CALL_COST) / n + (0 if d.flags.c_contiguous
                                                                 else GATHER_COST * k)
         self.split = None
+
+    def _scratch(self) -> np.ndarray:
+        if self.d_scratch is None:
+            self.d_scratch = np.empty(self.d.shape, self.d.dtype)
+            self.copy_d = layout.copy_call(self.d_scratch, self.d)
+        return self.d_scratch
 
     def _sample_cost(self) -> float:
         """The lines' cost of the better split estimated from every SAMPLE_STEP-th line."""
@@ -148,6 +159,7 @@ class SparseProduct:
         m, k = s.shape
         if self.dest is None:
             self.dest = np.empty((m, d.shape[1]), self.out.dtype)
+            self.copy_out = layout.copy_call(self.out, self.dest.T)
         dest = self.dest
         numba_threads = numba.get_num_threads()
         keep_row = np.ones(m, np.uint8)
@@ -167,12 +179,16 @@ class SparseProduct:
             col_pos[cols] = cols
             d_sparse = d
             d_dense = d[lines] if accumulate else None
+        elif self.d_transposed and 2 * (len(cols) + len(lines)) >= k:
+            self._scratch()
+            self.copy_d()        # all of d copied: faster than half of it gathered
+            col_pos[cols] = cols
+            d_sparse = self.d_scratch
+            d_dense = self.d_scratch[lines] if accumulate else None
         else:                    # d's rows gathered: the sparse part's, then the dense lines'
             col_pos[cols] = np.arange(len(cols))
-            if self.d_scratch is None:
-                self.d_scratch = np.empty(d.shape, d.dtype)
             rows = np.concatenate([cols, lines]) if accumulate else cols
-            gathered = self.d_scratch[:len(rows)]
+            gathered = self._scratch()[:len(rows)]
             sp.take_rows.for_size(gathered.size)(d, rows, gathered)
             d_sparse, d_dense = gathered[:len(cols)], gathered[len(cols):]
         if accumulate:           # the row counts over the kept columns only
@@ -212,7 +228,7 @@ class SparseProduct:
                     dest[lines[at[c]:at[c + 1]]] = dense_rows[at[c]:at[c + 1]] @ d
             threads.side_by_side([functools.partial(rows, c) for c in range(parts)])()
         if self.transposed:
-            np.copyto(self.out, dest.T)
+            self.copy_out()
 
 
 def _sparse_sides(out, a, b) -> tuple[bool, bool]:

@@ -3,7 +3,7 @@
     out[i, :] = sum over k with s[i, k] != 0 of s[i, k] * d[k, :]
 
 s (m x k) is any 2-D view; d (k x n) and out (m x n) are C-contiguous (engine.backends.cpu.
-matmul gathers d's rows when d is not, and sends dense lines of s to BLAS). Steps:
+matmul gathers or copies d when d is not, and sends dense lines of s to BLAS). Steps:
 - count (`sample_counts` on every step-th line for a cheap estimate, then
   `count_nonzeros`, rows and columns, and d's NaNs and infinities; `count_kept` for the
   columns kept);
