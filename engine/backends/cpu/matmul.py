@@ -99,6 +99,7 @@ class SparseProduct:
         self.col_partials = np.empty((max(1, min(numba.get_num_threads(), m)), k + 16),
                                      np.int64)
         self.starts = np.zeros(m + 1, np.int64)
+        self.ends = np.empty(m, np.int64)
         self.cursor = np.empty(m, np.int64)
         lines = m if self.by_rows else k
         self.sample_lines = np.empty(-(-lines // SAMPLE_STEP), np.int64)
@@ -110,6 +111,29 @@ class SparseProduct:
         self.overhead = (SCAN_COST * m * k + CALL_COST) / n + (0 if d.flags.c_contiguous
                                                                 else GATHER_COST * k)
         self.split = None
+
+    def _dense_part(self, lines, d_dense, accumulate, parallel=True):
+        """part(r0, r1): the dense lines' share of rows [r0, r1) of the product, by BLAS.
+        A column split (accumulate): dest[r0:r1] = s[r0:r1, lines] @ d_dense, before the
+        sparse part is added. A row split: dest[i] = s[i] @ d for the dense rows i in
+        [r0, r1). `parallel`: numba's gathers may use numba's threads."""
+        s, d, dest = self.s, self.d, self.dest
+        take = sp.take_columns.for_size(s.size) if parallel else sp.take_columns.serial
+
+        def part(r0, r1):
+            if r1 <= r0 or not len(lines):
+                return
+            if accumulate:
+                s_dense = np.empty((r1 - r0, len(lines)), s.dtype)
+                take(s[r0:r1], lines, s_dense)
+                np.matmul(s_dense, d_dense, out=dest[r0:r1])
+                return
+            mine = lines[np.searchsorted(lines, r0):np.searchsorted(lines, r1)]
+            if len(mine):
+                s_dense_t = np.empty((s.shape[1], len(mine)), s.dtype)
+                take(s.T, mine, s_dense_t)
+                dest[mine] = s_dense_t.T @ d
+        return part
 
     def _scratch(self) -> np.ndarray:
         if self.d_scratch is None:
@@ -161,7 +185,6 @@ class SparseProduct:
             self.dest = np.empty((m, d.shape[1]), self.out.dtype)
             self.copy_out = layout.copy_call(self.out, self.dest.T)
         dest = self.dest
-        numba_threads = numba.get_num_threads()
         keep_row = np.ones(m, np.uint8)
         kept_cols = self.col_counts > 0
         if self.split == "rows":
@@ -191,41 +214,32 @@ class SparseProduct:
             gathered = self._scratch()[:len(rows)]
             sp.take_rows.for_size(gathered.size)(d, rows, gathered)
             d_sparse, d_dense = gathered[:len(cols)], gathered[len(cols):]
-        if accumulate:           # the row counts over the kept columns only
-            sp.count_kept.for_size(s.size)(s, col_pos, self.row_counts, self.by_rows,
-                                           numba_threads)
+        # each row's slot in the CSR: its non-zeros (in a column split all of them, at least
+        # its kept ones: _fill_rows writes where each row's list ends)
         np.cumsum(self.row_counts, out=self.starts[1:])
         nnz = int(self.starts[-1])
         indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
-        s_dense = None
-        if accumulate:           # dest = s[:, lines] @ d[lines] by BLAS, then the rest added
-            s_dense = np.empty((m, len(lines)), s.dtype)
-            sp.take_columns.for_size(s_dense.size)(s, lines, s_dense)
-        dense_rows = None
-        if self.split == "rows" and len(lines):     # dest[lines] = s[lines] @ d by BLAS
-            s_dense_t = np.empty((k, len(lines)), s.dtype)
-            sp.take_columns.for_size(s_dense_t.size)(s.T, lines, s_dense_t)
-            dense_rows = s_dense_t.T
-        args = (s, keep_row, col_pos, self.starts, indices, values, d_sparse, dest,
+        args = (s, keep_row, col_pos, self.starts, self.ends, indices, values, d_sparse, dest,
                 self.cursor, self.block, accumulate, self.by_rows)
         parts = min(threads.THREADS, m)
         if parts == 1:
+            dense_part = self._dense_part(lines, d_dense, accumulate)
             if accumulate:
-                np.matmul(s_dense, d_dense, out=dest)
-            sp.compress_multiply.for_size(self.work)(*args, numba_threads)
-            if dense_rows is not None:
-                dest[lines] = dense_rows @ d
+                dense_part(0, m)
+            sp.compress_multiply.for_size(self.work)(*args, numba.get_num_threads())
+            if not accumulate:
+                dense_part(0, m)
         else:                    # row ranges on the engine's threads, one hand-over
             bounds = sp.chunk_rows(self.starts, parts)
-            at = np.searchsorted(lines, bounds)     # the dense lines in each range
+            dense_part = self._dense_part(lines, d_dense, accumulate, parallel=False)
 
             def rows(c):
                 r0, r1 = int(bounds[c]), int(bounds[c + 1])
-                if accumulate and r1 > r0:
-                    np.matmul(s_dense[r0:r1], d_dense, out=dest[r0:r1])
+                if accumulate:
+                    dense_part(r0, r1)
                 sp.compress_multiply_rows(*args, r0, r1)
-                if dense_rows is not None and at[c + 1] > at[c]:
-                    dest[lines[at[c]:at[c + 1]]] = dense_rows[at[c]:at[c + 1]] @ d
+                if not accumulate:
+                    dense_part(r0, r1)
             threads.side_by_side([functools.partial(rows, c) for c in range(parts)])()
         if self.transposed:
             self.copy_out()

@@ -5,10 +5,11 @@
 s (m x k) is any 2-D view; d (k x n) and out (m x n) are C-contiguous (engine.backends.cpu.
 matmul gathers or copies d when d is not, and sends dense lines of s to BLAS). Steps:
 - count (`sample_counts` on every step-th line for a cheap estimate, then
-  `count_nonzeros`, rows and columns, and d's NaNs and infinities; `count_kept` for the
-  columns kept);
+  `count_nonzeros`, rows and columns, and d's NaNs and infinities);
 - compress (`_fill_rows`): the kept rows of s as CSR, (column, value) lists in column
-  order, each thread its own chunk of rows, which it then
+  order, row i's list written from starts[i] (its slot, sized by the row's non-zeros, or
+  by more: a caller that drops columns sizes slots by all of a row's non-zeros and need
+  not count the kept ones) up to ends[i], each thread its own chunk of rows, which it then
 - multiplies (`compress_multiply`): per row of out, contiguous row updates
       out[i, :] += v1 * d[k1, :] + ... + v8 * d[k8, :]
   eight list entries at a time (then four, two, one), summed as the tree
@@ -113,41 +114,18 @@ def lines_cost(counts, scale, length, entry_cost):
     return total
 
 
-@parallel_kernel
-def count_kept(s, col_pos, counts, by_rows, nchunks):
-    """counts[i] = the non-zeros of row i of s in the kept columns k (col_pos[k] >= 0)."""
-    m, kdim = s.shape
-    nchunks = min(nchunks, m)
-    for c in prange(nchunks):
-        r0 = chunk_start(c, nchunks, m)
-        r1 = chunk_start(c + 1, nchunks, m)
-        cnt = counts[r0:r1]
-        if by_rows:
-            for i in range(r1 - r0):
-                row = s[r0 + i]
-                n = 0
-                for k in range(kdim):
-                    n += (row[k] != 0) & (col_pos[k] >= 0)
-                cnt[i] = n
-        else:
-            cnt[:] = 0
-            for k in range(kdim):
-                if col_pos[k] >= 0:
-                    col = s[r0:r1, k]
-                    for i in range(r1 - r0):
-                        cnt[i] += col[i] != 0
-
-
 @kernel
-def _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows):
+def _fill_rows(s, r0, r1, keep_row, col_pos, starts, ends, indices, values, by_rows):
     """The non-zeros of each kept row i in [r0, r1) of s (keep_row[i] != 0) in the kept
     columns k (col_pos[k] >= 0), in column order, as (col_pos[k], s[i, k]) into
-    indices/values[starts[i]:starts[i + 1]]. cursor: scratch."""
+    indices/values[starts[i]:ends[i]] (ends[i] written here; an empty slot, starts[i] ==
+    starts[i + 1], is a row without non-zeros)."""
     kdim = s.shape[1]
     if by_rows:
         for i in range(r0, r1):
             p = starts[i]
-            if p == starts[i + 1]:
+            if p == starts[i + 1] or not keep_row[i]:
+                ends[i] = p
                 continue
             row = s[i]
             for k in range(kdim):
@@ -156,8 +134,9 @@ def _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by
                     indices[p] = col_pos[k]
                     values[p] = v
                     p += 1
+            ends[i] = p
     else:
-        pos = cursor[r0:r1]
+        pos = ends[r0:r1]                  # each row's cursor, its end when done
         pos[:] = starts[r0:r1]
         keep = keep_row[r0:r1]
         for k in range(kdim):
@@ -280,13 +259,14 @@ def chunk_rows(starts, nchunks):
 
 
 @kernel
-def compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
-                           block, accumulate, by_rows, r0, r1):
-    """compress_multiply on rows [r0, r1) only: it writes only those rows of out, indices,
-    values and cursor, so row ranges may run on threads of their own."""
+def compress_multiply_rows(s, keep_row, col_pos, starts, ends, indices, values, d, out,
+                           cursor, block, accumulate, by_rows, r0, r1):
+    """compress_multiply on rows [r0, r1) only: it writes only those rows of out, ends,
+    cursor and those rows' slots of indices and values, so row ranges may run on threads
+    of their own."""
     n = out.shape[1]
     kdim = d.shape[0]
-    _fill_rows(s, r0, r1, keep_row, col_pos, starts, indices, values, cursor, by_rows)
+    _fill_rows(s, r0, r1, keep_row, col_pos, starts, ends, indices, values, by_rows)
     for k0 in range(0, max(kdim, 1), block):
         k1 = k0 + block
         for i in range(r0, r1):
@@ -299,7 +279,7 @@ def compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out
             else:
                 p = cursor[i]
             e = p
-            end = starts[i + 1]
+            end = ends[i]
             while e < end and indices[e] < k1:
                 e += 1
             _accumulate(orow, d, indices, values, p, e)
@@ -307,11 +287,11 @@ def compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out
 
 
 @parallel_kernel
-def compress_multiply(s, keep_row, col_pos, starts, indices, values, d, out, cursor, block,
-                      accumulate, by_rows, nchunks):
+def compress_multiply(s, keep_row, col_pos, starts, ends, indices, values, d, out, cursor,
+                      block, accumulate, by_rows, nchunks):
     """out = s' @ d (out += s' @ d if accumulate), s' = s's kept rows and columns, d and
     out C-contiguous (d's row col_pos[k] for s's column k): each chunk of rows (chunk_rows)
-    is compressed (_fill_rows, CSR in starts, indices, values) and multiplied
+    is compressed (_fill_rows, CSR in slots starts, ends, indices, values) and multiplied
     (compress_multiply_rows), d's rows in blocks of `block`. cursor: scratch of m (each
     row's position in its list)."""
     nchunks = min(nchunks, out.shape[0])
@@ -319,5 +299,5 @@ def compress_multiply(s, keep_row, col_pos, starts, indices, values, d, out, cur
         return
     bounds = chunk_rows(starts, nchunks)
     for c in prange(nchunks):
-        compress_multiply_rows(s, keep_row, col_pos, starts, indices, values, d, out, cursor,
-                               block, accumulate, by_rows, bounds[c], bounds[c + 1])
+        compress_multiply_rows(s, keep_row, col_pos, starts, ends, indices, values, d, out,
+                               cursor, block, accumulate, by_rows, bounds[c], bounds[c + 1])
