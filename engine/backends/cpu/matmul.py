@@ -219,8 +219,8 @@ class SparseProduct:
         np.cumsum(self.row_counts, out=self.starts[1:])
         nnz = int(self.starts[-1])
         indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
-        args = (s, keep_row, col_pos, self.starts, self.ends, indices, values, d_sparse, dest,
-                self.cursor, self.block, accumulate, self.by_rows)
+        args = (s, keep_row, col_pos, cols, self.starts, self.ends, indices, values, d_sparse,
+                dest, self.cursor, self.block, accumulate, self.by_rows)
         parts = min(threads.THREADS, m)
         if parts == 1:
             dense_part = self._dense_part(lines, d_dense, accumulate)

