@@ -135,3 +135,28 @@ def test_param_used_twice_sums_its_gradients():
     g.compute()
     v = np.array([0.1, 0.2, 0.3])
     np.testing.assert_allclose(grads[w].numpy(), 2 * v + np.exp(v), rtol=1e-14)
+
+
+@pytest.mark.parametrize("x_transposed", [False, True])
+def test_weight_used_transposed_gets_its_gradient_as_a_product(x_transposed):
+    """x @ W^T (ggml's layout of a linear layer): W's gradient is computed as g^T @ x, in
+    W's layout, not as a copy of the transposed (x^T @ g); x may itself be a transposed
+    view. The gradient is torch's."""
+    rng = np.random.default_rng(3)
+    xv, wv = rng.normal(size=(5, 4)), rng.normal(size=(3, 4))
+    x = engine.param((4, 5) if x_transposed else (5, 4), "f64", name="x")
+    w = engine.param((3, 4), "f64", name="w")
+    xin = ops.transpose(x) if x_transposed else x
+    y = ops.matmul(xin, ops.transpose(w))
+    loss = ops.sum(ops.mul(y, y))
+    g = engine.Graph([loss])
+    grads = g.build_backward(loss)
+    assert grads[w].op == "matmul" and grads[x].op in ("matmul", "cont")
+    x.set(xv.T if x_transposed else xv)
+    w.set(wv)
+    g.compute()
+    xt, wt = torch.tensor(xv, requires_grad=True), torch.tensor(wv, requires_grad=True)
+    ((xt @ wt.T) ** 2).sum().backward()
+    np.testing.assert_allclose(grads[w].numpy(), wt.grad.numpy(), rtol=1e-12)
+    want_x = xt.grad.numpy().T if x_transposed else xt.grad.numpy()
+    np.testing.assert_allclose(grads[x].numpy(), want_x, rtol=1e-12)
