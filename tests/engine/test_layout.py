@@ -46,3 +46,16 @@ def test_views_it_cannot_tile_go_to_numpy():
         assert not tiled(call)
         call()
         np.testing.assert_array_equal(out, x)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 21), n=st.integers(1, 21), col0=st.integers(0, 5),
+       right=st.integers(0, 5))
+def test_transpose_into_a_band_of_columns(m, n, col0, right):
+    """transpose_into writes src.T into out's columns [col0, col0 + m) and nothing else."""
+    rng = np.random.default_rng(m * 100 + n)
+    src = rng.normal(size=(m, n)).astype(np.float32)
+    out = np.full((n, col0 + m + right), -7.0, np.float32)
+    layout.transpose_into(src, out, col0)
+    np.testing.assert_array_equal(out[:, col0:col0 + m], src.T)
+    assert (out[:, :col0] == -7).all() and (out[:, col0 + m:] == -7).all()

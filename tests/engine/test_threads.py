@@ -95,14 +95,16 @@ def test_the_split_is_deterministic(split_everything):
 def test_sparse_path_on_threads(nthreads, dtype, split_everything):
     """The zero-skipping product's row ranges on the engine's threads (each with its dense
     lines by BLAS): results within rounding of float64 numpy, for the FC layer's forward
-    product (a column split) and weight gradient (a row split)."""
+    product (a column split) and weight gradient (a row split; as the backward builds it,
+    g^T @ x, a transposed product that each range writes into its columns of out)."""
     split_everything(nthreads)
     rng = np.random.default_rng(3)
     x = blob_images(rng, 600, dtype)
     w = rng.uniform(-0.1, 0.1, (500, 784)).astype(dtype)
     g = rng.uniform(-1, 1, (600, 500)).astype(dtype)
     for (a, b), path in (((x, w.T), "sparse_left/cols+blas"),
-                         ((x.T, g), "sparse_left/rows+blas")):
+                         ((x.T, g), "sparse_left/rows+blas"),
+                         ((g.T, x), "sparse_right/rows+blas")):
         out = np.empty((a.shape[0], b.shape[1]), dtype)
         assert mm.matmul_path(out, a, b) == path       # dense lines, BLAS'd in each range
         mm.cpu_matmul(out, [a, b])

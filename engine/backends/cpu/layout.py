@@ -11,8 +11,8 @@ contiguous across them), so a bias of shape (C,) added to an (N, C) matrix is N 
 and a channel bias (C, 1, 1) added to (N, C, H, W) is N C rows of H W with step 0.
 
 All of this is plain numpy on shapes and strides: dispatchers call it once per plan (in
-their `bind`) or once per call, never per element. The one kernel here, `copy_call`'s tiled
-copy, makes a transposed view contiguous.
+their `bind`) or once per call, never per element. The kernels here copy transposed views
+in tiles (`copy_call`, `transpose_into`).
 """
 
 from __future__ import annotations
@@ -120,6 +120,26 @@ def _transpose_tiles(src, out):
         for r in range(r8, nr):
             for c in range(nc):
                 ob[r, c] = sb[c, r]
+
+
+@kernel
+def transpose_into(src, out, col0):
+    """out[:, col0:col0 + m] = src.T for C-contiguous 2-D src (m, n) and out (n, >= col0 +
+    m): _transpose_tiles into a band of columns of a wider array (a thread's part of a
+    transposed result), out typed contiguous so that a tile's row is one vector store."""
+    m, n = src.shape
+    m8, n8 = m // 8 * 8, n // 8 * 8
+    for r0 in range(0, n8, 8):
+        for c0 in range(0, m8, 8):
+            for c in range(c0, c0 + 8):
+                for r in range(r0, r0 + 8):
+                    out[r, col0 + c] = src[c, r]
+        for r in range(r0, r0 + 8):
+            for c in range(m8, m):
+                out[r, col0 + c] = src[c, r]
+    for r in range(n8, n):
+        for c in range(m):
+            out[r, col0 + c] = src[c, r]
 
 
 _TILED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))

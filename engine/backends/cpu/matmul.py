@@ -7,9 +7,10 @@ BLAS as a transposed matrix, without a copy, where numpy can).
 
 The sparse path computes s @ d skipping the zeros of a sparse operand s: s = a (out = a @ b),
 or, for a sparse right operand, s = b^T (out^T = b^T @ a^T, into a scratch that is then
-transposed into out). The lines of s (its rows, or else its columns, whichever is cheaper)
-are split by their measured density: dense lines go to BLAS, gathered into a compact matrix;
-the rest to engine.backends.cpu.matmul_sparse (CSR rows, contiguous row updates).
+transposed into out, each thread's rows while they are still in its cache). The lines of s
+(its rows, or else its columns, whichever is cheaper) are split by their measured density:
+dense lines go to BLAS, gathered into a compact matrix; the rest to
+engine.backends.cpu.matmul_sparse (CSR rows, contiguous row updates).
 
 Costs are counted in multiply-adds on BLAS (BLAS's: m k n). A line of s costs its length
 times n on BLAS and SPARSE_ENTRY_COST times n per non-zero on the sparse path, and goes to
@@ -79,7 +80,8 @@ class SparseProduct:
     s: (m, k) any strides; d: (k, n) any strides (when not C-contiguous, the rows the
     sparse part uses are gathered into a C-contiguous scratch, or all of d is copied there
     when d is transposed and they are at least half of its rows); out: C-contiguous, (m, n),
-    or (n, m) if transposed (then the product goes to a scratch, copied into out). Scratch
+    or (n, m) if transposed (then the product goes to a scratch, copied into out: on the
+    engine's threads each row range into its columns, layout.transpose_into). Scratch
     arrays are allocated at the first run that needs them."""
 
     def __init__(self, s, d, out, transposed=False):
@@ -240,7 +242,10 @@ class SparseProduct:
                 sp.compress_multiply_rows(*args, r0, r1)
                 if not accumulate:
                     dense_part(r0, r1)
+                if self.transposed and r1 > r0:      # out's columns [r0, r1), still cached
+                    layout.transpose_into(dest[r0:r1], self.out, r0)
             threads.side_by_side([functools.partial(rows, c) for c in range(parts)])()
+            return
         if self.transposed:
             self.copy_out()
 
