@@ -187,17 +187,16 @@ class SparseProduct:
             self.dest = np.empty((m, d.shape[1]), self.out.dtype)
             self.copy_out = layout.copy_call(self.out, self.dest.T)
         dest = self.dest
-        keep_row = np.ones(m, np.uint8)
         kept_cols = self.col_counts > 0
         if self.split == "rows":
             dense = dense_lines(self.row_counts, k)
-            keep_row[dense] = 0
             self.row_counts[dense] = 0
         else:
             dense = dense_lines(self.col_counts, m)
             kept_cols[dense] = False
         lines = np.flatnonzero(dense)
         cols = np.flatnonzero(kept_cols)
+        kept_rows = np.flatnonzero(self.row_counts)
         accumulate = self.split == "cols" and len(lines) > 0
         col_pos = np.full(k, -1, np.int64)
         if d.flags.c_contiguous:
@@ -221,7 +220,7 @@ class SparseProduct:
         np.cumsum(self.row_counts, out=self.starts[1:])
         nnz = int(self.starts[-1])
         indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
-        args = (s, keep_row, col_pos, cols, self.starts, self.ends, indices, values, d_sparse,
+        args = (s, kept_rows, col_pos, cols, self.starts, self.ends, indices, values, d_sparse,
                 dest, self.cursor, self.block, accumulate, self.by_rows)
         parts = min(threads.THREADS, m)
         if parts == 1:
