@@ -17,6 +17,7 @@ and operand layouts resolved, so that a run is a tight loop over kernels (Plan._
 from __future__ import annotations
 
 import functools
+import time
 
 from engine.backends import get_backend
 from engine.backends.cpu.threads import engine_threads
@@ -25,6 +26,21 @@ from engine.registry import OPS
 from engine.tensor import Flag
 
 ALIGN = 64
+
+# Per-node timing (bench/profile_mnist.py): while this is a dict, host-only plans bound from
+# then on add each call's seconds to NODE_TIMES[(graph, op, node name, shape)] = [seconds,
+# calls]. Plans bound while it is None run their calls as they are, untimed.
+NODE_TIMES: dict | None = None
+
+
+def _timed(call, label):
+    def run():
+        t0 = time.perf_counter()
+        call()
+        entry = NODE_TIMES.setdefault(label, [0.0, 0]) if NODE_TIMES is not None else [0, 0]
+        entry[0] += time.perf_counter() - t0
+        entry[1] += 1
+    return run
 
 
 def _aligned(n: int) -> int:
@@ -266,7 +282,7 @@ class Plan:
         """
         be = self.backend
         arrays: list = []
-        calls = []
+        calls, labels = [], []
         for kind, t, fn, getters, params, _be, out, _transfers in self._steps:
             if kind == "leaf":
                 arrays.append(None)
@@ -277,11 +293,13 @@ class Plan:
                 result = be.device_view(OPS[t.op], ins, params)
                 if t.persistent:
                     calls.append(functools.partial(be.copy, be.persistent(t), result))
+                    labels.append((t.op, t.name, t.shape))
             else:
                 result = be.persistent(t) if t.persistent else out
                 bind = getattr(fn, "bind", None)
                 calls.append(bind(result, ins, **params) if bind is not None else
                              functools.partial(fn, result, ins, **params))
+                labels.append((t.op, t.name, t.shape))
             arrays.append(result)
         graph = self.graph
         for p, acc in graph.grad_accs.items():
@@ -289,6 +307,10 @@ class Plan:
             if grad is not None:
                 calls.append(functools.partial(be.accumulate, be.persistent(acc),
                                                be.persistent(grad, False)))
+                labels.append(("accumulate", acc.name, acc.shape))
+        if NODE_TIMES is not None:
+            calls = [_timed(c, (graph.name, *label)) for c, label in zip(calls, labels,
+                                                                         strict=True)]
         return calls
 
     def summary(self) -> dict:

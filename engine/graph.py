@@ -76,7 +76,9 @@ class Graph:
         With `accumulate`, each param also gets a persistent accumulator to which every
         evaluation adds its gradient, and the returned dict maps params to accumulators.
         The loss gradient is a persistent tensor seeded with 1; `reset` re-seeds it and
-        zeroes the accumulators (done once here).
+        zeroes the accumulators (done once here). A param's gradient is a tensor of its own,
+        never a view: one that would be the transpose of a matrix product is built as the
+        transposed product (`_transposed_product`), any other view copied (`cont`).
         """
         if self.loss_grad is not None:
             raise EngineError(f"graph {self.name!r} already has a backward pass")

@@ -93,7 +93,7 @@ class SparseProduct:
         self.d_scratch = self.copy_d = None
         self.d_transposed = d.T.flags.c_contiguous and not d.flags.c_contiguous
         # d, or d^T where that is C-contiguous, for the NaN and infinity count
-        self.d_scan = d.T if d.T.flags.c_contiguous and not d.flags.c_contiguous else d
+        self.d_scan = d.T if self.d_transposed else d
         self.dest = out if not transposed else None
         self.copy_out = None     # bound at the first run, with dest
         self.row_counts = np.empty(m, np.int64)

@@ -1,0 +1,107 @@
+"""Where an MNIST training step's time goes: milliseconds per batch, node by node.
+
+    python bench/profile_mnist.py --arch fc                 # FC at batch 1000 (two of 500)
+    python bench/profile_mnist.py --arch cnn --batches 20
+    PYTHONPATH=/path/to/other/checkout python bench/profile_mnist.py --arch fc --no-nodes
+
+Trains `--batches` batches (after `--warmup` more) of real MNIST (engine.mnist.data) as
+bench/bench_mnist.py's engine child does (AdamW, cross-entropy, physical batches of 500 whose
+gradients accumulate), and prints each node's milliseconds per batch (the calls of every
+bound plan timed one by one, engine.alloc.NODE_TIMES), largest first, then the whole step's.
+Timing each call costs about a microsecond, so the nodes' sum is a little above an untimed
+step; `--no-nodes` times whole steps only (and runs on a checkout without NODE_TIMES: two
+checkouts run alternately compare as well as this noisy machine allows). A profile, not a
+benchmark: bench/bench_mnist.py holds the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", choices=["fc", "cnn"], default="fc")
+    p.add_argument("--batch", type=int, default=1000, help="logical batch (default 1000)")
+    p.add_argument("--physical", type=int, default=500,
+                   help="physical batch whose gradients accumulate (default 500)")
+    p.add_argument("--batches", type=int, default=50, help="timed batches (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed batches first (default 5)")
+    p.add_argument("--top", type=int, default=20, help="nodes listed (default 20)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="the engine's threads (default: GRADVERIFY_THREADS or the cores)")
+    p.add_argument("--no-nodes", action="store_true", help="time whole steps only")
+    args = p.parse_args(argv)
+    physical = min(args.physical, args.batch)
+    if args.batches < 1 or args.warmup < 0 or physical < 1 or args.batch % physical:
+        p.error("--batches must be >= 1, --warmup >= 0, and --batch a multiple of "
+                "--physical")
+
+    from tabulate import tabulate
+
+    from engine import alloc
+    from engine.backends.cpu.threads import get_num_threads, set_num_threads
+    from engine.mnist.data import load_mnist
+    from engine.mnist.models import Model
+    from engine.tensor import input_tensor
+    from engine.train import EpochResult, Trainer
+
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error("--threads must be >= 1")
+        set_num_threads(args.threads)
+    timing_nodes = not args.no_nodes
+    if timing_nodes:
+        if not hasattr(alloc, "NODE_TIMES"):
+            p.error("this engine has no engine.alloc.NODE_TIMES: use --no-nodes")
+        alloc.NODE_TIMES = {}                # plans bound from now on time their calls
+    data = load_mnist()
+    images, labels = data.train_images, data.train_labels
+    onehot = np.eye(10, dtype=np.float32)[labels]
+    x, logits = Model.new(args.arch, seed=0).build(physical)
+    y = input_tensor((physical, 10), "f32", name="labels")
+    trainer = Trainer(x, logits, "cross_entropy", labels=y, optimizer="adamw",
+                      opt_params={"lr": 1e-3, "weight_decay": 1e-2}, batch_logical=args.batch)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(images))
+    per_epoch = len(images) // args.batch
+    result = EpochResult("cross_entropy")
+
+    def train(i):
+        idx = order[(i % per_epoch) * args.batch:(i % per_epoch + 1) * args.batch]
+        for j in range(0, args.batch, physical):
+            part = idx[j:j + physical]
+            trainer.eval_batch(images[part], onehot[part], result=result)
+
+    for i in range(args.warmup):
+        train(i)
+    if timing_nodes:
+        alloc.NODE_TIMES.clear()
+    t0 = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.batches):
+        train(i)
+    step = (time.perf_counter() - t0) / args.batches * 1e3
+
+    print(f"MNIST {args.arch.upper()} training, batch {args.batch} (physical {physical}), "
+          f"{get_num_threads()} thread(s), {args.batches} batches after {args.warmup}")
+    if timing_nodes:
+        times = sorted(alloc.NODE_TIMES.items(), key=lambda kv: -kv[1][0])
+        nodes = sum(sec for sec, _ in alloc.NODE_TIMES.values()) / args.batches * 1e3
+        rows = [[f"{graph}: {op}", name, "x".join(map(str, shape)) or "()",
+                 calls / args.batches, sec / args.batches * 1e3,
+                 f"{sec / args.batches * 1e3 / step:.1%}"]
+                for (graph, op, name, shape), (sec, calls) in times[:args.top]]
+        print(tabulate(rows, headers=["graph: op", "node", "shape", "calls/batch",
+                                      "ms/batch", "of step"], floatfmt=".3f"))
+        print(f"nodes {nodes:.3f} ms per batch ({len(times)} nodes; the rest is Python "
+              "between them and the batch's data)")
+    print(f"step {step:.3f} ms per batch")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
