@@ -100,33 +100,11 @@ class Rows:
 
 
 @kernel
-def _transpose_tiles(src, out):
-    """out[b] = src[b].T for 3-D arrays (src contiguous along its last axis, as out): in
-    tiles of 8 x 8, so that every cache line read (of src) and written (of out) is used
-    whole while it is in the L1 cache."""
-    nb, nr, nc = out.shape
-    r8, c8 = nr // 8 * 8, nc // 8 * 8
-    for b in range(nb):
-        sb = src[b]
-        ob = out[b]
-        for r0 in range(0, r8, 8):
-            for c0 in range(0, c8, 8):
-                for c in range(c0, c0 + 8):
-                    for r in range(r0, r0 + 8):
-                        ob[r, c] = sb[c, r]
-            for r in range(r0, r0 + 8):
-                for c in range(c8, nc):
-                    ob[r, c] = sb[c, r]
-        for r in range(r8, nr):
-            for c in range(nc):
-                ob[r, c] = sb[c, r]
-
-
-@kernel
 def transpose_into(src, out, col0):
-    """out[:, col0:col0 + m] = src.T for C-contiguous 2-D src (m, n) and out (n, >= col0 +
-    m): _transpose_tiles into a band of columns of a wider array (a thread's part of a
-    transposed result), out typed contiguous so that a tile's row is one vector store."""
+    """out[:, col0:col0 + m] = src.T for 2-D src (m, n) and out (n, >= col0 + m), both
+    contiguous along their last axis, in tiles of 8 x 8: every cache line read (of src) and
+    written (of out) is used whole while it is in the L1 cache. col0 > 0: a band of
+    columns of a wider array (a thread's part of a transposed result)."""
     m, n = src.shape
     m8, n8 = m // 8 * 8, n // 8 * 8
     for r0 in range(0, n8, 8):
@@ -140,6 +118,13 @@ def transpose_into(src, out, col0):
     for r in range(n8, n):
         for c in range(m):
             out[r, col0 + c] = src[c, r]
+
+
+@kernel
+def _transpose_tiles(src, out):
+    """out[b] = src[b].T for 3-D arrays, each by transpose_into."""
+    for b in range(out.shape[0]):
+        transpose_into(src[b], out[b], 0)
 
 
 _TILED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
