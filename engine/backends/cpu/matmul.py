@@ -80,8 +80,8 @@ class SparseProduct:
     s: (m, k) any strides; d: (k, n) any strides (when not C-contiguous, the rows the
     sparse part uses are gathered into a C-contiguous scratch, or all of d is copied there
     when d is transposed and they are at least half of its rows); out: C-contiguous, (m, n),
-    or (n, m) if transposed (then the product goes to a scratch, copied into out: on the
-    engine's threads each row range into its columns, layout.transpose_into). Scratch
+    or (n, m) if transposed (then the product goes to a scratch, copied into out by
+    layout.transpose_into: on the engine's threads each row range into its columns). Scratch
     arrays are allocated at the first run that needs them."""
 
     def __init__(self, s, d, out, transposed=False):
@@ -95,7 +95,6 @@ class SparseProduct:
         # d, or d^T where that is C-contiguous, for the NaN and infinity count
         self.d_scan = d.T if self.d_transposed else d
         self.dest = out if not transposed else None
-        self.copy_out = None     # bound at the first run, with dest
         self.row_counts = np.empty(m, np.int64)
         self.col_counts = np.empty(k, np.int64)
         self.col_partials = np.empty((max(1, min(numba.get_num_threads(), m)), k + 16),
@@ -185,7 +184,6 @@ class SparseProduct:
         m, k = s.shape
         if self.dest is None:
             self.dest = np.empty((m, d.shape[1]), self.out.dtype)
-            self.copy_out = layout.copy_call(self.out, self.dest.T)
         dest = self.dest
         kept_cols = self.col_counts > 0
         if self.split == "rows":
@@ -230,6 +228,8 @@ class SparseProduct:
             sp.compress_multiply.for_size(self.work)(*args, numba.get_num_threads())
             if not accumulate:
                 dense_part(0, m)
+            if self.transposed:
+                layout.transpose_into(dest, self.out, 0)
         else:                    # row ranges on the engine's threads, one hand-over
             bounds = sp.chunk_rows(self.starts, parts)
             dense_part = self._dense_part(lines, d_dense, accumulate, parallel=False)
@@ -244,9 +244,6 @@ class SparseProduct:
                 if self.transposed and r1 > r0:      # out's columns [r0, r1), still cached
                     layout.transpose_into(dest[r0:r1], self.out, r0)
             threads.side_by_side([functools.partial(rows, c) for c in range(parts)])()
-            return
-        if self.transposed:
-            self.copy_out()
 
 
 def _sparse_sides(out, a, b) -> tuple[bool, bool]:
