@@ -29,15 +29,16 @@ ALIGN = 64
 
 # Per-node timing (bench/profile_mnist.py): while this is a dict, host-only plans bound from
 # then on add each call's seconds to NODE_TIMES[(graph, op, node name, shape)] = [seconds,
-# calls]. Plans bound while it is None run their calls as they are, untimed.
+# calls], an entry each plan holds from binding on (zero entries in place, do not clear the
+# dict). Plans bound while it is None run their calls as they are, untimed.
 NODE_TIMES: dict | None = None
 
 
-def _timed(call, label):
+def _timed(call, entry):
+    """`call`, adding its seconds and one call to entry = [seconds, calls]."""
     def run():
         t0 = time.perf_counter()
         call()
-        entry = NODE_TIMES.setdefault(label, [0.0, 0]) if NODE_TIMES is not None else [0, 0]
         entry[0] += time.perf_counter() - t0
         entry[1] += 1
     return run
@@ -309,8 +310,8 @@ class Plan:
                                                be.persistent(grad, False)))
                 labels.append(("accumulate", acc.name, acc.shape))
         if NODE_TIMES is not None:
-            calls = [_timed(c, (graph.name, *label)) for c, label in zip(calls, labels,
-                                                                         strict=True)]
+            calls = [_timed(c, NODE_TIMES.setdefault((graph.name, *label), [0.0, 0]))
+                     for c, label in zip(calls, labels, strict=True)]
         return calls
 
     def summary(self) -> dict:
