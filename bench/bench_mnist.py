@@ -90,30 +90,37 @@ def _timed(train, rng, batch: int, warmup: int, count: int) -> float:
     return time.perf_counter() - t0
 
 
-def engine_child(images, labels, arch, batch, physical, warmup, count, threads) -> float:
-    """Seconds the engine takes for `count` training batches of `batch` images, each made
-    of batch / physical physical batches whose gradients accumulate (after `warmup`
-    more), its kernels split across `threads` threads."""
-    from engine.backends.cpu.threads import set_num_threads
+def engine_trainer(images, labels, arch, batch, physical):
+    """train(idx): one engine training batch of the images at index array idx (`batch` of
+    them), made of batch / physical physical batches whose gradients accumulate (AdamW,
+    cross-entropy; the model as engine.mnist.models builds it, seed 0)."""
     from engine.mnist.models import Model
     from engine.tensor import input_tensor
     from engine.train import EpochResult, Trainer
 
-    set_num_threads(threads)
-    model = Model.new(arch, seed=0)
-    x, logits = model.build(physical)
+    x, logits = Model.new(arch, seed=0).build(physical)
     y = input_tensor((physical, 10), "f32", name="labels")
     trainer = Trainer(x, logits, "cross_entropy", labels=y, optimizer="adamw",
                       opt_params={"lr": LR, "weight_decay": WEIGHT_DECAY},
                       batch_logical=batch)
     onehot = np.eye(10, dtype=np.float32)[labels]
-    rng = np.random.default_rng(0)
     result = EpochResult("cross_entropy")
 
     def train(idx):
         for part in _parts(idx, physical):
             trainer.eval_batch(images[part], onehot[part], result=result)
-    return _timed(train, rng, batch, warmup, count)
+    return train
+
+
+def engine_child(images, labels, arch, batch, physical, warmup, count, threads) -> float:
+    """Seconds the engine takes for `count` training batches of `batch` images, each made
+    of batch / physical physical batches whose gradients accumulate (after `warmup`
+    more), its kernels split across `threads` threads."""
+    from engine.backends.cpu.threads import set_num_threads
+
+    set_num_threads(threads)
+    train = engine_trainer(images, labels, arch, batch, physical)
+    return _timed(train, np.random.default_rng(0), batch, warmup, count)
 
 
 def torch_child(images, labels, arch, batch, physical, warmup, count, threads) -> float:

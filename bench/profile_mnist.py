@@ -4,10 +4,11 @@
     python bench/profile_mnist.py --arch cnn --batches 20
     PYTHONPATH=/path/to/other/checkout python bench/profile_mnist.py --arch fc --no-nodes
 
-Trains `--batches` batches (after `--warmup` more) of real MNIST (engine.mnist.data) as
-bench/bench_mnist.py's engine child does (AdamW, cross-entropy, physical batches of 500 whose
-gradients accumulate), and prints each node's milliseconds per batch (the calls of every
-bound plan timed one by one, engine.alloc.NODE_TIMES), largest first, then the whole step's.
+Trains `--batches` batches (after `--warmup` more) of real MNIST (engine.mnist.data) with
+bench/bench_mnist.py's engine trainer (AdamW, cross-entropy, physical batches of 500 whose
+gradients accumulate) and batch order, and prints each node's milliseconds per batch (the
+calls of every bound plan timed one by one, engine.alloc.NODE_TIMES), largest first, then
+the whole step's.
 Timing each call costs about a microsecond, so the nodes' sum is a little above an untimed
 step; `--no-nodes` times whole steps only (and runs on a checkout without NODE_TIMES: two
 checkouts run alternately compare as well as this noisy machine allows). A profile, not a
@@ -21,6 +22,7 @@ import sys
 import time
 
 import numpy as np
+from bench_mnist import EPOCH_IMAGES, _batches, engine_trainer
 
 
 def main(argv=None) -> int:
@@ -46,9 +48,6 @@ def main(argv=None) -> int:
     from engine import alloc
     from engine.backends.cpu.threads import get_num_threads, set_num_threads
     from engine.mnist.data import load_mnist
-    from engine.mnist.models import Model
-    from engine.tensor import input_tensor
-    from engine.train import EpochResult, Trainer
 
     if args.threads is not None:
         if args.threads < 1:
@@ -60,31 +59,19 @@ def main(argv=None) -> int:
             p.error("this engine has no engine.alloc.NODE_TIMES: use --no-nodes")
         alloc.NODE_TIMES = {}                # plans bound from now on time their calls
     data = load_mnist()
-    images, labels = data.train_images, data.train_labels
-    onehot = np.eye(10, dtype=np.float32)[labels]
-    x, logits = Model.new(args.arch, seed=0).build(physical)
-    y = input_tensor((physical, 10), "f32", name="labels")
-    trainer = Trainer(x, logits, "cross_entropy", labels=y, optimizer="adamw",
-                      opt_params={"lr": 1e-3, "weight_decay": 1e-2}, batch_logical=args.batch)
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(images))
-    per_epoch = len(images) // args.batch
-    result = EpochResult("cross_entropy")
+    train = engine_trainer(data.train_images, data.train_labels, args.arch, args.batch,
+                           physical)
+    plan = _batches(np.random.default_rng(0), EPOCH_IMAGES, args.batch,
+                    args.warmup + args.batches)
 
-    def train(i):
-        idx = order[(i % per_epoch) * args.batch:(i % per_epoch + 1) * args.batch]
-        for j in range(0, args.batch, physical):
-            part = idx[j:j + physical]
-            trainer.eval_batch(images[part], onehot[part], result=result)
-
-    for i in range(args.warmup):
-        train(i)
+    for idx in plan[:args.warmup]:
+        train(idx)
     if timing_nodes:
         for entry in alloc.NODE_TIMES.values():     # zeroed in place: plans hold them
             entry[:] = [0.0, 0]
     t0 = time.perf_counter()
-    for i in range(args.warmup, args.warmup + args.batches):
-        train(i)
+    for idx in plan[args.warmup:]:
+        train(idx)
     step = (time.perf_counter() - t0) / args.batches * 1e3
 
     print(f"MNIST {args.arch.upper()} training, batch {args.batch} (physical {physical}), "
