@@ -7,7 +7,7 @@
 Seconds per training epoch (57,000 images: MNIST's 60,000 less a 5% validation split;
 AdamW lr=1e-3, weight_decay=1e-2; cross-entropy; each batch made of physical batches of 500
 whose gradients accumulate, as `mnist train` and ggml's example train, `--physical N` for
-another size) of the engine's CPU backend (the MNIST models of engine.mnist.models through
+another size) of the engine's CPU backend (the MNIST models of mnist_target.models through
 engine.train.Trainer) and of the same models in torch on the CPU, with torch.set_num_threads
 equal to the engine's thread count (engine.backends.cpu.threads). Targets (issue 6):
 
@@ -25,7 +25,7 @@ trains a few warm-up batches first (numba compilation or cache loads, thread poo
 faults), then times `--batches` batches (default: a whole epoch's) and scales the time to
 57,000 images. The reported figure is the median over `--repeats`.
 
-Data: real MNIST from engine.mnist.data.load_mnist(); where that fails, random images with
+Data: real MNIST from mnist_target.data.load_mnist(); where that fails, random images with
 MNIST's density (19% non-zero pixels, values k/256), which the output says (the density
 matters to kernels that skip zeros). The machine may be shared and noisy: read the ratios.
 Exit status 1 when a target is missed.
@@ -93,8 +93,8 @@ def _timed(train, rng, batch: int, warmup: int, count: int) -> float:
 def engine_trainer(images, labels, arch, batch, physical):
     """train(idx): one engine training batch of the images at index array idx (`batch` of
     them), made of batch / physical physical batches whose gradients accumulate (AdamW,
-    cross-entropy; the model as engine.mnist.models builds it, seed 0)."""
-    from engine.mnist.models import Model
+    cross-entropy; the model as mnist_target.models builds it, seed 0)."""
+    from mnist_target.models import Model
     from engine.tensor import input_tensor
     from engine.train import EpochResult, Trainer
 
@@ -181,7 +181,7 @@ def run_child(args) -> None:
 def load_data() -> tuple[np.ndarray, np.ndarray, str]:
     """(images (60000, 784) float32, labels int32, where they came from)."""
     try:
-        from engine.mnist.data import load_mnist
+        from mnist_target.data import load_mnist
         d = load_mnist()
         return d.train_images, d.train_labels, f"MNIST ({d.source})"
     except Exception as exc:   # any failure: fall back, and say why
@@ -211,7 +211,7 @@ def sgemm_gflops(n: int = SGEMM_SIZE, repeats: int = 5) -> float:
 
 def matmul_flops_per_batch(arch: str, batch: int) -> int:
     """2 M K N summed over the matmul nodes of the engine's training graph (dense)."""
-    from engine.mnist.models import Model
+    from mnist_target.models import Model
     from engine.tensor import input_tensor
     from engine.train import Trainer
 

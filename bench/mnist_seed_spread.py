@@ -4,8 +4,8 @@
     python bench/mnist_seed_spread.py --arch fc --seeds 0 1 2 --epochs 30
 
 For each seed: the initial weights and per-epoch batch order that `mnist regress --seed S`
-uses (engine.mnist.models.Model.new, engine.mnist.run.batch_orders), trained in torch on the
-CPU (engine.mnist.torch_ref, AdamW lr 1e-3, logical batch 1000 from two physical batches of
+uses (mnist_target.models.Model.new, mnist_target.run.batch_orders), trained in torch on the
+CPU (mnist_target.torch_ref, AdamW lr 1e-3, logical batch 1000 from two physical batches of
 500, 5% validation split) and evaluated on the 10,000 test images. `mnist regress` shows
 that the engine follows this torch run's loss curve (to 2% by its bar; about 2e-4 measured),
 so the spread of torch's accuracy over seeds is where a fixed-seed accuracy bar sits. Torch
@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from engine.mnist.regress import ACCURACY_BARS
+from mnist_target.regress import ACCURACY_BARS
 
 
 def main(argv=None) -> int:
@@ -33,10 +33,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from engine.mnist.data import load_mnist
-    from engine.mnist.models import Model
-    from engine.mnist.run import TrainConfig, batch_orders
-    from engine.mnist.torch_ref import evaluate_torch, torch_model, train_torch
+    from mnist_target.data import load_mnist
+    from mnist_target.models import Model
+    from mnist_target.run import TrainConfig, batch_orders
+    from mnist_target.torch_ref import evaluate_torch, torch_model, train_torch
 
     torch.set_num_threads(1)
     data = load_mnist()

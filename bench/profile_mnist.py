@@ -4,7 +4,7 @@
     python bench/profile_mnist.py --arch cnn --batches 20
     PYTHONPATH=/path/to/other/checkout python bench/profile_mnist.py --arch fc --no-nodes
 
-Trains `--batches` batches (after `--warmup` more) of real MNIST (engine.mnist.data) with
+Trains `--batches` batches (after `--warmup` more) of real MNIST (mnist_target.data) with
 bench/bench_mnist.py's engine trainer (AdamW, cross-entropy, physical batches of 500 whose
 gradients accumulate) and batch order, and prints each node's milliseconds per batch (the
 calls of every bound plan timed one by one, engine.alloc.NODE_TIMES), largest first, then
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
 
     from engine import alloc
     from engine.backends.cpu.threads import get_num_threads, set_num_threads
-    from engine.mnist.data import load_mnist
+    from mnist_target.data import load_mnist
 
     if args.threads is not None:
         if args.threads < 1:

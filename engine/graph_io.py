@@ -209,7 +209,7 @@ def load_graph(path) -> LoadedGraph:
     gf, where = load_gguf(path), os.fspath(path)
     if gf.arch != ARCH:
         hint = (f"this is an MNIST model file ({gf.arch}), not a graph file; load it with "
-                "engine.mnist.models.Model.load" if gf.arch.startswith("mnist-") else
+                "mnist_target.models.Model.load" if gf.arch.startswith("mnist-") else
                 "not a graph file")
         raise GraphFileError(f"{where}: architecture is {gf.arch!r}, expected {ARCH!r}: {hint}")
     keys = _Keys(gf.metadata, where)

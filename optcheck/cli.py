@@ -18,8 +18,7 @@ from engine.backends import BACKENDS, get_backend
 from engine.errors import EngineError
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES
 from optcheck.runner import FAMILIES, run_checks
-from reports import exit_status
-from reports.output import FORMATS, OutputError, render, unwritable, write_atomic
+from reports.output import FORMATS, emit, first_unwritable
 
 HP_OPTIONS = {"lr": "lr", "eps": "eps", "weight_decay": "weight_decay",
               "momentum": "momentum", "dampening": "dampening"}
@@ -114,11 +113,10 @@ def main(argv=None) -> int:
     dtypes = _selected([args.dtype], DTYPES)
     optimizers = _selected(args.opt, OPTIMIZER_NAMES)
     progress = not args.no_progress and sys.stderr.isatty()
-    if args.output:
-        problem = unwritable(args.output)
-        if problem:
-            print(f"optcheck: cannot write {args.output}: {problem}", file=sys.stderr)
-            return 2
+    problem = first_unwritable(args.output)
+    if problem:
+        print(f"optcheck: {problem}", file=sys.stderr)
+        return 2
     try:
         get_backend(args.backend)
         configs = {o: user_config(args, o) for o in optimizers}
@@ -141,33 +139,8 @@ def main(argv=None) -> int:
                                           seed=args.seed)
         tool = "optcheck"
     meta = {"argv": list(sys.argv[1:] if argv is None else argv)}
-    if args.output:
-        try:
-            write_atomic(args.output, render_by_family(results, args.format, tool, meta))
-        except OutputError as exc:
-            print(f"optcheck: {exc}", file=sys.stderr)
-            return 2
-        print(f"optcheck: wrote {args.output} ({len(results)} results)", file=sys.stderr)
-    else:
-        sys.stdout.write(render_by_family(results, args.format, tool, meta))
-    return exit_status(results)
-
-
-def render_by_family(results, fmt: str, tool: str, meta) -> str:
-    """Plain and Markdown output: one table per family, then one summary line; other
-    formats: one document."""
-    if fmt not in ("plain", "github"):
-        return render(results, fmt, tool, meta)
-    from reports.table import render_table, summary_line
-    groups: dict[str, list] = {}
-    for r in results:
-        groups.setdefault(r.labels.get("family", ""), []).append(r)
-    parts = []
-    for family, rows in groups.items():
-        title = f"{family} ({summary_line(rows)})" if family else summary_line(rows)
-        parts.append(("## " if fmt == "github" else "") + title + "\n\n" +
-                     render_table(rows, fmt))
-    return "\n\n".join(parts) + "\n\n" + summary_line(results) + "\n"
+    return emit(results, tool=tool, fmt=args.format, output=args.output, meta=meta,
+                group_by="family")
 
 
 if __name__ == "__main__":

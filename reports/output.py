@@ -1,20 +1,24 @@
-"""One entry point for every rendering, and a safe way to write it to a file.
+"""One entry point for every rendering, a safe way to write it to a file, and the tail that
+every command line tool shares.
 
     text = render(results, "json", "gradcheck", meta={"argv": argv})
     write_atomic("report.json", text)
+    return emit(results, tool="gradcheck", fmt="plain", output=None)   # a CLI's last line
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 
 from reports.html_report import render_html
 from reports.json_report import default_meta, render_json
 from reports.junit import render_junit
-from reports.table import render_table, summary_line
+from reports.record import exit_status
+from reports.table import render_grouped, render_table, summary_line
 
 FORMATS = ("plain", "github", "html", "json", "junit")
 # The format a file name suggests, for tools that pick one from --output.
@@ -37,7 +41,7 @@ def format_for_path(path, default: str = "plain") -> str:
 
 
 def render(results, fmt: str, tool: str, meta: Mapping | None = None,
-           figures: list[str] | None = None) -> str:
+           figures: list[str] | None = None, group_by: str | None = None) -> str:
     """`results` in format `fmt` (one of FORMATS), as text ending with a newline.
 
     plain and github: the table, then the summary line (github: a blank line between, so
@@ -45,8 +49,11 @@ def render(results, fmt: str, tool: str, meta: Mapping | None = None,
     json: the results document. junit: one testsuite named after the tool.
     `meta` (e.g. {"argv": [...]}) is added to the default version and time for html, json
     and junit. `figures`: extra HTML fragments for the html page (ignored otherwise).
+    `group_by`: a label; plain and github then give one table per value of it.
     """
     results = list(results)
+    if fmt in ("plain", "github") and group_by:
+        return render_grouped(results, fmt, group_by) + "\n"
     if fmt in ("plain", "github"):
         sep = "\n\n" if fmt == "github" else "\n"
         return render_table(results, fmt) + sep + summary_line(results) + "\n"
@@ -113,3 +120,41 @@ def unwritable(path: str) -> str | None:
     if not os.access(folder, os.W_OK):
         return f"directory {folder} is not writable"
     return None
+
+
+def first_unwritable(*paths) -> str | None:
+    """"cannot write PATH: why" for the first of `paths` (None entries skipped) that cannot
+    be written, checked before a long run; None when every one can."""
+    for path in paths:
+        if path:
+            problem = unwritable(path)
+            if problem:
+                return f"cannot write {path}: {problem}"
+    return None
+
+
+def emit(results, *, tool: str, fmt: str = "plain", output=None, meta: Mapping | None = None,
+         figures: list[str] | None = None, group_by: str | None = None,
+         echo_plain: bool = False, footer: str | None = None) -> int:
+    """The tail every command line tool shares: render `results` in `fmt`, write the text
+    atomically to `output` (saying so on stderr) or to stdout, and return the exit status:
+    0 all passed, 1 any failed, 2 when `output` cannot be written (one line on stderr).
+
+    `echo_plain`: with an `output` in another format, also print the plain table to
+    stdout. `footer`: a line printed after the report on stdout (not into a file)."""
+    results = list(results)
+    text = render(results, fmt, tool, meta, figures, group_by)
+    if output:
+        try:
+            write_atomic(output, text)
+        except OutputError as exc:
+            print(f"{tool}: {exc}", file=sys.stderr)
+            return 2
+        print(f"{tool}: wrote {output} ({len(results)} results)", file=sys.stderr)
+        if echo_plain and fmt != "plain":
+            sys.stdout.write(render(results, "plain", tool, group_by=group_by))
+    else:
+        sys.stdout.write(text)
+        if footer:
+            print(footer)
+    return exit_status(results)

@@ -82,3 +82,17 @@ def summary_line(results) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     parts = [f"{counts[s]} {w}" for s, w in STATUS_WORDS.items() if s in counts]
     return ", ".join(parts) if parts else "no cases"
+
+
+def render_grouped(results, fmt: str = "plain", key: str = "family") -> str:
+    """One table per value of label `key` (first-seen order), each titled with its own
+    summary line (a Markdown heading in "github"), then one summary line of all."""
+    groups: dict[str, list] = {}
+    for r in results:
+        groups.setdefault(r.labels.get(key, ""), []).append(r)
+    parts = []
+    for value, rows in groups.items():
+        title = f"{value} ({summary_line(rows)})" if value else summary_line(rows)
+        parts.append(("## " if fmt == "github" else "") + title + "\n\n" +
+                     render_table(rows, fmt))
+    return "\n\n".join(parts) + "\n\n" + summary_line(results)

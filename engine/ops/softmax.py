@@ -145,7 +145,7 @@ ROW_SHAPES = [(5,), (3, 4), (2, 3, 7)]
 SCALES = (1.0, 0.1, 2.5, -0.5)
 # (x shape, mask shape, mask permute, scale, mask values: (kind, low, high)). LARGE masks are
 # integers in [-1e4, 0]; InputSpec has no generator of mostly-zero masks with a few -1e4
-# entries, so that pattern (ggml's causal mask) is tested in tests/engine/test_norms_convs.py
+# entries, so that pattern (ggml's causal mask) is tested in tests/engine/ops/test_norms_convs.py
 MODERATE, LARGE = ("uniform", -5.0, 0.0), ("int", -10000, 1)
 MASKED = [((3, 5), (3, 5), None, 1.0, MODERATE),
           ((2, 3, 4), (3, 4), None, 0.1, MODERATE),           # ggml: one mask for the batch

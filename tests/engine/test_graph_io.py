@@ -14,12 +14,12 @@ import engine
 from engine import ops
 from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf
 from engine.graph_io import GraphFileError, decode_params, encode_params, load_graph, save_graph
-from engine.mnist.models import Model
+from mnist_target.models import Model
 from engine.optim import make_optimizer
 from engine.registry import all_ops
 from engine.tensor import Flag, input_tensor, shared_leaf
 from engine.train import Trainer
-from tests.engine.op_harness import loss_weights
+from tests.engine.ops.op_harness import loss_weights
 
 OPS = all_ops()
 SAMPLES = [s for op in OPS.values() if op.samples for s in op.samples()]

@@ -21,7 +21,7 @@ from engine.registry import all_ops
 from engine.samples import Sample
 from engine.strategies import MAX_ELEMENTS, broadcast_pair, shapes, window_axis
 from gradcheck.check import check_sample
-from tests.engine.op_harness import TOL, run_engine, run_torch
+from tests.engine.ops.op_harness import TOL, run_engine, run_torch
 
 OPS = {name: op for name, op in all_ops().items() if op.strategy}
 DTYPES = ("f32", "f64")

@@ -160,7 +160,7 @@ def along_axis0(out, ins, parts: int):
             for lo, hi in bounds(out.shape[0], parts)]
 
 
-def rows(out, ins, parts: int):
+def elementwise_chunks(out, ins, parts: int):
     """The chunking of elementwise-like kernels (each output element computed from the
     inputs' elements at its own index along axis 0): along axis 0, if big enough."""
     if out.ndim == 0 or out.size + sum(a.size for a in ins if aligned(a, out)) < MIN_ELEMENTS:
@@ -168,7 +168,7 @@ def rows(out, ins, parts: int):
     return along_axis0(out, ins, parts)
 
 
-def split(kernel, chunks=rows):
+def split(kernel, chunks=elementwise_chunks):
     """Kernel `kernel` (a bindable CPU kernel: engine.backends.cpu.jit.bindable) whose bound
     call runs as chunks side by side. `chunks(out, ins, parts)` gives [(out_chunk,
     ins_chunk)], each computable on its own, or None to run whole. A kernel without a

@@ -1,0 +1,280 @@
+"""The CPU matmul kernel's paths (sparse left, sparse right, BLAS) against float64 numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import ops
+from engine.backends.cpu import matmul as mm
+from engine.backends.cpu.matmul import cpu_matmul, matmul_path, sparse_products
+from tests.engine.ops.op_harness import weighted_grads
+
+DTYPES = [np.float32, np.float64]
+# a product large enough for the sparse path (its fixed costs need ~100M multiply-adds)
+M, K, N = 400, 600, 512
+
+
+def sparse(rng, shape, density, dtype, layout="C"):
+    """Uniform values in [-1, 1] at a random `density` of the positions, zero elsewhere, as
+    a C-contiguous array ("C"), a transposed view ("T") or every other row of a bigger one
+    ("strided")."""
+    values = rng.uniform(-1, 1, shape) * (rng.random(shape) < density)
+    return laid_out(values.astype(dtype), layout)
+
+
+def blob_images(rng, n, dtype) -> np.ndarray:
+    """n flattened 28x28 images, each zero but for a 12x10 blob at a random place, 70% of it
+    non-zero (MNIST-like: mostly zeros in clustered runs), shape (n, 784)."""
+    x = np.zeros((n, 28, 28), dtype)
+    for i in range(n):
+        r0, c0 = rng.integers(3, 12, 2)
+        x[i, r0:r0 + 12, c0:c0 + 10] = rng.random((12, 10)) * (rng.random((12, 10)) < 0.7)
+    return x.reshape(n, 784)
+
+
+def laid_out(x, layout):
+    if layout == "T":
+        return np.ascontiguousarray(x.T).T
+    if layout == "strided":
+        big = np.zeros((2 * x.shape[0], x.shape[1] + 3), x.dtype)
+        big[::2, :x.shape[1]] = x
+        return big[::2, :x.shape[1]]
+    return np.ascontiguousarray(x)
+
+
+def product(a, b):
+    """cpu_matmul(a, b) into a fresh C-contiguous buffer, and the path it took."""
+    out = np.empty((a.shape[0], b.shape[1]), a.dtype)
+    path = matmul_path(out, a, b)
+    cpu_matmul(out, [a, b])
+    return out, path
+
+
+def assert_matches(out, a, b):
+    """out equals a @ b up to the rounding of any summation order: |error| <= (k + 2) eps
+    (|a| @ |b|), against a float64 reference; NaNs where the reference has them."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        want = a64 @ b64
+        bound = (a.shape[-1] + 2) * np.finfo(a.dtype).eps * (np.abs(a64) @ np.abs(b64))
+    assert out.dtype == a.dtype
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(want))
+    infinite = np.isinf(want)
+    np.testing.assert_array_equal(out[infinite], want[infinite])
+    finite = np.isfinite(want)
+    assert np.all(np.abs(out[finite] - want[finite]) <= bound[finite])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_layout", ["C", "T", "strided"])
+@pytest.mark.parametrize("b_layout", ["C", "T", "strided"])
+def test_sparse_left_any_layout(dtype, a_layout, b_layout):
+    rng = np.random.default_rng(0)
+    a = sparse(rng, (M, K), 0.01, dtype, a_layout)
+    b = laid_out(rng.uniform(-1, 1, (K, N)).astype(dtype), b_layout)
+    out, path = product(a, b)
+    assert path.startswith("sparse_left")
+    assert_matches(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b_layout", ["C", "T"])
+def test_sparse_right(dtype, b_layout):
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (1024, K)).astype(dtype)
+    b = sparse(rng, (K, 200), 0.01, dtype, b_layout)
+    out, path = product(a, b)
+    assert path.startswith("sparse_right")
+    assert_matches(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_lines_go_to_blas(dtype):
+    """Rows (then columns) of s dense enough for BLAS are split off; the rest is sparse."""
+    rng = np.random.default_rng(2)
+    a = sparse(rng, (M, K), 0.01, dtype)
+    a[:20] = rng.uniform(-1, 1, (20, K))              # 20 dense rows
+    b = rng.uniform(-1, 1, (K, N)).astype(dtype)
+    out, path = product(a, b)
+    assert path == "sparse_left/rows+blas"
+    assert_matches(out, a, b)
+    a = sparse(rng, (M, K), 0.01, dtype)
+    a[:, :20] = rng.uniform(-1, 1, (M, 20))           # 20 dense columns
+    for b_layout in ("C", "T"):
+        bl = laid_out(b, b_layout)
+        out, path = product(a, bl)
+        assert path == "sparse_left/cols+blas"
+        assert_matches(out, a, bl)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("every", [1, 4])
+def test_transposed_dense_operand_copied_whole_or_gathered(dtype, every):
+    """A transposed d (a weight W read as W^T) is copied whole when the sparse part uses at
+    least half of its rows (here: every column of s has a non-zero), and only the rows
+    used are gathered otherwise (every 4th: then d's row 4 is the scratch's row 1)."""
+    rng = np.random.default_rng(5)
+    a = sparse(rng, (M, K), 0.02, dtype)
+    a[:, np.arange(K) % every != 0] = 0
+    b = laid_out(rng.uniform(-1, 1, (K, N)).astype(dtype), "T")
+    out = np.empty((M, N), dtype)
+    (p,) = [p for p in sparse_products(out, a, b) if not p.transposed]
+    assert p.pays()
+    p.run()
+    assert_matches(out, a, b)
+    assert np.array_equal(p.d_scratch[1], b[1]) == (every == 1)
+    assert np.array_equal(p.d_scratch[1], b[4]) == (every == 4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_rows_and_all_zero_operand(dtype):
+    rng = np.random.default_rng(3)
+    a = sparse(rng, (M, K), 0.02, dtype)
+    a[50:120] = 0                                       # empty rows
+    a[:, 100:200] = 0                                   # empty columns
+    b = rng.uniform(-1, 1, (K, N)).astype(dtype)
+    out, path = product(a, b)
+    assert path.startswith("sparse_left")
+    assert_matches(out, a, b)
+    assert not out[50:120].any()
+    zeros = np.zeros((M, K), dtype)
+    out, path = product(zeros, b)
+    assert path.startswith("sparse_left")
+    np.testing.assert_array_equal(out, 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_small_batched_and_strided_out_take_blas(dtype):
+    rng = np.random.default_rng(4)
+    dense_a = rng.uniform(-1, 1, (M, K)).astype(dtype)
+    b = rng.uniform(-1, 1, (K, N)).astype(dtype)
+    out, path = product(dense_a, b)
+    assert path == "blas"
+    assert_matches(out, dense_a, b)
+    small = sparse(rng, (20, 30), 0.01, dtype)         # m k n below SPARSE_MIN_MACS
+    out, path = product(small, b[:30])
+    assert path == "blas"
+    assert_matches(out, small, b[:30])
+    batched = np.stack([sparse(rng, (M, K), 0.01, dtype)] * 2)
+    out = np.empty((2, M, N), dtype)
+    assert matmul_path(out, batched, b) == "blas"
+    cpu_matmul(out, [batched, b])
+    for i in range(2):
+        assert_matches(out[i], batched[i], b)
+    a = sparse(rng, (M, K), 0.01, dtype)
+    out = np.empty((N, M), dtype).T                     # not C-contiguous
+    assert matmul_path(out, a, b) == "blas"
+    cpu_matmul(out, [a, b])
+    assert_matches(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_finite_dense_operand_takes_blas(dtype):
+    """A skipped 0 * inf would be NaN in BLAS: d with a NaN or inf goes to BLAS."""
+    rng = np.random.default_rng(5)
+    a = sparse(rng, (M, K), 0.01, dtype)
+    a[:, 7] = 0
+    a[3, 7] = 0.5
+    for bad in (np.inf, -np.inf, np.nan):
+        for b_layout in ("C", "T"):
+            b = rng.uniform(-1, 1, (K, N)).astype(dtype)
+            b[7, 11] = bad
+            b = laid_out(b, b_layout)
+            with np.errstate(invalid="ignore"):
+                out, path = product(a, b)
+            assert path == "blas"
+            assert_matches(out, a, b)
+            assert np.isnan(np.delete(out[:, 11], 3)).all()     # 0 * inf, 0 * nan
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_finite_sparse_operand_propagates(dtype):
+    """NaN and inf in s are non-zeros: they stay on the sparse path and spread as in BLAS."""
+    rng = np.random.default_rng(6)
+    a = sparse(rng, (M, K), 0.01, dtype)
+    a[4, 9] = np.nan
+    a[8, 10] = np.inf
+    b = rng.uniform(-1, 1, (K, N)).astype(dtype)
+    b[10, :5] = 0                                       # inf * 0 = NaN there
+    out, path = product(a, b)
+    assert path.startswith("sparse_left")
+    assert_matches(out, a, b)
+    assert np.isnan(out[4]).all() and np.isnan(out[8, :5]).all() and np.isinf(out[8, 5:]).all()
+
+
+def circulant(m, k, per_row, dtype):
+    """m x k with exactly per_row non-zeros in every row and about as many per column."""
+    a = np.zeros((m, k), dtype)
+    for i in range(m):
+        a[i, (i + np.arange(per_row) * (k // per_row)) % k] = 1 + (i % 7) / 8
+    return a
+
+
+def test_cost_threshold_boundary():
+    """The path flips exactly where the cost model's estimate crosses SPARSE_MAX_COST."""
+    m, k, n = 512, 600, 512
+    b = np.random.default_rng(7).uniform(-1, 1, (k, n))
+    limit = mm.SPARSE_MAX_COST * m * k - (mm.SCAN_COST * m * k + mm.CALL_COST) / n
+    # uniform rows and columns: both splits cost SPARSE_ENTRY_COST per non-zero
+    per_row = int(limit / (mm.SPARSE_ENTRY_COST * m))
+    for r, want in ((per_row, "sparse_left"), (per_row + 1, "blas")):
+        a = circulant(m, k, r, np.float64)
+        assert mm.SPARSE_ENTRY_COST * r < k            # no line is dense
+        cost = mm.SPARSE_ENTRY_COST * np.count_nonzero(a)
+        assert (cost <= limit) == (want != "blas")
+        out, path = product(a, b)
+        assert path.split("/")[0] == want
+        assert_matches(out, a, b)
+
+
+def test_size_and_row_length_thresholds():
+    """SPARSE_MIN_MACS and SPARSE_MIN_ROW bound which sides can take the sparse path."""
+    def sides(m, k, n):
+        out = np.empty((m, n))
+        return [not p.transposed for p in sparse_products(out, np.zeros((m, k)),
+                                                         np.zeros((k, n)))]
+    k = mm.SPARSE_MIN_MACS // (64 * 256)
+    assert sides(64, k, 256) == [True, False]          # left and right
+    assert sides(63, k, 256) == []
+    row = mm.SPARSE_MIN_ROW
+    assert sides(row, 2048, 256) == [True, False] and sides(row - 1, 2048, 256) == [True]
+    assert sides(1024, 512, row) == [True, False] and sides(1024, 512, row - 1) == [False]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bound_kernel_decides_at_each_run(dtype):
+    """A plan binds once; the path follows the data each run (sparse, then dense)."""
+    rng = np.random.default_rng(8)
+    a = sparse(rng, (M, K), 0.01, dtype)
+    b = rng.uniform(-1, 1, (K, N)).astype(dtype)
+    out = np.empty((M, N), dtype)
+    run = cpu_matmul.bind(out, [a, b])
+    run()
+    assert_matches(out, a, b)
+    a[:] = rng.uniform(-1, 1, a.shape)
+    assert matmul_path(out, a, b) == "blas"
+    run()
+    assert_matches(out, a, b)
+    a[:] = sparse(rng, a.shape, 0.01, dtype)
+    run()
+    assert_matches(out, a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fc_layer_on_sparse_images(dtype):
+    """x @ W^T and its gradients through the engine, x mostly zeros in clustered runs (as
+    MNIST images): the forward product and the weight gradient x^T @ g go sparse."""
+    rng = np.random.default_rng(9)
+    x = blob_images(rng, 1000, dtype)
+    w = rng.uniform(-0.1, 0.1, (500, 784)).astype(dtype)
+    out = np.empty((1000, 500), dtype)
+    assert matmul_path(out, x, w.T).startswith("sparse")
+    g = rng.uniform(-1, 1, (1000, 500)).astype(dtype)
+    assert matmul_path(np.empty((784, 500), dtype), x.T, g).startswith("sparse")
+    gx, gw = weighted_grads(lambda a, b: ops.matmul(a, ops.transpose(b)), [x, w], g)
+    want_gx = g.astype(np.float64) @ w
+    want_gw = g.astype(np.float64).T @ x
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(gx, want_gx, rtol=tol, atol=tol)
+    np.testing.assert_allclose(gw, want_gw, rtol=tol, atol=tol)

@@ -1,0 +1,239 @@
+"""The CPU backend's own threads (engine.backends.cpu.threads): kernels split into chunks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine import ops
+from engine.backends.cpu import matmul as mm
+from engine.backends.cpu import threads
+from engine.registry import all_ops
+from tests.engine.ops.op_harness import run_engine, weighted_grads
+from tests.engine.backends.cpu.test_matmul import assert_matches, blob_images
+
+SPLIT_OPS = sorted(name for name, op in all_ops().items()
+                   if hasattr(op.kernels.get("cpu"), "chunks"))
+# the backward ops have no samples of their own: their forward ops' backward runs them
+SAMPLED_SPLIT_OPS = [name for name in SPLIT_OPS if all_ops()[name].samples is not None]
+# sum splits inside its kernel (ranges of kept elements, each summed as whole)
+THREADED_OPS = SAMPLED_SPLIT_OPS + ["sum"]
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Every splittable kernel split, however small its work: set_num_threads(n) then
+    decides the chunks of kernels bound afterwards."""
+    monkeypatch.setattr(threads, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(threads, "MIN_MACS", 0)
+    before = threads.get_num_threads()
+    yield threads.set_num_threads
+    threads.set_num_threads(before)
+
+
+def test_channel_sums_on_threads_are_the_whole_sums_bits(split_everything):
+    """A bias gradient's sum over (N, H, W) per channel, big enough to split by default."""
+    x = np.random.default_rng(4).standard_normal((64, 16, 30, 30)).astype(np.float32)
+    kernel = all_ops()["sum"].kernels["cpu"]
+    got = {}
+    for n in (1, 2, 3):
+        split_everything(n)
+        out = np.empty(16, np.float32)
+        kernel(out, [x], axes=(0, 2, 3), keepdims=False)
+        got[n] = out
+    np.testing.assert_array_equal(got[2], got[1])
+    np.testing.assert_array_equal(got[3], got[1])
+    np.testing.assert_allclose(got[1], x.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-6)
+
+
+def test_the_models_kernels_are_split():
+    assert {"matmul", "im2col", "im2col_back", "pool_2d", "pool_2d_back", "add", "relu",
+            "relu_back", "cont"} <= set(SPLIT_OPS)
+
+
+@pytest.mark.parametrize("name", THREADED_OPS)
+def test_split_kernels_give_the_whole_kernels_results(name, split_everything):
+    """Every registry sample of a split op, forward and backward, with 1 and 3 threads: the
+    same bits (a chunk computes its elements as the whole does), except matmul, a product
+    of its own per chunk, which may round differently."""
+    for sample in all_ops()[name].samples():
+        arrays = sample.generate_inputs()
+        split_everything(1)
+        want, want_grads = run_engine(sample, arrays)
+        split_everything(3)
+        got, got_grads = run_engine(sample, arrays)
+        for g, w in zip([got, *got_grads], [want, *want_grads], strict=True):
+            if w is None:
+                assert g is None
+            elif name == "matmul":
+                tol = 1e-5 if w.dtype == np.float32 else 1e-12
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=str(sample))
+            else:
+                np.testing.assert_array_equal(g, w, err_msg=str(sample))
+
+
+def test_the_split_is_deterministic(split_everything):
+    """With a fixed number of threads, every run gives the same bits."""
+    split_everything(2)
+    sample = all_ops()["conv_2d"].samples()[1]
+    arrays = sample.generate_inputs()
+    first = run_engine(sample, arrays)
+    for _ in range(3):
+        again = run_engine(sample, arrays)
+        np.testing.assert_array_equal(again[0], first[0])
+        for g, w in zip(again[1], first[1], strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_path_on_threads(nthreads, dtype, split_everything):
+    """The zero-skipping product's row ranges on the engine's threads (each with its dense
+    lines by BLAS): results within rounding of float64 numpy, for the FC layer's forward
+    product (a column split) and weight gradient (a row split; as the backward builds it,
+    g^T @ x, a transposed product that each range writes into its columns of out)."""
+    split_everything(nthreads)
+    rng = np.random.default_rng(3)
+    x = blob_images(rng, 600, dtype)
+    w = rng.uniform(-0.1, 0.1, (500, 784)).astype(dtype)
+    g = rng.uniform(-1, 1, (600, 500)).astype(dtype)
+    for (a, b), path in (((x, w.T), "sparse_left/cols+blas"),
+                         ((x.T, g), "sparse_left/rows+blas"),
+                         ((g.T, x), "sparse_right/rows+blas")):
+        out = np.empty((a.shape[0], b.shape[1]), dtype)
+        assert mm.matmul_path(out, a, b) == path       # dense lines, BLAS'd in each range
+        mm.cpu_matmul(out, [a, b])
+        assert_matches(out, a, b)
+    gx, gw = weighted_grads(lambda a, b: ops.matmul(a, ops.transpose(b)), [x, w], g)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(gw, g.astype(np.float64).T @ x, rtol=tol, atol=tol)
+    np.testing.assert_allclose(gx, g.astype(np.float64) @ w, rtol=tol, atol=tol)
+
+
+@given(n=st.integers(0, 1000), parts=st.integers(1, 16))
+def test_bounds_cover_the_range_in_near_equal_parts(n, parts):
+    b = threads.bounds(n, parts)
+    assert b[0][0] == 0 and b[-1][1] == n
+    assert all(hi == lo2 for (_, hi), (lo2, _) in zip(b, b[1:], strict=False))
+    sizes = [hi - lo for lo, hi in b]
+    assert max(sizes) - min(sizes) <= 1
+    assert len(b) == max(1, min(parts, n))
+
+
+def test_a_failing_chunk_raises_in_the_caller_and_the_pool_goes_on():
+    ran = []
+
+    def boom():
+        raise ValueError("chunk failed")
+
+    with pytest.raises(ValueError, match="chunk failed"):
+        threads.side_by_side([lambda: ran.append(0), boom])()
+    with pytest.raises(ValueError, match="chunk failed"):
+        threads.side_by_side([boom, lambda: ran.append(1)])()
+    threads.side_by_side([lambda: ran.append(2), lambda: ran.append(3)])()
+    assert sorted(ran) == [0, 1, 2, 3]
+
+
+def test_chunks_run_on_another_thread():
+    seen = []
+    call = threads.side_by_side([lambda: seen.append(threading.get_ident())] * 3)
+    call()
+    assert len(seen) == 3 and len(set(seen)) == 3 and threading.get_ident() in seen
+
+
+def test_plans_on_two_threads_at_once(split_everything):
+    """Two threads computing graphs at the same time: the second one's chunks run on its
+    own thread (the pool is busy), and both results are right."""
+    split_everything(2)
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (64, 32)).astype(np.float32)
+    b = rng.uniform(-1, 1, (32, 48)).astype(np.float32)
+    results, errors = {}, []
+
+    def work(i):
+        try:
+            for _ in range(20):
+                out = np.empty((64, 48), np.float32)
+                mm.cpu_matmul(out, [a, b])
+                results[i] = out
+        except Exception as e:   # reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    for out in results.values():
+        np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def _split_in_child(queue):
+    out = np.empty((40, 10), np.float32)
+    x = np.arange(400, dtype=np.float32).reshape(40, 10)
+    ops_add = all_ops()["add"].kernels["cpu"]
+    ops_add(out, [x, x])
+    queue.put(float(out.sum()))
+
+
+def test_a_forked_child_gets_workers_of_its_own(split_everything):
+    """Workers do not survive a fork: the child's pool starts its own (no hang)."""
+    split_everything(2)
+    threads.side_by_side([lambda: None, lambda: None])()      # the parent's workers exist
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_split_in_child, args=(q,))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    assert q.get(timeout=5) == float(2 * np.arange(400).sum())
+
+
+def test_engine_threads_holds_blas_to_one_thread_and_restores_it(monkeypatch):
+    from threadpoolctl import threadpool_info
+    blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    if not blas:
+        pytest.skip("threadpoolctl finds no BLAS to drive")
+    monkeypatch.setattr(threads, "THREADS", 2)
+    before = [i["num_threads"] for i in blas]
+    with threads.engine_threads():
+        inside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    after = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    assert inside == [1] * len(blas)
+    assert after == before
+
+
+@pytest.mark.parametrize("value, want", [("1", 1), ("3", 3), (" 2 ", 2), ("", None),
+                                         ("default", None)])
+def test_thread_count_from_the_environment(monkeypatch, value, want):
+    monkeypatch.setenv("GRADVERIFY_THREADS", value)
+    got = threads._threads_from_env()
+    assert got == want if want is not None else got >= 1
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_thread_count_is_a_clear_error(monkeypatch, value):
+    monkeypatch.setenv("GRADVERIFY_THREADS", value)
+    with pytest.raises(ValueError, match="GRADVERIFY_THREADS must be a whole number >= 1"):
+        threads._threads_from_env()
+    with pytest.raises(ValueError, match="number of threads must be >= 1"):
+        threads.set_num_threads(0)
+
+
+@pytest.mark.parametrize("shape", [(64, 48, 40), (2, 48, 40)])   # rows, or columns, split
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_blas_product_on_threads(shape, nthreads, split_everything):
+    """A product that the sparse path declined, on BLAS in chunks: as numpy's."""
+    split_everything(nthreads)
+    m, k, n = shape
+    rng = np.random.default_rng(6)
+    a, b = rng.uniform(-1, 1, (m, k)), rng.uniform(-1, 1, (k, n))
+    out = np.empty((m, n))
+    mm.blas_product(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)

@@ -1,0 +1,154 @@
+"""The MNIST models: ggml's tensor names, shapes and architectures; GGUF files as ggml's
+scripts write them; the forward pass against torch on the same weights; bad model files."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf  # noqa: E402
+from engine.graph import Graph  # noqa: E402
+from mnist_target.models import SHAPES, Model, ModelFileError, initial_weights  # noqa: E402
+
+GGML_NE = {  # ggml's own ne per tensor (examples/mnist/mnist-common.cpp), trailing 1s dropped
+    "mnist-fc": {"fc1.weight": [784, 500], "fc1.bias": [500], "fc2.weight": [500, 10],
+                 "fc2.bias": [10]},
+    "mnist-cnn": {"conv1.kernel": [3, 3, 1, 8], "conv1.bias": [1, 1, 8],
+                  "conv2.kernel": [3, 3, 8, 16], "conv2.bias": [1, 1, 16],
+                  "dense.weight": [784, 10], "dense.bias": [10]},
+}
+
+
+@pytest.mark.parametrize("arch", ["fc", "cnn"])
+def test_saved_file_has_ggml_names_shapes_and_arch(tmp_path, arch):
+    model = Model.new(arch, seed=1)
+    path = tmp_path / "m.gguf"
+    model.save(path)
+    reader = gguf.GGUFReader(path)
+    field = reader.fields["general.architecture"]
+    assert bytes(field.parts[field.data[0]]).decode() == model.arch
+    ne = {t.name: [int(d) for d in t.shape] for t in reader.tensors}
+    assert ne == GGML_NE[model.arch]
+    assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)
+    again = Model.load(path)
+    for name, value in model.weights().items():
+        np.testing.assert_array_equal(again.params[name].numpy(), value)
+
+
+def test_torch_init_bounds_and_ggml_init_spread():
+    w = initial_weights("fc", "torch", seed=0)
+    assert np.abs(w["fc1.weight"]).max() <= 1 / np.sqrt(784)   # kaiming a=sqrt(5): 1/sqrt(fan)
+    assert np.abs(w["fc1.weight"]).max() > 0.9 / np.sqrt(784)
+    assert np.abs(w["fc2.bias"]).max() <= 1 / np.sqrt(500)
+    c = initial_weights("cnn", "torch", seed=0)
+    assert np.abs(c["conv2.bias"]).max() <= 1 / np.sqrt(72)
+    g = initial_weights("cnn", "ggml", seed=0)
+    assert abs(float(np.concatenate([v.ravel() for v in g.values()]).std()) - 0.01) < 1e-3
+    np.testing.assert_array_equal(initial_weights("fc", seed=3)["fc1.weight"],
+                                  initial_weights("fc", seed=3)["fc1.weight"])
+
+
+@pytest.mark.parametrize("arch", ["fc", "cnn"])
+def test_forward_matches_torch_on_the_same_weights(arch):
+    torch = pytest.importorskip("torch")
+    from mnist_target.torch_ref import torch_model
+    model = Model.new(arch, seed=2)
+    x = np.random.default_rng(0).random((6, 784), dtype=np.float32)
+    images, logits = model.build(6)
+    images.set(x)
+    Graph([logits]).compute()
+    with torch.no_grad():
+        expected = torch_model(model.arch, model.weights())(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cnn_flattens_in_ggml_order():
+    """dense.weight column h*112 + w*16 + c reads channel c at (h, w) of the last pool."""
+    weights = {k: np.zeros_like(v) for k, v in initial_weights("cnn", seed=0).items()}
+    weights["conv1.kernel"][:, 0, 1, 1] = 1.0           # identity on every channel
+    weights["conv2.kernel"][:, 0, 1, 1] = 1.0           # every channel copies channel 0
+    h, w, c = 3, 5, 7
+    weights["dense.weight"][4, h * 112 + w * 16 + c] = 1.0
+    model = Model("cnn", weights)
+    x = np.zeros((1, 784), np.float32)
+    x[0, (4 * h) * 28 + 4 * w] = 0.5                   # lands on pooled cell (h, w)
+    images, logits = model.build(1)
+    images.set(x)
+    Graph([logits]).compute()
+    assert logits.numpy()[0, 4] == pytest.approx(0.5)
+    assert np.count_nonzero(logits.numpy()) == 1
+
+
+def _write_like_ggml_scripts(path, arch, weights):
+    """As ggml's mnist-train-fc.py (state_dict squeezed) and mnist-train-cnn.py (raw_shape,
+    4-D biases (1, C, 1, 1)) write their files."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, value in weights.items():
+        if name.startswith("conv") and name.endswith(".bias"):
+            writer.add_tensor(name, value.ravel(), raw_shape=(1, value.shape[0], 1, 1))
+        else:
+            writer.add_tensor(name, value, raw_shape=value.shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch", ["mnist-fc", "mnist-cnn"])
+def test_reads_files_written_as_ggml_scripts_do(tmp_path, arch):
+    weights = initial_weights(arch, seed=4)
+    path = tmp_path / "ggml.gguf"
+    _write_like_ggml_scripts(path, arch, weights)
+    model = Model.load(path)
+    assert model.arch == arch
+    for name, value in weights.items():
+        np.testing.assert_array_equal(model.params[name].numpy(), value)
+
+
+def _save(path, arch, weights):
+    save_gguf(path, weights, arch=arch)
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda w: w.pop("fc2.bias"), "missing fc2.bias"),
+    (lambda w: w.update(extra=np.zeros(3, np.float32)), "unexpected extra"),
+    (lambda w: w.update({"fc1.weight": np.zeros((784, 500), np.float32)}),
+     "fc1.weight has shape [784, 500], expected [500, 784]"),
+    (lambda w: w.update({"fc1.bias": np.zeros(500, np.float64)}), "expected float32"),
+    (lambda w: w["fc2.bias"].__setitem__(0, np.nan), "NaN or infinite"),
+])
+def test_bad_model_files_are_named(tmp_path, change, message):
+    weights = initial_weights("fc", seed=0)
+    change(weights)
+    path = _save(tmp_path / "bad.gguf", "mnist-fc", weights)
+    with pytest.raises(ModelFileError, match=re.escape(message)):
+        Model.load(path)
+
+
+def test_wrong_architecture_and_truncated_and_magic(tmp_path):
+    path = _save(tmp_path / "m.gguf", "mnist-fc", initial_weights("fc", seed=0))
+    with pytest.raises(ModelFileError, match="holds a mnist-fc model, expected mnist-cnn"):
+        Model.load(path, arch="cnn")
+    other = _save(tmp_path / "o.gguf", "llama", initial_weights("fc", seed=0))
+    with pytest.raises(ModelFileError, match="'llama', not an MNIST model"):
+        Model.load(other)
+    data = path.read_bytes()
+    for cut in (3, 100, len(data) // 2, len(data) - 1):
+        (tmp_path / "t.gguf").write_bytes(data[:cut])
+        with pytest.raises(GGUFFormatError):
+            Model.load(tmp_path / "t.gguf")
+    (tmp_path / "magic.gguf").write_bytes(b"GGUX" + data[4:])
+    with pytest.raises(GGUFFormatError, match="magic|GGUF"):
+        Model.load(tmp_path / "magic.gguf")
+
+
+def test_every_arch_shape_table_is_what_load_checks():
+    for arch, shapes in SHAPES.items():
+        weights = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
+        Model(arch, weights)          # exact shapes load
+    assert load_gguf  # the module under test reads through engine.gguf_io
