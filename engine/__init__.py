@@ -1,4 +1,6 @@
-"""A static-graph tensor engine with autodiff, a liveness-based allocator and numba kernels.
+"""A static-graph tensor engine with autodiff, a liveness-based planner and numba kernels.
+
+Importing it loads every op module of engine/ops, which registers its ops (engine.registry).
 
     import engine
     from engine import ops
@@ -9,19 +11,21 @@
 """
 
 from engine import init, ops, optim
-from engine.alloc import Plan
 from engine.errors import (
-                           BackendError,
-                           DTypeError,
-                           EngineError,
-                           ShapeError,
-                           StalePlanError,
-                           UnknownOpError,
+    BackendError,
+    DTypeError,
+    EngineError,
+    ParamError,
+    ShapeError,
+    StalePlanError,
+    UnknownOpError,
 )
 from engine.graph import Graph, compute
+from engine.planner import Plan
 from engine.registry import OPS, all_ops, get_op
 from engine.tensor import Flag, Tensor, constant, input_tensor, new_tensor, param
 
-__all__ = ["BackendError", "DTypeError", "EngineError", "Flag", "Graph", "OPS", "Plan",
-           "ShapeError", "StalePlanError", "Tensor", "UnknownOpError", "all_ops", "compute",
-           "constant", "get_op", "init", "input_tensor", "new_tensor", "ops", "optim", "param"]
+__all__ = ["BackendError", "DTypeError", "EngineError", "Flag", "Graph", "OPS", "ParamError",
+           "Plan", "ShapeError", "StalePlanError", "Tensor", "UnknownOpError", "all_ops",
+           "compute", "constant", "get_op", "init", "input_tensor", "new_tensor", "ops", "optim",
+           "param"]

@@ -1,10 +1,13 @@
 """The op registry: every op declared once, read by the engine, gradcheck, tests and docs.
 
-An op module defines one `OpDef` per op and registers it. An OpDef says:
+An op module defines one `OpDef` per op and registers it (`register`): the modules of
+engine/ops when `import engine` loads them, any other module when it is imported. An OpDef
+says:
 
 - `infer(*srcs, **params) -> (shape, dtype)` or `(shape, dtype, contiguous)`: validates
   shapes, dtypes and parameters when the op is built, raising ShapeError/DTypeError that
-  name the op and the shapes;
+  name the op and the shapes, or ParamError for a malformed parameter (engine.params holds
+  the shared checks);
 - `backward(g, out, *srcs, **params) -> tuple` aligned with `srcs` (None = no gradient),
   built from registered ops so gradients are graph nodes; or `backward=None` together with
   `no_grad`, the reason it has none;
@@ -22,6 +25,9 @@ An op module defines one `OpDef` per op and registers it. An OpDef says:
 - update ops (`kind="update"`, the optimizer steps) write their first source, a persistent
   tensor, in place (and other persistent sources, their state): the node shares that
   buffer and is itself persistent, so no plan ever places it in an arena.
+
+`get_op(name)` and `all_ops()` read the registry; `registered.<name>(...)` builds an op by
+name (see _Registered); `make_node` makes a node after checking it with the op's infer.
 """
 
 from __future__ import annotations
@@ -79,15 +85,25 @@ OPS: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
+    """Add `op` to the registry, where the engine, gradcheck, the tests and the docs find it.
+    The op modules of engine/ops register theirs when `import engine` loads them; a module
+    elsewhere (a plugin, a test's toy op) registers the same way when it is imported."""
     if op.name in OPS:
         raise ValueError(f"op {op.name} registered twice")
     OPS[op.name] = op
     return op
 
 
+def unregister(name: str) -> OpDef:
+    """Remove the op called `name` (registered by a plugin or a test) and return it."""
+    try:
+        return OPS.pop(name)
+    except KeyError:
+        raise UnknownOpError(f"unknown op {name!r}") from None
+
+
 def get_op(name: str) -> OpDef:
     """The OpDef called `name`; an unknown name raises an error listing the known ones."""
-    import engine.ops  # noqa: F401  (fills OPS)
     try:
         return OPS[name]
     except KeyError:
@@ -96,8 +112,23 @@ def get_op(name: str) -> OpDef:
 
 
 def all_ops() -> dict[str, OpDef]:
-    import engine.ops  # noqa: F401
+    """Every registered op, by name, sorted."""
     return dict(sorted(OPS.items()))
+
+
+class _Registered:
+    """`registered.mul(a, b)` builds the registered op `mul`: OPS["mul"].build(a, b), looked
+    up when called. An op module reaches the ops of other op modules this way where a
+    module-level import would close a cycle (a backward rule needing an op whose module
+    imports this one). Parameters go by keyword, as in the op's sample cases."""
+
+    def __getattr__(self, name: str) -> Callable:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return get_op(name).build
+
+
+registered = _Registered()
 
 
 def make_node(name: str, srcs, **params) -> Tensor:

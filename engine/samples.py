@@ -1,8 +1,12 @@
 """Sample cases: the inputs and parameters on which an op is checked.
 
-A `Sample` is a frozen dataclass. Its string form, e.g.
-`pool_2d(type=f32,x=[2,3,8,8],k=[3,3],s=[2,2],p=[1,1],mode=max)`, is the pytest id, the
-CLI filter key and the report row.
+A `Sample` is a frozen dataclass. Its string form, the op's name, then `type=` the dtype,
+each input's name and shape (a permuted input adds its axis order: `x=[3,4,5]perm[2,0,1]`)
+and the parameters sorted by name, e.g.
+
+    pool_2d(type=f32,x=[2,3,8,8],kernel=[3,3],mode=max,padding=[1,1],stride=[2,2])
+
+is the pytest id, the CLI filter key (`gradcheck -k mode=max`) and the report row.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.registry import get_op
 from engine.tensor import as_dtype, dtype_name
 
 GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int")
@@ -141,7 +146,6 @@ class Sample:
     @property
     def torch_fn(self):
         """The op's torch equivalent (None if it has none)."""
-        from engine.registry import get_op
         return get_op(self.op).torch
 
     @property
@@ -155,9 +159,8 @@ class Sample:
 
     def build(self, *leaves):
         """Build the op on `leaves` (one per input spec; permuted specs are viewed)."""
-        from engine import ops
-        from engine.registry import get_op
-        tensors = [ops.permute(t, spec.permute) if spec.permute else t
+        permute = get_op("permute").build
+        tensors = [permute(t, spec.permute) if spec.permute else t
                    for spec, t in zip(self.inputs, leaves, strict=True)]
         return get_op(self.op).build(*tensors, **self.kwargs)
 

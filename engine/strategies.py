@@ -9,7 +9,8 @@ hand-written samples keep them. The pieces here keep those strategies short:
 - `broadcast_source`, `broadcast_pair`: shapes that broadcast by numpy's rules;
 - `permutations`: None or a non-identity axis order, for `InputSpec(permute=...)`;
 - `window_axis`: one spatial axis of a sliding window (side, kernel, stride, padding,
-  dilation) that fits at least one window.
+  dilation) that fits at least one window;
+- `draw_row_input`: the input of a row-wise op (softmax, the norms), rows along its last axis.
 
 Input ranges stay fixed per op: an InputSpec's range is not part of the sample's string
 form (its id and seed), so a drawn range would make two different cases print alike.
@@ -23,6 +24,7 @@ import functools
 import math
 from typing import NamedTuple
 
+from engine.samples import InputSpec
 from engine.tensor import dtype_name
 
 # Input elements per case: the finite-difference check costs 4 graph evaluations each.
@@ -123,3 +125,14 @@ def window_axis(kernel=(1, 3), stride=(1, 3), padding=None, dilation=(1, 1), max
             raise ValueError(f"window_axis: extent {low} exceeds max_side {max_side}")
         return WindowAxis(draw(st.integers(low, max_side)), k, s, p, d)
     return axis()
+
+
+def draw_row_input(draw, name, kind="uniform", low=-3.0, high=3.0, grad=True, min_cols=1):
+    """For the strategies of the row-wise ops: an InputSpec of 1-4 axes and at most 150
+    elements, rows of min_cols to 8 elements, contiguous or a permuted view."""
+    from hypothesis import strategies as st
+    lead = draw(shapes(0, 3, max_side=5, max_size=150 // min_cols))
+    rows = math.prod(lead)
+    shape = lead + (draw(st.integers(min_cols, max(min_cols, min(8, 150 // rows)))),)
+    return InputSpec(name, shape, kind, low, high, grad=grad,
+                     permute=draw(permutations(len(shape))))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -20,6 +21,30 @@ FLOAT_DTYPES = (DTYPES["f32"], DTYPES["f64"])
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _ids = itertools.count()
 HOST, DEVICE, BOTH = 1, 2, 3   # where the current copy of a persistent tensor's data is
+
+# The ops behind Tensor's operators (+, -, *, /, @, unary -, .T), by op name. The tensor sits
+# below the ops and never imports them: engine.ops fills this table with its builders when
+# it is imported, which `import engine` does before any tensor exists.
+OPERATOR_OPS = ("add", "sub", "mul", "div", "matmul", "neg", "transpose")
+OPERATORS: dict[str, Callable] = {}
+
+# How a device backend fills its copy of a persistent tensor in place (Tensor.fill):
+# (accepts(device_copy) -> bool, fill(device_copy, value)) pairs, registered by each device
+# backend when its module is loaded, which happens before it makes any device copy.
+_DEVICE_FILLERS: list[tuple[Callable, Callable]] = []
+
+
+def register_device_filler(accepts: Callable, fill: Callable) -> None:
+    """Let Tensor.fill set device copies for which `accepts(copy)` holds with
+    `fill(copy, value)`, on the device (no transfer)."""
+    _DEVICE_FILLERS.append((accepts, fill))
+
+
+def _device_filler(device_copy) -> Callable:
+    for accepts, fill in _DEVICE_FILLERS:
+        if accepts(device_copy):
+            return fill
+    raise EngineError(f"no device backend registered a filler for {type(device_copy).__name__}")
 
 
 def as_dtype(dtype) -> np.dtype:
@@ -58,7 +83,7 @@ class Tensor:
     """A node: shape (numpy order), dtype, the op that makes it, its sources and op params.
 
     Leaves (op None) are inputs or params; their data is set with `set` and read with
-    `numpy`. Operators (+, -, *, /, @, unary -) build the registry's ops.
+    `numpy`. Operators (+, -, *, /, @, unary -, .T) build the ops of OPERATORS.
     """
 
     __slots__ = ("id", "shape", "dtype", "op", "srcs", "params", "name", "flags",
@@ -117,8 +142,9 @@ class Tensor:
     def persistent(self) -> bool:
         return self.flags.persistent
 
-    def base(self) -> Tensor:
-        """The tensor that owns the buffer this one reads (itself unless a view)."""
+    def view_base(self) -> Tensor:
+        """The tensor whose buffer this view reads: `view_of` followed to its end (itself
+        unless a view). Compare `owner`, which follows `shares` between persistent tensors."""
         t = self
         while t.view_of is not None:
             t = t.view_of
@@ -151,7 +177,8 @@ class Tensor:
         return self
 
     def owner(self) -> Tensor:
-        """The tensor that holds this one's persistent data (itself unless sharing)."""
+        """The persistent tensor whose buffer holds this one's data: `shares` followed to its
+        end (itself unless sharing). Compare `view_base`, which follows `view_of`."""
         t = self
         while t.shares is not None:
             t = t.shares
@@ -180,8 +207,7 @@ class Tensor:
         device backend holds it (no transfer), else on the host."""
         o = self.owner()
         if o.device is not None and o._fresh != HOST:
-            from engine.backends.cuda.transfer import fill
-            fill(o.device, value)
+            _device_filler(o.device)(o.device, value)
             o._fresh = DEVICE
         else:
             self.buffer()[...] = value
@@ -203,51 +229,40 @@ class Tensor:
         return (f"Tensor({self.name!r}, op={self.op}, shape={list(self.shape)}, "
                 f"dtype={dtype_name(self.dtype)}{flags})")
 
-    # --- operators: thin sugar over the registry's ops -----------------------------------
+    # --- operators: thin sugar over the ops (see OPERATORS) -----------------------------
     def __add__(self, other):
-        from engine import ops
-        return ops.add(self, other)
+        return OPERATORS["add"](self, other)
 
     def __radd__(self, other):
-        from engine import ops
-        return ops.add(other, self)
+        return OPERATORS["add"](other, self)
 
     def __sub__(self, other):
-        from engine import ops
-        return ops.sub(self, other)
+        return OPERATORS["sub"](self, other)
 
     def __rsub__(self, other):
-        from engine import ops
-        return ops.sub(other, self)
+        return OPERATORS["sub"](other, self)
 
     def __mul__(self, other):
-        from engine import ops
-        return ops.mul(self, other)
+        return OPERATORS["mul"](self, other)
 
     def __rmul__(self, other):
-        from engine import ops
-        return ops.mul(other, self)
+        return OPERATORS["mul"](other, self)
 
     def __truediv__(self, other):
-        from engine import ops
-        return ops.div(self, other)
+        return OPERATORS["div"](self, other)
 
     def __rtruediv__(self, other):
-        from engine import ops
-        return ops.div(other, self)
+        return OPERATORS["div"](other, self)
 
     def __matmul__(self, other):
-        from engine import ops
-        return ops.matmul(self, other)
+        return OPERATORS["matmul"](self, other)
 
     def __neg__(self):
-        from engine import ops
-        return ops.neg(self)
+        return OPERATORS["neg"](self)
 
     @property
     def T(self):
-        from engine import ops
-        return ops.transpose(self)
+        return OPERATORS["transpose"](self)
 
 
 def new_tensor(shape, dtype="f32", name=None, flags=Flag.INPUT) -> Tensor:

@@ -1,11 +1,20 @@
 """Backends: where kernels run and where buffers live.
 
-A backend gives `has_kernel(opdef)`, `kernel(opdef)` (its kernel for an op, or
-BackendError), `alloc(nbytes)` (an arena), `view(arena, offset, shape, dtype)`,
-`persistent(tensor, write)` (a persistent tensor's buffer on this backend, made current),
-`device_view(opdef, ins, params)` (a view op applied to its arrays), `copy(dst, src)`,
-`accumulate(dst, src)` (dst += src), and `to_host(src, host_dst)` / `to_device(host_src,
-dst)` for the scheduler's copies between backends (the CPU's are plain numpy copies).
+A backend is an object with a `name` and these methods, which the planner and the executor
+call (engine/backends/cpu and engine/backends/cuda are the two there are):
+
+- `has_kernel(opdef)`, `kernel(opdef)`: its kernel for an op (from `opdef.kernels[name]`),
+  or BackendError; a node whose op has no kernel here is placed on the CPU instead;
+- `alloc(nbytes)` (an arena) and `view(arena, offset, shape, dtype)` (a buffer in it);
+- `persistent(tensor, write)`: a persistent tensor's buffer on this backend, made current;
+- `device_view(opdef, ins, params)`: a view op applied to its arrays;
+- `copy(dst, src)`, `accumulate(dst, src)` (dst += src), and `to_host(src, host_dst)` /
+  `to_device(host_src, dst)` for the copies between backends (the CPU's are numpy copies);
+- `running()`: the context manager a plan runs in (the CPU's holds BLAS to one thread).
+
+A device backend that keeps copies of persistent tensors (`Tensor.device`) registers how to
+fill them in place with `engine.tensor.register_device_filler` (see Tensor.fill).
+`get_backend(name)` gives the backend called `name`, one of BACKENDS.
 """
 
 from __future__ import annotations

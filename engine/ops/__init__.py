@@ -1,63 +1,50 @@
-"""The engine's ops. Importing this package registers every op module in the registry."""
+"""The engine's ops: every module of this package is an op module, loaded here once.
 
-from engine.ops.argmax import argmax
-from engine.ops.binary import add, div, mul, sub
-from engine.ops.block import block
-from engine.ops.concat import concat
-from engine.ops.conv_2d import conv_2d
-from engine.ops.conv_transpose_2d import conv_transpose_2d
-from engine.ops.cross_entropy import cross_entropy_loss, cross_entropy_loss_back
-from engine.ops.dropout import dropout
-from engine.ops.get_rows import get_rows, get_rows_back
-from engine.ops.im2col import im2col, im2col_back
-from engine.ops.im2col_1d import im2col_1d, im2col_1d_back
-from engine.ops.matmul import matmul
-from engine.ops.mse_loss import mse_loss
-from engine.ops.norm import norm, norm_back, rms_norm, rms_norm_back
-from engine.ops.optimizer_steps import adam_step, adamw_step, sgd_step
-from engine.ops.pad import pad
-from engine.ops.pool_1d import pool_1d
-from engine.ops.pool_2d import pool_2d, pool_2d_back
-from engine.ops.reduce import mean, sum, sum_rows
-from engine.ops.repeat import repeat, repeat_back
-from engine.ops.set_acc import acc, set
-from engine.ops.shape import broadcast_to, cont, cont_if_strided, permute, reshape, transpose
-from engine.ops.softmax import log_softmax, softmax, softmax_back
-from engine.ops.unary import (
-    abs,
-    clamp,
-    cos,
-    elu,
-    exp,
-    gelu,
-    gelu_erf,
-    hardswish,
-    leaky_relu,
-    log,
-    neg,
-    relu,
-    scale,
-    sgn,
-    sigmoid,
-    silu,
-    sin,
-    softplus,
-    sqr,
-    sqrt,
-    step,
-    tanh,
-)
+Importing the package (which `import engine` does) imports each module of engine/ops (found
+with pkgutil, no hand-kept list), and each registers its OpDefs in engine.registry. The
+package then exports every registered op's `build` under the op's name, and then the names
+in each op module's `__all__` (its user-facing builders where they differ from the
+registry's, such as `mul` turning a python number into `scale`, and helpers that are not
+ops, such as `cont_if_strided`):
 
-__all__ = ["abs", "add", "broadcast_to", "cont", "cont_if_strided", "div", "exp", "log",
-           "mean", "mul", "neg", "permute", "relu", "reshape", "scale", "sgn", "sqr", "sqrt",
-           "step", "sub", "sum", "transpose"]
-__all__ += ["conv_2d", "im2col", "im2col_back", "pool_2d", "pool_2d_back"]
-__all__ += ["argmax", "cross_entropy_loss", "cross_entropy_loss_back", "log_softmax",
-            "matmul", "softmax", "softmax_back"]
-__all__ += ["clamp", "cos", "elu", "gelu", "gelu_erf", "hardswish", "leaky_relu", "sigmoid",
-            "silu", "sin", "softplus", "tanh"]
-__all__ += ["conv_transpose_2d", "im2col_1d", "im2col_1d_back", "mse_loss", "norm",
-            "norm_back", "pool_1d", "rms_norm", "rms_norm_back"]
-__all__ += ["acc", "block", "concat", "dropout", "get_rows", "get_rows_back", "pad",
-            "repeat", "repeat_back", "set", "sum_rows"]
-__all__ += ["adam_step", "adamw_step", "sgd_step"]
+    from engine import ops
+    ops.relu(x); ops.pool_2d(x, "max", 2); ops.cont_if_strided(x)
+
+An op registered later, by a module outside engine/ops (engine.registry.register), is
+reachable here too: `ops.<name>` falls back to the registry.
+
+Op modules import each other only along an acyclic order (tests/test_layering.py checks
+it); where an op needs the op of a module that imports its own, it builds it through
+`engine.registry.registered.<name>`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from engine import tensor as _tensor
+from engine.errors import UnknownOpError as _UnknownOpError
+from engine.registry import all_ops as _all_ops
+from engine.registry import get_op as _get_op
+
+MODULES = tuple(importlib.import_module(f"{__name__}.{info.name}")
+                for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name))
+
+for _name, _op in _all_ops().items():
+    globals()[_name] = _op.build
+for _module in MODULES:
+    for _name in getattr(_module, "__all__", ()):
+        globals()[_name] = getattr(_module, _name)
+
+__all__ = sorted({*_all_ops(), *(n for m in MODULES for n in getattr(m, "__all__", ()))})
+
+_tensor.OPERATORS.update({name: globals()[name] for name in _tensor.OPERATOR_OPS})
+
+
+def __getattr__(name: str):
+    """An op registered after this package was loaded: its build function."""
+    try:
+        return _get_op(name).build
+    except _UnknownOpError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from engine.backends.cpu.argmax import cpu_argmax
 from engine.errors import ShapeError
-from engine.ops.softmax import check_rows, contiguous_inputs
+from engine.ops.shape import contiguous_inputs
+from engine.params import check_rows
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes

@@ -13,31 +13,11 @@ acc their block gradients.
 
 from __future__ import annotations
 
-import operator
-
 from engine.errors import DTypeError, ShapeError
-from engine.registry import OpDef, make_node, register
+from engine.params import int_tuple
+from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
-
-
-def int_tuple(op: str, name: str, value, ndim: int | None, low: int = 0) -> tuple[int, ...]:
-    """`value` as a tuple of `ndim` ints (any number if ndim is None) >= low, or a
-    ShapeError naming op and parameter."""
-    count = "" if ndim is None else f"{ndim} "
-    try:
-        items = tuple(value)
-    except TypeError:
-        raise ShapeError(f"{op}: {name} must be a sequence of {count}ints, got {value!r}") \
-            from None
-    if (ndim is not None and len(items) != ndim) or \
-            any(isinstance(v, bool) or not hasattr(v, "__index__") for v in items):
-        raise ShapeError(f"{op}: {name} must be a sequence of {count}ints (one per axis), "
-                         f"got {value!r}")
-    out = tuple(operator.index(v) for v in items)
-    if any(v < low for v in out):
-        raise ShapeError(f"{op}: {name} must be >= {low} on every axis, got {list(out)}")
-    return out
 
 
 def check_block(op: str, outer, offset, shape) -> None:
@@ -72,9 +52,9 @@ def block(x, offset, shape):
 
 
 def _block_backward(g, out, x, offset, shape):
-    from engine.ops.pad import pad
-    return (pad(g, tuple((o, n - o - s) for n, o, s in zip(x.shape, offset, shape,
-                                                           strict=True))),)
+    # pad (engine/ops/pad.py) imports this module for its own gradient: build it by name
+    return (registered.pad(g, pads=tuple((o, n - o - s) for n, o, s in zip(x.shape, offset,
+                                                                           shape, strict=True))),)
 
 
 def _torch_block(x, offset, shape):

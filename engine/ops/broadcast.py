@@ -1,8 +1,13 @@
-"""Numpy broadcasting for binary ops, and the one helper that reduces a broadcast gradient."""
+"""Numpy broadcasting for binary ops, and the one helper that reduces a broadcast gradient.
+
+No op module is below this one: `sum_to` builds its ops (sum, reshape) through the registry,
+so every op module may import it.
+"""
 
 from __future__ import annotations
 
 from engine.errors import ShapeError
+from engine.registry import registered
 
 
 def broadcast_shapes(op: str, a_shape, b_shape) -> tuple[int, ...]:
@@ -20,12 +25,12 @@ def broadcast_shapes(op: str, a_shape, b_shape) -> tuple[int, ...]:
 
 
 def sum_to(g, shape):
-    """Sum gradient `g` (of a broadcast result) back to an input of `shape`."""
-    from engine import ops
+    """Sum gradient `g` (of a broadcast result) back to an input of `shape`: over the
+    leading axes `shape` lacks and over the axes where it has 1 and g does not."""
     shape = tuple(shape)
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape)
                                       if d == 1 and g.shape[lead + i] != 1)
-    return ops.reshape(ops.sum(g, axes), shape)
+    return registered.reshape(registered.sum(g, axis=axes), shape=shape)

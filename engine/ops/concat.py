@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from engine.backends.cpu.concat import cpu_concat
-from engine.errors import DTypeError, ShapeError
+from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.block import block
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
@@ -36,7 +36,7 @@ def _concat_infer(a, b, axis):
 def concat(a, b, axis):
     """a and b joined along `axis` (negative counts from the end)."""
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise ShapeError(f"concat: axis must be an int, got {axis!r}")
+        raise ParamError(f"concat: axis must be an int, got {axis!r}")
     if not -a.ndim <= axis < a.ndim:
         raise ShapeError(f"concat: axis {axis} out of range for shapes {shapes_str(a, b)}")
     return make_node("concat", (a, b), axis=axis % a.ndim)

@@ -33,9 +33,10 @@ summation.
 from __future__ import annotations
 
 from engine.errors import DTypeError, ShapeError
-from engine.ops.im2col import conv_output_size, im2col, pair
+from engine.ops.im2col import im2col
 from engine.ops.matmul import matmul
 from engine.ops.shape import cont, cont_if_strided, reshape, transpose
+from engine.params import pair, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
@@ -52,8 +53,7 @@ def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
     if x.shape[1] != w.shape[1]:
         raise ShapeError(f"conv_2d: input has {x.shape[1]} channels but the kernel expects "
                          f"{w.shape[1]} (shapes {list(x.shape)} and {list(w.shape)})")
-    return conv_output_size("conv_2d", x.shape, w.shape[2], w.shape[3], stride, padding,
-                            dilation)
+    return window_output_size("conv_2d", x.shape, w.shape[2:], stride, padding, dilation)
 
 
 def _depends_on_a_param(t) -> bool:

@@ -21,10 +21,11 @@ are each other's transpose) and matmul's rule gives x's and w's.
 
 from __future__ import annotations
 
-from engine.errors import DTypeError, ShapeError
-from engine.ops.im2col import im2col_back, pair
+from engine.errors import DTypeError, ParamError, ShapeError
+from engine.ops.im2col import im2col_back
 from engine.ops.matmul import matmul
 from engine.ops.shape import cont, cont_if_strided, permute, reshape
+from engine.params import pair
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
@@ -44,7 +45,7 @@ def _check(x, w, stride) -> tuple[int, int]:
         raise ShapeError(f"conv_transpose_2d: input has {x.shape[1]} channels but the kernel "
                          f"expects {w.shape[0]} (shapes {list(x.shape)} and {list(w.shape)})")
     if min(stride) < 1:
-        raise ShapeError(f"conv_transpose_2d: stride must be positive, got {list(stride)}")
+        raise ParamError(f"conv_transpose_2d: stride must be positive, got {list(stride)}")
     if 0 in x.shape or 0 in w.shape:
         raise ShapeError(f"conv_transpose_2d: empty input or kernel, shapes {list(x.shape)} "
                          f"and {list(w.shape)}")

@@ -17,7 +17,8 @@ import math
 
 from engine.backends.cpu.cross_entropy import cpu_cross_entropy_loss, cpu_cross_entropy_loss_back
 from engine.errors import DTypeError, ShapeError
-from engine.ops.softmax import check_rows, contiguous_inputs
+from engine.ops.shape import contiguous_inputs
+from engine.params import check_rows
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes

@@ -21,7 +21,8 @@ import numbers
 import numpy as np
 
 from engine.backends.cpu.dropout import cpu_dropout, keep_mask
-from engine.errors import DTypeError, ShapeError
+from engine.errors import DTypeError, ParamError
+from engine.params import is_real
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
@@ -38,13 +39,12 @@ def _dropout_infer(x, p, seed):
 
 
 def _check_params(x, p, seed) -> None:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not math.isfinite(p) \
-            or not 0.0 <= p < 1.0:
-        raise ShapeError(f"dropout: p must be a number in [0, 1), got {p!r} (input of shape "
+    if not is_real(p) or not math.isfinite(p) or not 0.0 <= p < 1.0:
+        raise ParamError(f"dropout: p must be a number in [0, 1), got {p!r} (input of shape "
                          f"{list(x.shape)})")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) \
             or not 0 <= seed < MAX_SEED:
-        raise ShapeError(f"dropout: seed must be an int in [0, 2^64), got {seed!r}")
+        raise ParamError(f"dropout: seed must be an int in [0, 2^64), got {seed!r}")
 
 
 def dropout(x, p, seed):

@@ -11,8 +11,8 @@ row picked n times gets the sum of its n gradient rows; a row never picked gets 
 gets no gradient. get_rows_back is linear in g and its own gradient is get_rows.
 
 Indices are data, so their range is checked when the graph runs: an index outside [0, R)
-raises RowIndexError (an EngineError) from the kernel's dispatcher, before any memory is
-touched. torch: table[idx.long()].
+raises engine.errors.RowIndexError (an EngineError) from the kernel's dispatcher, before any
+memory is touched. torch: table[idx.long()].
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ import math
 import numpy as np
 
 from engine.backends.cpu.get_rows import cpu_get_rows, cpu_get_rows_back
-from engine.errors import DTypeError, EngineError, ShapeError
-from engine.ops.im2col import integer
+from engine.errors import (
+    DTypeError,
+    ParamError,
+    ShapeError,
+)
+from engine.params import integer
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy
 
 INDEX_DTYPE = np.dtype(np.int32)
-
-
-class RowIndexError(EngineError, IndexError):
-    """get_rows or get_rows_back met an index outside the table's rows (at run time)."""
 
 
 def _check_idx(op, idx, other):
@@ -69,7 +69,7 @@ def _get_rows_back_infer(g, idx, nrows):
         raise ShapeError(f"get_rows_back: the gradient must have shape indices.shape + (C,), "
                          f"got {shapes_str(g, idx)}")
     if nrows < 1:
-        raise ShapeError(f"get_rows_back: nrows must be positive, got {nrows}")
+        raise ParamError(f"get_rows_back: nrows must be positive, got {nrows}")
     return (nrows, g.shape[-1]), g.dtype
 
 

@@ -15,57 +15,15 @@ entry back onto the image cell it was read from (col2im).
 
 from __future__ import annotations
 
-import operator
-
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
+from engine.params import integer, pair, window_output_size
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
 from engine.tensor import as_dtype, dtype_name
 
 TORCH_DTYPES = {"f32": "float32", "f64": "float64"}
-
-
-def pair(op: str, name: str, v) -> tuple[int, int]:
-    """An int or a pair of ints as a pair (rows, cols); anything else is a ShapeError."""
-    if isinstance(v, (tuple, list)):
-        if len(v) != 2:
-            raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
-        a, b = v
-    else:
-        a = b = v
-    if any(isinstance(u, bool) or not hasattr(u, "__index__") for u in (a, b)):
-        raise ShapeError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
-    return operator.index(a), operator.index(b)
-
-
-def integer(op: str, name: str, v) -> int:
-    """v as an int (no silent truncation of floats)."""
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise ShapeError(f"{op}: {name} must be an int, got {v!r}")
-    return operator.index(v)
-
-
-def conv_output_size(op: str, x_shape, kh, kw, stride, padding, dilation) -> tuple[int, int]:
-    """(OH, OW) of a window sliding over the last two axes of `x_shape`, validating params.
-
-    kernel, stride and dilation must be positive, padding non-negative, and at least one
-    window must fit: OH, OW >= 1.
-    """
-    for name, vals, low in (("kernel", (kh, kw), 1), ("stride", stride, 1),
-                            ("dilation", dilation, 1), ("padding", padding, 0)):
-        if min(vals) < low:
-            kind = "positive" if low else "non-negative"
-            raise ShapeError(f"{op}: {name} must be {kind}, got {list(vals)} for input of "
-                             f"shape {list(x_shape)}")
-    h, w = x_shape[-2], x_shape[-1]
-    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    if oh < 1 or ow < 1:
-        raise ShapeError(f"{op}: a {kh}x{kw} kernel (dilation {list(dilation)}, padding "
-                         f"{list(padding)}) does not fit input of shape {list(x_shape)}; "
-                         f"output would be {oh}x{ow}")
-    return oh, ow
 
 
 def _check_image(op: str, x) -> None:
@@ -84,7 +42,7 @@ def _float_dtype(op: str, dtype) -> None:
 def _im2col_infer(x, kh, kw, stride, padding, dilation, dtype):
     _check_image("im2col", x)
     _float_dtype("im2col", dtype)
-    oh, ow = conv_output_size("im2col", x.shape, kh, kw, stride, padding, dilation)
+    oh, ow = window_output_size("im2col", x.shape, (kh, kw), stride, padding, dilation)
     return (x.shape[0], oh, ow, x.shape[1] * kh * kw), as_dtype(dtype)
 
 
@@ -110,7 +68,7 @@ def _torch_im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dty
     import torch
     stride, padding, dilation = (pair("im2col", n, v) for n, v in
                                  (("stride", stride), ("padding", padding), ("dilation", dilation)))
-    oh, ow = conv_output_size("im2col", x.shape, kh, kw, stride, padding, dilation)
+    oh, ow = window_output_size("im2col", x.shape, (kh, kw), stride, padding, dilation)
     cols = torch.nn.functional.unfold(x, (kh, kw), dilation=dilation, padding=padding,
                                       stride=stride)               # (N, C*KH*KW, OH*OW)
     cols = cols.transpose(1, 2).reshape(x.shape[0], oh, ow, -1)
@@ -126,7 +84,8 @@ def _im2col_back_infer(g, x_shape, kh, kw, stride, padding, dilation, dtype):
         raise DTypeError(f"im2col_back: needs a float gradient, got {g.dtype}")
     if len(x_shape) != 4:
         raise ShapeError(f"im2col_back: x_shape must be NCHW (4 axes), got {list(x_shape)}")
-    oh, ow = conv_output_size("im2col_back", x_shape, kh, kw, stride, padding, dilation)
+    oh, ow = window_output_size("im2col_back", x_shape, (kh, kw), stride, padding,
+                                 dilation)
     want = (x_shape[0], oh, ow, x_shape[1] * kh * kw)
     if tuple(g.shape) != want:
         raise ShapeError(f"im2col_back: gradient of shape {list(g.shape)} does not match the "
@@ -172,8 +131,6 @@ def _im2col_strategy(dtype):
     fits the kernel; batch and channels 1-3 (at most MAX_ELEMENTS inputs); columns in x's
     dtype, the other float dtype or the default; the image possibly a permuted view."""
     from hypothesis import strategies as st
-
-    from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
 
     @sample_strategy
     def draw_case(draw, dtype):

@@ -21,28 +21,12 @@ from __future__ import annotations
 
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
-from engine.ops.im2col import TORCH_DTYPES, integer
+from engine.ops.im2col import TORCH_DTYPES
+from engine.params import integer, window_output_size
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes, window_axis
+from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
 from engine.tensor import as_dtype, dtype_name
-
-
-def conv_output_length(op: str, x_shape, k, stride, padding, dilation) -> int:
-    """OL of a window of k cells sliding over the last axis of `x_shape`, validating params:
-    kernel, stride and dilation positive, padding non-negative, and OL >= 1."""
-    for name, v, low in (("kernel", k, 1), ("stride", stride, 1), ("dilation", dilation, 1),
-                         ("padding", padding, 0)):
-        if v < low:
-            kind = "positive" if low else "non-negative"
-            raise ShapeError(f"{op}: {name} must be {kind}, got {v} for input of shape "
-                             f"{list(x_shape)}")
-    ol = (x_shape[-1] + 2 * padding - dilation * (k - 1) - 1) // stride + 1
-    if ol < 1:
-        raise ShapeError(f"{op}: a kernel of {k} (dilation {dilation}, padding {padding}) "
-                         f"does not fit input of shape {list(x_shape)}; output length would "
-                         f"be {ol}")
-    return ol
 
 
 def check_signal(op: str, x) -> None:
@@ -68,7 +52,7 @@ def _params(op, k, stride, padding, dilation) -> dict:
 def _infer(x, k, stride, padding, dilation, dtype):
     check_signal("im2col_1d", x)
     _float_dtype("im2col_1d", dtype)
-    ol = conv_output_length("im2col_1d", x.shape, k, stride, padding, dilation)
+    (ol,) = window_output_size("im2col_1d", x.shape, (k,), (stride,), (padding,), (dilation,))
     return (x.shape[0], ol, x.shape[1] * k), as_dtype(dtype)
 
 
@@ -108,7 +92,8 @@ def _back_infer(g, x_shape, k, stride, padding, dilation, dtype):
                          f"{list(g.shape)}")
     if len(x_shape) != 3:
         raise ShapeError(f"im2col_1d_back: x_shape must be NCL (3 axes), got {list(x_shape)}")
-    ol = conv_output_length("im2col_1d_back", x_shape, k, stride, padding, dilation)
+    (ol,) = window_output_size("im2col_1d_back", x_shape, (k,), (stride,), (padding,),
+                               (dilation,))
     want = (x_shape[0], ol, x_shape[1] * k)
     if tuple(g.shape) != want:
         raise ShapeError(f"im2col_1d_back: gradient of shape {list(g.shape)} does not match "
@@ -184,12 +169,17 @@ def _back_samples(dtype):
     return out
 
 
-def _draw_params(draw):
+def _draw_params(draw, back=False):
     """(x shape, K, stride, padding, dilation): K 1-5, stride 1-3, padding 0-2, dilation
-    1-3, a length up to 16 that holds at least one window, batch and channels 1-3."""
+    1-3, a length up to 16 that holds at least one window, batch and channels 1-3, and at
+    most MAX_ELEMENTS checked elements: those of the signal, or for the backward op
+    (back) those of its columns."""
     ax = draw(window_axis(kernel=(1, 5), stride=(1, 3), padding=(0, 2), dilation=(1, 3),
                           max_side=16))
-    shape = draw(shapes(2, 2, max_side=3)) + (ax.side,)
+    (ol,) = window_output_size("im2col_1d", (ax.side,), (ax.kernel,), (ax.stride,),
+                               (ax.padding,), (ax.dilation,))
+    per_channel = ol * ax.kernel if back else ax.side
+    shape = draw(shapes(2, 2, max_side=3, max_size=MAX_ELEMENTS // per_channel)) + (ax.side,)
     return shape, ax.kernel, ax.stride, ax.padding, ax.dilation
 
 
@@ -205,7 +195,7 @@ def _strategy(draw, dtype):
 @sample_strategy
 def _back_strategy(draw, dtype):
     from hypothesis import strategies as st
-    shape, k, s, p, d = _draw_params(draw)
+    shape, k, s, p, d = _draw_params(draw, back=True)
     g = InputSpec("g", _cols_shape(shape, k, s, p, d), permute=draw(permutations(3)))
     return Sample.make("im2col_1d_back", [g], dtype, x_shape=shape, k=k, stride=s, padding=p,
                        dilation=d, dtype=draw(st.sampled_from([None, "f32", "f64"])))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from engine.backends.cpu.matmul import cpu_matmul
 from engine.errors import DTypeError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.ops.shape import transpose
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
@@ -45,7 +46,6 @@ def matmul(a, b):
 
 
 def _backward(g, out, a, b):
-    from engine.ops.shape import transpose
     return (sum_to(matmul(g, transpose(b)), a.shape),
             sum_to(matmul(transpose(a), g), b.shape))
 

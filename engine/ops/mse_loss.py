@@ -13,10 +13,8 @@ wrong count (torch warns about it for the same reason).
 from __future__ import annotations
 
 from engine.errors import DTypeError, ShapeError
-from engine.ops.binary import sub
 from engine.ops.reduce import mean
-from engine.ops.unary import sqr
-from engine.registry import OpDef, register, shapes_str
+from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
 
@@ -31,7 +29,7 @@ def mse_loss(a, b):
     if a.size == 0:
         raise ShapeError(f"mse_loss: the mean of no elements is undefined (shapes "
                          f"{shapes_str(a, b)})")
-    return mean(sqr(sub(a, b)))
+    return mean(registered.sqr(registered.sub(a, b)))
 
 
 def _torch_mse_loss(a, b):

@@ -20,23 +20,23 @@ as contiguous memory, so the builders put `cont` in front of strided (permuted) 
 from __future__ import annotations
 
 import math
-import numbers
 
 from engine.backends.cpu.norm import cpu_norm, cpu_norm_back, cpu_rms_norm, cpu_rms_norm_back
-from engine.errors import ShapeError
-from engine.ops.softmax import check_rows, contiguous_inputs, draw_row_input
+from engine.errors import ParamError
+from engine.ops.shape import contiguous_inputs
+from engine.params import check_rows, is_real
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import sample_strategy
+from engine.strategies import draw_row_input, sample_strategy
 
 
 def check_eps(op: str, eps) -> float:
     """eps as a float; a bool, a non-number, NaN, inf or a negative number raise."""
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise ShapeError(f"{op}: eps must be a number, got {eps!r}")
+    if not is_real(eps):
+        raise ParamError(f"{op}: eps must be a number, got {eps!r}")
     eps = float(eps)
     if not math.isfinite(eps) or eps < 0:
-        raise ShapeError(f"{op}: eps must be finite and >= 0, got {eps!r}")
+        raise ParamError(f"{op}: eps must be finite and >= 0, got {eps!r}")
     return eps
 
 

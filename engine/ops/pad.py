@@ -13,8 +13,9 @@ pad is linear; its gradient is the interior block of g: block(g, (b0, b1, ...), 
 from __future__ import annotations
 
 from engine.backends.cpu.pad import cpu_pad
-from engine.errors import DTypeError, ShapeError
-from engine.ops.block import block, int_tuple
+from engine.errors import DTypeError, ParamError
+from engine.ops.block import block
+from engine.params import int_tuple
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
@@ -25,10 +26,10 @@ def normalize_pads(op: str, pads, ndim: int) -> tuple[tuple[int, int], ...]:
     try:
         pairs = tuple(pads)
     except TypeError:
-        raise ShapeError(f"{op}: pads must be {ndim} (before, after) pairs, got {pads!r}") \
+        raise ParamError(f"{op}: pads must be {ndim} (before, after) pairs, got {pads!r}") \
             from None
     if len(pairs) != ndim:
-        raise ShapeError(f"{op}: pads must give one (before, after) pair per axis: {ndim} "
+        raise ParamError(f"{op}: pads must give one (before, after) pair per axis: {ndim} "
                          f"pairs, got {len(pairs)} ({pads!r})")
     return tuple(int_tuple(op, f"pads[{i}]", p, 2) for i, p in enumerate(pairs))
 
@@ -37,7 +38,7 @@ def _pad_infer(x, pads):
     if x.dtype.kind != "f":
         raise DTypeError(f"pad: needs a float input, got {x.dtype} of shape {list(x.shape)}")
     if len(pads) != x.ndim:
-        raise ShapeError(f"pad: {len(pads)} (before, after) pairs for shape {list(x.shape)}")
+        raise ParamError(f"pad: {len(pads)} (before, after) pairs for shape {list(x.shape)}")
     return tuple(b + n + a for n, (b, a) in zip(x.shape, pads, strict=True)), x.dtype
 
 

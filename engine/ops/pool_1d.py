@@ -19,11 +19,11 @@ first, as reshape needs.
 
 from __future__ import annotations
 
-from engine.errors import ShapeError
-from engine.ops.im2col import integer
-from engine.ops.im2col_1d import check_signal, conv_output_length
+from engine.errors import ParamError
+from engine.ops.im2col_1d import check_signal
 from engine.ops.pool_2d import MODES, pool_2d
 from engine.ops.shape import cont_if_strided, reshape
+from engine.params import integer, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes, window_axis
@@ -33,10 +33,10 @@ def _check(x, mode, kernel, stride, padding) -> int:
     """Validate an NCL float input and the pooling params; return OL."""
     check_signal("pool_1d", x)
     if mode not in MODES:
-        raise ShapeError(f"pool_1d: mode must be one of {MODES}, got {mode!r}")
-    ol = conv_output_length("pool_1d", x.shape, kernel, stride, padding, 1)
+        raise ParamError(f"pool_1d: mode must be one of {MODES}, got {mode!r}")
+    (ol,) = window_output_size("pool_1d", x.shape, (kernel,), (stride,), (padding,), (1,))
     if 2 * padding > kernel:
-        raise ShapeError(f"pool_1d: padding {padding} must be at most half the kernel "
+        raise ParamError(f"pool_1d: padding {padding} must be at most half the kernel "
                          f"{kernel} (input of shape {list(x.shape)})")
     return ol
 

@@ -21,8 +21,8 @@ their contributions. For avg it spreads g / (kh kw) over the window's image cell
 from __future__ import annotations
 
 from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
-from engine.errors import DTypeError, ShapeError
-from engine.ops.im2col import conv_output_size, pair
+from engine.errors import DTypeError, ParamError, ShapeError
+from engine.params import pair, window_output_size
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
@@ -37,10 +37,10 @@ def _check(op, x, mode, kernel, stride, padding) -> tuple[int, int]:
     if x.dtype.kind != "f":
         raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
     if mode not in MODES:
-        raise ShapeError(f"{op}: mode must be one of {MODES}, got {mode!r}")
-    oh, ow = conv_output_size(op, x.shape, kernel[0], kernel[1], stride, padding, (1, 1))
+        raise ParamError(f"{op}: mode must be one of {MODES}, got {mode!r}")
+    oh, ow = window_output_size(op, x.shape, kernel, stride, padding, (1, 1))
     if 2 * padding[0] > kernel[0] or 2 * padding[1] > kernel[1]:
-        raise ShapeError(f"{op}: padding {list(padding)} must be at most half the kernel "
+        raise ParamError(f"{op}: padding {list(padding)} must be at most half the kernel "
                          f"{list(kernel)} (input of shape {list(x.shape)})")
     return oh, ow
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 
 from engine.backends.cpu.reduce import cpu_sum
-from engine.errors import DTypeError, ShapeError
-from engine.registry import OpDef, make_node, register
+from engine.errors import DTypeError, ParamError, ShapeError
+from engine.ops.shape import broadcast_to, reshape
+from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
 
@@ -24,7 +25,7 @@ def normalize_axes(op: str, shape, axis) -> tuple[int, ...]:
             raise ShapeError(f"{op}: axis {a} out of range for shape {list(shape)}")
         out.append(a % ndim if ndim else 0)
     if len(set(out)) != len(out):
-        raise ShapeError(f"{op}: repeated axis in {axes}")
+        raise ParamError(f"{op}: repeated axis in {axes}")
     return tuple(sorted(out))
 
 
@@ -38,7 +39,7 @@ def _sum_infer(x, axes, keepdims):
     if x.dtype.kind != "f":
         raise DTypeError(f"sum: needs a float input, got {x.dtype}")
     if not isinstance(keepdims, bool):
-        raise ShapeError(f"sum: keepdims must be True or False, got {keepdims!r}")
+        raise ParamError(f"sum: keepdims must be True or False, got {keepdims!r}")
     if not isinstance(axes, tuple) or normalize_axes("sum", x.shape, axes) != axes:
         raise ShapeError(f"sum: axes must be a sorted tuple of distinct axes of shape "
                          f"{list(x.shape)}, got {axes!r}")
@@ -46,7 +47,6 @@ def _sum_infer(x, axes, keepdims):
 
 
 def _sum_backward(g, out, x, axes, keepdims):
-    from engine.ops import broadcast_to, reshape
     return (broadcast_to(reshape(g, reduced_shape(x.shape, axes, True)), x.shape),)
 
 
@@ -58,10 +58,9 @@ def sum(x, axis=None, keepdims=False):  # noqa: A001  (the engine's op, like np.
 
 def mean(x, axis=None, keepdims=False):
     """Mean of x over `axis`: sum times 1/n, n the number of elements reduced."""
-    from engine.ops.unary import scale
     axes = normalize_axes("mean", x.shape, axis)
     n = math.prod(x.shape[a] for a in axes)
-    return scale(sum(x, axes, keepdims), 1.0 / n if n else float("nan"))
+    return registered.scale(sum(x, axes, keepdims), scale=1.0 / n if n else float("nan"))
 
 
 def sum_rows(x):

@@ -18,7 +18,7 @@ import math
 
 from engine.backends.cpu.repeat import cpu_repeat, cpu_repeat_back
 from engine.errors import DTypeError, ShapeError
-from engine.ops.block import int_tuple
+from engine.params import int_tuple
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes

@@ -18,7 +18,8 @@ import numpy as np
 
 from engine.backends.cpu.set_acc import cpu_acc, cpu_set
 from engine.errors import DTypeError, ShapeError
-from engine.ops.block import block, block_slices, check_block, int_tuple
+from engine.ops.block import block, block_slices, check_block
+from engine.params import int_tuple
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes

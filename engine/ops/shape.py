@@ -11,11 +11,13 @@ import math
 import numpy as np
 
 from engine.backends.cpu import elementwise as cpu
-from engine.errors import ShapeError
+from engine.errors import ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
+
+__all__ = ["cont_if_strided"]   # engine.ops exports it beside the ops
 
 
 # --- reshape ---------------------------------------------------------------------------------
@@ -33,7 +35,7 @@ def reshape(x, shape):
     """x with a new shape of the same size; one dimension may be -1."""
     shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     if shape.count(-1) > 1:
-        raise ShapeError(f"reshape: more than one -1 in {list(shape)}")
+        raise ParamError(f"reshape: more than one -1 in {list(shape)}")
     if -1 in shape:
         rest = math.prod(d for d in shape if d != -1)
         if rest == 0 or x.size % rest:
@@ -82,7 +84,14 @@ def cont(x):
 
 
 def cont_if_strided(x):
+    """x itself if contiguous, else cont(x): for ops whose kernels read contiguous memory."""
     return x if x.contiguous else cont(x)
+
+
+def contiguous_inputs(*tensors):
+    """cont_if_strided of each tensor: the builders of the row-wise ops (softmax, norms,
+    argmax, cross_entropy_loss) put it before their inputs."""
+    return tuple(cont_if_strided(t) for t in tensors)
 
 
 # --- broadcast_to ---------------------------------------------------------------------------------

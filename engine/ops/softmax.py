@@ -25,46 +25,30 @@ mask is read in place through its strides.
 from __future__ import annotations
 
 import math
-import numbers
 
 from engine.backends.cpu.softmax import cpu_log_softmax, cpu_softmax, cpu_softmax_back
-from engine.errors import DTypeError, ShapeError
+from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
-from engine.registry import OpDef, make_node, register, shapes_str
+from engine.ops.reduce import sum as reduce_sum
+from engine.ops.shape import contiguous_inputs
+from engine.params import check_rows, is_real
+from engine.registry import OpDef, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
+from engine.strategies import (
+    broadcast_source,
+    draw_row_input,
+    permutations,
+    sample_strategy,
+)
 
-
-def check_rows(op: str, *tensors) -> None:
-    """Shared by the row-wise ops: float, equal dtypes and shapes, >= 1 axis, contiguous."""
-    first = tensors[0]
-    for t in tensors:
-        if t.dtype.kind != "f" or t.dtype != first.dtype:
-            raise DTypeError(f"{op}: needs float inputs of one dtype, got "
-                             f"{', '.join(str(u.dtype) for u in tensors)} for shapes "
-                             f"{shapes_str(*tensors)}")
-        if t.shape != first.shape:
-            raise ShapeError(f"{op}: inputs must have the same shape, got "
-                             f"{shapes_str(*tensors)}")
-    if first.ndim < 1:
-        raise ShapeError(f"{op}: needs at least one axis (rows are the last axis), got "
-                         f"shape {list(first.shape)}")
-    for t in tensors:
-        if not t.contiguous:
-            raise ShapeError(f"{op}: input of shape {list(t.shape)} is a non-contiguous "
-                             f"view; use engine.ops.{op}, which inserts cont()")
-
-
-def contiguous_inputs(*tensors):
-    from engine.ops.shape import cont_if_strided
-    return tuple(cont_if_strided(t) for t in tensors)
+# engine.ops.softmax is softmax(x, scale, mask), not the registry's builder (tensors first)
+__all__ = ["softmax"]
 
 
 # --- softmax ----------------------------------------------------------------------------------
 def _check_scale(op, scale) -> None:
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
-            or not math.isfinite(scale):
-        raise ShapeError(f"{op}: scale must be a finite number, got {scale!r}")
+    if not is_real(scale) or not math.isfinite(scale):
+        raise ParamError(f"{op}: scale must be a finite number, got {scale!r}")
 
 
 def _softmax_infer(x, *mask, scale):
@@ -134,10 +118,8 @@ def log_softmax(x):
 
 
 def _log_softmax_backward(g, out, x):
-    from engine.ops.binary import mul, sub
-    from engine.ops.reduce import sum as reduce_sum
-    from engine.ops.unary import exp
-    return (sub(g, mul(exp(out), reduce_sum(g, -1, keepdims=True))),)
+    exp_out = registered.exp(out)          # = softmax(x)
+    return (registered.sub(g, registered.mul(exp_out, reduce_sum(g, -1, keepdims=True))),)
 
 
 # --- samples, strategies, torch references, registration ---------------------------------------
@@ -155,17 +137,6 @@ MASKED = [((3, 5), (3, 5), None, 1.0, MODERATE),
           ((2, 3, 4), (3, 4), (1, 0), 1.0, MODERATE),         # a transposed (strided) mask
           ((2, 3, 5), (3, 5), None, 1.0, LARGE),              # large negatives
           ((2, 4, 3), (2, 4, 3), None, 0.1, LARGE)]
-
-
-def draw_row_input(draw, name, kind="uniform", low=-3.0, high=3.0, grad=True, min_cols=1):
-    """For the strategies of the row-wise ops: an InputSpec of 1-4 axes and at most 150
-    elements, rows of min_cols to 8 elements, contiguous or a permuted view."""
-    from hypothesis import strategies as st
-    lead = draw(shapes(0, 3, max_side=5, max_size=150 // min_cols))
-    rows = math.prod(lead)
-    shape = lead + (draw(st.integers(min_cols, max(min_cols, min(8, 150 // rows)))),)
-    return InputSpec(name, shape, kind, low, high, grad=grad,
-                     permute=draw(permutations(len(shape))))
 
 
 def draw_scale(draw):

@@ -1,10 +1,12 @@
 """Generated cases: every registry op's hypothesis strategy, checked as its samples are.
 
 For each op with a `strategy`, hypothesis draws cases of both float dtypes, and each case
-must (a) be a small, well-formed case of that op that builds, (b) agree with the op's torch
-reference, forward and (where the op is differentiable) backward, and (c) pass gradcheck
-against float64 finite differences, with no kinks. The slow test draws 10 cases per op, the
-fast one 3; under CI both are derandomized (tests/conftest.py).
+must (a) be a small, well-formed case of that op that builds, with its inputs off the op's
+kinks, (b) agree with the op's torch reference, forward and (where the op is
+differentiable) backward, and (c) pass gradcheck against float64 finite differences, with
+no kinks. The slow test draws 10 cases per op, the fast one 3, both checking (a)-(c);
+`test_generated_cases_match_torch` checks (a) and (b) on as many cases as the hypothesis
+profile gives (tests/conftest.py; derandomized under CI).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from engine.samples import Sample
 from engine.strategies import MAX_ELEMENTS, broadcast_pair, shapes, window_axis
 from gradcheck.check import check_sample
 from tests.engine.ops.op_harness import TOL, run_engine, run_torch
+from tests.engine.ops.test_unary import NAMES as UNARY_NAMES
+from tests.engine.ops.test_unary import _assert_off_kinks
 
 OPS = {name: op for name, op in all_ops().items() if op.strategy}
 DTYPES = ("f32", "f64")
@@ -37,14 +41,18 @@ def _one_numba_thread():
     numba.set_num_threads(before)
 
 
-def _check_case(name, dtype, sample):
+def _check_against_torch(name, dtype, sample):
     op = OPS[name]
-    # (a) a small, well-formed case of this op
+    # (a) a small, well-formed case of this op, its inputs off the op's kinks
     assert isinstance(sample, Sample) and sample.op == name and sample.dtype == dtype
     assert str(sample).startswith(f"{name}(type={dtype}")
     checked = sum(math.prod(s.shape) for s in sample.inputs if s.grad and s.kind != "int")
     assert checked <= MAX_ELEMENTS, f"{sample}: {checked} checked input elements"
     arrays = sample.generate_inputs()
+    if name in UNARY_NAMES:
+        (x,) = arrays
+        assert x.size <= MAX_ELEMENTS
+        _assert_off_kinks(sample, x)
     # (b) forward, and backward where there is one, against torch
     differentiable = op.differentiable
     got, got_grads = run_engine(sample, arrays, with_grad=differentiable)
@@ -57,6 +65,11 @@ def _check_case(name, dtype, sample):
             if w is not None:
                 assert g is not None, f"{sample}: no gradient for input {spec.name}"
                 np.testing.assert_allclose(g, w, **tol, err_msg=f"{sample}: d/d{spec.name}")
+
+
+def _check_case(name, dtype, sample):
+    _check_against_torch(name, dtype, sample)
+    differentiable = OPS[name].differentiable
     # (c) backprop against float64 finite differences, off every kink
     result = check_sample(sample)
     assert result.status == ("pass" if differentiable else "skip"), \
@@ -79,6 +92,14 @@ def test_generated_cases(name, data):
 def test_generated_cases_fast(name, data):
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     _check_case(name, dtype, data.draw(OPS[name].strategy(dtype), label="case"))
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+@settings(deadline=None)
+@given(data=st.data())
+def test_generated_cases_match_torch(name, data):
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
+    _check_against_torch(name, dtype, data.draw(OPS[name].strategy(dtype), label="case"))
 
 
 # --- the shared helpers ---------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """CPU kernels of get_rows (a gather of table rows) and get_rows_back (its scatter-add).
 
 Indices are checked by the dispatchers before any kernel runs: one out of [0, R) raises
-engine.ops.get_rows.RowIndexError, never an out-of-bounds read or write.
+engine.errors.RowIndexError, never an out-of-bounds read or write.
 
 get_rows runs a `prange` over the output rows. get_rows_back must add several gradient
 rows into one table row when an index repeats, so it splits the table's COLUMNS among
@@ -19,6 +19,7 @@ import numba
 
 from engine.backends.cpu.block import fill_zero
 from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.errors import RowIndexError
 
 MIN_BAND = 16   # columns (64 bytes of float32: bands of two threads share few cache lines)
 
@@ -56,7 +57,6 @@ def _get_rows_back(g, idx, out, band):
 def _checked(op, idx, nrows):
     """idx as a 2-D (batch, index) array, once every index is known to lie in [0, nrows)."""
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= nrows):
-        from engine.ops.get_rows import RowIndexError
         bad = idx[(idx < 0) | (idx >= nrows)]
         raise RowIndexError(f"{op}: index {int(bad.reshape(-1)[0])} out of range for a table "
                             f"of {nrows} rows ({bad.size} of the {idx.size} indices of shape "

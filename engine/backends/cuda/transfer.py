@@ -1,7 +1,9 @@
-"""Device-side copies: a strided array into a contiguous one, and dst += src.
+"""Device-side copies: a strided array into a contiguous one, dst += src, and a fill.
 
 Used by the scheduler (a view flagged as an output gets its own buffer; a tensor computed on
-one backend and read on another) and by gradient accumulation.
+one backend and read on another), by gradient accumulation, and by Tensor.fill, which this
+module registers as the filler of numba device arrays when it is loaded (the CUDA backend
+loads it before it makes any device copy).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from numba import cuda
 
 from engine.backends.cuda.arrays import grid_stride_shape, with_rank
+from engine.tensor import register_device_filler
 
 THREADS = 128
 MAX_BLOCKS = 1024
@@ -82,3 +85,5 @@ PTX_SIGNATURES = [(k, f"void({t}[::1], {t}[:, :, :, :])") for k in (_copy_4d,)
                   for t in ("float32", "float64", "int32")] + \
                  [(_add, f"void({t}[::1], {t}[::1])") for t in ("float32", "float64")] + \
                  [(_fill, f"void({t}[::1], {t})") for t in ("float32", "float64", "int32")]
+
+register_device_filler(cuda.devicearray.is_cuda_ndarray, fill)

@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import engine
 from engine import ops
-from engine.errors import DTypeError, ShapeError
+from engine.errors import DTypeError, ParamError, ShapeError
 from engine.registry import get_op
-from tests.engine.ops.op_harness import TOL, evaluate, run_engine, run_torch, weighted_grads
+from tests.engine.ops.op_harness import TOL, evaluate, weighted_grads
 
 RNG = np.random.default_rng(2024)
 
@@ -257,9 +255,9 @@ def _t(shape, dtype="f32"):
 @pytest.mark.parametrize("build, error, match", [
     (lambda: ops.rms_norm(_t(())), ShapeError, r"rms_norm: needs at least one axis"),
     (lambda: ops.norm(_t((3,), "i32")), DTypeError, "norm: needs float inputs"),
-    (lambda: ops.rms_norm(_t((3,)), -1e-6), ShapeError, r"rms_norm: eps must be finite and >= 0"),
-    (lambda: ops.norm(_t((3,)), float("nan")), ShapeError, "norm: eps must be finite"),
-    (lambda: ops.norm(_t((3,)), "1e-5"), ShapeError, "norm: eps must be a number"),
+    (lambda: ops.rms_norm(_t((3,)), -1e-6), ParamError, r"rms_norm: eps must be finite and >= 0"),
+    (lambda: ops.norm(_t((3,)), float("nan")), ParamError, "norm: eps must be finite"),
+    (lambda: ops.norm(_t((3,)), "1e-5"), ParamError, "norm: eps must be a number"),
     (lambda: ops.rms_norm_back(_t((3, 4)), _t((4, 3))), ShapeError,
      r"rms_norm_back: inputs must have the same shape, got \[3, 4\] and \[4, 3\]"),
     (lambda: ops.norm_back(_t((3, 4)), _t((3, 4), "f64")), DTypeError, "norm_back"),
@@ -274,24 +272,24 @@ def _t(shape, dtype="f32"):
     (lambda: ops.im2col_1d(_t((2, 3, 4, 5)), 3), ShapeError, r"im2col_1d: needs an NCL"),
     (lambda: ops.im2col_1d(_t((2, 3, 4)), 3, dilation=2), ShapeError,
      r"im2col_1d: a kernel of 3 .*does not fit input of shape \[2, 3, 4\]"),
-    (lambda: ops.im2col_1d(_t((2, 3, 4)), 3, stride=0), ShapeError, "stride must be positive"),
-    (lambda: ops.im2col_1d(_t((2, 3, 4)), 3, padding=-1), ShapeError, "non-negative"),
-    (lambda: ops.im2col_1d(_t((2, 3, 4)), 2.0), ShapeError, "k must be an int"),
+    (lambda: ops.im2col_1d(_t((2, 3, 4)), 3, stride=0), ParamError, "stride must be positive"),
+    (lambda: ops.im2col_1d(_t((2, 3, 4)), 3, padding=-1), ParamError, "non-negative"),
+    (lambda: ops.im2col_1d(_t((2, 3, 4)), 2.0), ParamError, "k must be an int"),
     (lambda: ops.im2col_1d(_t((2, 3, 4)), 2, dtype="i32"), DTypeError, "f32 or f64"),
     (lambda: ops.im2col_1d_back(_t((2, 3, 9)), (2, 3, 4), 3), ShapeError,
      r"im2col_1d_back: gradient of shape \[2, 3, 9\] does not match the columns \[2, 2, 9\]"),
     (lambda: ops.pool_1d(_t((2, 3, 8, 8)), "max", 2), ShapeError, r"pool_1d: needs an NCL"),
-    (lambda: ops.pool_1d(_t((2, 3, 8)), "sum", 2), ShapeError, "pool_1d: mode must be"),
-    (lambda: ops.pool_1d(_t((2, 3, 8)), "max", 3, 1, 2), ShapeError, "at most half"),
+    (lambda: ops.pool_1d(_t((2, 3, 8)), "sum", 2), ParamError, "pool_1d: mode must be"),
+    (lambda: ops.pool_1d(_t((2, 3, 8)), "max", 3, 1, 2), ParamError, "at most half"),
     (lambda: ops.pool_1d(_t((2, 3, 2)), "max", 3), ShapeError, "pool_1d: .*does not fit"),
-    (lambda: ops.pool_1d(_t((2, 3, 8)), "max", (2, 2)), ShapeError, "kernel must be an int"),
+    (lambda: ops.pool_1d(_t((2, 3, 8)), "max", (2, 2)), ParamError, "kernel must be an int"),
     (lambda: ops.conv_transpose_2d(_t((1, 3, 4, 4)), _t((2, 3, 3, 3))), ShapeError,
      "conv_transpose_2d: input has 3 channels but the kernel expects 2"),
     (lambda: ops.conv_transpose_2d(_t((3, 4, 4)), _t((3, 2, 3, 3))), ShapeError,
      r"conv_transpose_2d: needs an NCHW"),
     (lambda: ops.conv_transpose_2d(_t((1, 3, 4, 4)), _t((3, 2, 3, 3), "f64")), DTypeError,
      "conv_transpose_2d: needs float input and kernel of one dtype"),
-    (lambda: ops.conv_transpose_2d(_t((1, 3, 4, 4)), _t((3, 2, 3, 3)), 0), ShapeError,
+    (lambda: ops.conv_transpose_2d(_t((1, 3, 4, 4)), _t((3, 2, 3, 3)), 0), ParamError,
      "stride must be positive"),
     (lambda: ops.mse_loss(_t((3, 4)), _t((4,))), ShapeError,
      r"mse_loss: inputs must have the same shape, got \[3, 4\] and \[4\]"),
@@ -300,27 +298,3 @@ def _t(shape, dtype="f32"):
 def test_errors_name_the_op_and_the_problem(build, error, match):
     with pytest.raises(error, match=match):
         build()
-
-
-# --- property tests against torch, driven by the ops' strategies ---------------------------------
-OPS = ["rms_norm", "norm", "rms_norm_back", "norm_back", "softmax", "softmax_back",
-       "log_softmax", "im2col_1d", "im2col_1d_back", "pool_1d", "conv_transpose_2d", "mse_loss"]
-
-
-@pytest.mark.parametrize("name", OPS)
-@settings(max_examples=8, deadline=None)
-@given(data=st.data())
-def test_generated_cases_match_torch(name, data):
-    dtype = data.draw(st.sampled_from(["f32", "f64"]), label="dtype")
-    sample = data.draw(get_op(name).strategy(dtype), label="case")
-    assert sample.op == name
-    arrays = sample.generate_inputs()
-    with_grad = get_op(name).differentiable
-    got, got_grads = run_engine(sample, arrays, with_grad)
-    want, want_grads = run_torch(sample, arrays, with_grad)
-    tol = TOL[sample.precision]
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, **tol, err_msg=str(sample))
-    for spec, g, w in zip(sample.inputs, got_grads, want_grads, strict=True):
-        if w is not None:
-            np.testing.assert_allclose(g, w, **tol, err_msg=f"{sample}: d/d{spec.name}")

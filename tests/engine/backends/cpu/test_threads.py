@@ -14,8 +14,8 @@ from engine import ops
 from engine.backends.cpu import matmul as mm
 from engine.backends.cpu import threads
 from engine.registry import all_ops
-from tests.engine.ops.op_harness import run_engine, weighted_grads
 from tests.engine.backends.cpu.test_matmul import assert_matches, blob_images
+from tests.engine.ops.op_harness import run_engine, weighted_grads
 
 SPLIT_OPS = sorted(name for name, op in all_ops().items()
                    if hasattr(op.kernels.get("cpu"), "chunks"))
