@@ -1,7 +1,15 @@
-"""Binary elementwise ops with numpy broadcasting: add, sub, mul, div.
+"""Binary elementwise ops: the op definitions of engine.elementwise's binary rows.
 
-Both inputs must have the same dtype (no silent promotion). A python number as either input
-becomes a 0-d constant of the other input's dtype (and `x * c` becomes `scale(x, c)`).
+add, sub, mul, div broadcast as numpy does. Both inputs must have the same dtype (no silent
+promotion). A python number as either input becomes a 0-d constant of the other input's
+dtype (and `x * c` becomes `scale(x, c)`). Their gradients are the row's, summed over the
+broadcast axes to each input's shape.
+
+relu_back(g, x) = g where x > 0, else 0, relu's gradient in one pass (composed, it costs two
+passes and a temporary), is a dedicated backward op of two inputs of one shape.
+
+`define_binary(row)` registers the op of one row; every binary row of the table goes
+through it when this module is imported.
 """
 
 from __future__ import annotations
@@ -9,13 +17,18 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
+from engine import elementwise
 from engine.backends.cpu import elementwise as cpu
+from engine.elementwise import Binary
 from engine.errors import DTypeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.ops.unary import scale
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import broadcast_pair, permutations, sample_strategy
 from engine.tensor import Tensor, constant
+
+__all__ = ["mul"]    # mul by a python number is scale; the other builders are the ops'
 
 
 def _infer(name):
@@ -46,72 +59,91 @@ def _builder(name):
     return build
 
 
-def _add_backward(g, out, a, b):
-    return sum_to(g, a.shape), sum_to(g, b.shape)
+def _backward(row: Binary):
+    """The row's gradients, each summed to its input's shape."""
+    def backward(g, out, a, b):
+        ga, gb = row.backward(g, out, a, b)
+        return sum_to(ga, a.shape), sum_to(gb, b.shape)
+    return backward
 
-
-def _sub_backward(g, out, a, b):
-    from engine.ops import neg
-    return sum_to(g, a.shape), sum_to(neg(g), b.shape)
-
-
-def _mul_backward(g, out, a, b):
-    return sum_to(mul(g, b), a.shape), sum_to(mul(g, a), b.shape)
-
-
-def _div_backward(g, out, a, b):
-    # d(a/b)/da = 1/b;  d(a/b)/db = -a/b^2 = -out/b
-    from engine.ops import neg
-    return sum_to(div(g, b), a.shape), sum_to(neg(div(mul(g, out), b)), b.shape)
-
-
-_TORCH = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
-          "mul": lambda a, b: a * b, "div": lambda a, b: a / b}
 
 BROADCAST_SHAPES = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)),
                     ((1,), (2, 3)), ((2, 3, 1, 5), (3, 4, 1)), ((), (3, 2)), ((4, 1), (1, 5))]
 
 
-def _samples(name):
+def _b_spec(row: Binary, shape, **kw) -> InputSpec:
+    if row.b_domain is None:
+        return InputSpec("b", shape, **kw)
+    kind, low, high = row.b_domain
+    return InputSpec("b", shape, kind, low, high, **kw)
+
+
+def _samples(row: Binary):
     @both_dtypes
     def samples(dtype):
-        out = []
-        for sa, sb in BROADCAST_SHAPES:
-            b_spec = (InputSpec("b", sb, "away_from_zero", 0.5, 2.0) if name == "div"
-                      else InputSpec("b", sb))
-            out.append(Sample.make(name, [InputSpec("a", sa), b_spec], dtype))
+        out = [Sample.make(row.name, [InputSpec("a", sa), _b_spec(row, sb)], dtype)
+               for sa, sb in BROADCAST_SHAPES]
         # a non-contiguous (permuted) operand, broadcast against a contiguous one
-        b_spec = dataclasses.replace(b_spec, shape=(4, 1), permute=(1, 0))
-        out.append(Sample.make(name, [InputSpec("a", (3, 4, 5), permute=(2, 0, 1)), b_spec],
-                               dtype))
+        b_spec = dataclasses.replace(_b_spec(row, (4, 1)), permute=(1, 0))
+        out.append(Sample.make(row.name, [InputSpec("a", (3, 4, 5), permute=(2, 0, 1)),
+                                          b_spec], dtype))
         return out
     return samples
 
 
-def _strategy(name):
+def _strategy(row: Binary):
     """Random broadcast-compatible shape pairs (0-d included), either operand possibly a
-    permuted view; div's denominator |b| in [0.5, 2]."""
+    permuted view; b in the row's range (div's denominator |b| in [0.5, 2])."""
     @sample_strategy
     def strategy(draw, dtype):
         sa, sb = draw(broadcast_pair())
-        b_range = (dict(kind="away_from_zero", low=0.5, high=2.0) if name == "div"
-                   else {})
-        return Sample.make(name, [InputSpec("a", sa, permute=draw(permutations(len(sa)))),
-                                  InputSpec("b", sb, permute=draw(permutations(len(sb))),
-                                            **b_range)], dtype)
+        return Sample.make(row.name, [InputSpec("a", sa, permute=draw(permutations(len(sa)))),
+                                      _b_spec(row, sb, permute=draw(permutations(len(sb))))],
+                           dtype)
     return strategy
 
 
-_BACKWARD = {"add": _add_backward, "sub": _sub_backward, "mul": _mul_backward,
-             "div": _div_backward}
+# --- dedicated backward ops of (g, x) of one shape: relu_back ---------------------------------
+def _back_infer(name):
+    def infer(g, x):
+        if g.shape != x.shape or g.dtype != x.dtype or x.dtype.kind != "f":
+            raise DTypeError(f"{name}: needs a gradient and an input of one float dtype and "
+                             f"shape, got {g.dtype} {list(g.shape)} and {x.dtype} "
+                             f"{list(x.shape)}")
+        return x.shape, x.dtype
+    return infer
 
-for _name in ("add", "sub", "mul", "div"):
-    register(OpDef(_name, infer=_infer(_name), backward=_BACKWARD[_name],
-                   kernels={"cpu": cpu.binary(_name),
-                            "cuda": f"engine.backends.cuda.elementwise:cuda_{_name}"},
-                   build=_builder(_name),
-                   torch=_TORCH[_name], samples=_samples(_name), strategy=_strategy(_name),
-                   doc=f"elementwise {_name} with numpy broadcasting"))
+
+def _back_samples(row: Binary):
+    kind, low, high = row.b_domain
+
+    @both_dtypes
+    def samples(dtype):
+        return [Sample.make(row.name, [InputSpec("g", s, grad=False),
+                                       InputSpec("x", s, kind, low, high, grad=False)],
+                            dtype) for s in ((10,), (2, 3, 4, 5))]
+    return samples
+
+
+def define_binary(row: Binary) -> None:
+    """Register the op of table row `row` (adding the row to the table if it is new)."""
+    if elementwise.BINARY.get(row.name) is not row:
+        elementwise.add_binary(row)
+    kernels = {"cpu": cpu.binary(row.name),
+               "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"}
+    if row.broadcasts:
+        register(OpDef(row.name, infer=_infer(row.name), backward=_backward(row),
+                       kernels=kernels, build=_builder(row.name), torch=row.torch,
+                       samples=_samples(row), strategy=_strategy(row), doc=row.doc))
+    else:
+        register(OpDef(row.name, kind="backward", infer=_back_infer(row.name),
+                       no_grad=row.no_grad, kernels=kernels,
+                       build=lambda g, x: make_node(row.name, (g, x)), torch=row.torch,
+                       samples=_back_samples(row), doc=row.doc))
+
+
+for _row in list(elementwise.BINARY.values()):
+    define_binary(_row)
 
 add = _builder("add")
 sub = _builder("sub")
@@ -120,7 +152,7 @@ _mul = _builder("mul")
 
 
 def mul(a, b):
-    from engine.ops.unary import scale
+    """a * b with numpy broadcasting; a python number on either side makes it scale."""
     if isinstance(b, numbers.Number) and isinstance(a, Tensor):
         return scale(a, b)
     if isinstance(a, numbers.Number) and isinstance(b, Tensor):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu.elementwise import _coalesce
 from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.layout import coalesce
 
 as_strided = np.lib.stride_tricks.as_strided
 
@@ -91,7 +91,7 @@ def copy_block(dst: np.ndarray, src: np.ndarray, add: bool = False) -> None:
            for a in (dst, src) for n, s in zip(a.shape, a.strides, strict=True)):
         (np.add(dst, src, out=dst) if add else np.copyto(dst, src))   # never made by the engine
         return
-    dims = _coalesce(dst.shape, src.strides, dst.strides) or [(1, [0, 0])]
+    dims = coalesce(dst.shape, src.strides, dst.strides) or [(1, [0, 0])]
     sf, df = _span(src), _span(dst)
     if len(dims) == 1 and dims[0][1] == [src.itemsize, dst.itemsize]:
         n = dims[0][0]

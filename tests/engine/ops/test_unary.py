@@ -8,18 +8,17 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import engine
 from engine import ops
-from engine.ops.unary import UNARY, activation_back
+from engine.elementwise import UNARY
+from engine.ops.unary import activation_back
 from engine.registry import get_op, make_node
 from engine.strategies import MAX_ELEMENTS
-from tests.engine.ops.op_harness import TOL, evaluate, run_engine, run_torch
+from tests.engine.ops.op_harness import TOL, evaluate
 
-ACTIVATIONS = [u.name for u in UNARY if u.backward is None]
-NAMES = [u.name for u in UNARY]
+ACTIVATIONS = [u.name for u in UNARY.values() if u.backward is None]
+NAMES = [u.name for u in UNARY.values()]
 PARAMS = {"elu": {"alpha": 1.0}, "leaky_relu": {"negative_slope": 0.01},
           "clamp": {"min": -0.5, "max": 0.5}, "scale": {"scale": -1.5}}
 # (kink, how far inputs keep from it); clamp's kinks are its bounds
@@ -148,12 +147,12 @@ def f(shape, dtype="f32"):
 
 @pytest.mark.parametrize("build, error, match", [
     (lambda: ops.gelu(f((2,), "i32")), engine.DTypeError, r"gelu: needs a float input"),
-    (lambda: ops.clamp(f((2,)), 1.0, -1.0), engine.ShapeError, r"clamp: min 1.0 exceeds max"),
-    (lambda: ops.clamp(f((2,)), math.nan, 1.0), engine.ShapeError, r"clamp: .*min is NaN"),
-    (lambda: ops.elu(f((2,)), "a"), engine.ShapeError, r"elu: .*alpha must be a number"),
-    (lambda: ops.leaky_relu(f((2,)), True), engine.ShapeError, r"negative_slope must be"),
-    (lambda: make_node("elu", (f((2,)),)), engine.ShapeError, r"elu: takes parameters"),
-    (lambda: make_node("sin", (f((2,)),), alpha=1.0), engine.ShapeError, r"sin: takes"),
+    (lambda: ops.clamp(f((2,)), 1.0, -1.0), engine.ParamError, r"clamp: min 1.0 exceeds max"),
+    (lambda: ops.clamp(f((2,)), math.nan, 1.0), engine.ParamError, r"clamp: .*min is NaN"),
+    (lambda: ops.elu(f((2,)), "a"), engine.ParamError, r"elu: .*alpha must be a number"),
+    (lambda: ops.leaky_relu(f((2,)), True), engine.ParamError, r"negative_slope must be"),
+    (lambda: make_node("elu", (f((2,)),)), engine.ParamError, r"elu: takes parameters"),
+    (lambda: make_node("sin", (f((2,)),), alpha=1.0), engine.ParamError, r"sin: takes"),
     (lambda: activation_back("tanh", f((2, 3)), f((3, 2))), engine.DTypeError,
      r"tanh_back: .*shapes \[2, 3\] and \[3, 2\]"),
     (lambda: activation_back("tanh", f((2,)), f((2,), "f64")), engine.DTypeError,
@@ -161,7 +160,7 @@ def f(shape, dtype="f32"):
     (lambda: make_node("tanh_back", (ops.permute(f((2, 3)), (1, 0)), f((3, 2)))),
      engine.ShapeError, r"tanh_back: gradient .* non-contiguous"),
     (lambda: activation_back("clamp", f((2,)), f((2,)), min=2.0, max=1.0),
-     engine.ShapeError, r"clamp_back: min 2.0 exceeds max"),
+     engine.ParamError, r"clamp_back: min 2.0 exceeds max"),
 ])
 def test_clear_errors(build, error, match):
     with pytest.raises(error, match=match):
@@ -179,21 +178,3 @@ def test_sample_strings_are_unique_and_keep_off_kinks():
             _assert_off_kinks(s if not name.endswith("_back") else
                               type(s)(name[:-5], s.inputs, s.params, s.dtype), x)
             assert x.size <= MAX_ELEMENTS
-
-
-# --- generated cases: each op's strategy, against torch -------------------------------------
-@pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=8, deadline=None)
-@given(data=st.data())
-def test_generated_cases_match_torch(name, data):
-    dtype = data.draw(st.sampled_from(["f32", "f64"]), label="dtype")
-    sample = data.draw(get_op(name).strategy(dtype), label="case")
-    assert sample.op == name and sample.dtype == dtype
-    (x,) = arrays = sample.generate_inputs()
-    assert x.size <= MAX_ELEMENTS
-    _assert_off_kinks(sample, x)
-    got, got_grads = run_engine(sample, arrays)
-    want, want_grads = run_torch(sample, arrays)
-    np.testing.assert_allclose(got, want, **TOL[dtype], err_msg=f"{sample}: forward")
-    np.testing.assert_allclose(got_grads[0], want_grads[0], **TOL[dtype],
-                               err_msg=f"{sample}: backward")

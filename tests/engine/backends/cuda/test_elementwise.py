@@ -139,13 +139,14 @@ def test_strided_kernels_get_views_typed_layout_a(monkeypatch):
                 self.kernel[grid](*args)
             return launch
 
-    for name in ("_binary_flat", "_binary_strided"):
-        monkeypatch.setattr(elementwise, name, Recorder(name, getattr(elementwise, name)))
+    add = elementwise.kernels("add")
+    for name in ("flat", "strided"):
+        monkeypatch.setattr(add, name, Recorder(name, getattr(add, name)))
     rng = np.random.default_rng(5)
     a = rng.standard_normal((4, 3)).astype(np.float32)
     _run(elementwise.cuda_add, (4, 3), [a, a])
     _run(elementwise.cuda_add, (3, 4), [a.T, a.T.copy()])
-    assert [n for n, _ in launched] == ["_binary_flat", "_binary_strided"]
+    assert [n for n, _ in launched] == ["flat", "strided"]
     *views, out = launched[1][1]
     assert all(len(st) == 4 and st[0] == 0 for st in views)
     assert len(out) == 1
@@ -158,12 +159,41 @@ def test_empty_tensor_launches_nothing():
 
 
 def test_every_kernel_has_a_ptx_signature_per_dtype():
+    """Every op of the family has its own kernels (cont and broadcast_to share the copy's),
+    flat and strided, kept by op name; each is listed for PTX with both dtypes."""
     from engine.backends.cuda import elementwise
     def is_device_function(v):      # the simulator's and numba-cuda's flags
         return getattr(v, "_device", False) or getattr(v, "targetoptions", {}).get("device")
-    kernels = {name for name, v in vars(elementwise).items()
-               if hasattr(v, "py_func") and not is_device_function(v)}
-    assert len(kernels) == 8
+    assert not {name for name, v in vars(elementwise).items()
+                if hasattr(v, "py_func") and not is_device_function(v)}   # all kept by op
+    names = FAMILY - {"cont", "broadcast_to"} | {"copy"}
+    assert set(elementwise.KERNELS) == names
+    kernels = {k.py_func.__name__ for name in names
+               for k in (elementwise.kernels(name).flat, elementwise.kernels(name).strided)}
+    assert len(kernels) == 2 * len(names) == 80
     listed = {(k.py_func.__name__, dt) for k, sig in elementwise.PTX_SIGNATURES
               for dt in ("float32", "float64") if sig.startswith(f"void({dt}")}
     assert listed == {(name, dt) for name in kernels for dt in ("float32", "float64")}
+
+
+def test_a_toy_activation_row_gets_cuda_kernels(monkeypatch):
+    """A row added to the table (tests/engine/test_elementwise.py's toy) gets its CUDA
+    kernels from its scalar math with no other edit, giving the CPU kernels' results."""
+    from engine.backends.cuda import elementwise, resolve_kernel
+    from engine.ops.unary import define_unary, undefine_unary
+    from tests.engine.test_elementwise import TOY
+    monkeypatch.setattr(elementwise, "KERNELS", dict(elementwise.KERNELS))   # made here only
+    define_unary(TOY)
+    try:
+        rng = np.random.default_rng(6)
+        for dtype in (np.float32, np.float64):
+            x = rng.uniform(-3, 3, (4, 3, 5)).astype(dtype).transpose(2, 0, 1)
+            g = rng.uniform(-1, 1, x.shape).astype(dtype)
+            for name, ins in ((TOY.name, [x]), (f"{TOY.name}_back", [g, x])):
+                want = np.empty(x.shape, dtype)
+                OPS[name].kernels["cpu"](want, ins, k=0.7)
+                got = _run(resolve_kernel(OPS[name]), x.shape, ins, k=0.7)
+                np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == np.float32
+                                           else 1e-13)
+    finally:
+        undefine_unary(TOY.name)

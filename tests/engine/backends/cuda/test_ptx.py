@@ -2,8 +2,9 @@
 
 Each kernel module of engine/backends/cuda lists `PTX_SIGNATURES`, (kernel, signature) for
 every dtype and layout it is launched with; this test checks that the list covers every
-@cuda.jit kernel of the module and compiles each signature with NVVM (numba-cuda[cu13]), no
-GPU needed. Code the simulator accepts but the real compiler rejects fails here.
+@cuda.jit kernel of the module (at module level, or made per op and kept in its `KERNELS`,
+as the elementwise module does) and compiles each signature with NVVM (numba-cuda[cu13]),
+no GPU needed. Code the simulator accepts but the real compiler rejects fails here.
 """
 
 from __future__ import annotations
@@ -53,9 +54,19 @@ MODULES = sorted(m.name for m in pkgutil.iter_modules(cuda_backend.__path__)
                  if m.name not in ("arrays",))
 
 
+def _is_kernel(obj) -> bool:
+    return type(obj).__name__ == "CUDADispatcher" and not obj.targetoptions.get("device")
+
+
 def _kernels(module):
-    return {name: obj for name, obj in vars(module).items()
-            if type(obj).__name__ == "CUDADispatcher" and not obj.targetoptions.get("device")}
+    """The module's kernels: those at module level, and those it keeps per op in a dict
+    `KERNELS` (op name -> a kernel, or an object holding the op's kernels as attributes)."""
+    found = {name: obj for name, obj in vars(module).items() if _is_kernel(obj)}
+    for entry in getattr(module, "KERNELS", {}).values():
+        for obj in [entry] if _is_kernel(entry) else vars(entry).values():
+            if _is_kernel(obj):
+                found[obj.py_func.__name__] = obj
+    return found
 
 
 def _cases():
