@@ -1,7 +1,8 @@
 """Optimizer steps as engine ops: `sgd_step`, `adam_step`, `adamw_step` (kind "update").
 
 Each updates its parameter in place together with its persistent state, reading the
-hyperparameters from a small float64 tensor (see `engine.optim`, which builds these nodes):
+hyperparameters from a small float64 tensor (see `engine.optim`, which builds these nodes;
+their layout is engine.hyperparams'):
 
     sgd_step(param, grad, step, hp, momentum_buffer, nesterov=, maximize=)
         hp = [lr, momentum, dampening, weight_decay]
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from engine.backends.cpu import optim as cpu
 from engine.errors import DTypeError, ShapeError
+from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
 from engine.registry import OpDef, register
 from engine.tensor import DTYPES
 
@@ -41,7 +43,8 @@ def _check_common(op, param, grad, step, hp, n_hp, states):
 
 
 def _infer_sgd(param, grad, step, hp, momentum_buffer, nesterov=False, maximize=False):
-    return _check_common("sgd_step", param, grad, step, hp, len(cpu.SGD_HP), (momentum_buffer,))
+    return _check_common("sgd_step", param, grad, step, hp, len(SGD_HPARAMS),
+                         (momentum_buffer,))
 
 
 def _adam_infer(op):
@@ -51,16 +54,8 @@ def _adam_infer(op):
             raise ShapeError(f"{op}: takes {want} state tensors with amsgrad={amsgrad} "
                              f"(exp_avg, exp_avg_sq{', max_exp_avg_sq' if amsgrad else ''}), "
                              f"got {len(states)}")
-        return _check_common(op, param, grad, step, hp, len(cpu.ADAM_HP), states)
+        return _check_common(op, param, grad, step, hp, len(ADAM_HPARAMS), states)
     return infer
-
-
-def _adamw_kernel(out, ins, amsgrad=False, maximize=False):
-    cpu.adam_step(out, ins, amsgrad=amsgrad, maximize=maximize, decoupled=True)
-
-
-def _adam_kernel(out, ins, amsgrad=False, maximize=False):
-    cpu.adam_step(out, ins, amsgrad=amsgrad, maximize=maximize, decoupled=False)
 
 
 sgd_step = register(OpDef(
@@ -70,11 +65,13 @@ sgd_step = register(OpDef(
         "(torch.optim.SGD)")).build
 adam_step = register(OpDef(
     "adam_step", kind="update", infer=_adam_infer("adam_step"), no_grad=NO_GRAD,
-    kernels={"cpu": _adam_kernel, "cuda": "engine.backends.cuda.optim:cuda_adam_step"},
+    kernels={"cpu": cpu.adam_kernel(decoupled=False),
+             "cuda": "engine.backends.cuda.optim:cuda_adam_step"},
     doc="Adam step in place: bias correction, L2 weight decay, AMSGrad, maximize "
         "(torch.optim.Adam)")).build
 adamw_step = register(OpDef(
     "adamw_step", kind="update", infer=_adam_infer("adamw_step"), no_grad=NO_GRAD,
-    kernels={"cpu": _adamw_kernel, "cuda": "engine.backends.cuda.optim:cuda_adamw_step"},
+    kernels={"cpu": cpu.adam_kernel(decoupled=True),
+             "cuda": "engine.backends.cuda.optim:cuda_adamw_step"},
     doc="AdamW step in place: Adam with decoupled weight decay (torch.optim.AdamW, ggml's "
         "OPT_STEP_ADAMW)")).build

@@ -24,9 +24,9 @@ import math
 
 import numpy as np
 
-from engine.backends.cpu.optim import ADAM_HP, SGD_HP
 from engine.errors import EngineError, HyperparameterError
 from engine.graph import Graph
+from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
 from engine.registry import OPS
 from engine.tensor import Flag, Tensor, shared_leaf
 
@@ -188,7 +188,7 @@ class SGD(Optimizer):
         d <- d + mu b_t if nesterov else b_t;                    p <- p - lr d
     """
 
-    name, op, HPARAMS = "sgd", "sgd_step", SGD_HP
+    name, op, HPARAMS = "sgd", "sgd_step", SGD_HPARAMS
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, maximize=False, grads=None, schedule=None):
@@ -221,7 +221,7 @@ class Adam(Optimizer):
         p <- p - lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps)
     """
 
-    name, op, HPARAMS = "adam", "adam_step", ADAM_HP
+    name, op, HPARAMS = "adam", "adam_step", ADAM_HPARAMS
     DEFAULT_WEIGHT_DECAY = 0.0
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None,

@@ -1,54 +1,29 @@
 """CPU kernels of the optimizer steps: one fused pass over each parameter tensor.
 
 Each kernel updates the parameter and its state in place, reading the hyperparameters from
-the small float64 tensor `hp` (so a schedule changes them without recompiling or
-replanning) and counting the step in the float64 tensor `step` (shape (1,)). Scalars derived
-from the hyperparameters (bias corrections, step size, decay factor) are computed once in
-float64 and rounded to the parameter's dtype, and the per-element arithmetic runs in that
-dtype in the order torch.optim's single-tensor implementations use, so that float32
-trajectories follow torch's to a few ulps per step.
+the small float64 tensor `hp` (layout: engine.hyperparams; a schedule changes them without
+recompiling or replanning) and counting the step in the float64 tensor `step` (shape (1,)).
+The scalars derived from the hyperparameters and the per-element update are the CUDA
+kernels' too (engine.backends.optim_math): the scalars are computed once per step in float64
+and rounded to the parameter's dtype, and the per-element arithmetic runs in that dtype in
+torch.optim's operation order.
 """
 
 from __future__ import annotations
 
-import math
-
-from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, scalar_math
-
-SGD_HP = ("lr", "momentum", "dampening", "weight_decay")
-ADAM_HP = ("lr", "beta1", "beta2", "eps", "weight_decay")
-
-
-@scalar_math
-def sgd_element(x, g, b, first, neg_lr, mu, keep, wd, use_wd, use_mu, nesterov, maximize):
-    """One SGD element: (new param, new momentum buffer), in torch's operation order.
-    Shared by the CPU and CUDA kernels."""
-    d = -g if maximize else g
-    if use_wd:
-        d = d + wd * x
-    if use_mu:
-        b = d if first else b * mu + keep * d
-        d = d + mu * b if nesterov else b
-    return x + neg_lr * d, b
-
-
-@scalar_math
-def adam_element(x, g, m, v, vmax, decay, use_l2, l2, w1, lerp_low, w1c, beta2, w2, e,
-                 neg_step_size, bc2_sqrt, amsgrad, maximize):
-    """One Adam/AdamW element: (new param, m, v, max v), in torch's operation order (lerp
-    form, addcdiv order). Shared by the CPU and CUDA kernels."""
-    d = -g if maximize else g
-    x = x * decay
-    if use_l2:
-        d = d + l2 * x
-    # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
-    m = m + w1 * (d - m) if lerp_low else d - (d - m) * w1c
-    v = v * beta2 + w2 * d * d
-    if amsgrad and v > vmax:
-        vmax = v
-    denom_v = vmax if amsgrad else v
-    # torch's addcdiv order: (value * m) / denom
-    return x + (neg_step_size * m) / (math.sqrt(denom_v) / bc2_sqrt + e), m, v, vmax
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
+from engine.backends.optim_math import adam_element, adam_scalars, sgd_element, sgd_scalars
+from engine.hyperparams import (
+    ADAM_BETA1,
+    ADAM_BETA2,
+    ADAM_EPS,
+    ADAM_LR,
+    ADAM_WEIGHT_DECAY,
+    SGD_DAMPENING,
+    SGD_LR,
+    SGD_MOMENTUM,
+    SGD_WEIGHT_DECAY,
+)
 
 
 @parallel_kernel
@@ -61,17 +36,10 @@ def _sgd(p, g, buf, step, hp, nesterov, maximize):
     """
     step[0] += 1.0
     first = step[0] == 1.0
-    t = p.dtype.type
-    neg_lr = t(-hp[0])
-    mu = t(hp[1])
-    keep = t(1.0 - hp[2])
-    wd = t(hp[3])
-    use_wd = hp[3] != 0.0
-    use_mu = hp[1] != 0.0
+    s = sgd_scalars(hp[SGD_LR], hp[SGD_MOMENTUM], hp[SGD_DAMPENING], hp[SGD_WEIGHT_DECAY])
     for i in prange(p.size):
-        p[i], b = sgd_element(p[i], g[i], buf[i], first, neg_lr, mu, keep, wd, use_wd,
-                              use_mu, nesterov, maximize)
-        if use_mu:
+        p[i], b = sgd_element(p[i], g[i], buf[i], first, s, nesterov, maximize)
+        if s.use_momentum:
             buf[i] = b
 
 
@@ -86,26 +54,11 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
         p = p - lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps)
     """
     step[0] += 1.0
-    n = step[0]
-    lr, b1, b2, eps, wd = hp[0], hp[1], hp[2], hp[3], hp[4]
-    t = p.dtype.type
-    neg_step_size = t(-lr / (1.0 - b1 ** n))
-    bc2_sqrt = t(math.sqrt(1.0 - b2 ** n))
-    # decoupled decay as an unconditional multiply (by 1 without it): a branch here kept
-    # LLVM from vectorising the loop (4-5x slower)
-    decay = t(1.0 - lr * wd) if decoupled else t(1.0)
-    use_l2 = (not decoupled) and wd != 0.0
-    l2 = t(wd)
-    w1 = t(1.0 - b1)
-    lerp_low = (1.0 - b1) < 0.5
-    w1c = t(1.0) - w1
-    beta2 = t(b2)
-    w2 = t(1.0 - b2)
-    e = t(eps)
+    s = adam_scalars(hp[ADAM_LR], hp[ADAM_BETA1], hp[ADAM_BETA2], hp[ADAM_EPS],
+                     hp[ADAM_WEIGHT_DECAY], step[0], decoupled)
     for i in prange(p.size):
-        p[i], m[i], v[i], vm = adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, use_l2, l2,
-                                            w1, lerp_low, w1c, beta2, w2, e, neg_step_size,
-                                            bc2_sqrt, amsgrad, maximize)
+        p[i], m[i], v[i], vm = adam_element(p[i], g[i], m[i], v[i], vmax[i], s, amsgrad,
+                                            maximize)
         if amsgrad:
             vmax[i] = vm
 

@@ -3,11 +3,12 @@
 Every kernel runs a `prange` over the N*C planes: a thread owns whole planes of its output,
 so no two threads ever write the same element and no atomics are needed.
 
-The general forward kernels and the avg backward work a row at a time: for output row oy,
-each image row y of its window and each window column kx, the output columns ox whose image
-column ox*sw - pw + kx lies inside the image form a range [lo, hi), found once before the inner
-loop; the inner loop over ox then has no bounds checks and no branches. Padded cells are
-never visited (for max they never win; for avg they count in the divisor kh*kw as zeros).
+The general forward kernel (max and avg alike, `_pool`) and the avg backward work a row at a
+time: for output row oy, each image row y of its window (`_window_span`) and each window
+column kx, the output columns ox whose image column ox*sw - pw + kx lies inside the image
+form a range [lo, hi) (`_columns`), found once before the inner loop; the inner loop over
+ox then has no bounds checks and no branches. Padded cells are never visited (for max they
+never win; for avg they count in the divisor kh*kw as zeros).
 
 Max: among equal maxima the first in row-major window order wins; a NaN in a window makes the
 output NaN (as in torch). The max backward is given the forward output y, so it never
@@ -16,22 +17,23 @@ v == y[oy, ox], or v NaN (that test only matches a NaN when y is NaN, since a Na
 window makes y NaN): the first maximum, or the first NaN.
 
 The max backward works a window at a time and finds that cell without a branch on the data:
-with `free` = "no earlier cell of the window matched", k = the sum of `free` over the cells
-is the number of cells before the first match. (Writing `dx = g if match else 0` per cell
-instead makes LLVM emit a branch per cell, mispredicted on random data: 2.5x slower.)
-When the windows tile the image (stride = kernel, no padding: the common 2x2 pooling), the
-window size is given as the lengths of two tuples, part of numba's type: each window size
-compiles its own kernels, in which the loops over the window are unrolled and k // kw is
-cheap; this is 3-4x faster than loops over a window whose size is only known at run time.
-The tiled forward takes each window whole, its first cell and then the others in row-major
-order (the same maximum, and the same first NaN, as the row-at-a-time kernel): on 2x2 windows
-4-7x faster than the row-at-a-time kernel, whose inner loops are 1-2 cells long there. The
-tiled backward writes every dx cell once: a window's cells are zeroed just before its winner
-is stored (in cache), and the rows and columns past the last window (H > OH*kh or
-W > OW*kw) are zeroed. Any other geometry takes the general kernels; the general backward
-zeroes a plane and then adds each window's g at its first match. (Working a row at a time as the
-forward does, with per-column state in scratch rows, measured slower still: the window and
-stride sizes are run-time values there too, so the loops neither unroll nor vectorise.)
+with `free` = "no earlier cell of the window matched" (`_unmatched`, the same step in the
+tiled and the general kernel), k = the sum of `free` over the cells is the number of cells
+before the first match. (Writing `dx = g if match else 0` per cell instead makes LLVM emit a
+branch per cell, mispredicted on random data: 2.5x slower.) When the windows tile the image
+(stride = kernel, no padding: the common 2x2 pooling), the window size is given as the
+lengths of two tuples, part of numba's type: each window size compiles its own kernels, in
+which the loops over the window are unrolled and k // kw is cheap; this is 3-4x faster than
+loops over a window whose size is only known at run time. The tiled forward takes each
+window whole, its first cell and then the others in row-major order (the same maximum, and
+the same first NaN, as the row-at-a-time kernel): on 2x2 windows 4-7x faster than the
+row-at-a-time kernel, whose inner loops are 1-2 cells long there. The tiled backward writes
+every dx cell once: a window's cells are zeroed just before its winner is stored (in cache),
+and the rows and columns past the last window (H > OH*kh or W > OW*kw) are zeroed. Any other
+geometry takes the general kernels; the general backward zeroes a plane and then adds each
+window's g at its first match. (Working a row at a time as the forward does, with per-column
+state in scratch rows, measured slower still: the window and stride sizes are run-time
+values there too, so the loops neither unroll nor vectorise.)
 """
 
 from __future__ import annotations
@@ -39,11 +41,18 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.cpu import threads
-from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange, scalar_math
 
 # the largest window (per axis) given its own compiled kernel when the windows tile the image;
 # each size compiles once (about 2 s) and is cached on disk
 MAX_TILE = 4
+
+
+@kernel
+def _window_span(o, k, s, p, size):
+    """(first, stop): the image indices first <= i < stop, along one axis, of the cells of
+    window o (kernel k, stride s, padding p) that lie inside the image [0, size)."""
+    return max(o * s - p, 0), min(o * s - p + k, size)
 
 
 @kernel
@@ -59,26 +68,54 @@ def _columns(kx, pw, sw, w, ow):
     return off, lo, hi
 
 
+@scalar_math
+def _max_or_nan(v, m):
+    """The running maximum m after cell value v: v if it is larger or NaN, else m (so the
+    first NaN of a window stays). Inlined at IR level, as `_unmatched`."""
+    return v if (v > m) | (v != v) else m
+
+
+@scalar_math
+def _unmatched(free, v, m):
+    """Whether no cell of a window matched yet, after cell value v: `free` and v is neither
+    m nor NaN (the first-match search of the max backward, module doc). Inlined at IR level
+    (scalar_math): as a call that LLVM inlines, the tiled backward ran 20% slower."""
+    return free & (not ((v == m) | (v != v)))
+
+
 @parallel_kernel
-def _max_pool(x, out, kh, kw, sh, sw, ph, pw):
-    """out[n, c, oy, ox] = max of x[n, c, y, x] over the window's cells inside the image."""
+def _pool(x, out, is_max, kh, kw, sh, sw, ph, pw):
+    """Max (is_max) or avg pooling for any geometry, a row at a time (module doc):
+
+        max: out[n, c, oy, ox] = max of x[n, c, y, x] over the window's cells inside the image
+        avg: out[n, c, oy, ox] = (sum of x over the window's cells inside the image) / (kh*kw)
+    """
     n, c, h, w = x.shape
     oh, ow = out.shape[2], out.shape[3]
+    start = -np.inf if is_max else 0.0
+    inv = out.dtype.type(1.0 / (kh * kw))
     for p in prange(n * c):
         xp = x[p // c, p % c]
         op = out[p // c, p % c]
         for oy in range(oh):
             orow = op[oy]
             for ox in range(ow):
-                orow[ox] = -np.inf
-            for y in range(max(oy * sh - ph, 0), min(oy * sh - ph + kh, h)):
+                orow[ox] = start
+            y0, y1 = _window_span(oy, kh, sh, ph, h)
+            for y in range(y0, y1):
                 xrow = xp[y]
                 for kx in range(kw):
                     off, lo, hi = _columns(kx, pw, sw, w, ow)
-                    for ox in range(lo, hi):
-                        v = xrow[ox * sw + off]
-                        m = orow[ox]
-                        orow[ox] = v if (v > m) | (v != v) else m
+                    # the branch is taken once per window column, outside the inner loop
+                    if is_max:
+                        for ox in range(lo, hi):
+                            orow[ox] = _max_or_nan(xrow[ox * sw + off], orow[ox])
+                    else:
+                        for ox in range(lo, hi):
+                            orow[ox] += xrow[ox * sw + off]
+            if not is_max:
+                for ox in range(ow):
+                    orow[ox] *= inv
 
 
 @parallel_kernel
@@ -97,32 +134,8 @@ def _max_pool_tiled(x, out, rows, cols):
             for ox in range(ow):
                 m = xp[oy * kh, ox * kw]
                 for j in range(1, kh * kw):
-                    v = xp[oy * kh + j // kw, ox * kw + j % kw]
-                    m = v if (v > m) | (v != v) else m
+                    m = _max_or_nan(xp[oy * kh + j // kw, ox * kw + j % kw], m)
                 op[oy, ox] = m
-
-
-@parallel_kernel
-def _avg_pool(x, out, kh, kw, sh, sw, ph, pw):
-    """out[n, c, oy, ox] = (sum of x over the window's cells inside the image) / (kh*kw)."""
-    n, c, h, w = x.shape
-    oh, ow = out.shape[2], out.shape[3]
-    inv = out.dtype.type(1.0 / (kh * kw))
-    for p in prange(n * c):
-        xp = x[p // c, p % c]
-        op = out[p // c, p % c]
-        for oy in range(oh):
-            orow = op[oy]
-            for ox in range(ow):
-                orow[ox] = 0
-            for y in range(max(oy * sh - ph, 0), min(oy * sh - ph + kh, h)):
-                xrow = xp[y]
-                for kx in range(kw):
-                    off, lo, hi = _columns(kx, pw, sw, w, ow)
-                    for ox in range(lo, hi):
-                        orow[ox] += xrow[ox * sw + off]
-            for ox in range(ow):
-                orow[ox] *= inv
 
 
 @parallel_kernel
@@ -154,8 +167,7 @@ def _max_pool_back_tiled(g, x, y, dx, rows, cols):
                 free = True              # no cell so far matched
                 k = 0                    # cells before the first match
                 for j in range(kh * kw - 1):      # the last cell wins if no other does
-                    v = xp[oy * kh + j // kw, ox * kw + j % kw]
-                    free = free & (not ((v == m) | (v != v)))
+                    free = _unmatched(free, xp[oy * kh + j // kw, ox * kw + j % kw], m)
                     k += free
                 for j in range(kh * kw):
                     dp[oy * kh + j // kw, ox * kw + j % kw] = 0
@@ -187,11 +199,9 @@ def _max_pool_back(g, x, y, dx, kh, kw, sh, sw, ph, pw):
             for xx in range(w):
                 dp[yy, xx] = 0
         for oy in range(oh):
-            y0 = max(oy * sh - ph, 0)
-            y1 = min(oy * sh - ph + kh, h)
+            y0, y1 = _window_span(oy, kh, sh, ph, h)
             for ox in range(ow):
-                x0 = max(ox * sw - pw, 0)
-                x1 = min(ox * sw - pw + kw, w)
+                x0, x1 = _window_span(ox, kw, sw, pw, w)
                 width = x1 - x0
                 m = yp[oy, ox]
                 free = True              # no cell so far matched
@@ -199,8 +209,7 @@ def _max_pool_back(g, x, y, dx, kh, kw, sh, sw, ph, pw):
                 r = 0                    # whole rows before the first match
                 for yy in range(y0, y1):
                     for xx in range(x0, x1):
-                        v = xp[yy, xx]
-                        free = free & (not ((v == m) | (v != v)))
+                        free = _unmatched(free, xp[yy, xx], m)
                         k += free
                     r += free
                 r = min(r, y1 - y0 - 1)                  # no match: the last cell
@@ -210,7 +219,8 @@ def _max_pool_back(g, x, y, dx, kh, kw, sh, sw, ph, pw):
 
 @parallel_kernel
 def _avg_pool_back(g, dx, kh, kw, sh, sw, ph, pw):
-    """dx = 0, then g[n, c, oy, ox] / (kh*kw) is added to every image cell of its window."""
+    """dx = 0, then g[n, c, oy, ox] / (kh*kw) is added to every image cell of its window,
+    a row at a time as the forward (module doc)."""
     n, c, h, w = dx.shape
     oh, ow = g.shape[2], g.shape[3]
     inv = dx.dtype.type(1.0 / (kh * kw))
@@ -222,7 +232,8 @@ def _avg_pool_back(g, dx, kh, kw, sh, sw, ph, pw):
                 dp[y, xx] = 0
         for oy in range(oh):
             grow = gp[oy]
-            for y in range(max(oy * sh - ph, 0), min(oy * sh - ph + kh, h)):
+            y0, y1 = _window_span(oy, kh, sh, ph, h)
+            for y in range(y0, y1):
                 drow = dp[y]
                 for kx in range(kw):
                     off, lo, hi = _columns(kx, pw, sw, w, ow)
@@ -244,8 +255,8 @@ def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
     if mode == "max" and _tiles(kernel, stride, padding):
         _max_pool_tiled(x, out, (0,) * kernel[0], (0,) * kernel[1])
         return
-    fn = _max_pool if mode == "max" else _avg_pool
-    fn(x, out, kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
+    _pool(x, out, mode == "max", kernel[0], kernel[1], stride[0], stride[1], padding[0],
+          padding[1])
 
 
 @threads.split

@@ -2,10 +2,10 @@
 x[r, j] maximal, a NaN counting as larger than any number (so the first NaN wins), as the
 CPU kernel, numpy and torch.
 
-Each row has a segment of threads (block_reduce.row_launch). Thread t scans elements
-t, t + T, ... keeping the first best; then the (value, index) pairs meet in a shared-memory
-tree that keeps the better pair, the lower index on ties, so the answer does not depend on
-which thread saw which element.
+Each row has a segment of threads (block_reduce.row_launch, row_segments). Thread t scans
+elements t, t + T, ... keeping the first best; then the (value, index) pairs meet in a
+shared-memory tree that keeps the better pair, the lower index on ties, so the answer does
+not depend on which thread saw which element.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from numba import cuda, float64, int64
 
 from engine.backends.cuda.arrays import strided
 from engine.backends.cuda.block_reduce import MAX_THREADS, row_launch, rows_view
+from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 
 @cuda.jit(device=True)
@@ -32,15 +33,11 @@ def _beats(v, i, w, k):
 @cuda.jit
 def _argmax_kernel(x, out, rows, n, width):
     """out[r] = first argmax of x[r n : r n + n]."""
-    values = cuda.shared.array(MAX_THREADS, float64)
+    values = segment_scratch()
     indices = cuda.shared.array(MAX_THREADS, int64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        r, count, base = segment_row(first, tid, width, rows, n)
         best = -math.inf
         idx = n                 # no element seen: loses to every element
         for j in range(lane, count, width):

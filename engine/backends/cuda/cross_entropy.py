@@ -24,20 +24,17 @@ from engine.backends.cuda.block_reduce import (
     segment_logsumexp,
     segment_sum,
 )
+from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 
 @cuda.jit
 def _cross_entropy_kernel(logits, labels, out, rows, n, width):
     """out[0] = (1/rows) sum_r sum_j labels[r n + j] (lse_r - logits[r n + j]); one block."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)    # one block: start 0, step `groups`
     acc = 0.0
-    for first in range(0, rows, groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         lse = segment_logsumexp(shared, logits, base, count, tid, width)
         for j in range(lane, count, width):
             acc += float64(labels[base + j]) * (lse - float64(logits[base + j]))
@@ -49,15 +46,11 @@ def _cross_entropy_kernel(logits, labels, out, rows, n, width):
 @cuda.jit
 def _cross_entropy_back_kernel(g, logits, labels, out, rows, n, width):
     """out[r n + j] = (g[0] / rows) (exp(logits[r n + j] - lse_r) - labels[r n + j])."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
     gscale = float64(g[0]) / rows
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         lse = segment_logsumexp(shared, logits, base, count, tid, width)
         for j in range(lane, count, width):
             p = math.exp(float64(logits[base + j]) - lse)

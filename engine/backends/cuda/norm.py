@@ -6,7 +6,7 @@ of their dedicated backward ops, along the last axis (n elements; rows are all l
     norm:          out_j = (x_j - mu) s,                  s = 1 / sqrt(mean_k (x_k - mu)^2 + eps)
     norm_back:     out_j = s (g_j - mean_k g_k - xhat_j mean_k(g_k xhat_k)),  xhat = (x - mu) s
 
-Each row has a segment of threads (block_reduce.row_launch); every row sum is a
+Each row has a segment of threads (block_reduce.row_launch, row_segments); every row sum is a
 shared-memory tree in float64 (for float32 and float64 inputs alike, as the CPU kernels), and
 norm's variance sums squared deviations from the mean (two passes), as the CPU kernel.
 Inputs are C-contiguous (the ops insert `cont`).
@@ -18,20 +18,17 @@ import math
 
 from numba import cuda, float64
 
-from engine.backends.cuda.block_reduce import MAX_THREADS, row_launch, rows_view, segment_sum
+from engine.backends.cuda.block_reduce import row_launch, rows_view, segment_sum
+from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 
 @cuda.jit
 def _rms_norm_kernel(x, out, rows, n, eps, width):
     """out[r n + j] = x[r n + j] / sqrt(mean_k x[r n + k]^2 + eps)."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         ss = 0.0
         for j in range(lane, count, width):
             v = float64(x[base + j])
@@ -45,14 +42,10 @@ def _rms_norm_kernel(x, out, rows, n, eps, width):
 @cuda.jit
 def _rms_norm_back_kernel(g, x, out, rows, n, eps, width):
     """out[r n + j] = s g[r n + j] - x[r n + j] s^3 (sum_k g[r n + k] x[r n + k]) / n."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         ss = 0.0
         gx = 0.0
         for j in range(lane, count, width):
@@ -71,14 +64,10 @@ def _rms_norm_back_kernel(g, x, out, rows, n, eps, width):
 def _norm_kernel(x, out, rows, n, eps, width):
     """out[r n + j] = (x[r n + j] - mu_r) / sqrt(var_r + eps), mu_r and the biased var_r
     the mean and variance of row r."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         total = 0.0
         for j in range(lane, count, width):
             total += float64(x[base + j])
@@ -97,14 +86,10 @@ def _norm_kernel(x, out, rows, n, eps, width):
 def _norm_back_kernel(g, x, out, rows, n, eps, width):
     """out[r n + j] = s (g_j - mean_k g_k - xhat_j mean_k g_k xhat_k) over row r,
     xhat = (x - mu) s, s = 1 / sqrt(var + eps)."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         total = 0.0
         for j in range(lane, count, width):
             total += float64(x[base + j])

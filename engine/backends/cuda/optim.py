@@ -1,11 +1,11 @@
 """CUDA kernels of the optimizer steps: sgd_step, adam_step and adamw_step.
 
-The update rules and the float64 scalars derived from the hyperparameters are those of the
-CPU kernels (engine.backends.cpu.optim, whose docstrings state the rules), and the
-per-element math is theirs: the same `sgd_element` and `adam_element`, inlined into both.
-On a GPU the compiler fuses a * b + c into one rounding (numba-cuda has no switch for that
-short of fastmath), so the two backends agree to about an ulp per operation, not bit for
-bit.
+The update rules, the float64 scalars derived from the hyperparameters (read from `hp` in
+the layout of engine.hyperparams) and the per-element math are the CPU kernels' (whose
+docstrings state the rules): the same `sgd_scalars`, `adam_scalars`, `sgd_element` and
+`adam_element` of engine.backends.optim_math, inlined into both. On a GPU the compiler fuses
+a * b + c into one rounding (numba-cuda has no switch for that short of fastmath), so the
+two backends agree to about an ulp per operation, not bit for bit.
 
 The step counter `step` (float64, shape (1,)) is read by every thread and must be written
 once per step. There is no grid-wide barrier, so the update kernel never writes it: every
@@ -19,13 +19,22 @@ Parameter and state buffers are persistent tensors, C-contiguous, updated in pla
 
 from __future__ import annotations
 
-import math
-
 from numba import cuda
 
-from engine.backends.cpu.optim import adam_element, sgd_element
 from engine.backends.cuda.dropout import THREADS, blocks, c_order_rank4
+from engine.backends.optim_math import adam_element, adam_scalars, sgd_element, sgd_scalars
 from engine.errors import BackendError
+from engine.hyperparams import (
+    ADAM_BETA1,
+    ADAM_BETA2,
+    ADAM_EPS,
+    ADAM_LR,
+    ADAM_WEIGHT_DECAY,
+    SGD_DAMPENING,
+    SGD_LR,
+    SGD_MOMENTUM,
+    SGD_WEIGHT_DECAY,
+)
 
 
 @cuda.jit
@@ -33,6 +42,17 @@ def _count_step(step):
     """step[0] += 1 (launched with one thread, after the update kernel)."""
     if cuda.grid(1) == 0:
         step[0] += 1.0
+
+
+@cuda.jit(device=True)
+def _grad_at(g, i):
+    """The element of the 4-axis gradient view g at flat C-order position i."""
+    g1, g2, g3 = g.shape[1], g.shape[2], g.shape[3]
+    i3 = i % g3
+    rest = i // g3
+    i2 = rest % g2
+    rest //= g2
+    return g[rest // g1, rest % g1, i2, i3]
 
 
 @cuda.jit
@@ -44,23 +64,10 @@ def _sgd(p, g, buf, step, hp, nesterov, maximize):
         d = d + mu b if nesterov else b;   p = p - lr d
     """
     first = step[0] + 1.0 == 1.0
-    t = p.dtype.type
-    neg_lr = t(-hp[0])
-    mu = t(hp[1])
-    keep = t(1.0 - hp[2])
-    wd = t(hp[3])
-    use_wd = hp[3] != 0.0
-    use_mu = hp[1] != 0.0
-    g1, g2, g3 = g.shape[1], g.shape[2], g.shape[3]
+    s = sgd_scalars(hp[SGD_LR], hp[SGD_MOMENTUM], hp[SGD_DAMPENING], hp[SGD_WEIGHT_DECAY])
     for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
-        i3 = i % g3
-        rest = i // g3
-        i2 = rest % g2
-        rest //= g2
-        gi = g[rest // g1, rest % g1, i2, i3]
-        p[i], b = sgd_element(p[i], gi, buf[i], first, neg_lr, mu, keep, wd, use_wd, use_mu,
-                              nesterov, maximize)
-        if use_mu:
+        p[i], b = sgd_element(p[i], _grad_at(g, i), buf[i], first, s, nesterov, maximize)
+        if s.use_momentum:
             buf[i] = b
 
 
@@ -74,30 +81,11 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
         m = m + (1 - b1)(d - m);   v = b2 v + (1 - b2) d^2;   vmax = max(vmax, v)
         p = p - lr / (1 - b1^n) * m / (sqrt(v or vmax) / sqrt(1 - b2^n) + eps)
     """
-    n = step[0] + 1.0
-    lr, b1, b2, eps, wd = hp[0], hp[1], hp[2], hp[3], hp[4]
-    t = p.dtype.type
-    neg_step_size = t(-lr / (1.0 - b1 ** n))
-    bc2_sqrt = t(math.sqrt(1.0 - b2 ** n))
-    decay = t(1.0 - lr * wd) if decoupled else t(1.0)
-    use_l2 = (not decoupled) and wd != 0.0
-    l2 = t(wd)
-    w1 = t(1.0 - b1)
-    lerp_low = (1.0 - b1) < 0.5
-    w1c = t(1.0) - w1
-    beta2 = t(b2)
-    w2 = t(1.0 - b2)
-    e = t(eps)
-    g1, g2, g3 = g.shape[1], g.shape[2], g.shape[3]
+    s = adam_scalars(hp[ADAM_LR], hp[ADAM_BETA1], hp[ADAM_BETA2], hp[ADAM_EPS],
+                     hp[ADAM_WEIGHT_DECAY], step[0] + 1.0, decoupled)
     for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
-        i3 = i % g3
-        rest = i // g3
-        i2 = rest % g2
-        rest //= g2
-        gi = g[rest // g1, rest % g1, i2, i3]
-        p[i], m[i], v[i], vm = adam_element(p[i], gi, m[i], v[i], vmax[i], decay, use_l2, l2,
-                                            w1, lerp_low, w1c, beta2, w2, e, neg_step_size,
-                                            bc2_sqrt, amsgrad, maximize)
+        p[i], m[i], v[i], vm = adam_element(p[i], _grad_at(g, i), m[i], v[i], vmax[i], s,
+                                            amsgrad, maximize)
         if amsgrad:
             vmax[i] = vm
 

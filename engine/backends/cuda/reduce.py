@@ -4,9 +4,10 @@
 
 The kept axes and the reduced axes of the (possibly strided) input are each merged where
 their memory allows and padded to 4 axes. Each output element has its own segment of
-threads (the whole block when the reduction is long; several outputs share a block when it
-is short), which stride over the reduced elements in row-major order, accumulate in float64
-and meet in a shared-memory tree (block_reduce). A full reduction to a scalar is one block.
+threads, as each row has in the row kernels (row_segments): the whole block when the
+reduction is long, several outputs to a block when it is short. The segment's threads
+stride over the reduced elements in row-major order, accumulate in float64 and meet in a
+shared-memory tree (block_reduce). A full reduction to a scalar is one block.
 The order of additions depends on the shape only: same bits on every run.
 
 Under the simulator, which runs each thread as a Python thread and each syncthreads as a
@@ -34,6 +35,7 @@ from engine.backends.cuda.block_reduce import (
     row_launch,
     segment_sum,
 )
+from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 SIM_TREE_MAX_WORK = 1024    # simulator only: larger reductions (inputs read) run serially
 SERIAL_THREADS = 32         # threads per block of _sum_serial
@@ -43,14 +45,11 @@ SERIAL_THREADS = 32         # threads per block of _sum_serial
 def _sum_kernel(x, out, kshape, kstrides, rshape, rstrides, nred, width):
     """out[o] = sum over t < nred of x[offset4(o, kept) + offset4(t, reduced)], one segment
     of `width` threads per output o."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
     nout = out.shape[0]
-    for first in range(cuda.blockIdx.x * groups, nout, cuda.gridDim.x * groups):
-        o = first + tid // width
-        count = nred if o < nout else 0
+    for first in range(start, nout, step):
+        o, count, _ = segment_row(first, tid, width, nout, nred)
         base = offset4(o, kshape, kstrides) if o < nout else 0
         acc = 0.0
         for t in range(lane, count, width):

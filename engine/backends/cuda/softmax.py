@@ -6,11 +6,11 @@ and log_softmax, along the last axis (n elements; rows are all leading axes):
     log_softmax:  out_j = x_j - m - log(sum_k exp(x_k - m)),   m = max_k x_k
 
 Each row has a segment of threads (block_reduce.row_launch: a whole block for long rows,
-several rows per block for short ones) that stride over its elements; row maxima and sums
-are shared-memory trees in float64, exponentials are taken in float64, for float32 and
-float64 alike (as the CPU kernels). x, g, y and out are C-contiguous (the ops insert
-`cont`); the mask is read in place through its strides, broadcast to x's shape (at most 4
-axes) with stride 0 on its broadcast axes.
+several rows per block for short ones; the kernels' prologue is row_segments') that stride
+over its elements; row maxima and sums are shared-memory trees in float64, exponentials are
+taken in float64, for float32 and float64 alike (as the CPU kernels). x, g, y and out are
+C-contiguous (the ops insert `cont`); the mask is read in place through its strides,
+broadcast to x's shape (at most 4 axes) with stride 0 on its broadcast axes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from numba import cuda, float64
 
 from engine.backends.cuda.arrays import broadcast, with_rank
 from engine.backends.cuda.block_reduce import (
-    MAX_THREADS,
     flat_view,
     row_launch,
     rows_view,
@@ -29,19 +28,16 @@ from engine.backends.cuda.block_reduce import (
     segment_max,
     segment_sum,
 )
+from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 
 @cuda.jit
 def _softmax_kernel(x, out, rows, n, scale, width):
     """out[r n + j] = exp(s x[r n + j] - m_r) / sum_k exp(s x[r n + k] - m_r)."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         m = -math.inf
         for j in range(lane, count, width):
             m = max(m, scale * float64(x[base + j]))
@@ -61,17 +57,13 @@ def _softmax_kernel(x, out, rows, n, scale, width):
 def _softmax_masked_kernel(x, mask, out, lead, mstrides, n, scale, width):
     """As _softmax_kernel with z = s x + mask: row r of x (shape lead + (n,), lead the
     first 3 of 4 axes) meets the mask at element offset a ms0 + b ms1 + i ms2 + j ms3."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
     b1 = lead[1]
     nr = lead[2]
     rows = lead[0] * b1 * nr
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    for first in range(start, rows, step):
+        r, count, base = segment_row(first, tid, width, rows, n)
         mbase = ((r // (b1 * nr)) * mstrides[0] + ((r // nr) % b1) * mstrides[1]
                  + (r % nr) * mstrides[2])
         ms = mstrides[3]
@@ -93,14 +85,10 @@ def _softmax_masked_kernel(x, mask, out, lead, mstrides, n, scale, width):
 @cuda.jit
 def _softmax_back_kernel(g, y, out, rows, n, scale, width):
     """out[r n + j] = s y[r n + j] (g[r n + j] - sum_k g[r n + k] y[r n + k])."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         dot = 0.0
         for j in range(lane, count, width):
             dot += float64(g[base + j]) * float64(y[base + j])
@@ -112,14 +100,10 @@ def _softmax_back_kernel(g, y, out, rows, n, scale, width):
 @cuda.jit
 def _log_softmax_kernel(x, out, rows, n, width):
     """out[r n + j] = x[r n + j] - logsumexp_k x[r n + k]."""
-    shared = cuda.shared.array(MAX_THREADS, float64)
-    tid = cuda.threadIdx.x
-    lane = tid % width
-    groups = cuda.blockDim.x // width
-    for first in range(cuda.blockIdx.x * groups, rows, cuda.gridDim.x * groups):
-        r = first + tid // width
-        count = n if r < rows else 0
-        base = r * n
+    shared = segment_scratch()
+    tid, lane, start, step = segment_passes(width)
+    for first in range(start, rows, step):
+        _, count, base = segment_row(first, tid, width, rows, n)
         lse = segment_logsumexp(shared, x, base, count, tid, width)
         for j in range(lane, count, width):
             out[base + j] = float64(x[base + j]) - lse

@@ -1,22 +1,32 @@
-"""Run a registry sample on the engine and on torch, forward and backward."""
+"""Run a registry sample on the engine and on torch, forward and backward, the way gradcheck
+does: through gradcheck's own adapters (EngineAdapter on the CPU, TorchAdapter in the
+sample's dtypes) and gradcheck's weighting of the output (loss_weights, seeded by the case),
+so that these tests and gradcheck differentiate the same loss, sum(output * weights)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-import torch
 
 import engine
-from engine import ops
-from engine.registry import get_op
+from engine.samples import InputSpec
+from engine.tensor import dtype_name
+from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.adapters.torch_adapter import TorchAdapter
+from gradcheck.api import FunctionCase
+from gradcheck.backprop import loss_weights as gradcheck_loss_weights
 
 # forward/backward agreement with torch, per dtype (the engine and torch round differently)
 TOL = {"f64": dict(rtol=1e-10, atol=1e-12), "f32": dict(rtol=2e-5, atol=2e-6)}
 
+ENGINE = EngineAdapter("cpu")
+
 
 def loss_weights(shape, seed=1234) -> np.ndarray:
-    """A fixed random weighting of an op's output (a plain sum would hide softmax's errors)."""
-    return np.random.default_rng(seed).uniform(0.5, 1.5, shape) * \
-        np.random.default_rng(seed + 1).choice([-1.0, 1.0], shape)
+    """gradcheck's fixed random weighting of an op's output, in +-[0.5, 1.5] (a plain sum
+    would hide softmax's errors)."""
+    return gradcheck_loss_weights(shape, seed)
 
 
 def evaluate(build, *arrays) -> np.ndarray:
@@ -30,57 +40,60 @@ def evaluate(build, *arrays) -> np.ndarray:
 
 def weighted_grads(build, arrays, w, params=None):
     """Gradients of sum(build(*leaves) * w) w.r.t. the leaves flagged in `params` (default:
-    the float ones; None for the others)."""
+    the float ones), by gradcheck's engine adapter on the CPU: None for the leaves not
+    flagged, zeros for a flagged leaf the loss does not reach."""
+    arrays = [np.asarray(a) for a in arrays]
     if params is None:
         params = [a.dtype.kind == "f" for a in arrays]
-    leaves = [(engine.param if p else engine.input_tensor)(a.shape, a.dtype)
-              for a, p in zip(arrays, params, strict=True)]
-    out = build(*leaves)
-    loss = ops.sum(ops.mul(out, engine.constant(w, out.dtype))).set_loss()
-    graph = engine.Graph([loss])
-    grads = graph.build_backward(loss)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    graph.compute()
-    return [grads[t].numpy() if t in grads else None for t in leaves]
+    inputs = tuple(InputSpec(f"x{i}", a.shape, dtype=dtype_name(a.dtype) if a.dtype.kind == "f"
+                             else None, grad=bool(p))
+                   for i, (a, p) in enumerate(zip(arrays, params, strict=True)))
+    dtype = next((spec.dtype for spec in inputs if spec.dtype), "f64")
+    case = FunctionCase("weighted_grads", build, tuple(arrays), inputs, dtype)
+    return ENGINE.vjp(case, arrays, w).grads
+
+
+def _output(sample, arrays):
+    """The sample's output tensor on fresh inputs (its shape and dtype; nothing computed)."""
+    return sample.build(*[engine.input_tensor(a.shape, a.dtype)
+                          for a in sample.leaf_arrays(arrays)])
+
+
+def _differentiated(sample, arrays, with_grad) -> bool:
+    """Whether the sample's gradients are computed: asked for, a float output and a float
+    input that is checked."""
+    return (with_grad and _output(sample, arrays).dtype.kind == "f"
+            and any(spec.grad and a.dtype.kind == "f"
+                    for spec, a in zip(sample.inputs, arrays, strict=True)))
+
+
+def _weights(sample, arrays) -> np.ndarray:
+    return loss_weights(_output(sample, arrays).shape, sample.seed())
 
 
 def run_engine(sample, arrays, with_grad=True):
-    """Forward output and gradients (None where not checked) of `sample` on the engine."""
-    arrays = sample.leaf_arrays(arrays)
-    leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and a.dtype.kind == "f"
-              else engine.input_tensor(a.shape, a.dtype, name=s.name)
-              for s, a in zip(sample.inputs, arrays, strict=True)]
-    out = sample.build(*leaves)
-    out.set_output()
-    graph = engine.Graph([out], name=str(sample))
-    grads = {}
-    if with_grad and out.dtype.kind == "f" and any(t.is_param for t in leaves):
-        w = engine.input_tensor(out.shape, out.dtype, name="w")
-        w.set(loss_weights(out.shape).astype(out.dtype))
-        loss = ops.sum(ops.mul(out, w)).set_loss()
-        graph.expand(loss)
-        grads = graph.build_backward(loss)
-    for t, a in zip(leaves, arrays, strict=True):
-        t.set(a)
-    graph.compute()
-    got = [grads[t].numpy() if t in grads else (np.zeros(t.shape, t.dtype) if t.is_param
-                                                else None) for t in leaves]
-    got = [None if g is None else spec.from_leaf(g)
-           for spec, g in zip(sample.inputs, got, strict=True)]
-    return out.numpy(), got
+    """Forward output and gradients of `sample` on the engine: gradcheck's vector-Jacobian
+    product for its weighting, per input in the layout the op sees (None where not
+    checked; None for every input when no gradient is computed)."""
+    if not _differentiated(sample, arrays, with_grad):
+        return evaluate(sample.build, *sample.leaf_arrays(arrays)), [None] * len(arrays)
+    vjp = ENGINE.vjp(sample, arrays, _weights(sample, arrays))
+    return vjp.output, vjp.grads
+
+
+def _contiguous(sample, grad=True):
+    """`sample` with every input contiguous in the layout the op sees (and, with grad=False,
+    none differentiated): torch as a reference runs its plain paths, not its strided ones
+    (torch's conv_transpose2d backward refuses a permuted weight)."""
+    return dataclasses.replace(sample, inputs=tuple(
+        dataclasses.replace(s, permute=None, grad=s.grad and grad) for s in sample.inputs))
 
 
 def run_torch(sample, arrays, with_grad=True):
-    ref = get_op(sample.op).torch
-    tens = [torch.tensor(a, requires_grad=bool(s.grad and a.dtype.kind == "f" and with_grad))
-            for s, a in zip(sample.inputs, arrays, strict=True)]
-    out = ref(*tens, **sample.kwargs)
-    grads = [None] * len(tens)
-    if with_grad and out.dtype.is_floating_point and any(t.requires_grad for t in tens):
-        w = torch.tensor(loss_weights(tuple(out.shape)), dtype=out.dtype)
-        (out * w).sum().backward()
-        grads = [t.grad.numpy() if t.requires_grad and t.grad is not None else
-                 (np.zeros(t.shape, a.dtype) if t.requires_grad else None)
-                 for t, a in zip(tens, arrays, strict=True)]
-    return out.detach().numpy(), grads
+    """The same from the op's torch equivalent under torch autograd, in the sample's dtypes
+    (gradcheck's torch adapter, on contiguous inputs), with the same weighting."""
+    if not _differentiated(sample, arrays, with_grad):
+        forward_only = _contiguous(sample, grad=False)
+        return TorchAdapter().vjp(forward_only, arrays, None).output, [None] * len(arrays)
+    vjp = TorchAdapter().vjp(_contiguous(sample), arrays, _weights(sample, arrays))
+    return vjp.output, vjp.grads

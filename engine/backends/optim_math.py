@@ -1,0 +1,91 @@
+"""The scalar math of the optimizer steps, written once for the CPU and the CUDA kernels
+(engine.backends.cpu.optim and engine.backends.cuda.optim), which inline it (scalar_math).
+
+Per step, `sgd_scalars` and `adam_scalars` derive from the hyperparameters (read by the
+kernels from the tensor `hp`, in the layout of engine.hyperparams) the scalars of the
+update, in float64: bias corrections, step size, decay factor, the branches taken. Per
+element, `sgd_element` and `adam_element` round those scalars to the parameter's dtype,
+which the element itself carries (`type(x)`), and run the update in that dtype, in the
+order torch.optim's single-tensor implementations use, so that float32 trajectories follow
+torch's to a few ulps per step. In a compiled kernel the rounding does not depend on the
+element and is hoisted out of the loop: it runs once per step.
+
+The kernels hand these functions scalars, never arrays: under the CUDA simulator a kernel
+runs as Python and calls them as compiled CPU functions, which cannot take the simulator's
+device arrays; and the scalars come back from such a call as Python floats, which the
+per-element rounding takes back to the parameter's dtype.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+from engine.backends.cpu.jit import scalar_math
+
+SgdScalars = collections.namedtuple(
+    "SgdScalars", ["neg_lr", "momentum", "keep", "weight_decay", "use_wd", "use_momentum"])
+AdamScalars = collections.namedtuple(
+    "AdamScalars", ["neg_step_size", "bc2_sqrt", "decay", "use_l2", "l2", "w1", "lerp_low",
+                    "beta2", "w2", "eps"])
+
+
+@scalar_math
+def sgd_scalars(lr, momentum, dampening, weight_decay):
+    """SGD's scalars (float64): -lr, mu, keep = 1 - dampening, wd, whether wd != 0 and
+    whether mu != 0."""
+    return SgdScalars(-lr, momentum, 1.0 - dampening, weight_decay, weight_decay != 0.0,
+                      momentum != 0.0)
+
+
+@scalar_math
+def adam_scalars(lr, beta1, beta2, eps, weight_decay, n, decoupled):
+    """Adam's (decoupled False) or AdamW's (True) scalars of step n (float64):
+
+        neg_step_size = -lr / (1 - b1^n),   bc2_sqrt = sqrt(1 - b2^n)
+        decay = 1 - lr wd for AdamW, 1 for Adam (an unconditional multiply: a branch on it
+            kept LLVM from vectorising the CPU loop, 4-5x slower)
+        use_l2 = Adam with wd != 0, l2 = wd
+        w1 = 1 - b1, lerp_low = w1 < 0.5 (which of its two forms torch's lerp takes)
+        beta2 = b2, w2 = 1 - b2, eps
+    """
+    return AdamScalars(-lr / (1.0 - beta1 ** n), math.sqrt(1.0 - beta2 ** n),
+                       1.0 - lr * weight_decay if decoupled else 1.0,
+                       (not decoupled) and weight_decay != 0.0, weight_decay, 1.0 - beta1,
+                       (1.0 - beta1) < 0.5, beta2, 1.0 - beta2, eps)
+
+
+@scalar_math
+def sgd_element(x, g, b, first, s, nesterov, maximize):
+    """One SGD element, `s` = sgd_scalars(...): (new param, new momentum buffer), in torch's
+    operation order, in x's dtype."""
+    t = type(x)
+    d = -g if maximize else g
+    if s.use_wd:
+        d = d + t(s.weight_decay) * x
+    if s.use_momentum:
+        mu = t(s.momentum)
+        b = d if first else b * mu + t(s.keep) * d
+        d = d + mu * b if nesterov else b
+    return x + t(s.neg_lr) * d, b
+
+
+@scalar_math
+def adam_element(x, g, m, v, vmax, s, amsgrad, maximize):
+    """One Adam/AdamW element, `s` = adam_scalars(...): (new param, m, v, max v), in torch's
+    operation order (lerp form, addcdiv order), in x's dtype."""
+    t = type(x)
+    d = -g if maximize else g
+    x = x * t(s.decay)
+    if s.use_l2:
+        d = d + t(s.l2) * x
+    # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
+    w1 = t(s.w1)
+    m = m + w1 * (d - m) if s.lerp_low else d - (d - m) * (t(1.0) - w1)
+    v = v * t(s.beta2) + t(s.w2) * d * d
+    if amsgrad and v > vmax:
+        vmax = v
+    denom_v = vmax if amsgrad else v
+    # torch's addcdiv order: (value * m) / denom
+    return (x + (t(s.neg_step_size) * m) / (math.sqrt(denom_v) / t(s.bc2_sqrt) + t(s.eps)),
+            m, v, vmax)
