@@ -6,13 +6,13 @@
 
 Trains `--batches` batches (after `--warmup` more) of real MNIST (mnist_target.data) with
 bench/bench_mnist.py's engine trainer (AdamW, cross-entropy, physical batches of 500 whose
-gradients accumulate) and batch order, and prints each node's milliseconds per batch (the
-calls of every bound plan timed one by one, engine.alloc.NODE_TIMES), largest first, then
-the whole step's.
+gradients accumulate) and batch order, and prints each node's milliseconds per batch (every
+call of the trainer's plans timed one by one by a call wrapper installed on its graphs,
+Graph.call_wrapper), largest first, then the whole step's.
 Timing each call costs about a microsecond, so the nodes' sum is a little above an untimed
-step; `--no-nodes` times whole steps only (and runs on a checkout without NODE_TIMES: two
-checkouts run alternately compare as well as this noisy machine allows). A profile, not a
-benchmark: bench/bench_mnist.py holds the targets.
+step; `--no-nodes` times whole steps only (and runs on a checkout whose graphs take no call
+wrapper: two checkouts run alternately compare as well as this noisy machine allows). A
+profile, not a benchmark: bench/bench_mnist.py holds the targets.
 """
 
 from __future__ import annotations
@@ -23,6 +23,23 @@ import time
 
 import numpy as np
 from bench_mnist import EPOCH_IMAGES, _batches, engine_trainer
+
+
+def node_timer(times: dict):
+    """A call wrapper (Graph.call_wrapper) that times each call it wraps: the call labelled
+    (graph, op, node, shape) adds its seconds and one call to times[label] = [seconds,
+    calls], an entry it holds from wrapping on (zero entries in place, do not clear the
+    dict)."""
+    def wrap(label, call):
+        entry = times.setdefault(tuple(label), [0.0, 0])
+
+        def timed():
+            t0 = time.perf_counter()
+            call()
+            entry[0] += time.perf_counter() - t0
+            entry[1] += 1
+        return timed
+    return wrap
 
 
 def main(argv=None) -> int:
@@ -45,7 +62,6 @@ def main(argv=None) -> int:
 
     from tabulate import tabulate
 
-    from engine import alloc
     from engine.backends.cpu.threads import get_num_threads, set_num_threads
     from mnist_target.data import load_mnist
 
@@ -54,20 +70,25 @@ def main(argv=None) -> int:
             p.error("--threads must be >= 1")
         set_num_threads(args.threads)
     timing_nodes = not args.no_nodes
-    if timing_nodes:
-        if not hasattr(alloc, "NODE_TIMES"):
-            p.error("this engine has no engine.alloc.NODE_TIMES: use --no-nodes")
-        alloc.NODE_TIMES = {}                # plans bound from now on time their calls
     data = load_mnist()
     train = engine_trainer(data.train_images, data.train_labels, args.arch, args.batch,
                            physical)
+    node_times: dict = {}
+    if timing_nodes:
+        trainer = train.trainer
+        graphs = [trainer.forward, trainer.training, trainer.optimizer.graph]
+        if not all(hasattr(g, "call_wrapper") for g in graphs):
+            p.error("this engine's graphs take no call_wrapper: use --no-nodes")
+        timer = node_timer(node_times)
+        for g in graphs:
+            g.call_wrapper = timer          # their plans time every call from now on
     plan = _batches(np.random.default_rng(0), EPOCH_IMAGES, args.batch,
                     args.warmup + args.batches)
 
     for idx in plan[:args.warmup]:
         train(idx)
     if timing_nodes:
-        for entry in alloc.NODE_TIMES.values():     # zeroed in place: plans hold them
+        for entry in node_times.values():     # zeroed in place: the wrapped calls hold them
             entry[:] = [0.0, 0]
     t0 = time.perf_counter()
     for idx in plan[args.warmup:]:
@@ -77,8 +98,8 @@ def main(argv=None) -> int:
     print(f"MNIST {args.arch.upper()} training, batch {args.batch} (physical {physical}), "
           f"{get_num_threads()} thread(s), {args.batches} batches after {args.warmup}")
     if timing_nodes:
-        times = sorted(alloc.NODE_TIMES.items(), key=lambda kv: -kv[1][0])
-        nodes = sum(sec for sec, _ in alloc.NODE_TIMES.values()) / args.batches * 1e3
+        times = sorted(node_times.items(), key=lambda kv: -kv[1][0])
+        nodes = sum(sec for sec, _ in node_times.values()) / args.batches * 1e3
         rows = [[f"{graph}: {op}", name, "x".join(map(str, shape)) or "()",
                  calls / args.batches, sec / args.batches * 1e3,
                  f"{sec / args.batches * 1e3 / step:.1%}"]

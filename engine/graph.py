@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import EngineError, ShapeError
+from engine.planner import Plan
 from engine.registry import OPS
 from engine.tensor import Flag, Tensor
 
@@ -48,7 +49,10 @@ class Graph:
         self.grads: dict[Tensor, Tensor] = {}       # param -> gradient node in this graph
         self.grad_accs: dict[Tensor, Tensor] = {}   # param -> persistent accumulator
         self.loss_grad: Tensor | None = None        # the seed of backprop (reset sets 1)
-        self._plan = None
+        # None, or wrap(label, call) -> call: every call of this graph's plans runs through
+        # it (engine.executor; bench/profile_mnist.py times nodes with one)
+        self.call_wrapper = None
+        self._plan: Plan | None = None
         self.expand(*outputs)
 
     # --- building -------------------------------------------------------------------------
@@ -165,13 +169,12 @@ class Graph:
         """Evaluate every node, replanning when the graph changed since the last plan."""
         plan = self._plan
         if plan is None or plan.backend.name != backend or not plan.matches(self):
-            from engine.alloc import Plan
             plan = self._plan = Plan(self, backend)
-        plan.execute(self)
+        plan.run(self)
         return self
 
     @property
-    def plan(self):
+    def plan(self) -> Plan | None:
         return self._plan
 
     def params(self) -> list[Tensor]:

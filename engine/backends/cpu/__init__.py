@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.backends.cpu.threads import engine_threads
 from engine.errors import BackendError
 
 
 class CpuBackend:
     name = "cpu"
+
+    def running(self):
+        """The context a plan runs in: while the engine's own threads split the kernels,
+        BLAS held to one thread (engine.backends.cpu.threads.engine_threads)."""
+        return engine_threads()
 
     def kernel(self, op):
         try:

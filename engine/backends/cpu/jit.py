@@ -141,9 +141,10 @@ def bindable(prepare):
     which checks and lays out the arrays and returns a zero-argument call that computes.
 
     A call of the kernel prepares and runs at once. `kernel.bind(out, ins, **params)` only
-    prepares: an allocation plan, whose buffers never move, binds each node once and then
-    runs the calls (engine.alloc.Plan). A prepared call must read the data of its arrays
-    when it runs, never when it is prepared: only shapes, strides and params are fixed.
+    prepares: a plan whose buffers never move is bound once, each node to a call, and its
+    runs are loops over those calls (engine.executor). A prepared call must read the data
+    of its arrays when it runs, never when it is prepared: only shapes, strides and params
+    are fixed.
     """
     @functools.wraps(prepare)
     def kernel(out, ins, **params):

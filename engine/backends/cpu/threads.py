@@ -3,11 +3,12 @@
 numba's parallel kernels and BLAS's threads fight for the cores (see engine.backends.cpu.jit):
 after a threaded matmul, OpenBLAS's workers keep spinning, so whatever runs next on another
 thread waits for a core. So the engine owns its threads instead. While a plan runs
-(`engine_threads`), BLAS is held to one thread, and a kernel declared splittable (`split`)
-is bound as THREADS chunks along one axis of its output. Each chunk is the kernel itself on
-slices of the arrays (numba kernels release the GIL, and so does numpy's BLAS); the calling
-thread runs the first chunk and a pool of blocking (never spinning) worker threads the
-others. Work too small to pay for the hand-over (about 100 microseconds) is not split.
+(`engine_threads`, the CPU backend's `running()` context, which the executor enters), BLAS
+is held to one thread, and a kernel declared splittable (`split`) is bound as THREADS
+chunks along one axis of its output. Each chunk is the kernel itself on slices of the
+arrays (numba kernels release the GIL, and so does numpy's BLAS); the calling thread runs
+the first chunk and a pool of blocking (never spinning) worker threads the others. Work
+too small to pay for the hand-over (about 100 microseconds) is not split.
 
     GRADVERIFY_THREADS=1     no splitting, BLAS left as it is (the engine before threads)
     GRADVERIFY_THREADS=N     N chunks (default: the cores this process may use)

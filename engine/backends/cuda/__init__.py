@@ -1,7 +1,7 @@
 """The CUDA backend: numba.cuda kernels and device buffers.
 
-Ops name their CUDA kernel in their `kernels` table as a string "module:function" (for
-example "engine.backends.cuda.elementwise:unary"), resolved on first use, so importing the
+Ops name their CUDA kernel in their `kernels` table as a string "module:kernel" (for
+example "engine.backends.cuda.norm:cuda_rms_norm"), resolved on first use, so importing the
 engine neither imports numba.cuda nor fixes the simulator setting before the user chose it.
 A CUDA kernel has the CPU kernel's signature, `kernel(out, ins, **params)`, over device
 arrays: `out` C-contiguous, `ins` possibly strided views (stride 0 for broadcast axes).
@@ -12,6 +12,7 @@ same kernels in numba's simulator, on small shapes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
@@ -60,6 +61,10 @@ class CudaBackend:
         self.cuda = cuda_module()
         from engine.backends.cuda import arrays, transfer
         self.arrays, self.transfer = arrays, transfer
+
+    def running(self):
+        """The context a plan runs in: nothing to set up for the device."""
+        return contextlib.nullcontext()
 
     def has_kernel(self, op) -> bool:
         return "cuda" in op.kernels

@@ -1,4 +1,4 @@
-"""The allocator's rules: reuse by liveness, persistent buffers, stale plans never run."""
+"""The planner's rules: reuse by liveness, persistent buffers, stale plans never run."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 import engine
 from engine import ops
-from engine.alloc import Plan
+from engine.planner import Plan
 
 
 def _mlp(seed=0):
@@ -152,28 +152,3 @@ def test_plan_is_stale_after_a_flag_changes():
         plan.run(g)
     g.compute()
     np.testing.assert_allclose(hidden.numpy(), np.exp(np.arange(4.0)))
-
-
-def test_node_times_time_every_call_of_plans_bound_while_set(monkeypatch):
-    """engine.alloc.NODE_TIMES (bench/profile_mnist.py): a plan bound while it is a dict
-    times each of its calls there, gradient accumulation included, and computes the same
-    values; a plan bound while it is None adds nothing."""
-    from engine import alloc
-
-    def trained(times):
-        monkeypatch.setattr(alloc, "NODE_TIMES", times)
-        x, w1, w2, loss = _mlp()
-        g = engine.Graph([loss])
-        grads = g.build_backward(loss, accumulate=True)
-        g.compute()
-        g.compute()
-        return g, grads[w1].numpy().copy()
-
-    times: dict = {}
-    g, timed_grad = trained(times)
-    ops_seen = {op for (graph, op, _, _) in times}
-    assert {"matmul", "relu", "accumulate"} <= ops_seen
-    assert all(graph == g.name and calls == 2 and sec >= 0
-               for (graph, *_), (sec, calls) in times.items())
-    _, plain_grad = trained(None)
-    np.testing.assert_array_equal(timed_grad, plain_grad)

@@ -1,0 +1,231 @@
+"""The executor: the step records a plan is made of, and the one interpreter that runs them.
+
+engine.planner turns a graph into steps (where each node runs, which buffer it writes, what
+it reads, which copies follow it); this module runs them. Each step becomes a zero-argument
+call with every buffer resolved (`bind_step`): a kernel with a `bind`
+(engine.backends.cpu.jit.bindable) lays out its operands once, any other kernel is called
+with its arguments as they are, a view is taken once.
+
+Two ways to run the same calls (`Executor.run`):
+- bound once: a plan whose nodes all run on the host binds every step on its first run and
+  then runs the list of calls, a tight loop over kernels with no per-node lookups, checks or
+  allocations in Python. Arena views never move, and neither do the host buffers of
+  persistent tensors (allocated once, written in place) while no device holds a copy, which
+  is checked on every run before taking this way.
+- bound as it runs: otherwise each step is bound right before it runs, so that the copies of
+  persistent tensors on each backend are synchronised on demand (Tensor.device,
+  Tensor.host_view) in the order the steps read and write them.
+
+A call wrapper `wrap(label, call) -> call` (Graph.call_wrapper; bench/profile_mnist.py times
+nodes with one) sees every call with its CallLabel and returns what runs instead; None runs
+the calls as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from engine.registry import OpDef
+from engine.tensor import Tensor
+
+Call = Callable[[], None]
+
+
+# --- operands: where a step finds each of its inputs --------------------------------------
+@dataclass(frozen=True, slots=True)
+class FromStep:
+    """The result of the step at node position `slot` (same backend)."""
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class FromPersistent:
+    """A persistent tensor's own buffer on the step's backend; `writes`: the step changes it
+    (an optimizer step updating its param or state)."""
+    tensor: Tensor
+    writes: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FromCopy:
+    """The step's backend's copy of an intermediate computed on another backend (written
+    by that producer's Copy)."""
+    buffer: Any
+
+
+Operand = FromStep | FromPersistent | FromCopy
+
+
+# --- steps ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """After its step, the result (on `src`, any strides) copied into `buffer` (contiguous,
+    on `dst`) for the readers on `dst`."""
+    src: Any
+    dst: Any
+    buffer: Any
+
+
+@dataclass(frozen=True, slots=True)
+class KernelStep:
+    """out = kernel(operands, **params) for node `tensor` (at position `slot`), on `backend`.
+    `out` is its arena view, or None for a persistent tensor (which writes its own buffer)."""
+    tensor: Tensor
+    slot: int
+    backend: Any
+    kernel: Callable
+    operands: tuple[Operand, ...]
+    params: dict
+    out: Any
+    copies: tuple[Copy, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewStep:
+    """Node `tensor` (at position `slot`) as a view `op` makes of its operands, on `backend`
+    (the backend of its source); copied into the tensor's own buffer when it is persistent."""
+    tensor: Tensor
+    slot: int
+    backend: Any
+    op: OpDef
+    operands: tuple[Operand, ...]
+    params: dict
+    copies: tuple[Copy, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AccumulateStep:
+    """accumulator += gradient, after every node (gradient accumulation), on `backend`."""
+    accumulator: Tensor
+    gradient: Tensor
+    backend: Any
+
+
+Step = KernelStep | ViewStep | AccumulateStep
+
+
+class CallLabel(NamedTuple):
+    """What a call computes, for a call wrapper: its graph's name, the op ("accumulate" for
+    gradient accumulation), the node's name and shape."""
+    graph: str
+    op: str
+    node: str
+    shape: tuple[int, ...]
+
+
+# --- the interpreter -----------------------------------------------------------------------
+def _operand(how: Operand, backend, results: list):
+    if type(how) is FromStep:
+        return results[how.slot]
+    if type(how) is FromPersistent:
+        return backend.persistent(how.tensor, how.writes)
+    return how.buffer
+
+
+def _move(copy: Copy, src) -> None:
+    """Copy `src` (on copy.src, any strides) into copy.buffer (contiguous, on copy.dst)."""
+    if copy.src.name == "cpu":
+        copy.dst.to_device(src, copy.buffer)
+    else:
+        copy.src.to_host(src, copy.buffer)
+
+
+def _then_copies(call: Call | None, result, copies: tuple[Copy, ...]) -> Call | None:
+    if not copies:
+        return call
+    moves = [functools.partial(_move, c, result) for c in copies]
+    return _sequence([call, *moves] if call is not None else moves)
+
+
+def _sequence(calls: list[Call]) -> Call:
+    if len(calls) == 1:
+        return calls[0]
+
+    def run_all():
+        for c in calls:
+            c()
+    return run_all
+
+
+def bind_step(step: Step, results: list) -> Call | None:
+    """`step` as a zero-argument call, every buffer resolved now; the step's result is stored
+    in results[step.slot] for the steps that read it. None: nothing to run (a view that is
+    neither persistent nor copied)."""
+    be = step.backend
+    if type(step) is AccumulateStep:
+        return functools.partial(be.accumulate, be.persistent(step.accumulator),
+                                 be.persistent(step.gradient, False))
+    ins = [_operand(how, be, results) for how in step.operands]
+    t = step.tensor
+    if type(step) is ViewStep:
+        result = be.device_view(step.op, ins, step.params)
+        call = (functools.partial(be.copy, be.persistent(t), result) if t.persistent
+                else None)
+    else:
+        result = be.persistent(t) if t.persistent else step.out
+        bind = getattr(step.kernel, "bind", None)
+        call = (bind(result, ins, **step.params) if bind is not None else
+                functools.partial(step.kernel, result, ins, **step.params))
+    results[step.slot] = result
+    return _then_copies(call, result, step.copies)
+
+
+def label(step: Step, graph_name: str) -> CallLabel:
+    if type(step) is AccumulateStep:
+        acc = step.accumulator
+        return CallLabel(graph_name, "accumulate", acc.name, acc.shape)
+    t = step.tensor
+    return CallLabel(graph_name, t.op, t.name, t.shape)
+
+
+class Executor:
+    """Runs one plan's steps (module doc): bound once when every backend is the host and no
+    persistent tensor has a device copy, else bound as they run; inside each backend's
+    `running()` context (the CPU's holds BLAS to one thread while the engine's own threads
+    run its kernels)."""
+
+    def __init__(self, steps: tuple[Step, ...], n_slots: int, backends: tuple,
+                 owners: list[Tensor], graph_name: str):
+        self.steps = steps
+        self.n_slots = n_slots
+        self.backends = backends
+        self.graph_name = graph_name
+        self._host_only = all(be.name == "cpu" for be in backends)
+        self._owners = owners            # buffer owners of the persistent tensors
+        self._calls: list[Call] | None = None
+        self._calls_wrap = None          # the wrapper self._calls were bound with
+        self._running = (backends[0].running if len(backends) == 1 else self._all_running)
+
+    @contextlib.contextmanager
+    def _all_running(self):
+        with contextlib.ExitStack() as stack:
+            for be in self.backends:
+                stack.enter_context(be.running())
+            yield
+
+    def run(self, wrap: Callable[[CallLabel, Call], Call] | None = None) -> None:
+        """Run every step once, each call passed through `wrap` when given."""
+        with self._running():
+            if self._host_only and not any(o.device is not None for o in self._owners):
+                if self._calls is None or wrap is not self._calls_wrap:
+                    self._calls = list(self.calls(wrap))
+                    self._calls_wrap = wrap
+                for c in self._calls:
+                    c()
+            else:
+                for c in self.calls(wrap):      # each step bound right before it runs
+                    c()
+
+    def calls(self, wrap=None) -> Iterator[Call]:
+        """The steps' calls in order, passed through `wrap` when given. A generator: each
+        step is bound (bind_step) when its call is asked for, so a loop that runs each call
+        before asking for the next binds every step right before it runs."""
+        results: list = [None] * self.n_slots
+        for step in self.steps:
+            call = bind_step(step, results)
+            if call is not None:
+                yield call if wrap is None else wrap(label(step, self.graph_name), call)

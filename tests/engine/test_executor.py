@@ -1,0 +1,102 @@
+"""The executor: typed steps run by one interpreter, inside each backend's running context,
+every call passing through the graph's call wrapper (the profiling hook) when it has one."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+
+import engine
+from engine.backends.cpu import CPU
+from engine.executor import AccumulateStep, CallLabel, KernelStep, ViewStep
+from tests.engine.test_planner import _mlp
+
+
+def _timer(times: dict):
+    """A call wrapper, as bench/profile_mnist.py's: each call adds its seconds and one call
+    to times[(graph, op, node, shape)] = [seconds, calls]."""
+    def wrap(label, call):
+        assert isinstance(label, CallLabel)
+        entry = times.setdefault(tuple(label), [0.0, 0])
+
+        def run():
+            t0 = time.perf_counter()
+            call()
+            entry[0] += time.perf_counter() - t0
+            entry[1] += 1
+        return run
+    return wrap
+
+
+def test_a_call_wrapper_times_every_call_of_the_graphs_plans():
+    """Graph.call_wrapper (bench/profile_mnist.py): a graph with one times each call of its
+    plan there, gradient accumulation included, and computes the same values; a graph
+    without one runs its calls as they are."""
+    def trained(wrap):
+        x, w1, w2, loss = _mlp()
+        g = engine.Graph([loss])
+        g.call_wrapper = wrap
+        grads = g.build_backward(loss, accumulate=True)
+        g.compute()
+        g.compute()
+        return g, grads[w1].numpy().copy()
+
+    times: dict = {}
+    g, timed_grad = trained(_timer(times))
+    ops_seen = {op for (graph, op, _, _) in times}
+    assert {"matmul", "relu", "accumulate"} <= ops_seen
+    assert all(graph == g.name and calls == 2 and sec >= 0
+               for (graph, *_), (sec, calls) in times.items())
+    _, plain_grad = trained(None)
+    np.testing.assert_array_equal(timed_grad, plain_grad)
+
+
+def test_a_call_wrapper_set_after_a_run_wraps_the_next_runs():
+    x, w1, w2, loss = _mlp()
+    g = engine.Graph([loss])
+    g.build_backward(loss)
+    g.compute()
+    before = loss.item()
+    times: dict = {}
+    g.call_wrapper = _timer(times)
+    g.compute()
+    assert times and all(calls == 1 for _, calls in times.values())
+    g.call_wrapper = None
+    g.compute()
+    assert all(calls == 1 for _, calls in times.values())
+    assert loss.item() == before
+
+
+def test_steps_are_typed_records_with_accumulation_last():
+    x, w1, w2, loss = _mlp()
+    g = engine.Graph([loss])
+    g.build_backward(loss, accumulate=True)
+    g.compute()
+    steps = g.plan.steps
+    computing = [t for t in g.nodes if not t.is_leaf]
+    assert [s.tensor for s in steps[:len(computing)]] == computing
+    assert all(isinstance(s, (KernelStep, ViewStep)) for s in steps[:len(computing)])
+    tail = steps[len(computing):]
+    assert all(isinstance(s, AccumulateStep) for s in tail)
+    assert {s.accumulator.name for s in tail} == {"w1.grad_acc", "w2.grad_acc"}
+
+
+def test_a_plan_runs_inside_its_backends_running_context(monkeypatch):
+    """The CPU backend's context (BLAS held to one thread) is entered through the backend,
+    once per run, around every kernel."""
+    entered = []
+
+    @contextlib.contextmanager
+    def running():
+        entered.append("in")
+        yield
+        entered.append("out")
+
+    monkeypatch.setattr(CPU, "running", running, raising=True)
+    x, w1, w2, loss = _mlp()
+    g = engine.Graph([loss])
+    g.compute()
+    g.compute()
+    assert entered == ["in", "out", "in", "out"]
