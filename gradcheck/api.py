@@ -22,11 +22,12 @@ torch callables (custom torch.autograd.Function included), under the same checks
     def test_swish():                        # in your own pytest suite
         assert_gradients(swish, [x, beta])
 
-The result is the same record `gradcheck --op` produces (numerical float64 reference,
-forward check, kinks, tolerances by dtype, optional torch agreement, modes). The numerical
-reference differentiates the function's own forward in float64 (check_function: the engine
-graph of `build`; check_numpy and check_torch: `forward`/`fn` on float64 inputs, or the
-float64 `reference` you give, against which the forward is checked too).
+The result is the same record `gradcheck --op` produces (float64 reference and its
+numerical gradients, forward check, kinks, tolerances by dtype, optional torch reference,
+modes). The float64 reference is the function's own forward in float64 (check_function: the
+engine graph of `build`; check_numpy and check_torch: `forward`/`fn` on float64 inputs, or
+the reference forward you give as `reference=`): the numerical gradients differentiate it,
+and the forward is checked against its output.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ class FunctionCase:
     """A case made of a user's function and fixed input arrays (Sample's interface).
 
     build_fn: an engine expression of the inputs (None for numpy and torch functions);
-    torch_fn: the third opinion, a torch function of float64 tensors; reference_forward:
-    the numerical reference, a function of float64 numpy arrays (None: the engine graph of
-    build_fn)."""
+    torch_fn: the torch reference's function, of float64 tensors (None: no torch
+    reference); reference_forward: the forward of the float64 reference, a function of
+    float64 numpy arrays (None: the engine graph of build_fn)."""
 
     name: str
     build_fn: Callable | None
@@ -144,7 +145,8 @@ def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | 
     at the given input arrays (float32 or float64; integer arrays are constants).
 
     grad: which inputs to differentiate (default: every float input). torch_fn: the same
-    function written in torch, taking float64 torch tensors, for three-way agreement."""
+    function written in torch, taking float64 torch tensors, for the torch reference
+    (three-way agreement)."""
     case = _function_case(build, arrays, grad, name, "check_function", True, build_fn=build,
                           torch_fn=torch_fn)
     return check_sample(case, mode=mode, backend=backend)
@@ -158,9 +160,11 @@ def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
 
     forward(*arrays) -> output (numpy); vjp(cotangent, *arrays) -> one gradient per input
     (J^T cotangent, i.e. the gradient of sum(forward(*arrays) * cotangent); None for an
-    input not checked), computed in the inputs' dtypes. The numerical reference
-    differentiates `reference` (default: `forward` itself) on float64 inputs; the forward
-    is checked against it. torch_fn: the same function in torch, a third opinion."""
+    input not checked), computed in the inputs' dtypes. reference: the reference forward
+    (default: `forward` itself), the float64 reference's function, called on float64
+    inputs: the numerical gradients differentiate it and the forward is checked against
+    its output. torch_fn: the same function in torch, for the torch reference (a third
+    opinion)."""
     case = _function_case(forward, arrays, grad, name, "check_numpy", False,
                           torch_fn=torch_fn, reference_forward=reference or forward)
     return check_sample(case, mode=mode, adapter=NumpyAdapter(forward, vjp))
@@ -183,9 +187,10 @@ def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None =
     torch.autograd.Function included) at `arrays` (numpy arrays or tensors, float32 or
     float64), run in the inputs' dtypes.
 
-    The numerical reference differentiates `reference` (a torch callable; default: `fn`
-    itself, so a Function's forward defines what its backward must be) on float64 inputs;
-    the forward is checked against it."""
+    reference: the reference forward (a torch callable; default: `fn` itself, so a
+    Function's forward defines what its backward must be), the float64 reference's
+    function, called on float64 inputs: the numerical gradients differentiate it and the
+    forward is checked against its output."""
     arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in arrays]
     case = _function_case(fn, arrays, grad, name, "check_torch", False,
                           reference_forward=_torch_forward(reference or fn))

@@ -20,24 +20,20 @@ import argparse
 import os
 import sys
 
-from tabulate import tabulate
-
 from engine.backends import BACKENDS, get_backend
 from engine.errors import BackendError, UnknownOpError
-from engine.registry import all_ops, get_op
 from gradcheck.adapters import AdapterError, get_adapter
-from gradcheck.check import MODES
-from gradcheck.mutants import MUTANTS
-from gradcheck.mutations import MUTATIONS, parse
-from gradcheck.runner import checkable_ops, run_checks, select_samples
+from gradcheck.injection import describe_injections, parse
+from gradcheck.modes import MODES
+from gradcheck.repro import parse_case
+from gradcheck.runner import DTYPES, check_ops, describe_engines, list_ops, run_checks
+from gradcheck.selftest import run_self_test
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
-from reports import exit_status
-from reports.output import FORMATS, OutputError, render, unwritable, write_atomic
+from reports import emit, first_unwritable
+from reports.output import FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    mutations = "; ".join(f"{k}: {v[2]}" for k, v in MUTATIONS.items())
-    mutations += "; or a self-test mutant: " + ", ".join(MUTANTS)
     p = argparse.ArgumentParser(
         prog="gradcheck",
         description="Compare each op's backprop gradients with float64 numerical gradients "
@@ -66,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", choices=BACKENDS, metavar="NAME",
                    help=f"backend of our engine to check on (repeatable; "
                         f"{', '.join(BACKENDS)}; default cpu)")
-    p.add_argument("--dtype", choices=("f32", "f64", "all"), default="all",
+    p.add_argument("--dtype", choices=(*DTYPES, "all"), default="all",
                    help="dtype of the cases to run (default: all)")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="full: every element; fast: random projections; auto (default): "
@@ -81,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the generated cases (default 0)")
     p.add_argument("--inject", metavar="MUTATION[:FACTOR]",
                    help=f"inject a known bug into the backward rules, to see it caught "
-                        f"({mutations})")
+                        f"({describe_injections()})")
     p.add_argument("--format", choices=FORMATS, default="plain",
                    help="output format (default plain)")
     p.add_argument("--output", metavar="FILE",
@@ -91,21 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "import)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
-
-
-def list_ops() -> str:
-    rows = []
-    for name, op in all_ops().items():
-        if op.kind == "composite":
-            grad = "through its parts"
-        elif op.backward is not None:
-            grad = "yes"
-        else:
-            grad = f"no ({op.no_grad})"
-        rows.append([name, op.kind, grad, len(op.samples()) if op.samples else 0,
-                     "yes" if op.strategy else "", op.doc])
-    return tabulate(rows, headers=["op", "kind", "backward", "cases", "generated",
-                                   "description"])
 
 
 def _engine_usage_error(args) -> str | None:
@@ -132,57 +113,27 @@ def make_adapter(args):
     AdapterError when it cannot be set up."""
     if args.engine == "engine":
         return None
-    if ":" in args.engine and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())   # like `python -m`: your adapter beside you
     options = {"lib_dir": os.path.abspath(args.ggml_lib)} if args.ggml_lib else {}
     return get_adapter(args.engine, **options)
-
-
-def describe_engines(adapter, backends) -> str:
-    if adapter is not None:
-        return adapter.describe()
-    from gradcheck.adapters.engine_adapter import EngineAdapter
-    return ", ".join(EngineAdapter(b).describe() for b in backends)
 
 
 def _results(args, parser, adapter):
     progress = not args.no_progress and sys.stderr.isatty()
     backends = args.backend or ["cpu"]
     if args.self_test:
-        from gradcheck.selftest import run_self_test
         return run_self_test(progress=progress)
     if args.repro:
-        from gradcheck.generated import parse_case
         try:
             case = parse_case(args.repro)
         except ValueError as exc:
             parser.error(f"--repro: {exc}")
         return run_checks([case], args.inject, False, args.mode, backends, not args.no_torch,
                           adapter, args.case_timeout)
-    names = checkable_ops() if args.all else args.op
-    updates = [n for n in names if get_op(n).kind == "update"]
-    if updates:
-        raise LookupError(f"{', '.join(updates)}: optimizer steps have no gradient to check; "
-                          f"check them with optcheck (optcheck --opt all)")
-    samples = select_samples(names, args.dtype, args.filter)
-    if not samples and not args.random:
-        raise LookupError(f"no sample case of {', '.join(names)} matches "
-                          f"dtype={args.dtype} filter={args.filter!r}")
-    results = run_checks(samples, args.inject, progress, args.mode, backends,
-                         not args.no_torch, adapter, args.case_timeout)
-    if args.random:
-        from gradcheck.generated import generated_results
-        for name in names:
-            if adapter is not None:       # one engine, its cases in one worker if isolated
-                results += generated_results(name, args.random, args.seed, args.dtype,
-                                             args.mode, use_torch=not args.no_torch,
-                                             adapter=adapter, case_timeout=args.case_timeout)
-                continue
-            for backend in backends:
-                results += generated_results(name, args.random, args.seed, args.dtype,
-                                             args.mode, backend, args.inject,
-                                             not args.no_torch)
-    return results
+    return check_ops(None if args.all else args.op, args.dtype, args.filter,
+                     random=args.random, seed=args.seed, inject=args.inject,
+                     progress=progress, mode=args.mode, backends=backends,
+                     use_torch=not args.no_torch, adapter=adapter,
+                     case_timeout=args.case_timeout)
 
 
 def main(argv=None) -> int:
@@ -201,20 +152,15 @@ def main(argv=None) -> int:
     problem = _engine_usage_error(args)
     if problem:
         parser.error(problem)
-    if args.output:
-        problem = unwritable(args.output)
-        if problem:
-            print(f"gradcheck: cannot write {args.output}: {problem}", file=sys.stderr)
-            return 2
+    problem = first_unwritable(args.output)
+    if problem:
+        print(f"gradcheck: {problem}", file=sys.stderr)
+        return 2
     try:
         for name in args.backend or ["cpu"]:
             get_backend(name)
-    except BackendError as exc:
-        print(f"gradcheck: {exc}", file=sys.stderr)
-        return 2
-    try:
         adapter = make_adapter(args)
-    except AdapterError as exc:
+    except (BackendError, AdapterError) as exc:
         print(f"gradcheck: {exc}", file=sys.stderr)
         return 2
     described = describe_engines(adapter, args.backend or ["cpu"])
@@ -227,19 +173,8 @@ def main(argv=None) -> int:
     meta = {"argv": list(sys.argv[1:] if argv is None else argv), "engine": described}
     if args.inject:
         meta["injected"] = args.inject
-    text = render(results, args.format, "gradcheck", meta)
-    if args.output:
-        try:
-            write_atomic(args.output, text)
-        except OutputError as exc:
-            print(f"gradcheck: {exc}", file=sys.stderr)
-            return 2
-        print(f"gradcheck: wrote {args.output} ({len(results)} results)", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
-        if args.inject:
-            print(f"(injected: {args.inject})")
-    return exit_status(results)
+    return emit(results, tool="gradcheck", fmt=args.format, output=args.output, meta=meta,
+                footer=f"(injected: {args.inject})" if args.inject else None)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ lives beside the op's samples, in the engine under test (`--engine`: ours by def
 isolated engine runs them in one worker process, restarted after each crash). The first
 case that fails, errs or crashes ends the drawing; hypothesis shrinks it to a smaller
 failing case, which is reported with a one-line command that reproduces it in the same
-engine, e.g. `gradcheck --engine ggml --repro "Sample(op='pool_2d', ...)"`.
+engine, e.g. `gradcheck --engine ggml --repro "Sample(op='pool_2d', ...)"` (see
+gradcheck.repro).
 
 - Cases the engine cannot run (its `unsupported` gives a reason, e.g. ggml and f64) are
   assumed away: they count neither as drawn cases nor as failures. One `unsupported` row,
@@ -22,17 +23,16 @@ engine, e.g. `gradcheck --engine ggml --repro "Sample(op='pool_2d', ...)"`.
 
 from __future__ import annotations
 
-import ast
 import collections
 import copy
 import time
 
 from engine.registry import get_op
-from engine.samples import InputSpec, Sample
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample, op_labels
-from gradcheck.runner import repro_command
-from gradcheck.worker import DEFAULT_CASE_TIMEOUT, IsolatedAdapter
+from gradcheck.isolated import IsolatedAdapter
+from gradcheck.repro import FAILING, with_repro
+from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 from reports import Result
 
 SHRINK_CHECKS = 150      # new cases checked while shrinking a failure
@@ -45,33 +45,6 @@ class _CaseFailed(Exception):
         super().__init__(result.message)
         self.result = result
         self.case = case
-
-
-def parse_case(text: str) -> Sample:
-    """A Sample from its repr (as printed in a repro command); ValueError on anything else.
-
-    Only the constructors Sample and InputSpec with literal arguments are accepted: the text
-    is parsed, never evaluated."""
-    constructors = {"Sample": Sample, "InputSpec": InputSpec}
-
-    def build(node):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in constructors:
-            args = [build(a) for a in node.args]
-            kwargs = {k.arg: build(k.value) for k in node.keywords}
-            return constructors[node.func.id](*args, **kwargs)
-        if isinstance(node, (ast.Tuple, ast.List)):
-            return tuple(build(e) for e in node.elts)
-        return ast.literal_eval(node)
-
-    try:
-        case = build(ast.parse(text.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, TypeError) as exc:
-        raise ValueError(f"not a case: {exc}") from None
-    if not isinstance(case, Sample):
-        raise ValueError("not a case: expected Sample(...)")
-    get_op(case.op)   # an unknown op raises UnknownOpError
-    return case
 
 
 class _Search:
@@ -113,7 +86,8 @@ class _Search:
                               adapter=self.adapter)
         self.verdicts[key] = result
         if self.shrink_started is None:
-            self.drawn.append(_with_repro(result, case, self.adapter, self.mode))
+            self.drawn.append(with_repro(result, case, self.adapter, self.mode,
+                                         by_repr=True, in_message=()))
             if not result.ok:
                 self.shrink_started = time.perf_counter()
         else:
@@ -137,14 +111,6 @@ class _Search:
                       labels=op_labels(op_name, engine) | {"generated": "unsupported"})
 
 
-def _with_repro(result: Result, case, adapter, mode) -> Result:
-    if not result.ok:
-        command = repro_command(case, adapter, mode, by_repr=True)
-        if command:
-            result.metrics["repro"] = command
-    return result
-
-
 def _minimal(result: Result, case, search: _Search) -> Result:
     """The shrunk case's row: a copy (the same case may be a drawn row too), labelled
     `generated: minimal`, with the number of cases checked while shrinking
@@ -155,10 +121,8 @@ def _minimal(result: Result, case, search: _Search) -> Result:
     if search.budget_spent:
         row.message += (f"; shrinking stopped at its budget ({search.shrink_checks} cases or "
                         f"{search.shrink_seconds:g} s): a smaller failing case may exist")
-    _with_repro(row, case, search.adapter, search.mode)
-    if "repro" in row.metrics:
-        row.message += f"; reproduce: {row.metrics['repro']}"
-    return row
+    return with_repro(row, case, search.adapter, search.mode, by_repr=True,
+                       in_message=FAILING)
 
 
 def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", mode="auto",
@@ -190,6 +154,7 @@ def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", mode=
 
 
 def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_seconds):
+    # hypothesis is imported here, not at the top: a sweep without --random never pays for it
     from hypothesis import HealthCheck, Phase, assume, given, settings
     from hypothesis import seed as hseed
     from hypothesis import strategies as st

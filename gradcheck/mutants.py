@@ -2,10 +2,12 @@
 
 A mutant is a named, documented bug in one op's backward pass: its backward rule, or the cpu
 kernel of its dedicated backward op. `mutant.patch()` is a context manager that puts the bug
-in place and restores the registry afterwards (the very same objects), even on error.
+in place and restores the registry afterwards (the very same objects), even on error (see
+gradcheck.patches).
 Kernel mutants wrap the real kernel: they call it with wrong parameters, or call it and then
 corrupt its result the way the bug would. No mutant changes a forward computation, so the
-numerical and torch references of a check stay right while the mutant is active.
+float64 reference (and its numerical gradients) and the torch reference of a check stay
+right while the mutant is active.
 
 `ops` names the ops whose sample cases must catch the bug; `where` keeps the cases that
 exercise it (an im2col case without dilation cannot show a dilation bug); `extra` adds cases
@@ -21,9 +23,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine import ops
 from engine.ops.broadcast import sum_to
-from engine.registry import get_op
 from engine.samples import InputSpec, Sample
+from gradcheck.patches import backward_replaced, kernel_replaced, scaled_backward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,42 +40,8 @@ class Mutant:
     max_cases: int = 3                      # per op and dtype, smallest first
 
 
-# --- patching the registry -------------------------------------------------------------------
-@contextlib.contextmanager
-def backward_replaced(op_name: str, make: Callable):
-    """Within the block, op `op_name`'s backward rule is `make(real_rule)`."""
-    op = get_op(op_name)
-    real = op.backward
-    op.backward = make(real)
-    try:
-        yield
-    finally:
-        op.backward = real
-
-
-@contextlib.contextmanager
-def kernel_replaced(op_name: str, make: Callable, backend: str = "cpu"):
-    """Within the block, op `op_name`'s `backend` kernel is `make(real_kernel)` (in a new
-    kernels dict: the op's own dict is put back untouched)."""
-    op = get_op(op_name)
-    real = op.kernels
-    op.kernels = {**real, backend: make(real[backend])}
-    try:
-        yield
-    finally:
-        op.kernels = real
-
-
-def scaled_backward(backward: Callable, factor: float) -> Callable:
-    """A backward rule whose every input gradient is `factor` times `backward`'s."""
-    def mutated(g, out, *srcs, **params):
-        from engine.ops import scale
-        return tuple(None if sg is None else scale(sg, factor)
-                     for sg in backward(g, out, *srcs, **params))
-    return mutated
-
-
 def scaled(op_name: str, factor: float) -> Callable:
+    """The patch of a mutant that scales every gradient of op `op_name` by `factor`."""
     return lambda: backward_replaced(op_name, lambda real: scaled_backward(real, factor))
 
 
@@ -80,24 +49,21 @@ def scaled(op_name: str, factor: float) -> Callable:
 def _matmul_grad_a_untransposed(real):
     """grad_a = g @ b with b merely reshaped to b^T's shape: on square b exactly g @ b."""
     def backward(g, out, a, b):
-        from engine.ops import cont_if_strided, matmul, reshape
         bt_shape = b.shape[:-2] + (b.shape[-1], b.shape[-2])
-        grad_a = sum_to(matmul(g, reshape(cont_if_strided(b), bt_shape)), a.shape)
+        grad_a = sum_to(ops.matmul(g, ops.reshape(ops.cont_if_strided(b), bt_shape)), a.shape)
         return grad_a, real(g, out, a, b)[1]
     return backward
 
 
 def _permute_forward_axes(real):
     def backward(g, out, x, axes):
-        from engine.ops import permute
-        return (permute(g, axes),)
+        return (ops.permute(g, axes),)
     return backward
 
 
 def _sum_to_wrong_axis(g, shape):
     """sum_to that reduces each broadcast (size-1) axis's left neighbour instead of the axis
     itself, then reshapes: wrong numbers where the two lengths agree, a ShapeError elsewhere."""
-    from engine import ops
     shape = tuple(shape)
     if g.shape == shape:
         return g

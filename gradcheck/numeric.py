@@ -26,9 +26,11 @@ import numpy as np
 STEP = 1e-4
 EPS64 = np.finfo(np.float64).eps
 
-# Agreement required between backprop in the dtype under test and the float64 reference:
-# |a - n| <= atol * scale + rtol * |n| + err, scale = max(1, max |n|) over that input and
-# err the numerical error estimate of the element. (atol, rtol) per dtype:
+# Agreement required between a value a computed in the dtype under test (backprop, the
+# forward output) and what it is expected to be, n (the numerical gradient, the float64
+# reference's output, torch's): |a - n| <= atol * scale + rtol * |n| + err,
+# scale = max(1, max |n|) over that array and err the numerical error estimate of the
+# element (0 where n has none). (atol, rtol) per dtype:
 TOLERANCES = {"f64": (1e-7, 1e-6), "f32": (1e-4, 1e-3)}
 # one-sided slopes further apart than this (times scale), beyond their error, mark a kink
 KINK_JUMP = 1e-4
@@ -114,7 +116,8 @@ def directional_derivatives(f: Callable[[], float], xs, directions, h: float = S
 
 @dataclasses.dataclass
 class Comparison:
-    """How one gradient agrees with a reference, kinks excluded."""
+    """How one array agrees with what it is expected to be, kinks excluded; the worst
+    element's index, value and expected value."""
 
     checked: int
     kinks: int
@@ -124,19 +127,20 @@ class Comparison:
     nonfinite: int
     worst_index: tuple | None
     worst_value: float
-    worst_reference: float
+    worst_expected: float
 
     @property
     def ok(self) -> bool:
         return self.failures == 0 and self.nonfinite == 0
 
 
-def compare(value, reference, dtype: str, error=None, kink=None) -> Comparison:
-    """Elementwise agreement of `value` with `reference` under the tolerances of `dtype`,
-    widened by the reference's error estimate; elements flagged `kink` are not judged.
-    NaN or Inf in either fails; 0/0 is a relative error of 0."""
+def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
+    """Elementwise agreement of `value` with `expected` under the tolerances of `dtype`,
+    widened by `error`, the error estimate of `expected` (a numerical gradient's); elements
+    flagged `kink` are not judged. NaN or Inf in either fails; 0/0 is a relative error of
+    0."""
     a = np.asarray(value, np.float64)
-    n = np.asarray(reference, np.float64)
+    n = np.asarray(expected, np.float64)
     err = np.zeros(a.shape) if error is None else np.asarray(error, np.float64)
     kink = np.zeros(a.shape, bool) if kink is None else np.asarray(kink, bool)
     if a.size == 0:
@@ -161,4 +165,4 @@ def compare(value, reference, dtype: str, error=None, kink=None) -> Comparison:
         max_abs=float(np.max(shown_abs)), max_rel=float(np.max(shown_rel)),
         failures=int(np.count_nonzero(bad)), nonfinite=nonfinite,
         worst_index=tuple(int(i) for i in worst),
-        worst_value=float(a[worst]), worst_reference=float(n[worst]))
+        worst_value=float(a[worst]), worst_expected=float(n[worst]))

@@ -1,17 +1,21 @@
-"""The references an engine's gradients are judged against.
+"""The two references an engine is judged against: the float64 reference and the torch one.
 
-The numerical reference is the case's own definition, evaluated in float64 on the case's
-(rounded) inputs: loss(x) = sum(f(x) * weights), which finite differences differentiate.
-What f is depends on the case, never on the engine under test:
+The float64 reference is the case's own definition f, evaluated in float64 on the case's
+(rounded) inputs. Its output f(x) is what the engine's forward output is checked against;
+its loss, loss(x) = sum(f(x) * weights), is what finite differences differentiate into the
+numerical gradients (gradcheck.numeric) that backprop is checked against. What f is depends
+on the case, never on the engine under test:
 
 - a registry case, or a function built from engine ops: our engine's float64 graph of it
-  (the op's definition), whatever engine is checked;
-- a user's numpy or torch function: the user's own forward (`case.reference_forward`, a
-  callable on float64 numpy arrays returning the output).
+  (the op's definition), whatever engine is checked (EngineReference);
+- a user's numpy or torch function: its reference forward, `case.reference_forward` (the
+  `reference=` argument of gradcheck.api.check_numpy and check_torch, by default the
+  function itself), called on float64 numpy arrays (FunctionReference).
 
-torch autograd is the third opinion: the op's torch equivalent, in float64. torch is
-optional: without it, or for a case without a torch equivalent, that reference is absent and
-the case is judged on the engine against numerical gradients alone.
+The torch reference is the third opinion: torch autograd on the op's torch equivalent, in
+float64 (`torch_reference`). torch is optional: without it, or for a case without a torch
+equivalent, the torch reference is absent and the case is judged on the float64 reference
+alone.
 """
 
 from __future__ import annotations
@@ -20,11 +24,15 @@ import dataclasses
 
 import numpy as np
 
+import engine
+from gradcheck.adapters.engine_adapter import weighted_graph
+
 
 class Float64Reference:
-    """f of a case in float64. `leaves`: per case input, the float64 array (in the leaf
-    layout, see InputSpec.permute) that `loss` reads and numerical differentiation moves,
-    or None for an input that is not checked. Call `set_weights` before `loss`."""
+    """The float64 reference of a case: its f in float64. `leaves`: per case input, the
+    float64 array (in the leaf layout, see InputSpec.permute) that `loss` reads and
+    numerical differentiation moves, or None for an input that is not checked. Call
+    `set_weights` before `loss`."""
 
     output_shape: tuple[int, ...]
     leaves: list[np.ndarray | None]
@@ -45,8 +53,6 @@ class EngineReference(Float64Reference):
     """Our engine's graph of the case with every float dtype promoted to float64, on CPU."""
 
     def __init__(self, case, arrays):
-        import engine
-        from gradcheck.adapters.engine_adapter import weighted_graph
         leaves, self._out, self._w, self._loss = weighted_graph(case.promoted("f64"), arrays,
                                                                 as_params=False)
         if self._loss is None:
@@ -70,8 +76,8 @@ class EngineReference(Float64Reference):
 
 
 class FunctionReference(Float64Reference):
-    """A user's forward (numpy arrays in, array out) called on float64 copies of the inputs
-    (integer inputs as they are)."""
+    """A user's reference forward (numpy arrays in, array out) called on float64 copies of
+    the inputs (integer inputs as they are)."""
 
     def __init__(self, case, arrays, forward):
         self._forward = forward
@@ -99,7 +105,7 @@ class FunctionReference(Float64Reference):
 
 
 def float64_reference(case, arrays) -> Float64Reference:
-    """The numerical reference of `case` on input values `arrays` (see the module doc)."""
+    """The float64 reference of `case` on input values `arrays` (see the module doc)."""
     forward = getattr(case, "reference_forward", None)
     if forward is not None:
         return FunctionReference(case, arrays, forward)
@@ -107,7 +113,9 @@ def float64_reference(case, arrays) -> Float64Reference:
 
 
 @dataclasses.dataclass
-class TorchResult:
+class TorchReference:
+    """torch's output and input gradients for a case, in float64."""
+
     output: np.ndarray
     grads: list[np.ndarray | None]    # per input, in the layout the op sees
 
@@ -120,11 +128,12 @@ def torch_available() -> bool:
     return True
 
 
-def torch_gradients(case, arrays, weights) -> TorchResult | None:
-    """Output and input gradients of sum(torch_fn(*inputs) * weights), all in float64.
+def torch_reference(case, arrays, weights) -> TorchReference | None:
+    """The torch reference: output and input gradients of sum(torch_fn(*inputs) *
+    weights), all in float64; None without torch or a torch equivalent.
 
-    `case` gives `torch_fn` (None: no reference), `inputs` (specs with `grad`) and the
-    float64 keyword arguments `torch_kwargs`."""
+    `case` gives `torch_fn` (None: no torch equivalent), `inputs` (specs with `grad`) and
+    the float64 keyword arguments `torch_kwargs`."""
     fn = case.torch_fn
     if fn is None or not torch_available():
         return None
@@ -142,5 +151,5 @@ def torch_gradients(case, arrays, weights) -> TorchResult | None:
         (out.to(torch.float64) * w).sum().backward()
         grads = [(t.grad.numpy() if t.grad is not None else np.zeros(t.shape))
                  if t.requires_grad else None for t in tens]
-    return TorchResult(out.detach().to(torch.float64).numpy()
+    return TorchReference(out.detach().to(torch.float64).numpy()
                        if out.dtype.is_floating_point else out.detach().numpy(), grads)

@@ -1,23 +1,27 @@
-"""Select sample cases from the registry and check them in an engine."""
+"""Select sample cases from the registry and check them in an engine.
+
+    check_ops(["pool_2d"], dtype="f64", random=50)   # what `gradcheck --op pool_2d
+                                                      #   --dtype f64 --random 50` runs
+    run_checks(select_samples(["relu"]))              # given cases
+    list_ops()                                        # the table of `gradcheck --list`
+"""
 
 from __future__ import annotations
 
 import contextlib
-import shlex
 
+from tabulate import tabulate
 from tqdm import tqdm
 
 from engine.registry import all_ops, get_op
-from engine.samples import Sample
-from gradcheck.adapters import spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
-from gradcheck.worker import DEFAULT_CASE_TIMEOUT, IsolatedAdapter
+from gradcheck.generated import generated_results
+from gradcheck.isolated import IsolatedAdapter
+from gradcheck.repro import with_repro
+from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 
 DTYPES = ("f32", "f64")
-# adapter options that the gradcheck CLI can say, and how
-OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml-lib"}
-_DEFAULT_OPTIONS = {"backend": "cpu"}
 
 
 def select_samples(op_names, dtype: str = "all", pattern: str | None = None):
@@ -40,55 +44,29 @@ def checkable_ops() -> list[str]:
     return [name for name, op in all_ops().items() if op.samples and op.kind != "backward"]
 
 
-def _is_registry_sample(case) -> bool:
-    try:
-        op = get_op(case.op)
-    except Exception:
-        return False
-    return bool(op.samples) and str(case) in {str(s) for s in op.samples()}
+def list_ops() -> str:
+    """Every registered op as a table: kind, whether it has a backward rule, its number of
+    sample cases, whether it has a strategy for generated cases, its description."""
+    rows = []
+    for name, op in all_ops().items():
+        if op.kind == "composite":
+            grad = "through its parts"
+        elif op.backward is not None:
+            grad = "yes"
+        else:
+            grad = f"no ({op.no_grad})"
+        rows.append([name, op.kind, grad, len(op.samples()) if op.samples else 0,
+                     "yes" if op.strategy else "", op.doc])
+    return tabulate(rows, headers=["op", "kind", "backward", "cases", "generated",
+                                   "description"])
 
 
-def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> str | None:
-    """The one-line gradcheck command that re-runs exactly this case in this engine, e.g.
-    `gradcheck --engine ggml --op pool_2d -k '<case>'` for a registry sample, or
-    `gradcheck --engine ggml --repro 'Sample(...)'` for any other Sample (and any Sample
-    when `by_repr`, as for generated cases); None for a case the CLI cannot name (a
-    user's function)."""
-    if isinstance(case, Sample) and not by_repr and _is_registry_sample(case):
-        what = ["--op", case.op, "-k", str(case)]
-    elif isinstance(case, Sample):
-        what = ["--repro", repr(case)]
-    else:
-        return None
-    spec = spec_of(adapter)
-    words = ["gradcheck"] + ([] if spec.name == EngineAdapter.name else ["--engine", spec.name])
-    for key, value in spec.options:
-        if key in OPTION_FLAGS and value is not None and _DEFAULT_OPTIONS.get(key) != value:
-            words += [OPTION_FLAGS[key], str(value)]
-    words += what + ([] if mode == "auto" else ["--mode", mode])
-    return " ".join(_shell_word(w) for w in words)
-
-
-def _shell_word(word: str) -> str:
-    """`word` quoted for a POSIX shell: as shlex.quote does, except that a word holding
-    single quotes (a case's repr) and nothing a shell expands inside double quotes goes in
-    double quotes, which read better than shlex's '"'"' splices."""
-    if "'" in word and not set(word) & set('"$`\\!'):
-        return f'"{word}"'
-    return shlex.quote(word)
-
-
-def _with_repro(result, case, adapter, mode):
-    """A failing, erroring or crashing row gets its repro command (metrics["repro"]; a crash
-    row's message names it too)."""
-    if result.status not in ("fail", "error", "crash"):
-        return result
-    command = repro_command(case, adapter, mode)
-    if command:
-        result.metrics["repro"] = command
-        if result.status == "crash":
-            result.message += f"; reproduce: {command}"
-    return result
+def describe_engines(adapter, backends) -> str:
+    """The engine under test, for the report's metadata: `adapter`'s description, or (None)
+    ours on each of `backends`."""
+    if adapter is not None:
+        return adapter.describe()
+    return ", ".join(EngineAdapter(b).describe() for b in backends)
 
 
 def run_checks(samples, inject: str | None = None, progress: bool = False, mode="auto",
@@ -97,7 +75,8 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
     """Check every sample; a list of Results in the same order. The engine is `adapter`, or
     by default ours on every backend of `backends` with the mutation `inject` in place.
     An adapter with `isolated` set runs in one worker process shared by all cases (a fresh
-    one after a crash); `case_timeout`: seconds an engine call may take there."""
+    one after a crash); `case_timeout`: seconds an engine call may take there. A failing,
+    erroring or crashing row carries its repro command (gradcheck.repro.with_repro)."""
     if adapter is None:
         engines = [EngineAdapter(b, inject) for b in backends]
     elif inject or tuple(backends) != ("cpu",):
@@ -113,6 +92,42 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
             if e.isolated and not isinstance(e, IsolatedAdapter):
                 running[id(e)] = stack.enter_context(IsolatedAdapter(e, case_timeout))
         it = tqdm(jobs, desc="gradcheck", unit="case", disable=not progress, leave=False)
-        return [_with_repro(check_sample(s, mode=mode, use_torch=use_torch,
-                                         adapter=running[id(e)]), s, e, mode)
+        return [with_repro(check_sample(s, mode=mode, use_torch=use_torch,
+                                        adapter=running[id(e)]), s, e, mode)
                 for s, e in it]
+
+
+def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,
+              random: int = 0, seed: int = 0, inject: str | None = None,
+              progress: bool = False, mode="auto", backends=("cpu",),
+              use_torch: bool = True, adapter=None,
+              case_timeout: float = DEFAULT_CASE_TIMEOUT):
+    """The registry's sample cases of `op_names` (None: every checkable op) that match
+    `dtype` and `pattern`, checked as run_checks does, then `random` generated cases per
+    op (gradcheck.generated) with `seed`: in `adapter`'s engine, or in ours on each of
+    `backends` with `inject` in place. Raises UnknownOpError for an unknown op, and
+    LookupError for an optimizer step (no gradient: optcheck checks it) or when no case
+    matches and none is generated."""
+    names = checkable_ops() if op_names is None else list(op_names)
+    updates = [n for n in names if get_op(n).kind == "update"]
+    if updates:
+        raise LookupError(f"{', '.join(updates)}: optimizer steps have no gradient to check; "
+                          f"check them with optcheck (optcheck --opt all)")
+    samples = select_samples(names, dtype, pattern)
+    if not samples and not random:
+        raise LookupError(f"no sample case of {', '.join(names)} matches "
+                          f"dtype={dtype} filter={pattern!r}")
+    results = run_checks(samples, inject, progress, mode, backends, use_torch, adapter,
+                         case_timeout)
+    if not random:
+        return results
+    for name in names:
+        if adapter is not None:       # one engine, its cases in one worker if isolated
+            results += generated_results(name, random, seed, dtype, mode,
+                                         use_torch=use_torch, adapter=adapter,
+                                         case_timeout=case_timeout)
+            continue
+        for backend in backends:
+            results += generated_results(name, random, seed, dtype, mode, backend, inject,
+                                         use_torch)
+    return results

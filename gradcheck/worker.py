@@ -7,10 +7,10 @@ forkserver (or spawn) start method, never fork: numba's and torch's threads may 
 the parent. When the child dies, or a call outlives its timeout, the call raises
 WorkerCrash, whose message names the signal or exit status, the tail of what the child wrote
 to its standard error (an assertion's text: `GGML_ASSERT(...) failed`) and the innermost
-Python frame it was in; the next call starts a fresh child.
+Python frame it was in (gradcheck.crash_report); the next call starts a fresh child.
 
-`IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a worker; gradcheck wraps
-every adapter whose `isolated` is set in one.
+`gradcheck.isolated.IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a
+worker; gradcheck wraps every adapter whose `isolated` is set in one.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ import tempfile
 import time
 
 from gradcheck.adapters.base import AdapterError
+from gradcheck.crash_report import exit_description, innermost_frame, stderr_tail
 
 DEFAULT_CASE_TIMEOUT = 120.0   # seconds a call may take before it counts as a hang
 START_TIMEOUT = 120.0          # seconds a fresh worker may take to import and build its adapter
-STDERR_TAIL_LINES = 6
-STDERR_TAIL_CHARS = 800
 # imported once by the forkserver, so that a restarted worker starts at fork speed
 PRELOAD = ["gradcheck.worker", "gradcheck.adapters", "engine.samples"]
 
@@ -110,55 +109,6 @@ def _main_left_alone():
         main.__spec__ = spec
 
 
-def collapse_repeats(lines: list[str]) -> list[str]:
-    """`lines` with each repeated line kept once, where it first appears, and marked with
-    its count: ['a failed', 'b', 'a failed'] -> ['a failed (x2)', 'b']. Threads that fail
-    the same assertion at once each print it."""
-    counts: dict[str, int] = {}
-    for line in lines:
-        counts[line] = counts.get(line, 0) + 1
-    return [line if n == 1 else f"{line} (x{n})" for line, n in counts.items()]
-
-
-def _tail(path: str, offset: int = 0) -> str:
-    """The last distinct lines written to `path` after `offset` (repeats collapsed, see
-    collapse_repeats), joined by ' | '."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = collapse_repeats([line.strip() for line in text.splitlines() if line.strip()])
-    joined = " | ".join(lines[-STDERR_TAIL_LINES:])
-    return joined if len(joined) <= STDERR_TAIL_CHARS else "..." + joined[-STDERR_TAIL_CHARS:]
-
-
-def _innermost_frame(fault_path: str) -> str:
-    """The most recent Python frame of the traceback faulthandler wrote, e.g.
-    'File "x.py", line 12 in vjp'."""
-    try:
-        with open(fault_path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return ""
-    frames = [line.strip() for line in lines if line.strip().startswith("File ")]
-    return frames[0] if frames else ""
-
-
-def exit_description(exitcode: int | None) -> str:
-    """How a process ended, in words: 'killed by SIGABRT (signal 6)', 'exited with status 3'."""
-    if exitcode is None:
-        return "did not exit"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = "an unknown signal"
-        return f"killed by {name} (signal {-exitcode})"
-    return f"exited with status {exitcode}"
-
-
 class Worker:
     """A persistent worker process for the adapter that `spec` builds; `timeout`: seconds
     each call may take. Use as a context manager, or call close()."""
@@ -232,10 +182,10 @@ class Worker:
 
     def _crash(self, what: str, offset: int):
         parts = [what]
-        tail = _tail(self._stderr, offset)
+        tail = stderr_tail(self._stderr, offset)
         if tail:
             parts.append(f"stderr: {tail}")
-        frame = _innermost_frame(self._fault)
+        frame = innermost_frame(self._fault)
         if frame:
             parts.append(f"at {frame}")
         raise WorkerCrash("; ".join(parts))
@@ -270,53 +220,6 @@ class Worker:
             os.rmdir(self._dir)
 
     def __enter__(self) -> Worker:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class IsolatedAdapter:
-    """`adapter` with its `vjp` run in a Worker, started at once, so that an engine that
-    cannot be set up there fails before any case (AdapterError); `describe` and
-    `unsupported` are the local adapter's. A context manager: leaving it stops the worker."""
-
-    isolated = True
-
-    def __init__(self, adapter, timeout: float = DEFAULT_CASE_TIMEOUT):
-        from gradcheck.adapters import spec_of
-        self.local = adapter
-        self.name = adapter.name
-        self.spec = spec_of(adapter)
-        self.worker = Worker(self.spec, timeout)
-        try:
-            self.worker.start()
-        except WorkerCrash as exc:
-            self.worker.close()
-            raise AdapterError(f"engine {self.name!r}: its worker process did not start: "
-                               f"{exc}") from exc
-        except BaseException:
-            self.worker.close()
-            raise
-
-    def __getattr__(self, name):          # backend and other optional attributes
-        if name == "local":
-            raise AttributeError(name)
-        return getattr(self.local, name)
-
-    def describe(self) -> str:
-        return self.local.describe()
-
-    def unsupported(self, case) -> str | None:
-        return self.local.unsupported(case)
-
-    def vjp(self, case, arrays, weights):
-        return self.worker.call("vjp", case, arrays, weights)
-
-    def close(self) -> None:
-        self.worker.close()
-
-    def __enter__(self) -> IsolatedAdapter:
         return self
 
     def __exit__(self, *exc) -> None:

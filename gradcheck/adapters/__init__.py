@@ -55,6 +55,14 @@ class AdapterSpec:
         return get_adapter(self.name, **self.kwargs)
 
 
+def _importable_from_cwd() -> None:
+    """As `python -m` does: a user's adapter module in the current directory imports (the
+    `gradcheck` console script's sys.path holds its own directory instead). Worker
+    processes inherit the parent's sys.path, this entry included."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def _factory(name: str):
     if name in ENGINES:
         module_name, attribute = ENGINES[name]
@@ -63,9 +71,7 @@ def _factory(name: str):
         if not module_name or not attribute:
             raise AdapterError(f"engine {name!r}: expected module:attribute, e.g. "
                                "mypackage.adapter:MyAdapter")
-        # as `python -m` does: a user's adapter module in the current directory imports
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        _importable_from_cwd()
     else:
         raise AdapterError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}, or "
                            "module:attribute for your own adapter")

@@ -4,8 +4,8 @@ gradcheck judges every engine the same way. An adapter only runs the case in its
 given the case, its input values (in the layout the op sees) and the weighting that reduces
 the op's output to a scalar loss, it returns the output and the gradient of
 sum(output * weights) with respect to each checked input. Everything else (the float64
-numerical reference, kinks, tolerances, torch agreement, modes, reports, exit codes) stays
-gradcheck's.
+reference and its numerical gradients, kinks, tolerances, the torch reference, modes,
+reports, exit codes) stays gradcheck's.
 
 An adapter that cannot run a case says why through `unsupported`; the case is reported
 `unsupported`, never skipped silently. An adapter whose engine may abort the process (C code

@@ -3,8 +3,9 @@
 The case is built on param-flagged leaves, its output weighted and summed into a scalar loss
 (loss = sum(output * weights)), and backprop gives the gradient of that loss with respect
 to each checked leaf, i.e. the vector-Jacobian product J^T weights. The same weighted graph,
-with every float promoted to float64 and inputs instead of params, is gradcheck's numerical
-reference for a registry case (see gradcheck.reference).
+with every float promoted to float64 and inputs instead of params, is gradcheck's float64
+reference for a registry case: the loss whose numerical gradients backprop is judged
+against (see gradcheck.reference).
 
 Known bugs injected with `--inject` patch our registry's backward rules and kernels, so they
 belong to this adapter: `EngineAdapter(backend, inject="scale:1.01")`.
@@ -19,8 +20,9 @@ import numpy as np
 import engine
 from engine import ops
 from engine.tensor import as_dtype
+from gradcheck.adapters import AdapterSpec
 from gradcheck.adapters.base import VJP
-from gradcheck.mutations import injected, parse
+from gradcheck.injection import injected, parse
 
 
 def weighted_graph(case, arrays, as_params: bool):
@@ -47,8 +49,9 @@ def weighted_graph(case, arrays, as_params: bool):
 
 
 class EngineAdapter:
-    """Our engine on one backend; `inject` is a mutation of gradcheck.mutations (a known bug
-    put into the backward rules of the ops the case is made of, or a named mutant)."""
+    """Our engine on one backend; `inject` is an injection spec of gradcheck.injection (a
+    known bug put into the backward rules of the ops the case is made of, or a named
+    mutant)."""
 
     name = "engine"
     isolated = False
@@ -61,7 +64,6 @@ class EngineAdapter:
 
     @property
     def spec(self):
-        from gradcheck.adapters import AdapterSpec
         options = {"backend": self.backend} | ({"inject": self.inject} if self.inject else {})
         return AdapterSpec.of("engine", options)
 
@@ -78,7 +80,8 @@ class EngineAdapter:
         return None
 
     def on_cpu(self) -> EngineAdapter:
-        """The same engine (and injected bug) on the CPU backend: the `vs_cpu` reference."""
+        """The same engine (and injected bug) on the CPU backend: what the `vs_cpu` column compares
+        this backend's output and gradients with."""
         return EngineAdapter("cpu", self.inject)
 
     def vjp(self, case, arrays, weights) -> VJP:

@@ -17,7 +17,7 @@ from gradcheck.adapters.numpy_adapter import NumpyAdapter
 from gradcheck.adapters.torch_adapter import TorchAdapter
 from gradcheck.api import assert_numpy, assert_torch, check_numpy, check_torch
 from gradcheck.check import check_sample
-from gradcheck.runner import repro_command
+from gradcheck.repro import repro_command
 from tests.gradcheck.abort_adapter import CRASH_CASE, WrongAdapter
 
 OPS = ("relu", "softmax", "pool_2d", "conv_2d", "cross_entropy_loss", "matmul")

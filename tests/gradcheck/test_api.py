@@ -48,7 +48,7 @@ def test_assert_gradients_raises_on_a_wrong_backward():
         return ops.add(ops.mul(x, x), ops.sub(ops.sgn(x), ops.sgn(x)))
     assert_gradients(wrong, [arrays()[0]])
     with pytest.raises(AssertionError, match="gradcheck fail"):
-        from gradcheck.mutations import injected
+        from gradcheck.injection import injected
         with injected("scale:1.05", {"mul"}):
             assert_gradients(lambda x: ops.mul(x, x), [arrays()[0]])
 

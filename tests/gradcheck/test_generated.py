@@ -12,7 +12,7 @@ import pytest
 from gradcheck.adapters import get_adapter
 from gradcheck.cli import main
 from gradcheck.generated import generated_results
-from gradcheck.worker import IsolatedAdapter
+from gradcheck.isolated import IsolatedAdapter
 from tests.gradcheck.abort_adapter import ASSERT_TEXT, AbortAdapter, WrongAdapter, relu_vjp
 
 MODULE = "tests.gradcheck.test_generated"

@@ -24,8 +24,8 @@ from gradcheck.adapters.base import AdapterError
 from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
 from gradcheck.adapters.ggml import GgmlAdapter
 from gradcheck.adapters.ggml import lib as ggml_lib
+from gradcheck.adapters.ggml.coverage import NO_BACKWARD
 from gradcheck.adapters.ggml.graph import Context, ne_of, permute_axes
-from gradcheck.adapters.ggml.ops import NO_BACKWARD
 from gradcheck.adapters.ggml.ops import OPS as GGML_OPS
 from gradcheck.check import check_sample, loss_weights
 from gradcheck.cli import main

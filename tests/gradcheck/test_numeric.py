@@ -38,4 +38,4 @@ def test_compare_catches_one_percent_in_f32_and_reports_worst():
     a[2] *= 1.01
     c = compare(a, n, "f32")
     assert not c.ok and c.failures == 1 and c.worst_index == (2,)
-    assert c.worst_reference == n[2]
+    assert c.worst_expected == n[2]

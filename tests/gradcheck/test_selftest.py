@@ -7,8 +7,8 @@ import pytest
 
 from engine.registry import all_ops
 from gradcheck.check import check_sample
+from gradcheck.injection import injected, parse
 from gradcheck.mutants import MUTANTS, Mutant, scaled
-from gradcheck.mutations import injected, parse
 from gradcheck.selftest import caught_by, mutant_cases, power, run_mutant, run_self_test
 from reports import Result
 

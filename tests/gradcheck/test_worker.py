@@ -10,15 +10,10 @@ import pytest
 from engine.registry import get_op
 from gradcheck.adapters import AdapterError, AdapterSpec, get_adapter
 from gradcheck.check import check_sample
+from gradcheck.crash_report import collapse_repeats, exit_description, stderr_tail
+from gradcheck.isolated import IsolatedAdapter
 from gradcheck.runner import run_checks, select_samples
-from gradcheck.worker import (
-    IsolatedAdapter,
-    Worker,
-    WorkerCrash,
-    _tail,
-    collapse_repeats,
-    exit_description,
-)
+from gradcheck.worker import Worker, WorkerCrash
 from tests.gradcheck.abort_adapter import ASSERT_TEXT, CRASH_CASE, AbortAdapter, RaisingAdapter
 
 MODULE = "tests.gradcheck.abort_adapter"
@@ -115,7 +110,7 @@ def test_collapse_repeats_keeps_each_line_once_with_its_count():
 def test_stderr_tail_collapses_repeated_lines(tmp_path):
     path = tmp_path / "stderr.log"
     path.write_text("earlier\n" + "ggml.c:1: GGML_ASSERT(x) failed\n" * 2 + "\n  done \n")
-    assert _tail(str(path), len("earlier\n")) == "ggml.c:1: GGML_ASSERT(x) failed (x2) | done"
+    assert stderr_tail(str(path), len("earlier\n")) == "ggml.c:1: GGML_ASSERT(x) failed (x2) | done"
 
 
 def test_an_assertion_printed_by_two_threads_is_named_once():

@@ -4,7 +4,8 @@
     adapter = GgmlAdapter()            # the libggml-python wheel's libraries
     adapter = GgmlAdapter("/path/to/ggml/build/bin")   # a user's own build
 
-See adapter.py for how a case becomes a ggml graph and ops.py for the op table.
+See adapter.py for how a case becomes a ggml graph, ops.py for the op table and coverage.py
+for what ggml's backward lacks.
 """
 
 from gradcheck.adapters.ggml.adapter import GgmlAdapter

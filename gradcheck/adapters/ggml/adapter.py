@@ -12,7 +12,7 @@ graphs; ggml_graph_reset seeds d loss = 1; ggml_graph_compute_with_ctx runs it o
 The VJP's gradients are ggml_graph_get_grad of each param leaf (zeros where no gradient
 reaches a leaf, as for sgn and step), put into the layout the op sees. The graph is computed
 twice; `differs` says whether the two runs gave different bits. Inputs whose gradient ggml
-does not compute (ops.DECLINED: soft_max's mask) are declined (`declined`) and not params.
+does not compute (coverage.DECLINED: soft_max's mask) are declined (`declined`) and not params.
 
 ggml computes these ops in float32: f64 cases are unsupported. A failed GGML_ASSERT aborts
 the process, so the adapter is `isolated`: gradcheck runs its cases in worker processes.
@@ -26,9 +26,10 @@ import numpy as np
 
 from gradcheck.adapters.base import VJP
 from gradcheck.adapters.ggml import lib as ggml_lib
+from gradcheck.adapters.ggml.coverage import DECLINED, NO_BACKWARD
 from gradcheck.adapters.ggml.graph import GRAPH_SIZE, Context, same_layout
 from gradcheck.adapters.ggml.lib import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
-from gradcheck.adapters.ggml.ops import DECLINED, NO_BACKWARD, OPS
+from gradcheck.adapters.ggml.ops import OPS
 
 BASE_MEMORY = 16 << 20      # bytes: graph and tensor headers, compute work buffer
 MEMORY_PER_BYTE = 64        # context bytes per byte of the case's inputs, output, columns

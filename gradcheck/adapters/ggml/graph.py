@@ -4,6 +4,10 @@ Shapes: numpy's shape (d_0, ..., d_{k-1}) (last axis fastest) is ggml's ne rever
 ne = (d_{k-1}, ..., d_0), padded with 1s to four dimensions; a 0-d array is ne (1, 1, 1, 1).
 Strides likewise: numpy's strides are nb reversed.
 
+Strides of a contiguous float32 tensor: nb = (4, 4 ne_0, 4 ne_0 ne_1, 4 ne_0 ne_1 ne_2), and
+the element at numpy index (o_0, ..., o_{k-1}) lies sum_m o_m nb[k-1-m] bytes from its
+start.
+
 Permutes: the view v = x.transpose(p) (numpy axis m of v is axis p[m] of x) is, in ggml,
 ggml_permute(x, axis_0, ..., axis_3), where ggml dimension i of x becomes dimension axis_i
 of the result. ggml dimension i is numpy axis k-1-i, which goes to numpy axis p^-1[k-1-i]
@@ -43,6 +47,19 @@ def permute_axes(p) -> tuple[int, int, int, int]:
     k = len(p)
     inverse = np.argsort(p)
     return tuple(k - 1 - int(inverse[k - 1 - i]) if i < k else i for i in range(MAX_DIMS))
+
+
+def contiguous_nb(shape) -> tuple[int, int, int]:
+    """(nb1, nb2, nb3) of a contiguous f32 tensor of numpy `shape`."""
+    ne = ne_of(shape)
+    return tuple(4 * int(np.prod(ne[:i])) for i in range(1, 4))
+
+
+def byte_offset(strides_nb, shape, offset) -> int:
+    """Bytes from the start of a tensor of numpy `shape` and ggml strides nb to the
+    element at numpy index `offset`."""
+    k = len(shape)
+    return sum(int(o) * int(strides_nb[k - 1 - i]) for i, o in enumerate(offset))
 
 
 def same_layout(ne, shape) -> bool:
@@ -116,9 +133,28 @@ class Context:
         """The view x.transpose(p) of tensor t (numpy's axes order p)."""
         return self.lib.ggml_permute(self.ctx, t, *permute_axes(p))
 
+    # --- ggml_cont where ggml's API asserts a layout (see ops.py) ------------------------
     def contiguous(self, t):
         """t itself if contiguous, else ggml_cont(t)."""
         return t if self.lib.ggml_is_contiguous(t) else self.lib.ggml_cont(self.ctx, t)
+
+    def rows_contiguous(self, t):
+        """t, or ggml_cont(t) when its rows are strided (ggml_unary_impl asserts
+        ggml_is_contiguous_rows)."""
+        s = self.lib.tensor(t)
+        return self.lib.ggml_cont(self.ctx, t) if s.ne[0] != 1 and s.nb[0] != 4 else t
+
+    def padded_1d(self, t):
+        """t, or ggml_cont(t) unless ggml_is_padded_1d(t) (asserted by ggml_scale)."""
+        s = self.lib.tensor(t)
+        ok = s.nb[0] == 4 and s.nb[2] == s.nb[1] * s.ne[1] and s.nb[3] == s.nb[2] * s.ne[2]
+        return t if ok else self.lib.ggml_cont(self.ctx, t)
+
+    def not_transposed(self, t):
+        """t, or ggml_cont(t) if ggml_is_transposed(t) (nb[0] > nb[1]; ggml_mul_mat's first
+        operand must not be)."""
+        s = self.lib.tensor(t)
+        return self.lib.ggml_cont(self.ctx, t) if s.nb[0] > s.nb[1] else t
 
     # --- the graph ----------------------------------------------------------------------
     def build(self, loss) -> None:

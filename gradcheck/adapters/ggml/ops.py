@@ -4,11 +4,12 @@ A row gives the ggml call (`ggml`, shown in the docs and reports), `build(g, cas
 the case's output from its input tensors xs (param leaves, permuted views of them, I32 index
 tensors), and `why_not(case)`: why ggml cannot express that case, or None.
 
-Conventions (see graph.py for shapes and permutes):
+Conventions (see graph.py for shapes, permutes and strides):
 - ggml's API asserts some preconditions when an op is built (rows contiguous for
   ggml_unary ops, a contiguous input for ggml_soft_max_ext and ggml_reshape, a padded-1d
   input for ggml_scale, a non-transposed first operand for ggml_mul_mat). A strided view
-  is passed through ggml_cont exactly where such a precondition requires it, as a ggml user
+  is passed through ggml_cont exactly where such a precondition requires it (the
+  Context's contiguous, rows_contiguous, padded_1d, not_transposed), as a ggml user
   must; everywhere else the op receives the strided view itself, so its kernel's strided
   path is what is checked. The engine's own softmax, cross_entropy_loss and rms_norm put
   cont in front of strided inputs, and so does their translation.
@@ -17,8 +18,8 @@ Conventions (see graph.py for shapes and permutes):
   the first one broadcasts. mul_mat broadcasts the batch of its first operand only.
 - Index inputs (get_rows) are I32 tensors holding the case's index values contiguously;
   they are never checked (integers), so need no declining.
-- DECLINED lists inputs whose gradient ggml does not compute (soft_max's mask,
-  cross_entropy_loss's labels): the adapter declines them, gradcheck checks the rest.
+- What ggml's backward does not cover (ops without a backward, inputs without a
+  gradient) is listed apart, in coverage.py.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from engine.ops.im2col import pair
 from engine.ops.reduce import normalize_axes
-from gradcheck.adapters.ggml.graph import ne_of
+from engine.params import pair
+from gradcheck.adapters.ggml.graph import byte_offset, contiguous_nb, ne_of
 from gradcheck.adapters.ggml.lib import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX, GGML_TYPE_F32
 
 
@@ -47,35 +48,10 @@ def _shapes(case):
     return [spec.shape for spec in case.inputs]
 
 
-def _strided_rows(g, t) -> bool:
-    s = g.lib.tensor(t)
-    return s.ne[0] != 1 and s.nb[0] != 4
-
-
-def _rows(g, t):
-    """t, or ggml_cont(t) when its rows are strided (ggml_unary_impl asserts
-    ggml_is_contiguous_rows)."""
-    return g.cont(t) if _strided_rows(g, t) else t
-
-
-def _padded_1d(g, t):
-    """t, or ggml_cont(t) unless ggml_is_padded_1d(t) (asserted by ggml_scale)."""
-    s = g.lib.tensor(t)
-    ok = s.nb[0] == 4 and s.nb[2] == s.nb[1] * s.ne[1] and s.nb[3] == s.nb[2] * s.ne[2]
-    return t if ok else g.cont(t)
-
-
-def _not_transposed(g, t):
-    """t, or ggml_cont(t) if ggml_is_transposed(t) (nb[0] > nb[1]; ggml_mul_mat's first
-    operand must not be)."""
-    s = g.lib.tensor(t)
-    return g.cont(t) if s.nb[0] > s.nb[1] else t
-
-
 # --- elementwise ----------------------------------------------------------------------------
 def _unary(name, rows_contiguous):
     def build(g, case, xs):
-        x = _rows(g, xs[0]) if rows_contiguous else xs[0]
+        x = g.rows_contiguous(xs[0]) if rows_contiguous else xs[0]
         return getattr(g, name)(x)
     return GgmlOp(f"ggml_{name}" + (" (cont if rows strided)" if rows_contiguous else ""),
                   build)
@@ -166,10 +142,10 @@ def _matmul_why_not(case):
 
 def _matmul(g, case, xs):
     a, b = xs
-    bt = _not_transposed(g, g.transpose(b))
+    bt = g.not_transposed(g.transpose(b))
     if _matmul_order(case) == 1:
         return g.mul_mat(bt, a)
-    return g.transpose(g.mul_mat(_not_transposed(g, a), bt))
+    return g.transpose(g.mul_mat(g.not_transposed(a), bt))
 
 
 def _softmax(g, case, xs):
@@ -227,27 +203,14 @@ def _pool_2d(g, case, xs):
     return g.pool_2d(xs[0], mode, k[1], k[0], s[1], s[0], float(p[1]), float(p[0]))
 
 
-def _contiguous_nb(shape):
-    """(nb1, nb2, nb3) of a contiguous f32 tensor of numpy `shape`."""
-    ne = ne_of(shape)
-    return tuple(4 * int(np.prod(ne[:i])) for i in range(1, 4))
-
-
-def _byte_offset(strides_nb, shape, offset) -> int:
-    """Bytes from the start of a tensor of numpy `shape` and ggml strides nb to the
-    element at numpy index `offset`."""
-    k = len(shape)
-    return sum(int(o) * int(strides_nb[k - 1 - i]) for i, o in enumerate(offset))
-
-
 def _acc_set(name):
     def build(g, case, xs):
         a, b = xs
         shape = case.inputs[0].shape
         if name == "acc":
             a = g.contiguous(a)          # ggml_acc_impl asserts ggml_is_contiguous(a)
-        nb = (4,) + _contiguous_nb(shape)  # of the result, a fresh contiguous copy of a
-        return getattr(g, name)(a, b, *nb[1:], _byte_offset(nb, shape, case.kwargs["offset"]))
+        nb = (4,) + contiguous_nb(shape)  # of the result, a fresh contiguous copy of a
+        return getattr(g, name)(a, b, *nb[1:], byte_offset(nb, shape, case.kwargs["offset"]))
     return build
 
 
@@ -262,7 +225,7 @@ def _block_why_not(case):
 def _block(g, case, xs):
     x = xs[0]
     nb = list(g.lib.tensor(x).nb)
-    offset = _byte_offset(nb, case.inputs[0].shape, case.kwargs["offset"])
+    offset = byte_offset(nb, case.inputs[0].shape, case.kwargs["offset"])
     return g.view_4d(x, *ne_of(case.kwargs["shape"]), nb[1], nb[2], nb[3], offset)
 
 
@@ -288,7 +251,7 @@ OPS: dict[str, GgmlOp] = {
         ("silu", True), ("exp", True), ("softplus", True))},
     **{name: _binary(name, name in ("add", "mul")) for name in ("add", "sub", "mul", "div")},
     "scale": GgmlOp("ggml_scale (cont unless padded 1d)",
-                    lambda g, case, xs: g.scale(_padded_1d(g, xs[0]), case.kwargs["scale"])),
+                    lambda g, case, xs: g.scale(g.padded_1d(xs[0]), case.kwargs["scale"])),
     "sum": GgmlOp("ggml_sum (all axes), ggml_sum_rows (last axis)", _sum, _reduce_why_not),
     "mean": GgmlOp("ggml_mean (last axis; all axes: of ggml_reshape_1d)", _mean,
                    _reduce_why_not),
@@ -323,33 +286,6 @@ OPS: dict[str, GgmlOp] = {
     "reshape": GgmlOp("ggml_reshape_4d (cont if strided)", lambda g, case, xs: g.reshape_4d(
         g.contiguous(xs[0]), *ne_of(_reshaped(case)))),
 }
-
-# registry op -> {input: why ggml computes no gradient of it}: the adapter declines these
-# gradients (gradcheck checks the other inputs) and leaves the inputs out of the params, as
-# ggml_compute_backward asserts that they need no gradient
-DECLINED = {
-    "softmax": {"mask": "ggml has no backward for soft_max's mask (ggml_compute_backward "
-                        "asserts 'backward pass for softmax mask not implemented')"},
-    "cross_entropy_loss": {"labels": "ggml has no backward for cross_entropy_loss's labels "
-                                     "(ggml_compute_backward asserts 'backward pass for "
-                                     "labels not implemented')"},
-}
-
-# registry ops whose ggml counterpart has no backward: ggml_build_backward_expand aborts
-# ("unsupported ggml op for backward pass" / "unsupported unary op for backward pass")
-NO_BACKWARD = {
-    "tanh": "ggml_tanh (GGML_UNARY_OP_TANH)", "sigmoid": "ggml_sigmoid (GGML_UNARY_OP_SIGMOID)",
-    "gelu": "ggml_gelu (GGML_UNARY_OP_GELU)", "gelu_erf": "ggml_gelu_erf (GGML_UNARY_OP_GELU_ERF)",
-    "elu": "ggml_elu (GGML_UNARY_OP_ELU)", "hardswish": "ggml_hardswish (GGML_UNARY_OP_HARDSWISH)",
-    "leaky_relu": "ggml_leaky_relu (GGML_OP_LEAKY_RELU)", "clamp": "ggml_clamp (GGML_OP_CLAMP)",
-    "norm": "ggml_norm (GGML_OP_NORM)", "concat": "ggml_concat (GGML_OP_CONCAT)",
-    "pad": "ggml_pad_ext (GGML_OP_PAD)", "pool_1d": "ggml_pool_1d (GGML_OP_POOL_1D)",
-    "conv_transpose_2d": "ggml_conv_transpose_2d_p0 (GGML_OP_CONV_TRANSPOSE_2D)",
-    "get_rows_back": "ggml_get_rows_back (GGML_OP_GET_ROWS_BACK)",
-    "im2col_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
-    "im2col_1d_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
-}
-
 
 def _reshaped(case):
     shape = list(case.kwargs["shape"])

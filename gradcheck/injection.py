@@ -1,16 +1,16 @@
-"""Known bugs injected into backward passes, to show that gradcheck catches them.
+"""`--inject`: a known bug put into our engine's backward passes, to show gradcheck catch it.
 
 A check that cannot fail is a defect: `gradcheck --inject scale` must report failures.
-Two kinds of injection:
+An injection spec is one of:
 
-- `scale[:FACTOR]` patches the backward rules of the ops a case is made of, multiplying
-  every input gradient by FACTOR (default 1.01);
-- the name of a mutant of `gradcheck.mutants.MUTANTS` (e.g. `softmax_back_no_subtraction`)
-  patches that one documented bug into its op, whatever the case is made of.
+- `scale[:FACTOR]` (FACTOR_MUTATIONS): the backward rules of the ops a case is made of,
+  every input gradient multiplied by FACTOR (default 1.01);
+- the name of a mutant of `gradcheck.mutants.MUTANTS` (e.g. `softmax_back_no_subtraction`):
+  that one documented bug in its op, whatever the case is made of.
 
-Both are in place only within `injected(...)` and restored afterwards, even on error. A
-mutant that changes a kernel must be in place when the plan is made (graph.compute), not
-only while the backward graph is built.
+Both are in place only within `injected(...)` and restored afterwards, even on error (see
+gradcheck.patches). A mutant that changes a kernel must be in place when the plan is made
+(graph.compute), not only while the backward graph is built.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from __future__ import annotations
 import contextlib
 
 from engine.registry import OPS
-from gradcheck.mutants import MUTANTS, backward_replaced, scaled_backward
+from gradcheck.mutants import MUTANTS
+from gradcheck.patches import backward_replaced, scaled_backward
 
-MUTATIONS = {
+# name -> (make(real_backward, factor), default factor, description): mutations of every op
+# of a case, taking a FACTOR
+FACTOR_MUTATIONS = {
     "scale": (scaled_backward, 1.01, "every input gradient of the op multiplied by FACTOR "
                                      "(default 1.01)"),
 }
@@ -34,14 +37,20 @@ def parse(spec: str) -> tuple[str, float | None]:
         if colon:
             raise ValueError(f"mutant {name} takes no argument, got {arg!r}")
         return name, None
-    if name not in MUTATIONS:
+    if name not in FACTOR_MUTATIONS:
         raise ValueError(f"unknown mutation {name!r}; known: "
-                         f"{', '.join([*MUTATIONS, *MUTANTS])}")
+                         f"{', '.join([*FACTOR_MUTATIONS, *MUTANTS])}")
     try:
-        value = float(arg) if arg else MUTATIONS[name][1]
+        value = float(arg) if arg else FACTOR_MUTATIONS[name][1]
     except ValueError:
         raise ValueError(f"mutation {name}: {arg!r} is not a number") from None
     return name, value
+
+
+def describe_injections() -> str:
+    """What --inject accepts, for the CLI's help: each factor mutation, then the mutants."""
+    text = "; ".join(f"{k}: {v[2]}" for k, v in FACTOR_MUTATIONS.items())
+    return text + "; or a self-test mutant: " + ", ".join(MUTANTS)
 
 
 @contextlib.contextmanager
@@ -56,7 +65,7 @@ def injected(spec: str | None, op_names):
         with MUTANTS[name].patch():
             yield
         return
-    make = MUTATIONS[name][0]
+    make = FACTOR_MUTATIONS[name][0]
     with contextlib.ExitStack() as stack:
         for op_name in sorted(set(op_names)):
             if OPS[op_name].backward is not None:

@@ -1,0 +1,78 @@
+"""The engine under test's side of a check: its backprop for the case's loss weighting.
+
+The case's output is reduced to a scalar with fixed random weights, loss = sum(output *
+weights) (never a plain sum: sum(softmax(x)) is constant and would test nothing), and the
+adapter's vector-Jacobian product gives the gradient of that loss per input. The adapter
+runs twice; the two answers must agree bit for bit (determinism). What it returns is
+checked against the case's shapes before anything is compared, and the inputs it declines
+(its optional `declined(case)`) are named.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class EngineResultError(Exception):
+    """An engine returned something that is not an answer for the case (wrong shape, a
+    missing gradient): an error row."""
+
+
+def loss_weights(shape, seed: int) -> np.ndarray:
+    """Weights in +-[0.5, 1.5] with random signs: no element's gradient is ever zero."""
+    rng = np.random.default_rng(seed)
+    return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+
+
+def same_bits(a, b) -> bool:
+    """Whether two answers are bit for bit the same (NaNs equal), None only with None."""
+    if a is None or b is None:
+        return a is None and b is None
+    a, b = np.asarray(a), np.asarray(b)
+    return np.array_equal(a, b, equal_nan=a.dtype.kind == "f" == b.dtype.kind)
+
+
+def _validated(vjp, case, output_shape):
+    """(output, gradients) of an engine's VJP, checked against the case's shapes."""
+    out = np.asarray(vjp.output)
+    if out.shape != tuple(output_shape):
+        raise EngineResultError(f"the engine's output has shape {list(out.shape)}, the "
+                                f"case's output {list(output_shape)}")
+    grads = list(vjp.grads)
+    if len(grads) != len(case.inputs):
+        raise EngineResultError(f"the engine returned {len(grads)} gradients for "
+                                f"{len(case.inputs)} inputs")
+    for i, (spec, g) in enumerate(zip(case.inputs, grads, strict=True)):
+        if g is None:
+            continue
+        grads[i] = g = np.asarray(g)
+        if g.shape != tuple(spec.shape):
+            raise EngineResultError(f"the engine's gradient of {spec.name} has shape "
+                                    f"{list(g.shape)}, the input {list(spec.shape)}")
+    return out, grads
+
+
+def engine_vjp(adapter, case, arrays, weights, output_shape):
+    """(output, gradients, differs): the adapter's VJP, run twice; `differs` when the two
+    runs (or the adapter's own repeat) gave different bits."""
+    first = adapter.vjp(case, [a.copy() for a in arrays], weights)
+    second = adapter.vjp(case, [a.copy() for a in arrays], weights)
+    out, grads = _validated(first, case, output_shape)
+    out2, grads2 = _validated(second, case, output_shape)
+    differs = bool(first.differs or second.differs) or not same_bits(out, out2) or \
+        not all(same_bits(a, b) for a, b in zip(grads, grads2, strict=True))
+    return out, grads, differs
+
+
+def declined_inputs(adapter, case, checked) -> dict[int, str]:
+    """Of the checked inputs (indices), those whose gradient `adapter` declines (its
+    optional `declined(case)`, see gradcheck.adapters.base), with the reason. Raises
+    EngineResultError when it names something that is not an input of the case."""
+    declined = getattr(adapter, "declined", None)
+    reasons = (declined(case) if declined is not None else None) or {}
+    names = [spec.name for spec in case.inputs]
+    unknown = [repr(n) for n in reasons if n not in names]
+    if unknown:
+        raise EngineResultError(f"the engine declined the gradient of {', '.join(unknown)}, "
+                                f"not an input of the case (inputs: {', '.join(names)})")
+    return {i: str(reasons[names[i]]) for i in checked if names[i] in reasons}

@@ -1,0 +1,56 @@
+"""An adapter whose `vjp` runs in a worker process (gradcheck.worker), for engines that may
+abort or hang: a dead or hung worker is a WorkerCrash, which gradcheck reports as a
+`crash` row, and the next case starts a fresh worker.
+"""
+
+from __future__ import annotations
+
+from gradcheck.adapters import spec_of
+from gradcheck.adapters.base import AdapterError
+from gradcheck.worker import DEFAULT_CASE_TIMEOUT, Worker, WorkerCrash
+
+
+class IsolatedAdapter:
+    """`adapter` with its `vjp` run in a Worker, started at once, so that an engine that
+    cannot be set up there fails before any case (AdapterError); `describe` and
+    `unsupported` are the local adapter's. A context manager: leaving it stops the worker."""
+
+    isolated = True
+
+    def __init__(self, adapter, timeout: float = DEFAULT_CASE_TIMEOUT):
+        self.local = adapter
+        self.name = adapter.name
+        self.spec = spec_of(adapter)
+        self.worker = Worker(self.spec, timeout)
+        try:
+            self.worker.start()
+        except WorkerCrash as exc:
+            self.worker.close()
+            raise AdapterError(f"engine {self.name!r}: its worker process did not start: "
+                               f"{exc}") from exc
+        except BaseException:
+            self.worker.close()
+            raise
+
+    def __getattr__(self, name):          # backend and other optional attributes
+        if name == "local":
+            raise AttributeError(name)
+        return getattr(self.local, name)
+
+    def describe(self) -> str:
+        return self.local.describe()
+
+    def unsupported(self, case) -> str | None:
+        return self.local.unsupported(case)
+
+    def vjp(self, case, arrays, weights):
+        return self.worker.call("vjp", case, arrays, weights)
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def __enter__(self) -> IsolatedAdapter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
