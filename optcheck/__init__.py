@@ -1,2 +1,3 @@
-"""optcheck: compare optimizer updates with closed-form expectations, torch.optim reference
-trajectories and invariants (families in closed_form, torch_ref, invariants)."""
+"""optcheck: compare optimizer updates with closed-form expectations, torch.optim trajectories
+and invariants (the families closed_form, torch_trajectories, invariants; the float64 numpy
+optimizers of numpy_optimizers as a third opinion)."""

@@ -15,9 +15,11 @@ import argparse
 import sys
 
 from engine.backends import BACKENDS, get_backend
-from engine.errors import EngineError
-from optcheck.harness import DTYPES, OPTIMIZER_NAMES
-from optcheck.runner import FAMILIES, run_checks
+from engine.errors import EngineError, HyperparameterError
+from optcheck.harness import DTYPES, OPTIMIZER_NAMES, engine_settings, refused_settings
+from optcheck.runner import FAMILIES, run_checks, run_user_configs
+from optcheck.selftest import TOOL as SELF_TEST_TOOL
+from optcheck.selftest import run_self_test
 from reports.output import FORMATS, emit, first_unwritable
 
 HP_OPTIONS = {"lr": "lr", "eps": "eps", "weight_decay": "weight_decay",
@@ -73,27 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def user_config(args, optimizer: str) -> tuple[dict, dict] | None:
-    """The user's hyperparameters for `optimizer` as (hp, flags), validated by building the
-    engine optimizer; None when none was given. Raises HyperparameterError."""
+    """The user's hyperparameters for `optimizer` as (hp, flags), defaults filled in; None
+    when none was given. An option the optimizer does not take is refused first (the first
+    in the order lr, eps, weight_decay, momentum, dampening, betas, flags), then the values
+    are validated by building the engine optimizer. Raises HyperparameterError."""
     hp = {k: getattr(args, k) for k in HP_OPTIONS if getattr(args, k) is not None}
     if args.betas is not None:
         hp["beta1"], hp["beta2"] = args.betas
     flags = {f: True for f in FLAG_OPTIONS if getattr(args, f)}
     if not hp and not flags:
         return None
-    import engine
-    from engine.optim import OPTIMIZERS
-    from optcheck.harness import to_engine_kwargs
-    cls = OPTIMIZERS[optimizer]
-    kwargs = to_engine_kwargs(optimizer, hp, flags)
-    probe = engine.param((1,), name="probe")
-    try:
-        opt = cls([probe], **kwargs)
-    except TypeError as exc:   # an option this optimizer does not take
-        from engine.errors import HyperparameterError
-        bad = str(exc).split("'")[1] if "'" in str(exc) else str(exc)
-        raise HyperparameterError(f"{optimizer} takes no --{bad.replace('_', '-')}") from None
-    return opt.hparams, dict(opt.flags)
+    refused = refused_settings(optimizer, hp, flags)
+    if refused:
+        raise HyperparameterError(f"{optimizer} takes no --{refused[0].replace('_', '-')}")
+    return engine_settings(optimizer, hp, flags)
 
 
 def _selected(values, all_values):
@@ -124,19 +119,12 @@ def main(argv=None) -> int:
         print(f"optcheck: {exc}", file=sys.stderr)
         return 2
     if args.self_test:
-        from optcheck.selftest import TOOL, run_self_test
         results = run_self_test(families, "f64", args.steps, args.seed, args.backend, progress)
-        tool = TOOL
+        tool = SELF_TEST_TOOL
     else:
         results = run_checks(optimizers, families, dtypes, args.backend, args.steps,
                              args.seed, progress)
-        for optimizer, config in configs.items():
-            if config is not None:
-                from optcheck.torch_ref import run_config
-                for dtype in dtypes:
-                    results += run_config(optimizer, *config, dtype=dtype,
-                                          backend=args.backend, steps=args.steps,
-                                          seed=args.seed)
+        results += run_user_configs(configs, dtypes, args.backend, args.steps, args.seed)
         tool = "optcheck"
     meta = {"argv": list(sys.argv[1:] if argv is None else argv)}
     return emit(results, tool=tool, fmt=args.format, output=args.output, meta=meta,

@@ -32,7 +32,8 @@ seed and rounded to the dtype, so the formulas see the very values the engine se
     lr_zero               lr = 0: the parameters never change, bit for bit, whatever the rest.
     maximize              maximize with gradient g equals minimizing with -g: every parameter
                           and state tensor, bit for bit.
-    toy_*                 ggml's tests/test-opt.cpp model (see `toy_scenarios`).
+    toy_*                 ggml's tests/test-opt.cpp model trained by the engine's Trainer
+                          (optcheck.closed_form_toy).
 """
 
 from __future__ import annotations
@@ -42,14 +43,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-import engine
-from engine import ops
-from engine.train import Dataset, Trainer
-from optcheck.harness import Comparison, EngineStepper, result, tolerance
+from optcheck.closed_form_toy import toy_cases
+from optcheck.harness import EXACT, Comparison, EngineStepper, result, tolerance
 from reports.record import Result
 
 FAMILY = "closed-form"
-EXACT = (0.0, 0.0)
 SHAPE = (3, 4)
 _FLOAT = {"f32": np.float32, "f64": np.float64}
 
@@ -89,7 +87,8 @@ def scenarios(optimizer: str, dtype: str, backend: str, steps: int, seed: int) -
     rng = np.random.default_rng(seed)
     ctx = _Context(optimizer, dtype, backend, steps, rng)
     own = sgd_scenarios(ctx) if optimizer == "sgd" else adam_scenarios(ctx)
-    return own + shared_scenarios(ctx) + toy_scenarios(optimizer, dtype, backend)
+    toy = [Scenario(*c) for c in toy_cases(optimizer, dtype, backend)]
+    return own + shared_scenarios(ctx) + toy
 
 
 @dataclasses.dataclass
@@ -297,103 +296,4 @@ def _maximize(ctx, hp, flags, p0, grads) -> Comparison:
         up.step({"w0": grads[t - 1]})
         down.step({"w0": -grads[t - 1]})
         comp.add(t, up.snapshot(), down.snapshot(), ctx.dtype, tol=EXACT)
-    return comp
-
-
-# --- ggml's test-opt toy model ----------------------------------------------------------------
-def toy_scenarios(optimizer: str, dtype: str, backend: str) -> list[Scenario]:
-    """ggml's tests/test-opt.cpp: out = x + w (as scale(x + w, 1)), w0 = 3, data x = 0..5,
-    lr 1; Adam/AdamW with betas (0, 0), eps 0, wd 0, whose every step is -sign(gradient) = -1;
-    SGD without momentum, whose step is -(accumulated gradient).
-
-    toy_forward       forward only: loss = sum(x + 3) = 33, w stays 3.
-    toy_epoch         one epoch, physical batch 1: each batch's gradient is 1 (d/dw of a sum
-                      over one datapoint), so for every optimizer w = 2 - i after batch i, and
-                      every batch loss is i + (3 - i) = 3: epoch loss 18 with 0 spread.
-    toy_split         4 epochs trained on x = 0..3, validated on 4, 5: after epoch e w = 3 - 4e,
-                      train loss 4 (3 - 4(e-1)) = 28 - 16e (0 spread), validation loss
-                      (4 + w) + (5 + w) = 15 - 8e.
-    toy_accumulation  logical batch 6 of physical batches of 1 or 2, loss sum or mean: the
-                      accumulator holds n (sum) or n / 6 (mean) after n datapoints; one step per
-                      epoch by d = 1 (Adam: a sign step; SGD on the mean: the gradient 1) or
-                      d = 6 (SGD on the sum): w = 3 - d e, epoch loss 15 + 6 (3 - d (e-1)) (sum;
-                      / 6 for mean), i.e. 39 - 6e when d = 1 and 69 - 36e for SGD on the sum.
-    Values involving 1/6 (mean-loss gradients, and SGD's w that steps by them) are compared
-    within the dtype's float error; everything else exactly.
-    """
-    ctx = (optimizer, dtype, backend)
-    out = [Scenario("toy_forward", "toy_forward(w0=3,x=0..5,loss=sum,batch=1)",
-                    lambda: _toy_forward(*ctx)),
-           Scenario("toy_epoch", "toy_epoch(w0=3,x=0..5,loss=sum,batch=1,lr=1)",
-                    lambda: _toy_epoch(*ctx)),
-           Scenario("toy_split", "toy_split(w0=3,x=0..5,loss=sum,batch=1,lr=1,split=4,epochs=4)",
-                    lambda: _toy_split(*ctx))]
-    for physical in (1, 2):
-        for loss in ("sum", "mean"):
-            case = f"toy_accumulation(w0=3,x=0..5,loss={loss},batch={physical},logical=6,lr=1)"
-            out.append(Scenario("toy_accumulation", case,
-                                lambda p=physical, lo=loss: _toy_accumulation(*ctx, p, lo)))
-    return out
-
-
-def _toy(optimizer, dtype, backend, physical=1, loss="sum", logical=None):
-    x = engine.input_tensor((physical,), dtype, name="x")
-    w = engine.param((1,), dtype, name="w")
-    w.set(3.0)
-    params = (dict(lr=1.0, momentum=0.0) if optimizer == "sgd"
-              else dict(lr=1.0, betas=(0.0, 0.0), eps=0.0, weight_decay=0.0))
-    trainer = Trainer(x, ops.scale(x + w, 1.0), loss, optimizer=optimizer, opt_params=params,
-                      batch_logical=logical, backend=backend)
-    return trainer, w, Dataset(np.arange(6))
-
-
-def _toy_forward(optimizer, dtype, backend) -> Comparison:
-    trainer, w, data = _toy(optimizer, dtype, backend)
-    _, val = trainer.epoch(data, idata_split=0)
-    comp = Comparison()
-    comp.add(0, {"loss": val.loss()[0], "w": w.item()}, {"loss": 33.0, "w": 3.0}, dtype, tol=EXACT)
-    return comp
-
-
-def _toy_epoch(optimizer, dtype, backend) -> Comparison:
-    trainer, w, data = _toy(optimizer, dtype, backend)
-    comp = Comparison()
-    train, _ = trainer.epoch(data, progress=lambda i, tr, va: comp.add(
-        i + 1, {"w": w.item()}, {"w": 2.0 - i}, dtype, tol=EXACT))
-    loss, spread = train.loss()
-    comp.add(6, {"loss": loss, "spread": spread}, {"loss": 18.0, "spread": 0.0}, dtype,
-             tol=EXACT)
-    return comp
-
-
-def _toy_split(optimizer, dtype, backend) -> Comparison:
-    trainer, w, data = _toy(optimizer, dtype, backend)
-    comp = Comparison()
-    for e in range(1, 5):
-        train, val = trainer.epoch(data, idata_split=4)
-        (tl, ts), (vl, _) = train.loss(), val.loss()
-        comp.add(e, {"w": w.item(), "train_loss": tl, "train_spread": ts, "val_loss": vl},
-                 {"w": 3.0 - 4 * e, "train_loss": 28.0 - 16 * e, "train_spread": 0.0,
-                  "val_loss": 15.0 - 8 * e}, dtype, tol=EXACT)
-    return comp
-
-
-def _toy_accumulation(optimizer, dtype, backend, physical, loss) -> Comparison:
-    trainer, w, data = _toy(optimizer, dtype, backend, physical, loss, logical=6)
-    per = 1.0 if loss == "sum" else 1.0 / 6.0       # gradient per datapoint
-    d = 6.0 if (optimizer == "sgd" and loss == "sum") else 1.0
-    grad_tol = EXACT if loss == "sum" else None
-    w_tol = None if (optimizer == "sgd" and loss == "mean") else EXACT
-    nb = 6 // physical
-    comp = Comparison()
-    for e in range(1, 5):
-        def after_batch(i, train, val, e=e):
-            got = float(trainer.training.grad(w).numpy()[0])
-            comp.add((e - 1) * nb + i + 1, {"grad_w": got}, {"grad_w": (i + 1) * physical * per},
-                     dtype, tol=grad_tol)
-        train, _ = trainer.epoch(data, progress=after_batch)
-        want_loss = (15.0 + 6.0 * (3.0 - d * (e - 1))) / (1.0 if loss == "sum" else 6.0)
-        comp.add(e * nb, {"w": w.item()}, {"w": 3.0 - d * e}, dtype, tol=w_tol)
-        comp.add(e * nb, {"epoch_loss": train.loss()[0]}, {"epoch_loss": want_loss}, dtype,
-                 tol=EXACT)
     return comp

@@ -1,5 +1,6 @@
-"""What every optcheck family shares: stepping an engine optimizer on given gradients,
-snapshots of parameters and state, trajectory comparison, and result records.
+"""What every optcheck family shares: the settings an engine optimizer takes, stepping it on
+given gradients, snapshots of parameters and state, trajectory comparison, and result
+records.
 
 Tensors are named as in torch.optim's state: a parameter `w0` has state `w0.step`,
 `w0.exp_avg`, `w0.exp_avg_sq`, `w0.max_exp_avg_sq` or `w0.momentum_buffer`. A snapshot is a
@@ -9,10 +10,12 @@ dict from those names (and the parameter names) to float64 copies.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import numpy as np
 
 import engine
+from engine.errors import HyperparameterError
 from engine.optim import OPTIMIZERS, make_optimizer
 from reports.record import Result
 
@@ -23,6 +26,7 @@ DTYPES = ("f32", "f64")
 # float64: the engine and torch round differently but identically often; float32: a few
 # ulps per step, accumulated additively over the steps (gradients come from one trajectory).
 TOLERANCES = {"f64": (1e-12, 1e-10), "f32": (2e-6, 2e-5)}
+EXACT = (0.0, 0.0)      # (atol, rtol) of results that must agree bit for bit
 
 
 def tolerance(dtype: str, steps: int = 100) -> tuple[float, float]:
@@ -41,6 +45,37 @@ def to_engine_kwargs(name: str, hp: dict, flags: dict) -> dict:
         kw["betas"] = (hp.get("beta1", 0.9), hp.get("beta2", 0.999))
     kw.update(flags)
     return kw
+
+
+_NOT_SETTINGS = ("params", "grads", "schedule")   # constructor keywords that are no setting
+
+
+def engine_options(name: str) -> tuple[str, ...]:
+    """The settings the engine optimizer `name` takes: the keywords of its constructor but
+    the parameters, gradients and schedule (sgd: lr, momentum, dampening, weight_decay,
+    nesterov, maximize; adam, adamw: lr, betas, eps, weight_decay, amsgrad, maximize)."""
+    keywords = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in inspect.signature(OPTIMIZERS[name]).parameters.values()
+                 if p.kind in keywords and p.name not in _NOT_SETTINGS)
+
+
+def refused_settings(name: str, hp: dict, flags: dict) -> list[str]:
+    """The constructor keywords of flat `hp` and `flags` (beta1/beta2 as `betas`) that the
+    engine optimizer `name` does not take, in the order `to_engine_kwargs` gives them."""
+    options = engine_options(name)
+    return [k for k in to_engine_kwargs(name, hp, flags) if k not in options]
+
+
+def engine_settings(name: str, hp: dict, flags: dict) -> tuple[dict, dict]:
+    """(hyperparameters, flags) of the engine optimizer `name` built from flat `hp` and
+    `flags`, its defaults filled in and every value validated as the Python API validates it.
+    Raises HyperparameterError for a setting `name` does not take or a bad value."""
+    refused = refused_settings(name, hp, flags)
+    if refused:
+        raise HyperparameterError(f"{name} takes no {', '.join(refused)}")
+    opt = make_optimizer(name, [engine.param((1,), name="probe")],
+                         **to_engine_kwargs(name, hp, flags))
+    return opt.hparams, dict(opt.flags)
 
 
 class EngineStepper:

@@ -1,21 +1,21 @@
-"""Run optcheck's families over optimizers and dtypes; one list of Results."""
+"""Run optcheck's families over optimizers and dtypes, and the user's own settings against
+torch.optim; one list of Results."""
 
 from __future__ import annotations
 
-import importlib
-
 from tqdm import tqdm
 
+from optcheck import closed_form, invariants, torch_trajectories
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES
 from reports.record import Result
 
 # family label -> module with run(optimizer, dtype, backend, steps, seed) -> list[Result]
-FAMILIES = {"closed-form": "optcheck.closed_form", "torch": "optcheck.torch_ref",
-            "invariant": "optcheck.invariants"}
+FAMILIES = {"closed-form": closed_form, "torch": torch_trajectories, "invariant": invariants}
 
 
 def family_runner(family: str):
-    return importlib.import_module(FAMILIES[family]).run
+    """The family's run function, looked up when called (so a patched `run` is the one used)."""
+    return FAMILIES[family].run
 
 
 def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
@@ -42,3 +42,13 @@ def run_checks(optimizers=OPTIMIZER_NAMES, families=tuple(FAMILIES), dtypes=DTYP
             bar.set_postfix_str(f"{family} {optimizer} {dtype}")
             results += run_family(family, optimizer, dtype, backend, steps, seed)
     return results
+
+
+def run_user_configs(configs: dict, dtypes=DTYPES, backend: str = "cpu", steps: int = 100,
+                     seed: int = 0) -> list[Result]:
+    """The torch family's row of the user's own settings, for each optimizer in `configs`
+    (optimizer -> (hp, flags), or None when the user gave none) and each dtype."""
+    return [row for optimizer, config in configs.items() if config is not None
+            for dtype in dtypes
+            for row in torch_trajectories.run_config(optimizer, *config, dtype=dtype,
+                                                     backend=backend, steps=steps, seed=seed)]

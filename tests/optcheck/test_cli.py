@@ -29,6 +29,37 @@ def test_bad_hyperparameters_exit_2_with_a_clear_message(argv, word, capsys):
     assert word in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["--opt", "sgd", "--eps", "1e-8"], "sgd takes no --eps"),
+    (["--opt", "sgd", "--amsgrad"], "sgd takes no --amsgrad"),
+    (["--opt", "adam", "--dampening", "0.1"], "adam takes no --dampening"),
+    (["--opt", "adamw", "--nesterov", "--momentum", "0.9"], "adamw takes no --momentum"),
+    (["--opt", "sgd", "--betas", "0.9,0.99", "--eps", "1e-3"], "sgd takes no --eps"),
+    (["--opt", "sgd", "--amsgrad", "--betas", "0.9,0.99"], "sgd takes no --betas"),
+    (["--opt", "all", "--momentum", "0.9"], "adam takes no --momentum"),
+    (["--opt", "adam", "--opt", "sgd", "--eps", "1e-3"], "sgd takes no --eps"),
+    (["--opt", "adam", "--lr", "-1", "--momentum", "0.9"], "adam takes no --momentum"),
+    (["--opt", "sgd", "--weight-decay=-1"], "sgd: weight_decay must be >= 0, got -1.0"),
+    (["--self-test", "--betas", "0.9,0.99"], "sgd takes no --betas"),
+])
+def test_the_first_option_an_optimizer_does_not_take_is_named(argv, line, capsys):
+    """Options are refused in a fixed order (lr, eps, weight_decay, momentum, dampening,
+    betas, then the flags), before any value is validated, optimizers in the order given."""
+    assert main(argv + ["--no-progress"]) == 2
+    assert capsys.readouterr().err == f"optcheck: {line}\n"
+
+
+def test_your_settings_add_one_torch_row_per_dtype(capsys):
+    pytest.importorskip("torch")
+    assert main(["--opt", "sgd", "--family", "closed-form", "--steps", "3", "--momentum",
+                 "0.9", "--nesterov", "--no-progress"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("sgd: user(")]
+    assert len(rows) == 2 and all("PASS" in row for row in rows)
+    assert rows[0].startswith("sgd: user(lr=0.001,momentum=0.9,dampening=0,weight_decay=0,"
+                              "nesterov)")
+
+
 @pytest.mark.parametrize("argv", [["--opt", "lion"], [], ["--opt", "adam", "--steps", "0"],
                                   ["--opt", "adam", "--betas", "0.9"]])
 def test_usage_errors_exit_2(argv):

@@ -1,18 +1,18 @@
-"""The numpy reference optimizers follow torch.optim step for step, tensor for tensor.
+"""The float64 numpy optimizers follow torch.optim step for step, tensor for tensor.
 
 Every case runs torch's single-tensor implementation (foreach=False, float64) and the
-reference side by side for 60 steps on params of shapes (), (5,) and (3, 4). The gradient is
+numpy optimizer side by side for 60 steps on params of shapes (), (5,) and (3, 4). The gradient is
 g(p) = p - sin(2p) + 0.1 (non-convex, with sign changes), evaluated on torch's params and
 handed to both, so rounding differences never feed back through the gradient.
 
 The two sides round differently (torch's vectorised kernels use fused multiply-adds), so an
-element passes when |reference - torch| <= RTOL (|torch| + scale), where scale is the largest
+element passes when |numpy - torch| <= RTOL (|torch| + scale), where scale is the largest
 |torch| that tensor has reached so far: a pure relative test would fail on rounding-level
 differences wherever a moment crosses zero. The worst value seen on the grid is below 1e-15.
 
 Random hyperparameters (the hypothesis test) may be ill-conditioned: with eps = 0 and
 beta2 = 0 the step divides by |g_t|, and the two trajectories drift apart by more than
-rounding while both are right. There every reference step restarts from torch's param and
+rounding while both are right. There every numpy step restarts from torch's param and
 state, which checks each update on its own at the same tolerance.
 """
 
@@ -28,11 +28,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optcheck.reference import (
+from optcheck.numpy_optimizers import (
     FLAG_NAMES,
     HPARAM_NAMES,
-    REFERENCES,
-    run_reference,
+    NUMPY_OPTIMIZERS,
+    numpy_trajectory,
     validate_hparams,
 )
 
@@ -110,7 +110,7 @@ def torch_optimizer(case: OptimizerCase, params: list[torch.Tensor]) -> torch.op
 
 
 def torch_state(case: OptimizerCase, torch_param_state: dict, step: int) -> dict:
-    """torch's state for one param as numpy arrays under the reference's names.
+    """torch's state for one param as numpy arrays under the numpy optimizers' names.
 
     torch's SGD keeps no step count, so the expected count is the step number; it keeps a
     momentum buffer only when momentum != 0.
@@ -123,21 +123,21 @@ def torch_state(case: OptimizerCase, torch_param_state: dict, step: int) -> dict
 def first_divergence(case: OptimizerCase, shapes=SHAPES, steps: int = STEPS,
                      rtol: float = RTOL, rng: np.random.Generator | None = None,
                      restart_from_torch: bool = False) -> str | None:
-    """None if the reference follows torch at every step; else the first step, tensor, shape
+    """None if the numpy optimizer follows torch at every step; else the first step, tensor, shape
     and worst element that diverge.
 
-    With ``restart_from_torch`` every reference step starts from torch's param and state
+    With ``restart_from_torch`` every numpy step starts from torch's param and state
     before that step, so each step is checked on its own: ill-conditioned hyperparameters
     (eps = 0 with beta2 = 0 divides by |g_t|) then cannot amplify earlier rounding
     differences into a divergence of the trajectory.
     """
-    init, update = REFERENCES[case.name]
+    init, update = NUMPY_OPTIMIZERS[case.name]
     params0 = [initial_param(shape, rng) for shape in shapes]
     torch_params = [torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in params0]
     optimizer = torch_optimizer(case, torch_params)
-    ref_params = [p.copy() for p in params0]
-    ref_states = [init(p, case.hp, case.flags) for p in ref_params]
-    # trajectories[index][key] = ([torch value per step], [reference value per step])
+    numpy_params = [p.copy() for p in params0]
+    numpy_states = [init(p, case.hp, case.flags) for p in numpy_params]
+    # trajectories[index][key] = ([torch value per step], [numpy value per step])
     trajectories = [{} for _ in shapes]
     for step in range(1, steps + 1):
         grads = [gradient(p.detach().numpy()) for p in torch_params]
@@ -146,16 +146,16 @@ def first_divergence(case: OptimizerCase, shapes=SHAPES, steps: int = STEPS,
         if restart_from_torch:
             for index, p in enumerate(torch_params):
                 before = torch_state(case, optimizer.state[p], step - 1)
-                ref_params[index] = p.detach().numpy().copy()
-                ref_states[index] = {key: before.get(key, value).copy()
-                                     for key, value in ref_states[index].items()}
+                numpy_params[index] = p.detach().numpy().copy()
+                numpy_states[index] = {key: before.get(key, value).copy()
+                                       for key, value in numpy_states[index].items()}
         optimizer.step()
         for index, (p, grad) in enumerate(zip(torch_params, grads, strict=True)):
-            ref_params[index], ref_states[index] = update(
-                ref_params[index], grad, ref_states[index], case.hp, case.flags)
+            numpy_params[index], numpy_states[index] = update(
+                numpy_params[index], grad, numpy_states[index], case.hp, case.flags)
             expected = torch_state(case, optimizer.state[p], step)
             expected["param"] = p.detach().numpy()
-            actual = dict(ref_states[index], param=ref_params[index])
+            actual = dict(numpy_states[index], param=numpy_params[index])
             for key, want in expected.items():
                 pair = trajectories[index].setdefault(key, ([], []))
                 pair[0].append(want.copy())
@@ -183,18 +183,18 @@ def _first_mismatch(wants: np.ndarray, gots: np.ndarray, rtol: float) -> tuple[i
     step = int(np.argmax(bad.any(axis=1)))
     flat = int(np.argmax(np.where(bad[step], np.nan_to_num(error[step], nan=np.inf), -1.0)))
     worst = tuple(int(i) for i in np.unravel_index(flat, wants.shape[1:]))
-    return step + 1, (f"element {worst}: reference {float(gots[step][worst])!r} vs torch "
+    return step + 1, (f"element {worst}: numpy {float(gots[step][worst])!r} vs torch "
                       f"{float(wants[step][worst])!r} (scale {scale[step]:g})")
 
 
 @pytest.mark.parametrize("case", GRID, ids=str)
-def test_reference_follows_torch(case):
+def test_numpy_optimizer_follows_torch(case):
     divergence = first_divergence(case)
     assert divergence is None, divergence
 
 
 def test_comparison_catches_a_one_ulp_scale_error_and_names_it(monkeypatch):
-    init, update = REFERENCES["adam"]
+    init, update = NUMPY_OPTIMIZERS["adam"]
 
     def update_with_error_at_step_17(param, grad, state, hp, flags):
         new_param, new_state = update(param, grad, state, hp, flags)
@@ -202,19 +202,19 @@ def test_comparison_catches_a_one_ulp_scale_error_and_names_it(monkeypatch):
             new_state = dict(new_state, exp_avg_sq=new_state["exp_avg_sq"] * (1 + 1e-13))
         return new_param, new_state
 
-    monkeypatch.setitem(REFERENCES, "adam", (init, update_with_error_at_step_17))
+    monkeypatch.setitem(NUMPY_OPTIMIZERS, "adam", (init, update_with_error_at_step_17))
     divergence = first_divergence(_adam_grid("adam")[0])
     assert divergence is not None and "'exp_avg_sq'" in divergence
     assert "step 17," in divergence
 
 
 @pytest.mark.parametrize("name, wrong_update", [
-    ("adamw", REFERENCES["adam"][1]),      # L2 weight decay instead of decoupled
-    ("adam", REFERENCES["adamw"][1]),
+    ("adamw", NUMPY_OPTIMIZERS["adam"][1]),      # L2 weight decay instead of decoupled
+    ("adam", NUMPY_OPTIMIZERS["adamw"][1]),
 ])
 def test_comparison_catches_coupled_and_decoupled_decay_swapped(monkeypatch, name,
                                                                 wrong_update):
-    monkeypatch.setitem(REFERENCES, name, (REFERENCES[name][0], wrong_update))
+    monkeypatch.setitem(NUMPY_OPTIMIZERS, name, (NUMPY_OPTIMIZERS[name][0], wrong_update))
     case = next(c for c in _adam_grid(name) if c.hp["weight_decay"] != 0)
     divergence = first_divergence(case)
     assert divergence is not None and "step 1," in divergence
@@ -222,7 +222,7 @@ def test_comparison_catches_coupled_and_decoupled_decay_swapped(monkeypatch, nam
 
 @st.composite
 def random_cases(draw) -> OptimizerCase:
-    name = draw(st.sampled_from(sorted(REFERENCES)))
+    name = draw(st.sampled_from(sorted(NUMPY_OPTIMIZERS)))
     unit = lambda high: draw(st.floats(0.0, high, allow_subnormal=False))
     if name == "sgd":
         nesterov = draw(st.booleans())
@@ -240,7 +240,7 @@ def random_cases(draw) -> OptimizerCase:
 
 @settings(max_examples=12, deadline=None)
 @given(case=random_cases(), seed=st.integers(0, 2**32 - 1))
-def test_reference_follows_torch_for_random_hyperparameters(case, seed):
+def test_numpy_optimizer_follows_torch_for_random_hyperparameters(case, seed):
     validate_hparams(case.name, case.hp, case.flags)
     divergence = first_divergence(case, steps=30, rng=np.random.default_rng(seed),
                                   restart_from_torch=True)
@@ -252,12 +252,12 @@ def test_reference_follows_torch_for_random_hyperparameters(case, seed):
 VALID = {case.name: case for case in (GRID[0], _adam_grid("adam")[0], _adam_grid("adamw")[0])}
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES))
+@pytest.mark.parametrize("name", sorted(NUMPY_OPTIMIZERS))
 @pytest.mark.parametrize("amsgrad", [False, True])
 def test_init_state_names_and_update_purity(name, amsgrad):
     case = VALID[name]
     flags = dict(case.flags, amsgrad=amsgrad) if name != "sgd" else case.flags
-    init, update = REFERENCES[name]
+    init, update = NUMPY_OPTIMIZERS[name]
     param, grad = initial_param((3, 4)), gradient(initial_param((3, 4)))
     state = init(param, case.hp, flags)
     expected = {"sgd": {"step", "momentum_buffer"},
@@ -280,32 +280,32 @@ def test_init_state_names_and_update_purity(name, amsgrad):
     assert new_param.shape == (3, 4) and new_state["step"][0] == 2.0
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES))
+@pytest.mark.parametrize("name", sorted(NUMPY_OPTIMIZERS))
 def test_scalar_param_stays_an_array(name):
     case = VALID[name]
-    trajectory = run_reference(name, np.array(0.7), [np.array(0.3)] * 3, case.hp, case.flags)
+    trajectory = numpy_trajectory(name, np.array(0.7), [np.array(0.3)] * 3, case.hp, case.flags)
     assert len(trajectory) == 3
     for param, state in trajectory:
         assert isinstance(param, np.ndarray) and param.shape == () and param.dtype == np.float64
         assert all(isinstance(v, np.ndarray) and v.dtype == np.float64 for v in state.values())
 
 
-def test_run_reference_matches_init_update_loop():
+def test_numpy_trajectory_matches_init_update_loop():
     case = VALID["adamw"]
     grads = [gradient(initial_param((5,)) * k) for k in range(1, 6)]
-    trajectory = run_reference("adamw", initial_param((5,)), grads, case.hp, case.flags)
-    init, update = REFERENCES["adamw"]
+    trajectory = numpy_trajectory("adamw", initial_param((5,)), grads, case.hp, case.flags)
+    init, update = NUMPY_OPTIMIZERS["adamw"]
     param = initial_param((5,))
     state = init(param, case.hp, case.flags)
-    for grad, (ref_param, ref_state) in zip(grads, trajectory, strict=True):
+    for grad, (traj_param, traj_state) in zip(grads, trajectory, strict=True):
         param, state = update(param, grad, state, case.hp, case.flags)
-        np.testing.assert_array_equal(param, ref_param)
-        assert all(np.array_equal(state[k], ref_state[k]) for k in state)
+        np.testing.assert_array_equal(param, traj_param)
+        assert all(np.array_equal(state[k], traj_state[k]) for k in state)
 
 
 def test_gradient_shape_mismatch_is_rejected():
     case = VALID["sgd"]
-    init, update = REFERENCES["sgd"]
+    init, update = NUMPY_OPTIMIZERS["sgd"]
     param = np.zeros(())
     with pytest.raises(ValueError, match=r"gradient shape \(1,\) .* parameter shape \(\)"):
         update(param, np.zeros(1), init(param, case.hp, case.flags), case.hp, case.flags)
@@ -349,7 +349,7 @@ def test_validate_hparams_rejects_and_names_the_bad_input(name, hp_changes, flag
         validate_hparams(name, dict(base.hp, **hp_changes), dict(base.flags, **flag_changes))
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES))
+@pytest.mark.parametrize("name", sorted(NUMPY_OPTIMIZERS))
 def test_validate_hparams_names_missing_keys(name):
     hp = dict(VALID[name].hp)
     del hp["lr"]
@@ -366,7 +366,7 @@ def test_validate_hparams_accepts_the_grid_and_the_interval_ends():
     validate_hparams("sgd", dict(VALID["sgd"].hp, dampening=1.0, lr=0.0), VALID["sgd"].flags)
     validate_hparams("adam", dict(VALID["adam"].hp, beta1=0.0, beta2=0.0, eps=0.0),
                      {"amsgrad": np.bool_(True), "maximize": False})
-    assert set(HPARAM_NAMES) == set(FLAG_NAMES) == set(REFERENCES)
+    assert set(HPARAM_NAMES) == set(FLAG_NAMES) == set(NUMPY_OPTIMIZERS)
 
 
 @pytest.mark.parametrize("momentum, dampening", list(itertools.product((0.0, 0.9), (0.0, 0.5))))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from engine.registry import OPS
-from optcheck import torch_ref
+from optcheck import torch_trajectories
 
 pytest.importorskip("torch")
 
@@ -119,7 +119,7 @@ NULL_MUTANTS = [("adam", "adam_step", numpy_adam(False, None)),
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 def test_family_passes_on_the_engine(optimizer, dtype):
-    results = torch_ref.run(optimizer, dtype, steps=40)
+    results = torch_trajectories.run(optimizer, dtype, steps=40)
     failed = [f"{r.name}: {r.status} {r.message}" for r in results if r.status != "pass"]
     assert not failed, "\n".join(failed)
     checks = {r.labels["check"] for r in results}
@@ -131,7 +131,7 @@ def test_family_passes_on_the_engine(optimizer, dtype):
 @pytest.mark.parametrize("optimizer, op, kernel", NULL_MUTANTS, ids=[m[0] for m in NULL_MUTANTS])
 def test_numpy_kernel_without_mistake_passes(optimizer, op, kernel, dtype):
     with replaced_kernel(op, kernel):
-        results = torch_ref.run(optimizer, dtype, steps=40)
+        results = torch_trajectories.run(optimizer, dtype, steps=40)
     assert all(r.status == "pass" for r in results), [r.message for r in results if not r.ok]
 
 
@@ -140,7 +140,7 @@ def test_numpy_kernel_without_mistake_passes(optimizer, op, kernel, dtype):
                          ids=[f"{m[0]}-{m[3]}" for m in MUTANTS])
 def test_mutant_is_caught(optimizer, op, kernel, mistake, dtype):
     with replaced_kernel(op, kernel):
-        results = torch_ref.run(optimizer, dtype, steps=20)
+        results = torch_trajectories.run(optimizer, dtype, steps=20)
     failed = [r for r in results if r.status == "fail"]
     assert failed, f"{mistake} passed every row"
     for r in failed:
@@ -156,7 +156,7 @@ def test_rows_that_cannot_run_become_errors():
         raise RuntimeError("kernel exploded")
     threads = numba.get_num_threads()
     with replaced_kernel("sgd_step", broken):
-        results = torch_ref.run("sgd", "f64", steps=3)
+        results = torch_trajectories.run("sgd", "f64", steps=3)
     assert results and all(r.status == "error" for r in results)
     assert numba.get_num_threads() == threads     # restored after the serial run
     assert "kernel exploded" in results[0].message
@@ -164,18 +164,18 @@ def test_rows_that_cannot_run_become_errors():
 
 def test_skips_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
-    (row,) = torch_ref.run("adam", "f32")
+    (row,) = torch_trajectories.run("adam", "f32")
     assert row.status == "skip" and "pip install torch" in row.message
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_grid_covers_every_valid_pair(optimizer):
-    factors = torch_ref.GRID_FACTORS[optimizer]
-    grid = torch_ref.pairwise_grid(factors, torch_ref._sgd_valid)
-    assert all(torch_ref._sgd_valid(row) for row in grid)
+    factors = torch_trajectories.GRID_FACTORS[optimizer]
+    grid = torch_trajectories.pairwise_grid(factors, torch_trajectories._sgd_valid)
+    assert all(torch_trajectories._sgd_valid(row) for row in grid)
     valid = [row for row in (dict(zip(factors, values, strict=True))
                              for values in itertools.product(*factors.values()))
-             if torch_ref._sgd_valid(row)]
+             if torch_trajectories._sgd_valid(row)]
     for a, b in itertools.combinations(factors, 2):
         for va, vb in itertools.product(factors[a], factors[b]):
             if any(row[a] == va and row[b] == vb for row in valid):
@@ -183,16 +183,16 @@ def test_grid_covers_every_valid_pair(optimizer):
 
 
 def test_cases_are_unique_one_line_strings():
-    for optimizer in torch_ref.GRID_FACTORS:
-        cases = [str(s) for s in torch_ref.scenarios(optimizer, 100)]
+    for optimizer in torch_trajectories.GRID_FACTORS:
+        cases = [str(s) for s in torch_trajectories.scenarios(optimizer, 100)]
         assert len(set(cases)) == len(cases)
         assert all("\n" not in c and " " not in c for c in cases)
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="'rmsprop'"):
-        torch_ref.run("rmsprop")
+        torch_trajectories.run("rmsprop")
     with pytest.raises(ValueError, match="'f16'"):
-        torch_ref.run("sgd", "f16")
+        torch_trajectories.run("sgd", "f16")
     with pytest.raises(ValueError, match="0"):
-        torch_ref.run("sgd", steps=0)
+        torch_trajectories.run("sgd", steps=0)

@@ -1,4 +1,4 @@
-"""The torch family: engine optimizer trajectories against torch.optim, step for step.
+"""optcheck family "torch": engine optimizer trajectories against torch.optim, step for step.
 
 Both sides start from the same parameters, four tensors of shapes (), (7,), (3, 5) and
 (2, 3, 4) in one optimizer, drawn from `seed`. At step t both are handed the same gradient,
@@ -11,25 +11,27 @@ evaluated in float64 on torch's current parameters and rounded to the dtype unde
 trajectory thus depends on the updates, while rounding differences between the two sides
 never feed back through the gradient. After every step every parameter and every state
 tensor (`w0`, `w0.step`, `w0.exp_avg`, ...; see optcheck.harness) is compared within the
-dtype's tolerance. torch.optim runs its single-tensor implementation (foreach=False).
+dtype's tolerance. torch.optim runs its single-tensor implementation (foreach=False), driven
+by optcheck.torch_stepper.
 
 Hyperparameters are crossed by a pairwise covering design (`pairwise_grid`): every pair of
 option values, e.g. amsgrad with betas (0, 0) or dampening 0.5 with momentum 0.9, occurs in
-at least one row; each learning-rate schedule gets one row more. When a row fails and the
-float64 numpy reference (optcheck.reference) is importable, it is run on the same
-gradients and the message says which side it agrees with.
+at least one row; each learning-rate schedule gets one row more. When a row fails, the
+float64 numpy optimizer (optcheck.numpy_optimizers) is run on the same gradients and
+learning rates, and the message says which side it agrees with.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import warnings
 
 import numpy as np
 
 from engine.optim import schedules
 from optcheck import harness
+from optcheck.numpy_optimizers import NUMPY_OPTIMIZERS
+from optcheck.torch_stepper import TorchStepper
 from reports.record import Result
 
 FAMILY = "torch"
@@ -109,8 +111,9 @@ def pairwise_grid(factors: dict, valid=lambda row: True) -> list[dict]:
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """One trajectory: a check name, flat hyperparameters (beta1/beta2, as the engine and
-    the reference take them), flags, and an optional schedule (name, arguments)."""
+    """One trajectory: a check name, flat hyperparameters (beta1/beta2, as the engine, the
+    numpy optimizers and `TorchStepper` take them), flags, and an optional schedule (engine
+    schedule name, arguments)."""
 
     check: str
     hp: dict
@@ -172,88 +175,12 @@ def objective_grad(params: dict, offsets: dict, sign: float) -> dict:
     return out
 
 
-class TorchStepper:
-    """torch.optim (foreach=False) over tensors initialised from `init`, with an optional
-    lr_scheduler stepped after every optimizer step; snapshots use the engine's names."""
-
-    def __init__(self, optimizer: str, init: dict, scenario: Scenario):
-        import torch
-
-        self.torch = torch
-        self.params = {k: torch.tensor(v, requires_grad=True) for k, v in init.items()}
-        hp, flags = scenario.hp, scenario.flags
-        if optimizer == "sgd":
-            cls, kw = torch.optim.SGD, dict(momentum=hp["momentum"], dampening=hp["dampening"],
-                                             nesterov=flags["nesterov"])
-        else:
-            cls = torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW
-            kw = dict(betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                      amsgrad=flags["amsgrad"])
-        self.opt = cls(list(self.params.values()), lr=hp["lr"], weight_decay=hp["weight_decay"],
-                       maximize=flags["maximize"], foreach=False, **kw)
-        self.scheduler = None
-        if scenario.schedule is not None:
-            self.scheduler = _torch_scheduler(torch, self.opt, hp["lr"], *scenario.schedule)
-        self.steps_taken = 0
-
-    @property
-    def lr(self) -> float:
-        return float(self.opt.param_groups[0]["lr"])
-
-    def numpy_params(self) -> dict:
-        return {k: p.detach().numpy().astype(np.float64) for k, p in self.params.items()}
-
-    def step(self, grads: dict) -> None:
-        for k, p in self.params.items():
-            p.grad = self.torch.from_numpy(np.array(grads[k]))
-        self.opt.step()
-        if self.scheduler is not None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-        self.steps_taken += 1
-
-    def snapshot(self, state_names) -> dict:
-        """Parameters and the state named as the engine names it; state torch keeps no
-        tensor for (SGD's step, its momentum buffer when momentum = 0) reads as the engine
-        holds it: the step count, and zeros."""
-        snap = self.numpy_params()
-        for k, p in self.params.items():
-            state = self.opt.state.get(p, {})
-            for name in state_names:
-                if name == "step" and "step" not in state:
-                    snap[f"{k}.step"] = np.array([float(self.steps_taken)])
-                elif name == "step":
-                    snap[f"{k}.step"] = np.array([float(state["step"])])
-                elif state.get(name) is None:
-                    snap[f"{k}.{name}"] = np.zeros(p.shape)
-                else:
-                    snap[f"{k}.{name}"] = state[name].numpy().astype(np.float64)
-            extra = sorted(set(state) - set(state_names))
-            if extra:
-                raise RuntimeError(f"torch keeps state {extra} for {k} that the engine lacks")
-        return snap
-
-
-def _torch_scheduler(torch, opt, lr: float, name: str, args: dict):
-    sched = torch.optim.lr_scheduler
-    if name == "step_decay":
-        return sched.StepLR(opt, step_size=args["step_size"], gamma=args["gamma"])
-    if name == "cosine":
-        return sched.CosineAnnealingLR(opt, T_max=args["t_max"],
-                                       eta_min=args["min_factor"] * lr)
-    if name == "linear_warmup":
-        return sched.LinearLR(opt, start_factor=args["start_factor"], end_factor=1.0,
-                              total_iters=args["warmup_steps"])
-    raise ValueError(f"no torch scheduler for schedule {name!r}")
-
-
 # --------------------------------------------------------------------------- one row
 
 @dataclasses.dataclass
 class Trajectories:
     """What one row recorded: the comparison and, per step, the gradients handed to both
-    sides, torch's learning rate and both snapshots (for the reference's verdict)."""
+    sides, torch's learning rate and both snapshots (for the numpy optimizer's verdict)."""
 
     comparison: harness.Comparison
     init: dict
@@ -273,7 +200,7 @@ def compare_trajectories(optimizer: str, scenario: Scenario, dtype: str, backend
         schedule = getattr(schedules, name)(**args)
     engine_side = harness.EngineStepper(optimizer, init, scenario.hp, scenario.flags, dtype,
                                         backend, schedule)
-    torch_side = TorchStepper(optimizer, init, scenario)
+    torch_side = TorchStepper(optimizer, init, scenario.hp, scenario.flags, scenario.schedule)
     state_names = sorted({k.split(".", 1)[1] for k in engine_side.snapshot() if "." in k})
     sign = -1.0 if scenario.flags.get("maximize") else 1.0
     np_dtype = init["w0"].dtype
@@ -287,7 +214,7 @@ def compare_trajectories(optimizer: str, scenario: Scenario, dtype: str, backend
         got, want = engine_side.snapshot(), torch_side.snapshot(state_names)
         if set(got) != set(want):
             raise RuntimeError(f"the engine's tensors {sorted(got)} differ from torch's "
-                           f"{sorted(want)}")
+                               f"{sorted(want)}")
         out.comparison.add(step, got, want, dtype, tol=harness.tolerance(dtype, steps))
         out.grads.append(grads)
         out.engine.append(got)
@@ -295,27 +222,22 @@ def compare_trajectories(optimizer: str, scenario: Scenario, dtype: str, backend
     return out
 
 
-def reference_verdict(optimizer: str, scenario: Scenario, traj: Trajectories,
-                      dtype: str) -> str:
-    """Which side the float64 numpy reference agrees with, on the same gradients and
-    learning rates ("" when optcheck.reference is missing)."""
-    try:
-        from optcheck.reference import REFERENCES
-    except ImportError:
-        return ""
-    init_fn, update_fn = REFERENCES[optimizer]
+def numpy_verdict(optimizer: str, scenario: Scenario, traj: Trajectories, dtype: str) -> str:
+    """Which side the float64 numpy optimizer agrees with, on the same gradients and
+    learning rates (the message calls it "the float64 reference")."""
+    init_fn, update_fn = NUMPY_OPTIMIZERS[optimizer]
     params = {k: np.asarray(v, np.float64) for k, v in traj.init.items()}
     states = {k: init_fn(p, scenario.hp, scenario.flags) for k, p in params.items()}
     vs_engine, vs_torch = harness.Comparison(), harness.Comparison()
     for step, (grads, lr) in enumerate(zip(traj.grads, traj.lrs, strict=True), start=1):
         hp = {**scenario.hp, "lr": lr}
-        ref = {}
+        by_numpy = {}
         for k in params:
             params[k], states[k] = update_fn(params[k], grads[k], states[k], hp, scenario.flags)
-            ref[k] = params[k]
-            ref.update({f"{k}.{s}": v for s, v in states[k].items()})
-        vs_engine.add(step, traj.engine[step - 1], ref, dtype)
-        vs_torch.add(step, traj.torch[step - 1], ref, dtype)
+            by_numpy[k] = params[k]
+            by_numpy.update({f"{k}.{s}": v for s, v in states[k].items()})
+        vs_engine.add(step, traj.engine[step - 1], by_numpy, dtype)
+        vs_torch.add(step, traj.torch[step - 1], by_numpy, dtype)
     if vs_engine.ok and vs_torch.ok:
         return "the float64 reference agrees with both within tolerance"
     if vs_engine.ok:
@@ -342,11 +264,10 @@ def _row(optimizer, scenario, dtype, backend, steps, seed, grid_size) -> Result:
     if not traj.comparison.ok:
         message = traj.comparison.describe()
         try:
-            verdict = reference_verdict(optimizer, scenario, traj, dtype)
+            verdict = numpy_verdict(optimizer, scenario, traj, dtype)
         except Exception as exc:  # the verdict is a courtesy; its failure must not hide the row
             verdict = f"the float64 reference could not run ({type(exc).__name__}: {exc})"
-        if verdict:
-            message += "; " + verdict
+        message += "; " + verdict
     return harness.result(**label, comparison=traj.comparison, message=message, **metrics)
 
 

@@ -1,4 +1,7 @@
-"""Reference optimizers: plain float64 numpy, with exactly the semantics of torch.optim.
+"""The float64 numpy optimizers: SGD, Adam and AdamW in plain numpy, with exactly the
+semantics of torch.optim, as a third opinion beside the engine and torch (the torch family
+asks them which side of a diverging row is right; the invariant family follows them under a
+schedule).
 
 Each optimizer is a pair of pure functions, in the style of optax, acting on one parameter
 tensor at a time:
@@ -215,7 +218,7 @@ def adamw_update(param: np.ndarray, grad: np.ndarray, state: State, hp: Mapping[
     return _adam_step(param, grad, state, hp, flags, decoupled=True)
 
 
-REFERENCES: dict[str, tuple[InitFn, UpdateFn]] = {
+NUMPY_OPTIMIZERS: dict[str, tuple[InitFn, UpdateFn]] = {
     "sgd": (sgd_init, sgd_update),
     "adam": (adam_init, adam_update),
     "adamw": (adam_init, adamw_update),
@@ -250,8 +253,9 @@ def validate_hparams(name: str, hp: Mapping[str, float], flags: Mapping[str, boo
     momentum >= 0, dampening in [0, 1], and Nesterov only with momentum > 0 and dampening = 0
     (as torch.optim.SGD); for Adam/AdamW beta1, beta2 in [0, 1) and eps >= 0.
     """
-    if name not in REFERENCES:
-        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(sorted(REFERENCES))}")
+    if name not in NUMPY_OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; known: "
+                         f"{', '.join(sorted(NUMPY_OPTIMIZERS))}")
     _check_keys(name, "hyperparameter", hp, HPARAM_NAMES[name])
     _check_keys(name, "flag", flags, FLAG_NAMES[name])
     for key, value in hp.items():
@@ -279,17 +283,18 @@ def validate_hparams(name: str, hp: Mapping[str, float], flags: Mapping[str, boo
             raise ValueError(f"{name}: eps must be >= 0, got {hp['eps']!r}")
 
 
-def run_reference(name: str, param0: np.ndarray, grads: Sequence[np.ndarray],
-                  hp: Mapping[str, float], flags: Mapping[str, bool],
-                  ) -> list[tuple[np.ndarray, State]]:
-    """The trajectory of optimizer ``name`` from ``param0`` under the given gradients.
+def numpy_trajectory(name: str, param0: np.ndarray, grads: Sequence[np.ndarray],
+                     hp: Mapping[str, float], flags: Mapping[str, bool],
+                     ) -> list[tuple[np.ndarray, State]]:
+    """The trajectory of the numpy optimizer ``name`` from ``param0`` under the given gradients.
 
     Validates ``hp`` and ``flags``, then returns [(theta_t, state_t) for t = 1..len(grads)],
     where step t applies ``grads[t-1]``. The gradients are fixed in advance; to follow a
-    gradient that depends on the parameter, call ``init`` and ``update`` from ``REFERENCES``.
+    gradient that depends on the parameter, call ``init`` and ``update`` from
+    ``NUMPY_OPTIMIZERS``.
     """
     validate_hparams(name, hp, flags)
-    init, update = REFERENCES[name]
+    init, update = NUMPY_OPTIMIZERS[name]
     param = np.array(param0, dtype=np.float64)
     state = init(param, hp, flags)
     trajectory = []
