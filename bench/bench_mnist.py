@@ -6,7 +6,7 @@
 
 Seconds per training epoch (57,000 images: MNIST's 60,000 less a 5% validation split;
 AdamW lr=1e-3, weight_decay=1e-2; cross-entropy; each batch made of physical batches of 500
-whose gradients accumulate, as `mnist train` and ggml's example train, `--physical N` for
+whose gradients accumulate, as `mnist-train` and ggml's example train, `--physical N` for
 another size) of the engine's CPU backend (the MNIST models of mnist_target.models through
 engine.train.Trainer) and of the same models in torch on the CPU, with torch.set_num_threads
 equal to the engine's thread count (engine.backends.cpu.threads). Targets (issue 6):
@@ -94,9 +94,9 @@ def engine_trainer(images, labels, arch, batch, physical):
     """train(idx): one engine training batch of the images at index array idx (`batch` of
     them), made of batch / physical physical batches whose gradients accumulate (AdamW,
     cross-entropy; the model as mnist_target.models builds it, seed 0)."""
-    from mnist_target.models import Model
     from engine.tensor import input_tensor
     from engine.train import EpochResult, Trainer
+    from mnist_target.models import Model
 
     x, logits = Model.new(arch, seed=0).build(physical)
     y = input_tensor((physical, 10), "f32", name="labels")
@@ -109,6 +109,7 @@ def engine_trainer(images, labels, arch, batch, physical):
     def train(idx):
         for part in _parts(idx, physical):
             trainer.eval_batch(images[part], onehot[part], result=result)
+    train.trainer = trainer         # its graphs, for bench/profile_mnist.py's node timing
     return train
 
 
@@ -211,9 +212,9 @@ def sgemm_gflops(n: int = SGEMM_SIZE, repeats: int = 5) -> float:
 
 def matmul_flops_per_batch(arch: str, batch: int) -> int:
     """2 M K N summed over the matmul nodes of the engine's training graph (dense)."""
-    from mnist_target.models import Model
     from engine.tensor import input_tensor
     from engine.train import Trainer
+    from mnist_target.models import Model
 
     x, logits = Model.new(arch, seed=0).build(batch)
     y = input_tensor((batch, 10), "f32", name="labels")
@@ -254,7 +255,7 @@ def main(argv=None) -> int:
     p.add_argument("--physical", type=int, default=PHYSICAL,
                    help="physical batch: each batch of a case is made of batch / physical "
                         "ones whose gradients accumulate, in the engine and in torch alike "
-                        f"(default {PHYSICAL}, as `mnist train` and ggml's example; a case "
+                        f"(default {PHYSICAL}, as `mnist-train` and ggml's example; a case "
                         "whose batch is smaller uses its whole batch)")
     p.add_argument("--child", choices=("engine", "torch"), help=argparse.SUPPRESS)
     p.add_argument("--arch", help=argparse.SUPPRESS)
@@ -290,7 +291,7 @@ def main(argv=None) -> int:
     print(f"timing: {scope}; median of {args.repeats} runs, each after {args.warmup} "
           "warm-up batches; each run in a child process, engine and torch alternating")
     print(f"batches: each made of physical batches of at most {args.physical} whose "
-          "gradients accumulate, in both (as `mnist train`; --physical changes it)")
+          "gradients accumulate, in both (as `mnist-train`; --physical changes it)")
 
     times = {(c, k): [] for c in args.cases for k in ("engine", "torch")}
     peaks = {(c, k): [] for c in args.cases for k in ("engine", "torch")}

@@ -3,10 +3,10 @@
     python bench/mnist_seed_spread.py --arch cnn --seeds 0 1 2 3 4 5
     python bench/mnist_seed_spread.py --arch fc --seeds 0 1 2 --epochs 30
 
-For each seed: the initial weights and per-epoch batch order that `mnist regress --seed S`
+For each seed: the initial weights and per-epoch batch order that `mnist-regress --seed S`
 uses (mnist_target.models.Model.new, mnist_target.run.batch_orders), trained in torch on the
 CPU (mnist_target.torch_ref, AdamW lr 1e-3, logical batch 1000 from two physical batches of
-500, 5% validation split) and evaluated on the 10,000 test images. `mnist regress` shows
+500, 5% validation split) and evaluated on the 10,000 test images. `mnist-regress` shows
 that the engine follows this torch run's loss curve (to 2% by its bar; about 2e-4 measured),
 so the spread of torch's accuracy over seeds is where a fixed-seed accuracy bar sits. Torch
 runs on one thread here (cores are left to whatever else runs; accuracy does not depend on

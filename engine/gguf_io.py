@@ -17,7 +17,7 @@ Types written (and the only ones read back):
     list or tuple of one of those four       ->  KV ARRAY of that element type
 
 GGUF has no unsigned tensor type, so uint8 is refused rather than reinterpreted: store bytes
-k in 0..255 as int8 k - 128 (as mnist_target.data does with pixels).
+k in 0..255 as int8 k - 128 (as the MNIST cache, mnist_target.data_cache, does with pixels).
 
 INT64 and FLOAT64 make every Python int in [-2**63, 2**63) and every float (NaN and Inf
 included) round-trip exactly. Loading also accepts the other scalar KV types other writers use

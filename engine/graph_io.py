@@ -5,69 +5,36 @@
     loaded = load_graph("train.gguf")      # LoadedGraph: graph, roles, params, metadata, loss
     opt = make_optimizer("adamw", loaded.graph, lr=1e-3)    # the imported graph trains
 
-`general.architecture` is "gradverify-graph". The file holds a table of N entries: entries
-0..n-1 are the graph's nodes in its own topological order, entries n..N-1 the persistent
-leaves it uses without holding them as nodes (the gradient accumulators). Keys:
-
-    graph.format_version        int, FORMAT_VERSION
-    graph.name, graph.node_count    the Graph's name; n
-    graph.node.name/op/dtype/flags  N strings each; op "" for a leaf; flags "OUTPUT|PARAM"
-    graph.node.ndim, .dims      each entry's rank; all the shapes, concatenated
-    graph.node.nsrcs, .srcs     each entry's source count; all the sources, concatenated
-    graph.node.params           N strings: each entry's op params as JSON (below)
-    graph.outputs               Graph.outputs, in order
-    graph.backward              bool: a backward pass was built; then also
-    graph.backward.accumulate   bool; graph.backward.loss_grad: the seed leaf;
-    graph.backward.loss         the LOSS-flagged node (-1 unless there is exactly one)
-    graph.backward.grad_params, .grads   param grad_params[k] has gradient grads[k]
-    graph.backward.acc_params, .accs     param acc_params[k] has accumulator accs[k]
-    graph.role.names, .nodes    the tensors the caller named (`roles`)
-
-References are entry indices. An integer array that would be empty is left out (a GGUF array
-cannot be empty) and reads back as empty. Every leaf is persistent (input, param, accumulator,
-state; constants and the loss-gradient seed are inputs); GGUF tensor `node.<i>` holds leaf i's
-current value, so the imported graph computes and trains on exactly as the exported one
-would. Ranks 1 to 4 keep their shape, others are stored as (size,).
-
-Op params are one JSON object, name -> value, read with json.loads and nothing else (no file
-here ever runs code on load; a string holding Python is just a string the op rejects):
-
-    None, bool, int, str     as JSON (true stays a bool, 1 stays an int)
-    float, finite            a JSON number, Python's repr: exact, -0.0 included
-    float, NaN or +-Inf      {"float": "nan" | "inf" | "-inf"} (NaN sign and payload dropped)
-    tuple / list             a JSON array, read as a tuple / {"list": [...]}
-
-Anything else (numpy scalars too: a kernel may compute differently with np.float32 than with
-float) is refused on export. Loading rebuilds each node with the registry's make_node, so the
-op's own shape/dtype inference and parameter checks run; the result must match the stored
-shape and dtype.
+The layout (a table of nodes, flags, sources, op params as JSON, leaf data as GGUF tensors,
+the backward bookkeeping) is engine.graph_format's. Loading rebuilds each node with the
+registry's make_node, so the op's own shape/dtype inference and parameter checks run; the
+result must match the stored shape and dtype. Nothing in a file is ever run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
 from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
-from engine.gguf_io import MAX_DIMS, GGUFFormatError, load_gguf, save_gguf
+from engine.gguf_io import MAX_DIMS, GGUFFile, load_gguf, save_gguf
 from engine.graph import Graph
+from engine.graph_format import (
+    ARCH,
+    FORMAT_VERSION,
+    PREFIX,
+    GraphFileError,
+    decode_params,
+    encode_params,
+    flags_text,
+    parse_flags,
+)
 from engine.registry import all_ops, make_node
 from engine.tensor import DTYPES, Flag, Tensor, dtype_name
 
-ARCH = "gradverify-graph"
-FORMAT_VERSION = 1
-PREFIX = "graph."
-_FLAG_NAMES = [name for name, f in Flag.__members__.items() if f.value]
-_SPECIAL_FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-class GraphFileError(GGUFFormatError):
-    """A graph that cannot be written as a graph file, or a file that is not a valid one."""
+__all__ = ["GraphFileError", "LoadedGraph", "graph_from_gguf", "load_graph", "save_graph"]
 
 
 @dataclasses.dataclass
@@ -81,57 +48,6 @@ class LoadedGraph:
     params: list[Tensor]
     metadata: dict[str, Any]
     loss: Tensor | None = None
-
-
-# --- op params as JSON -----------------------------------------------------------------------
-
-def encode_params(params: dict[str, Any], where: str = "params") -> str:
-    """The JSON text of an op's params (encoding in the module docstring)."""
-    bad = [k for k in params if not isinstance(k, str)]
-    if bad:
-        raise GraphFileError(f"{where}: param name {bad[0]!r} is not a string")
-    return json.dumps({k: _encode(v, f"{where}: param {k!r}") for k, v in params.items()},
-                      allow_nan=False)
-
-
-def _encode(v, where):
-    if v is None or type(v) in (bool, int, str):
-        return v
-    if type(v) is float:
-        return v if math.isfinite(v) else {"float": "nan" if math.isnan(v) else
-                                           ("inf" if v > 0 else "-inf")}
-    if type(v) is tuple:
-        return [_encode(x, where) for x in v]
-    if type(v) is list:
-        return {"list": [_encode(x, where) for x in v]}
-    raise GraphFileError(f"{where}: value {v!r} of type {type(v).__name__} cannot be stored; "
-                         "op params hold None, bool, int, float, str, tuples and lists")
-
-
-def decode_params(text: str, where: str = "params") -> dict[str, Any]:
-    """The params dict of JSON `text` written by encode_params; GraphFileError otherwise."""
-    def no_constant(name):
-        raise GraphFileError(f"{where}: bare {name} in params JSON; non-finite floats are "
-                             'written {"float": "nan"}')
-    try:
-        value = json.loads(text, parse_constant=no_constant)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise GraphFileError(f"{where}: params are not valid JSON ({exc}): {text:.200}") from None
-    if not isinstance(value, dict):
-        raise GraphFileError(f"{where}: params must be a JSON object, got {text[:200]!r}")
-    return {k: _decode(v, f"{where}: param {k!r}") for k, v in value.items()}
-
-
-def _decode(v, where):
-    if isinstance(v, list):
-        return tuple(_decode(x, where) for x in v)
-    if isinstance(v, dict):
-        if list(v) == ["float"] and v["float"] in _SPECIAL_FLOATS:
-            return _SPECIAL_FLOATS[v["float"]]
-        if list(v) == ["list"] and isinstance(v["list"], list):
-            return [_decode(x, where) for x in v["list"]]
-        raise GraphFileError(f"{where}: unknown tagged value {json.dumps(v)[:200]}")
-    return v
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -168,7 +84,7 @@ def save_graph(path, graph: Graph, roles: dict[str, Tensor] | None = None,
         "format_version": FORMAT_VERSION, "name": graph.name, "node_count": len(graph.nodes),
         "node.name": [t.name for t in entries], "node.op": [t.op or "" for t in entries],
         "node.dtype": [dtype_name(t.dtype) for t in entries],
-        "node.flags": [_flags_text(t.flags) for t in entries],
+        "node.flags": [flags_text(t.flags) for t in entries],
         "node.ndim": [t.ndim for t in entries], "node.dims": [d for t in entries for d in t.shape],
         "node.nsrcs": [len(t.srcs) for t in entries], "node.params": params,
         "node.srcs": [index[s.id] for t in entries for s in t.srcs],
@@ -206,7 +122,13 @@ def load_graph(path) -> LoadedGraph:
     (missing, truncated, corrupt), and GraphFileError, naming the node or key, for a GGUF
     file that is not a valid graph file.
     """
-    gf, where = load_gguf(path), os.fspath(path)
+    return graph_from_gguf(load_gguf(path))
+
+
+def graph_from_gguf(gf: GGUFFile) -> LoadedGraph:
+    """load_graph for a GGUF file already read (engine.gguf_io.load_gguf): a caller that
+    reads a file to see what it holds parses it once. GraphFileError as load_graph."""
+    where = gf.path
     if gf.arch != ARCH:
         hint = (f"this is an MNIST model file ({gf.arch}), not a graph file; load it with "
                 "mnist_target.models.Model.load" if gf.arch.startswith("mnist-") else
@@ -232,7 +154,7 @@ def load_graph(path) -> LoadedGraph:
         at = f"{where}: node {i} ({names[i]!r}, op {ops_[i] or 'leaf'})"
         if dtypes[i] not in DTYPES:
             raise GraphFileError(f"{at}: unknown dtype {dtypes[i]!r}; known: {sorted(DTYPES)}")
-        flag = _parse_flags(flags[i], at)
+        flag = parse_flags(flags[i], at)
         kwargs = decode_params(params[i], at)
         bad = [s for s in srcs[i] if not 0 <= s < i]
         if bad:
@@ -286,20 +208,6 @@ def _rebuild(registry, op, srcs, kwargs, detached, at) -> Tensor:
                              f"{encode_params(kwargs)[:200]}: {exc}") from exc
 
 
-def _flags_text(flag: Flag) -> str:
-    """'OUTPUT|PARAM' ('' for none), the same on every Python version."""
-    return "|".join(name for name in _FLAG_NAMES if flag & Flag[name])
-
-
-def _parse_flags(text: str, at: str) -> Flag:
-    flag = Flag.NONE
-    for name in filter(None, text.split("|")):
-        if name not in _FLAG_NAMES:
-            raise GraphFileError(f"{at}: unknown flag {name!r}; known: {_FLAG_NAMES}")
-        flag |= Flag[name]
-    return flag
-
-
 def _restore_data(tensors: dict[str, np.ndarray], entries: list[Tensor], where: str) -> None:
     """Set every leaf from its tensor `node.<i>`; refuse missing and unexpected tensors."""
     expected = {f"node.{i}": t for i, t in enumerate(entries) if t.is_leaf}
@@ -307,7 +215,7 @@ def _restore_data(tensors: dict[str, np.ndarray], entries: list[Tensor], where: 
     if extra:
         raise GraphFileError(f"{where}: tensors {extra[:5]} belong to no persistent leaf")
     for key, t in expected.items():
-        at = f"{where}: node {key.split('.')[1]} ({t.name!r}, flags {_flags_text(t.flags)})"
+        at = f"{where}: node {key.split('.')[1]} ({t.name!r}, flags {flags_text(t.flags)})"
         data = tensors.get(key)
         if data is None:
             raise GraphFileError(f"{at}: no data (tensor {key!r}) for this persistent leaf")

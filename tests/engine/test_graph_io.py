@@ -1,4 +1,5 @@
-"""Graph files: registry and MNIST round trips (bitwise), and every malformed-file error."""
+"""Graph files (engine.graph_io, engine.graph_format): op params as JSON, registry and MNIST
+round trips (bitwise), and every malformed-file error."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from hypothesis import strategies as st
 import engine
 from engine import ops
 from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf
-from engine.graph_io import GraphFileError, decode_params, encode_params, load_graph, save_graph
-from mnist_target.models import Model
+from engine.graph_format import GraphFileError, decode_params, encode_params
+from engine.graph_io import load_graph, save_graph
 from engine.optim import make_optimizer
 from engine.registry import all_ops
 from engine.tensor import Flag, input_tensor, shared_leaf
 from engine.train import Trainer
+from mnist_target.models import Model
 from tests.engine.ops.op_harness import loss_weights
 
 OPS = all_ops()
@@ -207,7 +209,7 @@ def test_export_mid_accumulation_resumes_bitwise(tmp_path):
 
 def test_flags_roles_and_backward_bookkeeping_survive(tmp_path):
     """Names, flags, roles, loss, seed, gradients and accumulators come back; a forward graph
-    over the imported roles (what `mnist eval` does with a graph file) evaluates the same."""
+    over the imported roles (what `mnist-eval` does with a graph file) evaluates the same."""
     _, trainer, roles = mnist_trainer("fc")
     graph = trainer.training
     save_graph(tmp_path / "train.gguf", graph, roles)

@@ -1,5 +1,6 @@
-"""The `mnist` command on a small subset of real MNIST written as IDX files: train, eval of
-files written here and as ggml's scripts write them, graph files, regress, bad input."""
+"""The MNIST commands (`python -m mnist_target train|eval|regress`) on a small subset of real
+MNIST written as IDX files: train, eval of files written here and as ggml's scripts write
+them, graph files, regress, bad input."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _accuracy_line(capsys) -> float:
 
 
 def _close_and_eval(writer, path, net, root, test_images, test_labels, capsys) -> float:
-    """Finish the GGUF file as ggml's scripts do; `mnist eval` must report torch's test
+    """Finish the GGUF file as ggml's scripts do; `mnist-eval` must report torch's test
     accuracy on it (to one image in a thousand); returns that accuracy."""
     import torch
     writer.write_header_to_file()

@@ -1,5 +1,6 @@
 """The MNIST models: ggml's tensor names, shapes and architectures; GGUF files as ggml's
-scripts write them; the forward pass against torch on the same weights; bad model files."""
+scripts write them; the forward pass against torch on the same weights; bad model files;
+models read back from model files and graph files alike."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from engine import gguf_io  # noqa: E402
 from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf  # noqa: E402
 from engine.graph import Graph  # noqa: E402
-from mnist_target.models import SHAPES, Model, ModelFileError, initial_weights  # noqa: E402
+from mnist_target.models import (  # noqa: E402
+    GRAPH_ARCH_KEY,
+    SHAPES,
+    Model,
+    ModelFileError,
+    initial_weights,
+    load_model_or_graph,
+)
+from mnist_target.run import TrainConfig, export_training_graph  # noqa: E402
 
 GGML_NE = {  # ggml's own ne per tensor (examples/mnist/mnist-common.cpp), trailing 1s dropped
     "mnist-fc": {"fc1.weight": [784, 500], "fc1.bias": [500], "fc2.weight": [500, 10],
@@ -152,3 +162,36 @@ def test_every_arch_shape_table_is_what_load_checks():
         weights = {n: np.zeros(s, np.float32) for n, s in shapes.items()}
         Model(arch, weights)          # exact shapes load
     assert load_gguf  # the module under test reads through engine.gguf_io
+
+
+@pytest.mark.parametrize("arch", ["fc", "cnn"])
+def test_model_or_graph_file_gives_the_model_parsing_the_file_once(tmp_path, monkeypatch, arch):
+    model = Model.new(arch, seed=3)
+    model.save(tmp_path / "model.gguf")
+    export_training_graph(model, TrainConfig(batch_logical=4, batch_physical=2),
+                          tmp_path / "graph.gguf")
+    parses = []
+    parse = gguf_io._BoundedReader.__init__
+    monkeypatch.setattr(gguf_io._BoundedReader, "__init__",
+                        lambda self, *a, **k: parses.append(a) or parse(self, *a, **k))
+    for name in ("model.gguf", "graph.gguf"):
+        parses.clear()
+        loaded = load_model_or_graph(tmp_path / name)
+        assert len(parses) == 1, name
+        assert loaded.arch == model.arch
+        for weight, value in model.weights().items():
+            np.testing.assert_array_equal(loaded.params[weight].numpy(), value)
+
+
+def test_model_or_graph_refuses_other_files(tmp_path):
+    from engine import ops
+    from engine.graph_format import GraphFileError
+    from engine.graph_io import save_graph
+    weights = Model.new("fc").params["fc1.bias"]
+    save_graph(tmp_path / "g.gguf", Graph([ops.relu(weights).set_output()]))
+    with pytest.raises(ModelFileError, match=rf"g\.gguf: a graph file, but not of an MNIST model "
+                                             rf"\(no {GRAPH_ARCH_KEY} in its metadata\)"):
+        load_model_or_graph(tmp_path / "g.gguf")
+    other = _save(tmp_path / "o.gguf", "llama", initial_weights("fc", seed=0))
+    with pytest.raises(GraphFileError, match="'llama', expected 'gradverify-graph'"):
+        load_model_or_graph(other)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from engine.errors import EngineError
+from engine.train import Dataset
 from mnist_target.models import Model
 from mnist_target.run import TrainConfig, batch_orders, evaluate, logits_of, train_model
-from engine.train import Dataset
 
 
 def _data(n=64, seed=0):
