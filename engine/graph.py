@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.errors import EngineError, ShapeError
+from engine.errors import EngineError, ShapeError, StalePlanError
 from engine.planner import Plan
 from engine.registry import OPS
 from engine.tensor import Flag, Tensor
@@ -168,9 +168,14 @@ class Graph:
     def compute(self, backend="cpu"):
         """Evaluate every node, replanning when the graph changed since the last plan."""
         plan = self._plan
-        if plan is None or plan.backend.name != backend or not plan.matches(self):
-            plan = self._plan = Plan(self, backend)
-        plan.run(self)
+        if plan is not None and plan.backend.name == backend:
+            try:
+                plan.run(self)               # checks that the plan is this graph's as it is
+                return self
+            except StalePlanError:
+                pass
+        self._plan = Plan(self, backend)
+        self._plan.run(self)
         return self
 
     @property
