@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from engine.backends import sequence
 from engine.registry import OpDef
 from engine.tensor import Tensor
 
@@ -138,17 +139,9 @@ def _then_copies(call: Call | None, result, copies: tuple[Copy, ...]) -> Call | 
     if not copies:
         return call
     moves = [functools.partial(_move, c, result) for c in copies]
-    return _sequence([call, *moves] if call is not None else moves)
+    return sequence(*([call, *moves] if call is not None else moves))
 
 
-def _sequence(calls: list[Call]) -> Call:
-    if len(calls) == 1:
-        return calls[0]
-
-    def run_all():
-        for c in calls:
-            c()
-    return run_all
 
 
 def bind_step(step: Step, results: list) -> Call | None:

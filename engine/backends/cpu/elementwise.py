@@ -27,9 +27,10 @@ import numba
 import numpy as np
 
 from engine import elementwise as table
+from engine.backends import sequence
 from engine.backends.compile_scalar import compile_scalar, source_digest
 from engine.backends.cpu import layout, threads
-from engine.backends.cpu.jit import OPTIONS, bindable, call, parallel_kernel, prange, sequence
+from engine.backends.cpu.jit import OPTIONS, bindable, call, parallel_kernel, prange
 
 # the scalar math is compiled into each kernel that calls it (LLVM inlines it there) and
 # cached with it; the functions themselves get no cache entries of their own

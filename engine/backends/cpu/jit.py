@@ -125,15 +125,6 @@ def call(fn, *args):
     return functools.partial(fn, *args)
 
 
-def sequence(*calls):
-    """One zero-argument call running `calls` in order (none: a call that does nothing)."""
-    if len(calls) == 1:
-        return calls[0]
-
-    def run_all():
-        for c in calls:
-            c()
-    return run_all
 
 
 def bindable(prepare):

@@ -18,7 +18,8 @@ import functools
 
 import numpy as np
 
-from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, sequence
+from engine.backends import sequence
+from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
 
 as_strided = np.lib.stride_tricks.as_strided
 
