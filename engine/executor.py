@@ -142,8 +142,6 @@ def _then_copies(call: Call | None, result, copies: tuple[Copy, ...]) -> Call | 
     return sequence(*([call, *moves] if call is not None else moves))
 
 
-
-
 def bind_step(step: Step, results: list) -> Call | None:
     """`step` as a zero-argument call, every buffer resolved now; the step's result is stored
     in results[step.slot] for the steps that read it. None: nothing to run (a view that is

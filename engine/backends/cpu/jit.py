@@ -125,8 +125,6 @@ def call(fn, *args):
     return functools.partial(fn, *args)
 
 
-
-
 def bindable(prepare):
     """A CPU kernel `kernel(out, ins, **params)` made from `prepare(out, ins, **params)`,
     which checks and lays out the arrays and returns a zero-argument call that computes.

@@ -221,4 +221,3 @@ def engine_threads():
         for lib, n in zip(libs, before, strict=True):
             if n != 1:
                 lib.set_num_threads(n)
-

@@ -23,8 +23,6 @@ from tests.engine.ops.op_harness import evaluate, weighted_grads
 RNG = np.random.default_rng(20240611)
 
 
-
-
 def _threads(n):
     """A context in which numba runs n threads (at most what it has)."""
     class _Ctx:

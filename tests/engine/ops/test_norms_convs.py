@@ -19,8 +19,6 @@ from tests.engine.ops.op_harness import TOL, evaluate, weighted_grads
 RNG = np.random.default_rng(2024)
 
 
-
-
 def _torch_grads(fn, arrays, w):
     tens = [torch.tensor(a, requires_grad=True) for a in arrays]
     out = fn(*tens)
