@@ -15,13 +15,14 @@ writes the model after the last completed epoch, if there is one).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.backends import get_backend
-from engine.backends.cpu.threads import set_num_threads
+from engine.backends.cpu.threads import get_num_threads, set_num_threads
 from engine.errors import EngineError
 from mnist_target import regress
 from mnist_target.data import load_mnist, to_dataset
@@ -47,7 +48,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="engine backend (default cpu; cuda needs a GPU or "
                         "NUMBA_ENABLE_CUDASIM=1)")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads of the engine, and of torch in regress (default: "
+                   help="CPU threads of the engine, and of torch and ggml in regress (default: "
                         "GRADVERIFY_THREADS, else one per core)")
 
 
@@ -86,8 +87,28 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     _add_common(p)
 
 
+def _engines(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in regress.ENGINES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown engine {', '.join(unknown) or repr(text)}; known: "
+            f"{', '.join(regress.ENGINES)} (a comma-separated list)")
+    return names
+
+
 def _regress_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=("fc", "cnn", "all"), default="all")
+    p.add_argument("--engine", type=_engines, default=("engine",), metavar="NAME[,NAME]",
+                   help="engines trained against torch: engine (ours, on --backend; the "
+                        "default), ggml (ggml's own training through its C API, CPU), or "
+                        "both: engine,ggml")
+    p.add_argument("--ggml-lib", metavar="DIR",
+                   help="with --engine ggml: ggml's libraries from DIR (default: those of "
+                        "the libggml-python wheel)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train N seeds (--seed, --seed + 1, ...) and report the mean and "
+                        "standard deviation of the test accuracy (default 1)")
     p.add_argument("--format", choices=("plain", "github", "html", "json", "junit"),
                    help="report format (default: from --output's extension, else plain)")
     p.add_argument("--output", metavar="FILE", help="write the report here (atomically)")
@@ -169,18 +190,34 @@ def cmd_eval(args) -> int:
     return 0
 
 
+MAX_SEEDS = 100
+
+
 def cmd_regress(args) -> int:
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        raise EngineError(f"--seeds must lie in [1, {MAX_SEEDS}], got {args.seeds}")
+    if "ggml" in args.engine:
+        from mnist_target.ggml_train import load_training_lib
+        load_training_lib(args.ggml_lib)     # missing or wrong libraries: exit 2 now
     config, data = _prepare(args, args.output)
-    full = args.limit is None and args.epochs >= TrainConfig().epochs
+    full = args.limit is None and args.epochs >= TrainConfig().epochs and args.init == "torch"
     archs = ("fc", "cnn") if args.arch == "all" else (args.arch,)
+    options = regress.Options(engines=args.engine, init=args.init, limit=args.limit,
+                              threads=get_num_threads(), ggml_lib=args.ggml_lib,
+                              progress=not args.no_progress and sys.stderr.isatty())
     runs, results = [], []
     for arch in archs:
-        run = regress.run_arch(arch, data, config, init=args.init, limit=args.limit,
-                               progress=not args.no_progress and sys.stderr.isatty(), log=_say)
-        runs.append(run)
-        results += regress.results_of(run, check_accuracy=full and args.init == "torch")
-        if run.interrupted:
+        for seed in range(args.seed, args.seed + args.seeds):
+            run = regress.run_arch(arch, data, dataclasses.replace(config, seed=seed),
+                                   options, log=_say)
+            runs.append(run)
+            results += regress.results_of(run, floors=full and seed == args.seed,
+                                          seed_in_names=args.seeds > 1)
+            if run.interrupted:
+                break
+        if runs[-1].interrupted:
             break
+    results += regress.seed_summary(runs)
     fmt = args.format or (format_for_path(args.output) if args.output else "plain")
     meta = {"argv": args.argv, "data": data.source, "history": regress.history_meta(runs)}
     figures = regress.curves_html(runs) if fmt == "html" else None

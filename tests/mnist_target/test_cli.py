@@ -138,13 +138,45 @@ def test_regress_on_a_subset_writes_every_format(tmp_path, capsys, mnist_subset)
     doc = json.loads(out.read_text())
     names = [r["case"] for r in doc["results"]]
     assert doc["meta"]["history"]["mnist-fc"]["torch"][1]["epoch"] == 2
-    assert "fc: test accuracy" in names and "fc: seconds per epoch" in names
-    assert "fc: training loss, epoch 2" in names
+    assert "fc, engine: test accuracy floor" in names
+    assert "fc, engine: test accuracy vs torch" in names
+    assert "fc, engine: seconds per epoch" in names
+    assert "fc, engine: training loss, epoch 2" in names
+    assert "fc, engine: validation loss, epoch 2" in names
     assert code == 0, capsys.readouterr()
     html = tmp_path / "report.html"
     assert main(["regress", "--arch", "fc", "--epochs", "1", "--data", str(root),
                  "--output", str(html), *SMALL]) == 0
-    assert "fc: test accuracy" in html.read_text()
+    assert "fc, engine: test accuracy vs torch" in html.read_text()
+
+
+def test_regress_seeds_reports_mean_and_spread(tmp_path, capsys, mnist_subset):
+    root = mnist_subset[0]
+    out = tmp_path / "report.json"
+    assert main(["regress", "--arch", "fc", "--epochs", "1", "--seeds", "2", "--data",
+                 str(root), "--output", str(out), *SMALL]) == 0, capsys.readouterr()
+    doc = json.loads(out.read_text())
+    names = [r["case"] for r in doc["results"]]
+    assert "fc, engine, seed 1: test accuracy vs torch" in names
+    assert "fc, engine: test accuracy over 2 seeds" in names
+    assert "fc, torch: test accuracy over 2 seeds" in names
+    assert set(doc["meta"]["history"]["seeds"]["mnist-fc"]) == {"0", "1"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "tensorflow"], "unknown engine tensorflow; known: engine, ggml"),
+    (["--seeds", "0"], "--seeds must lie in [1, 100]"),
+    (["--engine", "ggml", "--ggml-lib", "/nonexistent/ggml"], "ggml: library directory"),
+])
+def test_regress_refuses_bad_options_in_one_line(tmp_path, capsys, args, message):
+    """Refused before any data is read (tmp_path holds no MNIST files)."""
+    try:
+        code = main(["regress", "--arch", "fc", "--data", str(tmp_path), *args])
+    except SystemExit as exc:               # argparse's usage error
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert message in err[-1]
 
 
 @pytest.mark.parametrize("content, message", [

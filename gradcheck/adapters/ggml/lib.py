@@ -121,18 +121,29 @@ class GgmlLib:
 
     def __init__(self, directory: str, handles: dict[str, ctypes.CDLL]):
         self.directory = directory
-        for libname, functions in SIGNATURES.items():
-            for fn, (restype, argtypes) in functions.items():
-                try:
-                    f = getattr(handles[libname], fn)
-                except AttributeError:
-                    raise AdapterError(
-                        f"ggml: {os.path.join(directory, libname)} lacks the symbol {fn}; "
-                        f"is it ggml {_supported_text()}?") from None
-                f.restype, f.argtypes = restype, argtypes
-                setattr(self, fn, f)
+        self.handles = handles
+        self.declare(SIGNATURES)
         self.version = self.ggml_version().decode()
         self.commit = self.ggml_commit().decode()
+
+    def declare(self, signatures: dict[str, dict[str, tuple]]) -> None:
+        """Declare more functions ({library: {function: (restype, argtypes)}}, as
+        SIGNATURES) and make them attributes; AdapterError naming a missing symbol."""
+        for libname, functions in signatures.items():
+            for fn, (restype, argtypes) in functions.items():
+                try:
+                    f = getattr(self.handles[libname], fn)
+                except AttributeError:
+                    raise AdapterError(
+                        f"ggml: {os.path.join(self.directory, libname)} lacks the symbol "
+                        f"{fn}; is it ggml {_supported_text()}?") from None
+                f.restype, f.argtypes = restype, argtypes
+                setattr(self, fn, f)
+
+    def address(self, libname: str, fn: str) -> int:
+        """The address of function `fn` of `libname` (BASE or CPU), to pass as a C function
+        pointer."""
+        return ctypes.cast(getattr(self.handles[libname], fn), c_void_p).value
 
     def tensor(self, ptr) -> GgmlTensor:
         """The struct behind a tensor pointer (read its ne, nb; never write it)."""

@@ -1,0 +1,383 @@
+"""ggml's own MNIST training, through its C API: the engine column `ggml` of `mnist-regress`.
+
+    history, weights = train_ggml(model, images, labels, config, orders)
+    accuracy = evaluate_ggml(model.arch, weights, test_images, test_labels, config)
+
+This drives ggml-opt (ggml 0.20's `ggml-opt.h`), as ggml's MNIST example does, with the
+libraries the gradcheck adapter loads (gradcheck.adapters.ggml.lib: the `libggml-python`
+wheel, or `--ggml-lib DIR`):
+- the model's weights in a static context allocated on the CPU backend, flagged with
+  ggml_set_param; the forward graph (ggml's mnist_model_build: mul_mat + add + relu for the
+  FC; conv_2d, pool_2d, permute and cont for the CNN) in a compute context;
+- ggml_opt_init with static graphs: ggml-opt builds the forward graph, the gradient graph
+  with accumulation and the optimizer graph (ggml_opt_step_adamw per param), and hands
+  each to ggml_backend_sched to allocate;
+- one ggml_opt_epoch per epoch: training batches (gradient accumulation over
+  batch_logical / batch_physical, then one AdamW step) and then the validation batches
+  through the forward graph, on the same opt context. The scheduler allocates the forward
+  and the optimizer graph in turn every epoch: the code path where ggml once validated with
+  the training graph.
+
+What is ours, not ggml's example: the initial weights (copied in, the same as the engine's
+and torch's), the batch order (each epoch's order, from mnist_target.run.batch_orders, is
+written into the ggml dataset before the epoch instead of ggml_opt_dataset_shuffle) and the
+AdamW settings (ggml_opt_get_constant_optimizer_params over our values; ggml's default
+callback has the same ones). ggml aborts the process on a failed assertion, so every size it
+asserts on is checked here first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from ctypes import (
+    POINTER,
+    Structure,
+    byref,
+    c_bool,
+    c_double,
+    c_float,
+    c_int,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_void_p,
+)
+
+import numpy as np
+
+from engine.errors import EngineError
+from engine.train import EpochResult
+from mnist_target.models import CNN_CHANNELS, HW, NCLASSES, NINPUT, SHAPES, arch_name
+from mnist_target.run import EpochRecord, TrainConfig
+
+GRAPH_SIZE = 2048                       # GGML_DEFAULT_GRAPH_SIZE
+LOSS_CROSS_ENTROPY = 2                  # enum ggml_opt_loss_type
+BUILD_FORWARD, BUILD_OPT = 10, 30       # enum ggml_opt_build_type
+OPTIMIZER_ADAMW = 0                     # enum ggml_opt_optimizer_type
+GGML_TYPE_F32 = 0
+POOL_MAX = 0
+
+
+class OptimizerParams(Structure):
+    """struct ggml_opt_optimizer_params: adamw {alpha, beta1, beta2, eps, wd}, sgd {alpha, wd}."""
+    _fields_ = [("alpha", c_float), ("beta1", c_float), ("beta2", c_float), ("eps", c_float),
+                ("wd", c_float), ("sgd_alpha", c_float), ("sgd_wd", c_float)]
+
+
+class OptParams(Structure):
+    """struct ggml_opt_params (passed and returned by value)."""
+    _fields_ = [("backend_sched", c_void_p), ("ctx_compute", c_void_p), ("inputs", c_void_p),
+                ("outputs", c_void_p), ("loss_type", c_int), ("build_type", c_int),
+                ("opt_period", c_int32), ("get_opt_pars", c_void_p),
+                ("get_opt_pars_ud", c_void_p), ("optimizer", c_int)]
+
+
+P = c_void_p
+D = POINTER(c_double)
+# the functions of ggml-backend, ggml-alloc and ggml-opt this module calls (ggml 0.20)
+TRAINING_SIGNATURES = {
+    "libggml-base.so": {
+        "ggml_graph_overhead": (c_size_t, []),
+        "ggml_set_input": (None, [P]),
+        "ggml_reshape_2d": (P, [P, P, c_int64, c_int64]),
+        "ggml_backend_sched_new": (P, [POINTER(P), P, c_int, c_size_t, c_bool, c_bool]),
+        "ggml_backend_sched_free": (None, [P]),
+        "ggml_backend_free": (None, [P]),
+        "ggml_backend_alloc_ctx_tensors": (P, [P, P]),
+        "ggml_backend_buffer_free": (None, [P]),
+        "ggml_backend_tensor_set": (None, [P, c_void_p, c_size_t, c_size_t]),
+        "ggml_backend_tensor_get": (None, [P, c_void_p, c_size_t, c_size_t]),
+        "ggml_opt_default_params": (OptParams, [P, c_int]),
+        "ggml_opt_init": (P, [OptParams]),
+        "ggml_opt_free": (None, [P]),
+        "ggml_opt_dataset_init": (P, [c_int, c_int, c_int64, c_int64, c_int64, c_int64]),
+        "ggml_opt_dataset_free": (None, [P]),
+        "ggml_opt_dataset_data": (P, [P]),
+        "ggml_opt_dataset_labels": (P, [P]),
+        "ggml_opt_result_init": (P, []),
+        "ggml_opt_result_free": (None, [P]),
+        "ggml_opt_result_reset": (None, [P]),
+        "ggml_opt_result_loss": (None, [P, D, D]),
+        "ggml_opt_result_accuracy": (None, [P, D, D]),
+        "ggml_opt_result_ndata": (None, [P, POINTER(c_int64)]),
+        "ggml_opt_epoch": (None, [P, P, P, P, c_int64, P, P]),
+        "ggml_opt_get_constant_optimizer_params": (OptimizerParams, [P]),
+    },
+    "libggml-cpu.so": {
+        "ggml_backend_cpu_init": (P, []),
+        "ggml_backend_cpu_set_n_threads": (None, [P, c_int]),
+    },
+}
+
+
+def load_training_lib(lib_dir: str | None = None):
+    """ggml's libraries (gradcheck.adapters.ggml.lib.load) with the training API declared;
+    AdapterError (an EngineError here) when they are missing or of another version."""
+    from gradcheck.adapters.base import AdapterError
+    from gradcheck.adapters.ggml import lib as ggml_lib
+    try:
+        lib = ggml_lib.load(lib_dir)
+        if not hasattr(lib, "ggml_opt_init"):
+            lib.declare(TRAINING_SIGNATURES)
+    except AdapterError as exc:
+        raise EngineError(str(exc)) from None
+    return lib
+
+
+def _ne(shape) -> tuple[int, ...]:
+    return tuple(int(d) for d in reversed(shape))
+
+
+class GgmlModel:
+    """One MNIST model in ggml: the CPU backend and its scheduler, the weights and the
+    images input (static context, on the backend), the forward graph (compute context).
+    Use as a context manager: everything is freed on exit."""
+
+    def __init__(self, lib, arch: str, weights: dict[str, np.ndarray], batch: int,
+                 threads: int):
+        self.lib, self.arch, self.batch, self.threads = lib, arch_name(arch), batch, threads
+        self.initial = {name: np.ascontiguousarray(weights[name], np.float32)
+                        for name in SHAPES[self.arch]}
+        self._handles: list[tuple] = []
+
+    def __enter__(self) -> GgmlModel:
+        lib = self.lib
+        from gradcheck.adapters.ggml.lib import InitParams
+        try:
+            self.backend = self._own(lib.ggml_backend_cpu_init(), lib.ggml_backend_free,
+                                     "ggml_backend_cpu_init")
+            lib.ggml_backend_cpu_set_n_threads(self.backend, self.threads)
+            backends = (P * 1)(self.backend)
+            self.sched = self._own(
+                lib.ggml_backend_sched_new(backends, None, 1, GRAPH_SIZE, False, True),
+                lib.ggml_backend_sched_free, "ggml_backend_sched_new")
+            overhead = lib.ggml_tensor_overhead()
+            self.ctx_static = self._own(lib.ggml_init(InitParams(64 * overhead, None, True)),
+                                        lib.ggml_free, "ggml_init (static context)")
+            self.params = {}
+            for name, value in self.initial.items():
+                t = self._new(self.ctx_static, value.shape)
+                lib.ggml_set_name(t, name.encode())
+                self.params[name] = t
+            self.images = self._new(self.ctx_static, (self.batch, NINPUT))
+            lib.ggml_set_name(self.images, b"images")
+            lib.ggml_set_input(self.images)
+            self._own(lib.ggml_backend_alloc_ctx_tensors(self.ctx_static, self.backend),
+                      lib.ggml_backend_buffer_free, "ggml_backend_alloc_ctx_tensors")
+            for name, value in self.initial.items():
+                lib.ggml_backend_tensor_set(self.params[name], value.ctypes.data, 0,
+                                            value.nbytes)
+            size = GRAPH_SIZE * overhead + 3 * lib.ggml_graph_overhead()
+            self.ctx_compute = self._own(lib.ggml_init(InitParams(size, None, True)),
+                                         lib.ggml_free, "ggml_init (compute context)")
+            self.logits = self._build()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._handles:
+            handle, free = self._handles.pop()
+            free(handle)
+
+    def _own(self, handle, free, what: str):
+        if not handle:
+            raise EngineError(f"ggml: {what} failed")
+        self._handles.append((handle, free))
+        return handle
+
+    def _new(self, ctx, shape):
+        ne = (c_int64 * 4)(*(_ne(shape) + (1,) * (4 - len(shape))))
+        return self.lib.ggml_new_tensor(ctx, GGML_TYPE_F32, len(shape), ne)
+
+    def _build(self):
+        """ggml's mnist_model_build on the compute context; returns the logits."""
+        lib, ctx, w = self.lib, self.ctx_compute, self.params
+        for t in w.values():
+            lib.ggml_set_param(t)
+        if self.arch == "mnist-fc":
+            hidden = lib.ggml_relu(ctx, lib.ggml_add(
+                ctx, lib.ggml_mul_mat(ctx, w["fc1.weight"], self.images), w["fc1.bias"]))
+            logits = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, w["fc2.weight"], hidden),
+                                  w["fc2.bias"])
+        else:
+            x = lib.ggml_reshape_4d(ctx, self.images, HW, HW, 1, self.batch)
+            for conv in ("conv1", "conv2"):
+                x = lib.ggml_conv_2d(ctx, w[f"{conv}.kernel"], x, 1, 1, 1, 1, 1, 1)
+                x = lib.ggml_relu(ctx, lib.ggml_add(ctx, x, w[f"{conv}.bias"]))
+                x = lib.ggml_pool_2d(ctx, x, POOL_MAX, 2, 2, 2, 2, 0.0, 0.0)
+            x = lib.ggml_cont(ctx, lib.ggml_permute(ctx, x, 1, 2, 0, 3))
+            x = lib.ggml_reshape_2d(ctx, x, (HW // 4) ** 2 * 2 * CNN_CHANNELS, self.batch)
+            logits = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, w["dense.weight"], x),
+                                  w["dense.bias"])
+        lib.ggml_set_name(logits, b"logits")
+        lib.ggml_set_output(logits)
+        if tuple(lib.tensor(logits).ne) != (NCLASSES, self.batch, 1, 1):
+            raise EngineError(f"ggml: the {self.arch} logits have ne "
+                              f"{list(lib.tensor(logits).ne)}, not [10, {self.batch}, 1, 1]")
+        return logits
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The current weights, read back from the backend, in the model's shapes."""
+        out = {}
+        for name, value in self.initial.items():
+            array = np.empty_like(value)
+            self.lib.ggml_backend_tensor_get(self.params[name], array.ctypes.data, 0,
+                                             array.nbytes)
+            out[name] = array
+        return out
+
+    def opt_context(self, build_type: int, opt_period: int = 1,
+                    optimizer_params: OptimizerParams | None = None):
+        """A ggml_opt context over this model (cross-entropy loss, static graphs); the
+        caller frees it with ggml_opt_free. `optimizer_params` must outlive it."""
+        lib = self.lib
+        params = lib.ggml_opt_default_params(self.sched, LOSS_CROSS_ENTROPY)
+        _check_default_params(lib, params, self.sched)
+        params.ctx_compute, params.inputs, params.outputs = (self.ctx_compute, self.images,
+                                                             self.logits)
+        params.build_type, params.opt_period = build_type, opt_period
+        params.optimizer = OPTIMIZER_ADAMW
+        if optimizer_params is not None:
+            params.get_opt_pars = lib.address(
+                "libggml-base.so", "ggml_opt_get_constant_optimizer_params")
+            params.get_opt_pars_ud = ctypes.addressof(optimizer_params)
+        opt = lib.ggml_opt_init(params)
+        if not opt:
+            raise EngineError("ggml: ggml_opt_init failed")
+        return opt
+
+
+def _check_default_params(lib, params: OptParams, sched) -> None:
+    """ggml_opt_default_params came back as the layout OptParams mirrors (ggml 0.20)."""
+    ok = (params.backend_sched == sched and not params.ctx_compute and not params.inputs
+          and params.loss_type == LOSS_CROSS_ENTROPY and params.build_type == BUILD_OPT
+          and params.opt_period == 1 and params.optimizer == OPTIMIZER_ADAMW
+          and params.get_opt_pars == lib.address("libggml-base.so",
+                                                 "ggml_opt_get_default_optimizer_params"))
+    if not ok:
+        raise EngineError(f"ggml: struct ggml_opt_params in {lib.directory} (ggml "
+                          f"{lib.version}) does not have the layout of ggml 0.20's ggml-opt.h")
+
+
+class _Dataset:
+    """A ggml_opt dataset of `n` images (784 floats) and one-hot labels (10 floats)."""
+
+    def __init__(self, lib, n: int):
+        self.lib, self.n = lib, n
+        self.handle = lib.ggml_opt_dataset_init(GGML_TYPE_F32, GGML_TYPE_F32, NINPUT,
+                                                NCLASSES, n, 1)
+        if not self.handle:
+            raise EngineError(f"ggml: ggml_opt_dataset_init failed for {n} images")
+
+    def fill(self, images: np.ndarray, labels: np.ndarray) -> None:
+        images = np.ascontiguousarray(images, np.float32)
+        onehot = np.zeros((len(labels), NCLASSES), np.float32)
+        onehot[np.arange(len(labels)), np.asarray(labels, np.int64)] = 1.0
+        lib = self.lib
+        lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_data(self.handle),
+                                    images.ctypes.data, 0, images.nbytes)
+        lib.ggml_backend_tensor_set(lib.ggml_opt_dataset_labels(self.handle),
+                                    onehot.ctypes.data, 0, onehot.nbytes)
+
+    def free(self) -> None:
+        self.lib.ggml_opt_dataset_free(self.handle)
+
+
+def _result_of(lib, result) -> EpochResult:
+    """A ggml_opt result as an engine.train.EpochResult summary (its loss and accuracy
+    with ggml's own uncertainties)."""
+    loss, loss_unc, acc, acc_unc = c_double(), c_double(), c_double(), c_double()
+    ndata = c_int64()
+    lib.ggml_opt_result_loss(result, byref(loss), byref(loss_unc))
+    lib.ggml_opt_result_accuracy(result, byref(acc), byref(acc_unc))
+    lib.ggml_opt_result_ndata(result, byref(ndata))
+    return _Summary(loss.value, loss_unc.value, acc.value, acc_unc.value, ndata.value)
+
+
+class _Summary(EpochResult):
+    """An EpochResult whose loss and accuracy come from ggml's result."""
+
+    def __init__(self, loss, loss_unc, acc, acc_unc, ndata):
+        super().__init__("cross_entropy")
+        self._loss, self._acc, self.ndata = (loss, loss_unc), (acc, acc_unc), ndata
+
+    def loss(self):
+        return self._loss if self.ndata else (float("nan"), float("nan"))
+
+    def accuracy(self):
+        return self._acc if self.ndata else (float("nan"), float("nan"))
+
+
+def _check_sizes(config: TrainConfig, n: int) -> tuple[int, int]:
+    """(datapoints used, training datapoints) as ggml_opt_epoch asserts them; EngineError
+    where ggml would abort."""
+    config.validate(n)
+    used = n // config.batch_physical * config.batch_physical
+    split = int((1.0 - config.val_split) * (n // config.batch_logical)) * config.batch_logical
+    return used, split
+
+
+def train_ggml(model, images: np.ndarray, labels: np.ndarray, config: TrainConfig,
+               orders: list[np.ndarray], threads: int, lib_dir: str | None = None,
+               on_epoch=None) -> tuple[list[EpochRecord], dict[str, np.ndarray]]:
+    """Train `model`'s architecture in ggml from `model.weights()` on `images` (n, 784) and
+    int `labels`, epoch e in the datapoint order orders[e] (mnist_target.run.batch_orders).
+    Returns the per-epoch records (ggml's own results: mean loss per physical batch and
+    accuracy) and the trained weights; `model` is left as it was."""
+    lib = load_training_lib(lib_dir)
+    used, split = _check_sizes(config, len(images))
+    hp = OptimizerParams(config.lr, 0.9, 0.999, 1e-8, 0.0, config.lr, 0.0)
+    history: list[EpochRecord] = []
+    with GgmlModel(lib, model.arch, model.weights(), config.batch_physical, threads) as g:
+        opt = g.opt_context(BUILD_OPT, config.batch_logical // config.batch_physical, hp)
+        dataset = _Dataset(lib, used)
+        train, val = lib.ggml_opt_result_init(), lib.ggml_opt_result_init()
+        try:
+            for epoch, order in enumerate(orders, start=1):
+                start = time.perf_counter()
+                order = np.asarray(order)[:used]
+                dataset.fill(images[order], np.asarray(labels)[order])
+                lib.ggml_opt_result_reset(train)
+                lib.ggml_opt_result_reset(val)
+                lib.ggml_opt_epoch(opt, dataset.handle, train, val, split, None, None)
+                history.append(EpochRecord.from_results(
+                    epoch, _result_of(lib, train), _result_of(lib, val),
+                    time.perf_counter() - start))
+                if on_epoch is not None:
+                    on_epoch(history[-1])
+            weights = g.weights()
+        finally:
+            lib.ggml_opt_result_free(train)
+            lib.ggml_opt_result_free(val)
+            dataset.free()
+            lib.ggml_opt_free(opt)
+    return history, weights
+
+
+def evaluate_ggml(arch: str, weights: dict[str, np.ndarray], images: np.ndarray,
+                  labels: np.ndarray, config: TrainConfig, threads: int,
+                  lib_dir: str | None = None) -> tuple[float, float, int]:
+    """(accuracy, its standard error, images used) of `weights` in ggml on a labelled set,
+    as ggml's mnist_model_eval: a forward-only opt context and one ggml_opt_epoch. ggml
+    evaluates whole batches only, so the last len(images) % batch_physical are left out."""
+    lib = load_training_lib(lib_dir)
+    used = len(images) // config.batch_physical * config.batch_physical
+    if used == 0:
+        raise EngineError(f"ggml evaluates whole batches of {config.batch_physical}; "
+                          f"{len(images)} test images hold none")
+    with GgmlModel(lib, arch, weights, config.batch_physical, threads) as g:
+        opt = g.opt_context(BUILD_FORWARD)
+        dataset = _Dataset(lib, used)
+        result = lib.ggml_opt_result_init()
+        try:
+            dataset.fill(images[:used], np.asarray(labels)[:used])
+            lib.ggml_opt_epoch(opt, dataset.handle, None, result, 0, None, None)
+            acc, acc_unc = _result_of(lib, result).accuracy()
+        finally:
+            lib.ggml_opt_result_free(result)
+            dataset.free()
+            lib.ggml_opt_free(opt)
+    return acc, acc_unc, used
