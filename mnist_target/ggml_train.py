@@ -29,6 +29,7 @@ asserts on is checked here first.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import time
 from ctypes import (
     POINTER,
@@ -320,41 +321,99 @@ def _check_sizes(config: TrainConfig, n: int) -> tuple[int, int]:
     return used, split
 
 
+# ggml_opt_epoch_callback: (train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)
+EPOCH_CALLBACK = ctypes.CFUNCTYPE(None, c_bool, c_void_p, c_void_p, c_void_p, c_int64,
+                                  c_int64, c_int64)
+
+
+class _Progress:
+    """ggml_opt_epoch's callback for one epoch: a tqdm bar over its physical batches (when
+    enabled) with the running loss and accuracy, and Ctrl-C caught where it lands (inside
+    the callback, Python code that ggml calls) to stop after the epoch."""
+
+    def __init__(self, lib, enabled: bool, batch: int):
+        self.lib, self.enabled, self.batch = lib, enabled, batch
+        self.bar, self.interrupted = None, False
+        self.callback = EPOCH_CALLBACK(self._tick)
+
+    def start(self, epoch: int, epochs: int, nbatches: int) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=nbatches * self.batch, desc=f"ggml epoch {epoch}/{epochs}",
+                            unit="img", unit_scale=True, leave=False, dynamic_ncols=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _tick(self, train, _opt, _dataset, result, _ibatch, _ibatch_max, _t_start):
+        try:
+            if self.bar is not None:
+                summary = _result_of(self.lib, result)
+                self.bar.set_postfix_str(f"{'train' if train else 'val'} loss "
+                                         f"{summary.loss()[0]:.4f} acc "
+                                         f"{100 * summary.accuracy()[0]:.2f}%", refresh=False)
+                self.bar.update(self.batch)
+        except KeyboardInterrupt:
+            self.interrupted = True
+
+
+@dataclasses.dataclass
+class GgmlRun:
+    """ggml's training run: one record per completed epoch, the weights after the last."""
+
+    history: list[EpochRecord]
+    weights: dict[str, np.ndarray]
+    interrupted: bool = False
+
+
 def train_ggml(model, images: np.ndarray, labels: np.ndarray, config: TrainConfig,
                orders: list[np.ndarray], threads: int, lib_dir: str | None = None,
-               on_epoch=None) -> tuple[list[EpochRecord], dict[str, np.ndarray]]:
+               progress: bool = False, on_epoch=None) -> GgmlRun:
     """Train `model`'s architecture in ggml from `model.weights()` on `images` (n, 784) and
     int `labels`, epoch e in the datapoint order orders[e] (mnist_target.run.batch_orders).
-    Returns the per-epoch records (ggml's own results: mean loss per physical batch and
-    accuracy) and the trained weights; `model` is left as it was."""
+    The records are ggml's own results (mean loss per physical batch, accuracy); `model` is
+    left as it was. progress: a tqdm bar per epoch. Ctrl-C stops after the epoch it lands
+    in (ggml runs an epoch in one call) and the run is marked interrupted."""
     lib = load_training_lib(lib_dir)
     used, split = _check_sizes(config, len(images))
     hp = OptimizerParams(config.lr, 0.9, 0.999, 1e-8, 0.0, config.lr, 0.0)
     history: list[EpochRecord] = []
+    bar = _Progress(lib, progress, config.batch_physical)
     with GgmlModel(lib, model.arch, model.weights(), config.batch_physical, threads) as g:
         opt = g.opt_context(BUILD_OPT, config.batch_logical // config.batch_physical, hp)
         dataset = _Dataset(lib, used)
         train, val = lib.ggml_opt_result_init(), lib.ggml_opt_result_init()
         try:
             for epoch, order in enumerate(orders, start=1):
-                start = time.perf_counter()
-                order = np.asarray(order)[:used]
-                dataset.fill(images[order], np.asarray(labels)[order])
-                lib.ggml_opt_result_reset(train)
-                lib.ggml_opt_result_reset(val)
-                lib.ggml_opt_epoch(opt, dataset.handle, train, val, split, None, None)
-                history.append(EpochRecord.from_results(
-                    epoch, _result_of(lib, train), _result_of(lib, val),
-                    time.perf_counter() - start))
-                if on_epoch is not None:
-                    on_epoch(history[-1])
+                try:
+                    start = time.perf_counter()
+                    order = np.asarray(order)[:used]
+                    dataset.fill(images[order], np.asarray(labels)[order])
+                    lib.ggml_opt_result_reset(train)
+                    lib.ggml_opt_result_reset(val)
+                    bar.start(epoch, len(orders), used // config.batch_physical)
+                    lib.ggml_opt_epoch(opt, dataset.handle, train, val, split, bar.callback,
+                                       bar.callback)
+                    bar.close()
+                    history.append(EpochRecord.from_results(
+                        epoch, _result_of(lib, train), _result_of(lib, val),
+                        time.perf_counter() - start))
+                    if on_epoch is not None:
+                        on_epoch(history[-1])
+                except KeyboardInterrupt:
+                    bar.interrupted = True
+                if bar.interrupted:
+                    break
             weights = g.weights()
         finally:
+            bar.close()
             lib.ggml_opt_result_free(train)
             lib.ggml_opt_result_free(val)
             dataset.free()
             lib.ggml_opt_free(opt)
-    return history, weights
+    return GgmlRun(history, weights, bar.interrupted)
 
 
 def evaluate_ggml(arch: str, weights: dict[str, np.ndarray], images: np.ndarray,

@@ -110,12 +110,12 @@ def run_arch(arch: str, data, config: TrainConfig, options: Options, log=None) -
         elif engine == "ggml":
             from mnist_target.ggml_train import evaluate_ggml, train_ggml
             say(f"{model.arch}, seed {config.seed}: ggml (cpu, {options.threads} threads)")
-            history, weights = train_ggml(model, images, labels, config, orders,
-                                          options.threads, options.ggml_lib,
-                                          on_epoch=lambda r: say(f"  ggml   {r.line()}"))
-            acc = evaluate_ggml(model.arch, weights, test_images, test_labels, config,
-                                options.threads, options.ggml_lib)[0]
-            runs.append(EngineRun("ggml", history, acc))
+            trained = train_ggml(model, images, labels, config, orders, options.threads,
+                                 options.ggml_lib, progress=options.progress,
+                                 on_epoch=lambda r: say(f"  ggml   {r.line()}"))
+            acc = evaluate_ggml(model.arch, trained.weights, test_images, test_labels,
+                                config, options.threads, options.ggml_lib)[0]
+            runs.append(EngineRun("ggml", trained.history, acc, trained.interrupted))
         else:
             raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         if runs[-1].interrupted:

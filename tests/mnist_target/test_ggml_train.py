@@ -54,14 +54,38 @@ def test_ggml_leaves_the_model_alone_and_returns_its_trained_weights(lib, mnist)
     before = {k: v.copy() for k, v in model.weights().items()}
     config = TrainConfig(epochs=1, batch_logical=100, batch_physical=100, val_split=0.0)
     images, labels = mnist.train_images[:500], mnist.train_labels[:500]
-    history, weights = train_ggml(model, images, labels, config,
-                                  batch_orders(len(images), config), threads=1)
+    run = train_ggml(model, images, labels, config, batch_orders(len(images), config),
+                     threads=1)
     assert all(np.array_equal(model.weights()[k], v) for k, v in before.items())
-    assert not any(np.array_equal(weights[k], v) for k, v in before.items())
-    assert np.isnan(history[0].val_loss)
-    acc, _, used = evaluate_ggml("fc", weights, mnist.test_images[:250],
+    assert not any(np.array_equal(run.weights[k], v) for k, v in before.items())
+    assert np.isnan(run.history[0].val_loss) and not run.interrupted
+    acc, _, used = evaluate_ggml("fc", run.weights, mnist.test_images[:250],
                                  mnist.test_labels[:250], config, threads=1)
     assert used == 200 and 0.3 < acc <= 1.0        # whole batches of 100 only
+
+
+def test_ctrl_c_in_the_progress_callback_stops_after_that_epoch(lib, mnist, monkeypatch):
+    """Ctrl-C lands in the progress callback (Python code ggml calls) or between epochs;
+    either way the run stops after that epoch, marked interrupted, with its weights."""
+    from mnist_target import ggml_train
+    from mnist_target.models import Model
+    calls = []
+    real_result_of = ggml_train._result_of
+
+    def result_of(lib, result):           # the callback's first Python call: Ctrl-C lands
+        calls.append(result)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_result_of(lib, result)
+
+    monkeypatch.setattr(ggml_train, "_result_of", result_of)
+    config = TrainConfig(epochs=3, batch_logical=100, batch_physical=100, val_split=0.2)
+    images, labels = mnist.train_images[:500], mnist.train_labels[:500]
+    run = ggml_train.train_ggml(Model.new("fc"), images, labels, config,
+                                batch_orders(len(images), config), threads=1, progress=True)
+    assert run.interrupted and len(run.history) == 1
+    assert len(calls) == 5 + 2     # 4 training batches and 1 validating, then the epoch's
+    assert not np.isnan(run.history[0].val_loss)
 
 
 def test_ggml_refuses_sizes_it_would_abort_on(lib, mnist):
