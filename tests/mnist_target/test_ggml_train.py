@@ -115,6 +115,48 @@ def test_missing_libraries_are_one_clear_error(tmp_path):
         load_training_lib(str(tmp_path))
 
 
+def test_ggml_cnn_gradients_before_the_last_pooling_are_wrong(lib, mnist):
+    """ggml's MNIST CNN graph (as ggml_train builds it, in a plain context) on 4 images:
+    the loss and the dense layer's gradient agree with torch's, the convolutions' do not
+    (the next test shows why)."""
+    torch = pytest.importorskip("torch")
+    from gradcheck.adapters.ggml.graph import Context
+    from mnist_target.models import Model
+    from mnist_target.torch_ref import torch_model
+    n = 4
+    images, labels = mnist.train_images[:n], mnist.train_labels[:n]
+    weights = Model.new("cnn", seed=0).weights()
+    with Context(lib, 1 << 26) as g:
+        w = {name: g.from_numpy(value) for name, value in weights.items()}
+        for t in w.values():
+            lib.ggml_set_param(t)
+        x = g.reshape_4d(g.from_numpy(images), 28, 28, 1, n)
+        for conv in ("conv1", "conv2"):
+            x = g.relu(g.add(g.conv_2d(w[f"{conv}.kernel"], x, 1, 1, 1, 1, 1, 1),
+                             w[f"{conv}.bias"]))
+            x = g.pool_2d(x, 0, 2, 2, 2, 2, 0.0, 0.0)
+        x = g.reshape_2d(g.cont(g.permute(x, 1, 2, 0, 3)), 784, n)
+        logits = g.add(g.mul_mat(w["dense.weight"], x), w["dense.bias"])
+        loss = g.cross_entropy_loss(logits, g.from_numpy(np.eye(10, dtype=np.float32)[labels]))
+        g.build(loss)
+        g.compute(1)
+        ggml_loss = float(g.to_numpy(loss, ()))
+        grads = {name: g.to_numpy(g.grad(t), weights[name].shape) for name, t in w.items()}
+    net = torch_model("cnn", weights)
+    ref = torch.nn.functional.cross_entropy(net(torch.from_numpy(images)),
+                                            torch.from_numpy(labels.astype(np.int64)))
+    ref.backward()
+    assert ggml_loss == pytest.approx(float(ref.detach()), rel=1e-5)
+    names = ["conv1.kernel", "conv1.bias", "conv2.kernel", "conv2.bias", "dense.weight",
+             "dense.bias"]
+    err = {}
+    for name, p in zip(names, net.parameters(), strict=True):
+        truth = p.grad.numpy().reshape(weights[name].shape)
+        err[name] = np.linalg.norm(grads[name] - truth) / np.linalg.norm(truth)
+    assert min(err[name] for name in names[:4]) > 0.5, err
+    assert max(err["dense.weight"], err["dense.bias"]) < 1e-3, err
+
+
 def test_ggml_pool_2d_backward_reads_a_permuted_gradient_as_contiguous(lib):
     """Why ggml's CNN training differs from torch's (README, MNIST): ggml 0.20.2's pool_2d
     backward reads its incoming gradient as if it were contiguous. The MNIST CNN's flatten,
