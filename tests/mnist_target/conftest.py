@@ -12,3 +12,15 @@ def _session_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _private_cache(monkeypatch, _session_cache):
     monkeypatch.setenv("GRADVERIFY_CACHE", str(_session_cache))
+
+
+@pytest.fixture(scope="session")
+def mnist(_session_cache):
+    """Real MNIST (mnist_target.data.MnistData) from the default source, cached in the
+    session's own directory; skips without torch or without a source."""
+    pytest.importorskip("torch")
+    from mnist_target.data import MnistDataError, load_mnist
+    try:
+        return load_mnist(cache_dir=_session_cache)
+    except MnistDataError as exc:
+        pytest.skip(f"no MNIST source: {exc}")

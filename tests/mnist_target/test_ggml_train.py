@@ -20,16 +20,6 @@ def lib():
         pytest.skip(f"no ggml libraries: {exc}")
 
 
-@pytest.fixture(scope="module")
-def mnist():
-    pytest.importorskip("torch")
-    from mnist_target.data import MnistDataError, load_mnist
-    try:
-        return load_mnist()
-    except MnistDataError as exc:
-        pytest.skip(f"no MNIST source: {exc}")
-
-
 SHORT = TrainConfig(epochs=3, batch_logical=200, batch_physical=100, val_split=0.2)
 
 

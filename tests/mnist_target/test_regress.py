@@ -88,16 +88,6 @@ def test_seed_summary_gives_mean_and_spread_against_ggmls_figure():
 
 # --- real training ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def mnist():
-    pytest.importorskip("torch")
-    from mnist_target.data import MnistDataError, load_mnist
-    try:
-        return load_mnist()
-    except MnistDataError as exc:
-        pytest.skip(f"no MNIST source: {exc}")
-
-
 # 3000 images, 20% validating: 12 logical batches of 200 train, 3 validate (6 physical)
 SHORT = TrainConfig(epochs=3, batch_logical=200, batch_physical=100, val_split=0.2)
 
