@@ -7,7 +7,7 @@ import math
 
 from engine.backends.cpu.reduce import cpu_sum
 from engine.errors import DTypeError, ParamError, ShapeError
-from engine.ops.shape import broadcast_to, reshape
+from engine.ops.shape import broadcast_to, cont_if_strided, reshape
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import permutations, sample_strategy, shapes
@@ -47,7 +47,10 @@ def _sum_infer(x, axes, keepdims):
 
 
 def _sum_backward(g, out, x, axes, keepdims):
-    return (broadcast_to(reshape(g, reduced_shape(x.shape, axes, True)), x.shape),)
+    # the incoming gradient may be a strided view (a permute's backward hands one), which
+    # reshape refuses
+    return (broadcast_to(reshape(cont_if_strided(g), reduced_shape(x.shape, axes, True)),
+                         x.shape),)
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001  (the engine's op, like np.sum)
