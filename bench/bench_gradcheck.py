@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from engine.registry import all_ops
+from gradcheck.cotangents import registry_cases
 from gradcheck.runner import checkable_ops
 
 TARGET_SWEEP_S = 120.0
@@ -42,7 +43,7 @@ def torch_cases():
     for name in checkable_ops():
         op = ops[name]
         if op.torch is not None and op.differentiable:
-            yield from op.samples()
+            yield from registry_cases(op)       # with the cotangent cases, as --all
 
 
 def torch_gradcheck_seconds() -> tuple[float, int, int]:

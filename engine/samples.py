@@ -7,6 +7,12 @@ and the parameters sorted by name, e.g.
     pool_2d(type=f32,x=[2,3,8,8],kernel=[3,3],mode=max,padding=[1,1],stride=[2,2])
 
 is the pytest id, the CLI filter key (`gradcheck -k mode=max`) and the report row.
+
+A sample's `cotangent` says how the engine under test receives the upstream gradient of the
+op's output (the loss weights): "contiguous" (the default, not printed), "permuted" (a
+view with its axes reversed, as the backward of cont(permute(y)) hands it) or "expanded"
+(stride 0 along the last axis, as the backward of a sum over that axis hands it: the weights
+are then constant along it). It is printed last, e.g. `...,stride=[2,2],cotangent=permuted`.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from engine.registry import get_op
 from engine.tensor import as_dtype, dtype_name
 
 GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int")
+COTANGENTS = ("contiguous", "permuted", "expanded")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,11 @@ class Sample:
     inputs: tuple[InputSpec, ...]
     params: tuple[tuple[str, Any], ...] = ()
     dtype: str = "f32"
+    cotangent: str = "contiguous"
+
+    def __post_init__(self):
+        if self.cotangent not in COTANGENTS:
+            raise ValueError(f"cotangent must be one of {COTANGENTS}, got {self.cotangent!r}")
 
     @classmethod
     def make(cls, op: str, inputs, dtype="f32", /, **params) -> Sample:
@@ -111,6 +123,8 @@ class Sample:
         parts = [f"type={self.dtype}"]
         parts += [str(i) for i in self.inputs]
         parts += [f"{k}={_fmt(v)}" for k, v in self.params]
+        if self.cotangent != "contiguous":
+            parts.append(f"cotangent={self.cotangent}")
         return f"{self.op}({','.join(parts)})"
 
     @property
@@ -133,7 +147,7 @@ class Sample:
                        else i for i in self.inputs)
         params = tuple((k, dtype if k == "dtype" and v in ("f32", "f64") else v)
                        for k, v in self.params)
-        return _Promoted(self.op, inputs, params, dtype, original=str(self))
+        return _Promoted(self.op, inputs, params, dtype, self.cotangent, original=str(self))
 
     def seed(self) -> int:
         """A seed derived from the case itself, so its data never depends on run order."""

@@ -18,10 +18,15 @@ class EngineResultError(Exception):
     missing gradient): an error row."""
 
 
-def loss_weights(shape, seed: int) -> np.ndarray:
-    """Weights in +-[0.5, 1.5] with random signs: no element's gradient is ever zero."""
+def loss_weights(shape, seed: int, cotangent: str = "contiguous") -> np.ndarray:
+    """Weights in +-[0.5, 1.5] with random signs: no element's gradient is ever zero. For an
+    "expanded" cotangent (engine.samples) they are drawn per row and constant along the
+    last axis, so that the engine can receive them as a stride-0 view."""
+    shape = tuple(shape)
+    drawn = shape[:-1] + (1,) if cotangent == "expanded" and shape else shape
     rng = np.random.default_rng(seed)
-    return rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+    w = rng.uniform(0.5, 1.5, drawn) * rng.choice([-1.0, 1.0], drawn)
+    return np.array(np.broadcast_to(w, shape))      # a copy, 0-d stays 0-d
 
 
 def same_bits(a, b) -> bool:

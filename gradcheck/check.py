@@ -145,7 +145,8 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
         return Result("gradcheck", str(case), "unsupported", {"declined": declined_note},
                       f"the engine declines the gradient of every checked input: "
                       f"{declined_note}", labels=labels)
-    weights = loss_weights(f64_ref.output_shape, case.seed())
+    weights = loss_weights(f64_ref.output_shape, case.seed(),
+                           getattr(case, "cotangent", "contiguous"))
     f64_ref.set_weights(weights)
     out, backprop, differs = engine_vjp(adapter, case, arrays, weights, f64_ref.output_shape)
     backprop = [None if i in declined else g for i, g in enumerate(backprop)]

@@ -38,6 +38,7 @@ class Mutant:
     where: Callable[[Sample], bool] = lambda case: True
     extra: Callable[[str], list[Sample]] = lambda dtype: []   # cases the registry lacks
     max_cases: int = 3                      # per op and dtype, smallest first
+    cotangents: bool = False                # also the op's cotangent cases (gradcheck.cotangents)
 
 
 def scaled(op_name: str, factor: float) -> Callable:
@@ -114,6 +115,29 @@ def _im2col_back_no_dilation(real):
     return kernel
 
 
+def _as_if_contiguous(a: np.ndarray) -> np.ndarray:
+    """A dense strided view (a permutation of a whole buffer, positive strides) read in the
+    buffer's order as if it were C-contiguous; anything else as it is."""
+    def c_strides(shape):
+        return tuple(int(np.prod(shape[i + 1:])) * a.itemsize for i in range(len(shape)))
+
+    order = np.argsort([-s for s in a.strides], kind="stable")
+    stored = tuple(a.shape[i] for i in order)           # the buffer's own axis order
+    if a.flags.c_contiguous or min(a.strides, default=1) <= 0 or \
+            tuple(a.strides[i] for i in order) != c_strides(stored):
+        return a
+    return np.lib.stride_tricks.as_strided(a, a.shape, c_strides(a.shape))
+
+
+def _pool_back_reads_gradient_as_contiguous(real):
+    """pool_2d_back reads its incoming gradient in memory order, ignoring its strides (ggml
+    0.20.2's pool_2d backward does): right whenever that gradient is contiguous."""
+    def kernel(out, ins, **params):
+        g, *rest = ins
+        real(out, [_as_if_contiguous(g), *rest], **params)
+    return kernel
+
+
 def _cross_entropy_back_not_divided(real):
     def kernel(out, ins, **params):
         real(out, ins, **params)
@@ -186,6 +210,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
            "pool_2d_back (avg) spreads each window's gradient over a window shifted one "
            "column left", lambda: kernel_replaced("pool_2d_back", _pool_avg_window_shifted),
            where=_mode("avg")),
+    Mutant("pool_back_reads_gradient_as_contiguous", ("pool_2d",),
+           "pool_2d_back reads its incoming gradient in memory order, ignoring its strides "
+           "(ggml 0.20.2's bug, which broke its MNIST CNN): only a cotangent=permuted case "
+           "hands it a strided gradient",
+           lambda: kernel_replaced("pool_2d_back", _pool_back_reads_gradient_as_contiguous),
+           where=lambda case: case.cotangent == "permuted", cotangents=True),
     Mutant("softmax_back_no_subtraction", ("softmax",),
            "softmax_back computes s * y * g instead of s * y * (g - sum(g * y))",
            lambda: kernel_replaced("softmax_back", _softmax_back_no_subtraction)),

@@ -16,6 +16,7 @@ from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from gradcheck.adapters import spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.cotangents import registry_cases
 
 # adapter options that the gradcheck CLI can say, and how
 OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml-lib"}
@@ -28,7 +29,7 @@ def _is_registry_sample(case) -> bool:
         op = get_op(case.op)
     except Exception:
         return False
-    return bool(op.samples) and str(case) in {str(s) for s in op.samples()}
+    return str(case) in {str(s) for s in registry_cases(op)}
 
 
 def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> str | None:

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from engine.registry import all_ops, get_op
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
+from gradcheck.cotangents import registry_cases
 from gradcheck.generated import generated_results
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.repro import with_repro
@@ -25,12 +26,12 @@ DTYPES = ("f32", "f64")
 
 
 def select_samples(op_names, dtype: str = "all", pattern: str | None = None):
-    """The registry's samples of `op_names` (unknown names raise UnknownOpError), of one
-    dtype or both, whose string contains `pattern`."""
+    """The registry's samples of `op_names` with their cotangent variants
+    (gradcheck.cotangents; unknown names raise UnknownOpError), of one dtype or both, whose
+    string contains `pattern`."""
     samples = []
     for name in op_names:
-        op = get_op(name)
-        samples += list(op.samples()) if op.samples else []
+        samples += registry_cases(get_op(name))
     if dtype != "all":
         samples = [s for s in samples if s.dtype == dtype]
     if pattern:

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from engine.registry import get_op
 from gradcheck.check import check_sample
+from gradcheck.cotangents import registry_cases
 from gradcheck.mutants import MUTANTS, Mutant
 from reports import Result
 
@@ -42,7 +43,8 @@ def mutant_cases(mutant: Mutant, dtypes=DTYPES, max_cases: int | None = None) ->
     limit = mutant.max_cases if max_cases is None else max_cases
     cases = []
     for op_name in mutant.ops:
-        samples = get_op(op_name).samples() or []
+        op = get_op(op_name)
+        samples = registry_cases(op) if mutant.cotangents else (op.samples() or [])
         for dtype in dtypes:
             fits = [s for s in samples if s.dtype == dtype and mutant.where(s)]
             cases += sorted(fits, key=_size)[:limit]

@@ -22,6 +22,11 @@ input is declined is `unsupported`. A name that is not one of the case's inputs 
 row; declining an input that is not checked anyway (integer indices, grad False) changes
 nothing.
 
+A case's `cotangent` (engine.samples: contiguous, permuted or expanded) says how the engine
+should receive the upstream gradient of the op's output: an adapter builds its loss so that
+the gradient reaching the op has that layout (`cotangent_axes`, `cotangent_view`); the
+weights and so the answer are the same whatever the layout.
+
 gradcheck calls `vjp` twice per case and compares the two answers bit for bit (its
 determinism check, the same for every engine); an adapter need not repeat a run itself, and
 `VJP.differs` adds what it may see on its own. Optional attributes that gradcheck reads when
@@ -37,6 +42,27 @@ import dataclasses
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+
+def cotangent_axes(ndim: int) -> tuple[int, ...]:
+    """The axis order of a "permuted" cotangent (engine.samples): all axes reversed. The
+    engine's loss reads its output y through cont(permute(y, axes)), so that the gradient
+    reaching the op is permute(g, axes), a strided view."""
+    return tuple(reversed(range(ndim)))
+
+
+def cotangent_view(weights: np.ndarray, cotangent: str) -> np.ndarray:
+    """The weights as a numpy view in the layout `cotangent` names: "contiguous" as given,
+    "permuted" a transposed view of a copy stored in reversed axis order, "expanded" a
+    read-only stride-0 view along the last axis (the weights are constant along it, see
+    gradcheck.backprop.loss_weights). Equal to `weights` element for element."""
+    weights = np.asarray(weights)
+    if cotangent == "permuted":
+        axes = cotangent_axes(weights.ndim)
+        return np.ascontiguousarray(weights.transpose(axes)).transpose(np.argsort(axes))
+    if cotangent == "expanded":
+        return np.broadcast_to(weights[..., :1], weights.shape)
+    return weights
 
 
 class AdapterError(Exception):

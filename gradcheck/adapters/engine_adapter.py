@@ -21,15 +21,20 @@ import engine
 from engine import ops
 from engine.tensor import as_dtype
 from gradcheck.adapters import AdapterSpec
-from gradcheck.adapters.base import VJP
+from gradcheck.adapters.base import VJP, cotangent_axes
 from gradcheck.injection import injected, parse
 
 
-def weighted_graph(case, arrays, as_params: bool):
+def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous"):
     """(leaves, output, weights tensor, loss) of `case` built on `arrays` (the values the op
     sees): leaves are params where checked (as_params) and inputs otherwise; loss =
-    sum(output * weights), with the weights tensor still to be set. Loss and weights are
-    None when the output is not a float."""
+    sum(output * weights), with the weights tensor still to be set (`set_weights`). Loss and
+    weights are None when the output is not a float.
+
+    cotangent (engine.samples): "permuted" reads the output through cont(permute(out,
+    reversed axes)) with the weights in that order, so backprop hands the op a permuted
+    view of the gradient; "expanded" sums the output over its last axis first, with weights
+    of shape (..., 1), so the op gets a stride-0 broadcast of them."""
     leaves = []
     for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
         if a.dtype.kind == "f":
@@ -43,9 +48,24 @@ def weighted_graph(case, arrays, as_params: bool):
     if out.dtype.kind != "f":
         return leaves, out, None, None
     out.set_output()
-    w = engine.input_tensor(out.shape, out.dtype, name="loss_weights")
-    loss = ops.sum(ops.mul(out, w)).set_loss()
+    read = out
+    if cotangent == "permuted" and len(out.shape) >= 2:
+        read = ops.cont(ops.permute(out, cotangent_axes(len(out.shape))))
+    elif cotangent == "expanded" and len(out.shape) >= 1:
+        read = ops.sum(out, axis=-1, keepdims=True)
+    w = engine.input_tensor(read.shape, out.dtype, name="loss_weights")
+    loss = ops.sum(ops.mul(read, w)).set_loss()
     return leaves, out, w, loss
+
+
+def set_weights(w, weights, cotangent: str = "contiguous") -> None:
+    """Set the weights tensor of weighted_graph from the output-shaped `weights`."""
+    weights = np.asarray(weights)
+    if cotangent == "permuted" and weights.ndim >= 2:
+        weights = weights.transpose(cotangent_axes(weights.ndim))
+    elif cotangent == "expanded" and weights.ndim >= 1:
+        weights = weights[..., :1]
+    w.set(np.array(weights, dtype=w.dtype))
 
 
 class EngineAdapter:
@@ -85,11 +105,14 @@ class EngineAdapter:
         return EngineAdapter("cpu", self.inject)
 
     def vjp(self, case, arrays, weights) -> VJP:
-        """Backprop of sum(output * weights) in the case's dtype, on this backend."""
-        leaves, out, w, loss = weighted_graph(case, arrays, as_params=True)
+        """Backprop of sum(output * weights) in the case's dtype, on this backend, the
+        gradient reaching the op in the case's cotangent layout."""
+        cotangent = getattr(case, "cotangent", "contiguous")
+        leaves, out, w, loss = weighted_graph(case, arrays, as_params=True,
+                                              cotangent=cotangent)
         if loss is None:
             raise TypeError(f"{case}: the output is {out.dtype}, not a float: no gradient")
-        w.set(np.asarray(weights).astype(out.dtype))
+        set_weights(w, weights, cotangent)
         case_ops = {t.op for t in engine.Graph([out]).nodes if not t.is_leaf}
         graph = engine.Graph([loss], name=str(case))
         # a mutation may patch backward rules (used while building) or kernels (taken when

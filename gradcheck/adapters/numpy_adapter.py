@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gradcheck.adapters.base import VJP
+from gradcheck.adapters.base import VJP, cotangent_view
 
 
 class NumpyAdapter:
@@ -40,6 +40,8 @@ class NumpyAdapter:
         cotangent = np.asarray(weights).reshape(out.shape)
         if out.dtype.kind == "f":
             cotangent = cotangent.astype(out.dtype)
+        # the case's layout: a transposed or a read-only stride-0 view (engine.samples)
+        cotangent = cotangent_view(cotangent, getattr(case, "cotangent", "contiguous"))
         grads = self.backward(cotangent, *arrays)
         if isinstance(grads, np.ndarray) and len(case.inputs) == 1:
             grads = [grads]

@@ -16,7 +16,20 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gradcheck.adapters.base import VJP
+from gradcheck.adapters.base import VJP, cotangent_axes
+
+
+def upstream_gradient(torch, weights: np.ndarray, cotangent: str, dtype):
+    """The weights as the torch tensor handed to backward: contiguous, a permuted view of a
+    copy stored in reversed axis order, or a stride-0 expansion along the last axis (see
+    gradcheck.adapters.base.cotangent_view)."""
+    w = torch.from_numpy(np.asarray(weights, np.float64)).to(dtype)
+    if cotangent == "permuted" and w.ndim >= 2:
+        axes = cotangent_axes(w.ndim)
+        return w.permute(axes).contiguous().permute(tuple(int(i) for i in np.argsort(axes)))
+    if cotangent == "expanded" and w.ndim >= 1:     # storage of one column only
+        return w[..., :1].contiguous().expand(tuple(w.shape))
+    return w
 
 
 class TorchAdapter:
@@ -60,8 +73,12 @@ class TorchAdapter:
                             "not a tensor")
         grads: list[np.ndarray | None] = [None] * len(leaves)
         if out.dtype.is_floating_point and any(t.requires_grad for t in leaves):
-            w = torch.from_numpy(np.asarray(weights, np.float64).reshape(tuple(out.shape)))
-            (out * w.to(out.dtype)).sum().backward()
+            w = np.asarray(weights, np.float64).reshape(tuple(out.shape))
+            cotangent = getattr(case, "cotangent", "contiguous")
+            if cotangent == "contiguous":
+                (out * torch.from_numpy(w).to(out.dtype)).sum().backward()
+            else:                 # the upstream gradient as a strided or stride-0 view
+                out.backward(gradient=upstream_gradient(torch, w, cotangent, out.dtype))
             grads = [None if not t.requires_grad else spec.from_leaf(
                         t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape),
                                                                            t.numpy().dtype))

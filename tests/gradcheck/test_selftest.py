@@ -90,6 +90,19 @@ def test_cases_follow_where_and_extra():
     assert len(mutant_cases(relu)) == relu.max_cases          # smallest first, a few per op
 
 
+def test_a_backward_that_ignores_its_gradients_strides_needs_the_cotangent_cases():
+    """ggml's pool_2d bug as a mutant of our pool_2d_back kernel: every plain registry case
+    of pool_2d lets it through; the cotangent=permuted case catches it."""
+    import dataclasses
+    m = MUTANTS["pool_back_reads_gradient_as_contiguous"]
+    assert run_mutant(m).status == "pass"
+    plain = dataclasses.replace(m, name="plain cases only", cotangents=False,
+                                where=lambda case: True, max_cases=100)
+    survived = run_mutant(plain)
+    assert survived.status == "fail" and survived.metrics["caught"] == 0
+    assert survived.metrics["cases"] >= 10
+
+
 def test_caught_by_reads_the_failing_check():
     def r(status, message):
         return Result("gradcheck", "case", status, message=message)

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from gradcheck.adapters.base import VJP
+from gradcheck.adapters.base import VJP, cotangent_axes
 from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.coverage import DECLINED, NO_BACKWARD
 from gradcheck.adapters.ggml.graph import GRAPH_SIZE, Context, same_layout
@@ -109,8 +109,8 @@ class GgmlAdapter:
             if not same_layout(ne, weights.shape):
                 raise RuntimeError(f"ggml's output of {case} has ne {list(ne)}, which is not "
                                    f"the case's output shape {list(weights.shape)}")
-            w = g.from_numpy(weights.reshape(tuple(reversed(ne))), GGML_TYPE_F32)
-            g.build(g.sum(g.mul(w, out)))
+            g.build(g.sum(_weighted(g, out, weights.reshape(tuple(reversed(ne))),
+                                    getattr(case, "cotangent", "contiguous"))))
             grads = [None if leaf is None else g.grad(leaf) for leaf in leaves]
             # tensors read back are outputs, which ggml's CPU backend never fuses away (an
             # RMS_NORM whose only user is a MUL is computed as one op, into the MUL's memory)
@@ -128,6 +128,21 @@ class GgmlAdapter:
                       for a, b in zip(first, second, strict=True))
         return VJP(first[0], [None if x is None else spec.from_leaf(x)
                               for spec, x in zip(case.inputs, first[1:], strict=True)], differs)
+
+
+def _weighted(g: Context, out, weights: np.ndarray, cotangent: str):
+    """ggml_mul(w, y') with y' the op's output read in the case's cotangent layout: y itself;
+    for "permuted", ggml_cont of its permute with the numpy axes reversed (its backward hands
+    the op a permuted gradient, as the MNIST CNN's flatten does); for "expanded",
+    ggml_sum_rows of it (sum over the last numpy axis: the op gets the weights repeated)."""
+    if cotangent == "permuted" and weights.ndim >= 2:
+        axes = cotangent_axes(weights.ndim)
+        return g.mul(g.from_numpy(weights.transpose(axes), GGML_TYPE_F32),
+                     g.cont(g.permuted(out, axes)))
+    if cotangent == "expanded" and weights.ndim >= 1:
+        return g.mul(g.from_numpy(weights[..., :1], GGML_TYPE_F32),
+                     g.sum_rows(g.contiguous(out)))
+    return g.mul(g.from_numpy(weights, GGML_TYPE_F32), out)
 
 
 def _inputs(g: Context, case, arrays, declined=()):

@@ -1,0 +1,49 @@
+"""The registry's cotangent cases: each op's backward fed a strided upstream gradient.
+
+A backward pass receives the gradient of its op's output from whatever consumes that
+output, in whatever layout that consumer's backward produces: ggml's MNIST CNN flattens
+with cont(permute(pool_2d(x))), so pool_2d's backward gets a permuted gradient; a sum over
+an axis hands a stride-0 one. A backward kernel that reads its incoming gradient as if it
+were contiguous is right on every case whose loss weights the output directly, and wrong in
+training. So for each op and dtype, the registry sample whose float output has the most axes
+longer than 1 (two at least) is also checked with cotangent "permuted" and "expanded"
+(engine.samples): same inputs and weights, only the layout the engine receives differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.samples import Sample
+
+LAYOUTS = ("permuted", "expanded")
+
+
+def _output(case: Sample):
+    """The case's output tensor, built symbolically on its inputs (nothing is computed)."""
+    from gradcheck.adapters.engine_adapter import weighted_graph
+    return weighted_graph(case, case.generate_inputs(), as_params=False)[1]
+
+
+def cotangent_cases(samples) -> list[Sample]:
+    """The cotangent variants of `samples` (one op's registry samples): for each dtype, the
+    sample whose float output has the most axes longer than 1 (at least two; the first of
+    equals), once per layout of LAYOUTS."""
+    best: dict[str, tuple[int, Sample]] = {}
+    for case in samples:
+        if case.cotangent != "contiguous":
+            continue
+        y = _output(case)
+        long_axes = sum(d > 1 for d in y.shape)
+        if y.dtype.kind == "f" and long_axes >= 2 and \
+                long_axes > best.get(case.dtype, (1, None))[0]:
+            best[case.dtype] = (long_axes, case)
+    return [dataclasses.replace(case, cotangent=layout)
+            for _, case in best.values() for layout in LAYOUTS]
+
+
+def registry_cases(op) -> list[Sample]:
+    """An op's registry samples followed by their cotangent variants (an OpDef with
+    samples, see engine.registry)."""
+    samples = list(op.samples()) if op.samples else []
+    return samples + cotangent_cases(samples)

@@ -1,0 +1,146 @@
+"""Cotangent cases: the registry's backward passes fed a permuted or a stride-0 upstream
+gradient (gradcheck.cotangents), in every adapter, and the bugs only they see."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import numpy as np
+import pytest
+
+from engine.registry import get_op
+from engine.samples import InputSpec, Sample
+from gradcheck.adapters.base import cotangent_axes, cotangent_view
+from gradcheck.backprop import loss_weights
+from gradcheck.check import check_sample
+from gradcheck.cotangents import cotangent_cases, registry_cases
+from gradcheck.repro import repro_command
+from gradcheck.runner import select_samples
+
+
+def test_each_dtype_gets_one_case_per_layout_from_its_richest_sample():
+    extra = cotangent_cases(get_op("pool_2d").samples())
+    assert [(c.dtype, c.cotangent) for c in extra] == [
+        ("f32", "permuted"), ("f32", "expanded"), ("f64", "permuted"), ("f64", "expanded")]
+    base = dataclasses.replace(extra[0], cotangent="contiguous")
+    assert base in get_op("pool_2d").samples()
+    assert str(extra[0]) == str(base)[:-1] + ",cotangent=permuted)"
+    assert all(sum(d > 1 for d in s.inputs[0].shape) >= 2 for s in extra)
+
+
+def test_ops_without_a_two_axis_float_output_get_none():
+    assert cotangent_cases(get_op("cross_entropy_loss").samples()) == []   # a scalar
+    assert cotangent_cases(get_op("argmax").samples()) == []               # int32
+
+
+def test_select_samples_and_filters_see_them():
+    cases = select_samples(["relu"], "f32", "cotangent=expanded")
+    assert len(cases) == 1 and cases[0].cotangent == "expanded"
+    assert registry_cases(get_op("relu"))[-1].cotangent == "expanded"
+
+
+def test_a_bad_layout_is_refused():
+    with pytest.raises(ValueError, match="cotangent must be one of"):
+        Sample.make("relu", [InputSpec("x", (2, 3))]).__class__(
+            "relu", (InputSpec("x", (2, 3)),), cotangent="transposed")
+
+
+def test_weights_and_views():
+    w = loss_weights((2, 3, 4), 7, "expanded")
+    assert np.array_equal(w, np.broadcast_to(w[..., :1], w.shape)) and w.flags.c_contiguous
+    assert loss_weights((), 7, "expanded").shape == ()
+    plain = loss_weights((2, 3, 4), 7)
+    permuted = cotangent_view(plain, "permuted")
+    assert np.array_equal(permuted, plain) and not permuted.flags.c_contiguous
+    assert permuted.strides == tuple(reversed(np.ascontiguousarray(
+        plain.transpose(cotangent_axes(3))).strides))
+    expanded = cotangent_view(w, "expanded")
+    assert np.array_equal(expanded, w) and expanded.strides[-1] == 0
+
+
+def _case(op, layout, dtype="f32"):
+    return next(c for c in registry_cases(get_op(op)) if c.cotangent == layout and
+                c.dtype == dtype)
+
+
+@pytest.mark.parametrize("op", ["sum", "sum_rows"])
+def test_our_sum_backward_takes_a_strided_gradient(op):
+    """sum's backward reshaped the incoming gradient, which reshape refuses for a strided
+    view: the permuted cotangent case was an error row before the fix."""
+    for dtype in ("f32", "f64"):
+        result = check_sample(_case(op, "permuted", dtype), use_torch=False)
+        assert result.status == "pass", result.message
+
+
+class _ReadsAsContiguous:
+    """A torch custom Function whose backward reads grad_output's storage as if it were
+    contiguous (what ggml's pool_2d backward does): right whenever the gradient is."""
+
+    @staticmethod
+    def make():
+        import torch
+
+        class Neg(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return -x
+
+            @staticmethod
+            def backward(ctx, g):
+                flat = g.as_strided((g.numel(),), (1,), g.storage_offset())
+                return -flat.reshape(g.shape)
+
+        return Neg.apply
+
+
+@pytest.mark.parametrize("layout, statuses", [
+    ("contiguous", {"pass"}),
+    ("permuted", {"fail"}),              # wrong values
+    ("expanded", {"error"}),             # reads past the one-column storage: torch refuses
+])
+def test_a_backward_that_reads_its_gradient_as_contiguous_is_caught(layout, statuses):
+    pytest.importorskip("torch")
+    from gradcheck.adapters.torch_adapter import TorchAdapter
+    case = dataclasses.replace(_case("neg", "permuted"), cotangent=layout)
+    result = check_sample(case, adapter=TorchAdapter(_ReadsAsContiguous.make()),
+                          use_torch=False)
+    assert result.status in statuses, result.message
+
+
+def test_torch_and_numpy_adapters_hand_the_view_to_backward():
+    torch = pytest.importorskip("torch")
+    from gradcheck.adapters.numpy_adapter import NumpyAdapter
+    from gradcheck.adapters.torch_adapter import upstream_gradient
+    w = loss_weights((3, 4), 1)
+    assert not upstream_gradient(torch, w, "permuted", torch.float32).is_contiguous()
+    assert upstream_gradient(torch, w, "expanded", torch.float32).stride()[-1] == 0
+    seen = []
+
+    def vjp(cotangent, x):
+        seen.append(cotangent.strides)
+        return [cotangent]
+
+    case = _case("neg", "expanded")
+    NumpyAdapter(lambda x: x, vjp).vjp(case, case.generate_inputs(),
+                                       loss_weights((2, 3, 4, 5), 1, "expanded"))
+    assert seen[0][-1] == 0
+
+
+ggml = pytest.mark.skipif(importlib.util.find_spec("libggml") is None,
+                          reason="the libggml-python wheel is not installed")
+
+
+@ggml
+def test_ggml_pool_2d_backward_on_a_permuted_gradient_is_caught():
+    """The bug that broke ggml's MNIST CNN training (README, MNIST), now a gradcheck row:
+    the contiguous case passes, the permuted one fails."""
+    from gradcheck.adapters import get_adapter
+    adapter = get_adapter("ggml")
+    permuted = _case("pool_2d", "permuted")
+    plain = dataclasses.replace(permuted, cotangent="contiguous")
+    assert check_sample(plain, adapter=adapter, use_torch=False).status == "pass"
+    result = check_sample(permuted, adapter=adapter, use_torch=False)
+    assert result.status == "fail" and "x 105/180 off vs numerical" in result.message
+    assert repro_command(permuted, adapter) == (f"gradcheck --engine ggml --op pool_2d -k "
+                                                f"'{permuted}'")
