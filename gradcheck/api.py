@@ -63,6 +63,7 @@ class FunctionCase:
     dtype: str
     torch_fn: Callable | None = None
     reference_forward: Callable | None = None
+    cotangent: str = "contiguous"           # how the engine receives the upstream gradient
     registered = False
 
     @property
@@ -88,7 +89,7 @@ class FunctionCase:
         return dataclasses.replace(self, inputs=inputs, dtype=dtype)
 
     def seed(self) -> int:
-        return int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "little")
+        return int.from_bytes(hashlib.sha256(str(self).encode()).digest()[:8], "little")
 
     def generate_inputs(self) -> list[np.ndarray]:
         return [np.array(a, copy=True) for a in self.arrays]
@@ -102,7 +103,54 @@ class FunctionCase:
         return self.build_fn(*leaves)
 
     def __str__(self) -> str:
-        return self.name
+        if self.cotangent == "contiguous":
+            return self.name
+        return f"{self.name[:-1]},cotangent={self.cotangent})"
+
+
+def _output_ndim(case: FunctionCase) -> int:
+    """The number of axes of the function's output (its forward run once, or its engine
+    graph built)."""
+    if case.reference_forward is not None:
+        return np.ndim(case.reference_forward(*case.generate_inputs()))
+    from gradcheck.adapters.engine_adapter import weighted_graph
+    return len(weighted_graph(case, case.generate_inputs(), as_params=False)[1].shape)
+
+
+SEVERITY = ("crash", "error", "fail")
+
+
+def _check_layouts(case: FunctionCase, cotangents, **check) -> Result:
+    """check_sample of `case` once per cotangent layout of `cotangents` that its output
+    has axes for (engine.samples: "permuted" needs two, "expanded" one), as one Result: the
+    contiguous case's verdict when it fails (the other failing layouts named after it),
+    else the worst failing layout's with each failing layout's message, else the pass; its
+    `cotangents` label lists the layouts checked."""
+    unknown = set(cotangents) - {"contiguous", "permuted", "expanded"}
+    if unknown or not cotangents:
+        raise ValueError(f"cotangents must name some of contiguous, permuted, expanded; got "
+                         f"{list(cotangents)}")
+    ndim = _output_ndim(case)
+    layouts = [c for c in dict.fromkeys(cotangents) if c == "contiguous"
+               or (c == "permuted" and ndim >= 2) or (c == "expanded" and ndim >= 1)]
+    results = {c: check_sample(dataclasses.replace(case, cotangent=c), **check)
+               for c in layouts}
+    failing = [(c, r) for c, r in results.items() if r.status in SEVERITY]
+    plain = results.get("contiguous")
+    if plain is not None and plain.status in SEVERITY:
+        # the function is wrong whatever the layout: its own verdict, the others named
+        worst, message = plain, plain.message
+        others = [c for c, _ in failing if c != "contiguous"]
+        if others:
+            message += f" (also with cotangent={', '.join(others)})"
+    elif failing:
+        worst = min(failing, key=lambda cr: SEVERITY.index(cr[1].status))[1]
+        message = "; ".join(f"cotangent={c}: {r.message}" for c, r in failing)
+    else:
+        worst = next(iter(results.values()))
+        message = worst.message
+    return dataclasses.replace(worst, name=case.name, message=message,
+                               labels={**worst.labels, "cotangents": ",".join(layouts)})
 
 
 def _dtype_label(dt) -> str:
@@ -138,24 +186,30 @@ def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
                         dtype_name(floats[0].dtype), **fields)
 
 
+COTANGENTS = ("contiguous", "permuted", "expanded")
+
+
 def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
                    torch_fn: Callable | None = None, name: str | None = None,
-                   mode: str = "auto", backend: str = "cpu") -> Result:
+                   mode: str = "auto", backend: str = "cpu",
+                   cotangents: Sequence[str] = COTANGENTS) -> Result:
     """Check the backward pass of `build(*tensors)`, an engine expression of its inputs,
     at the given input arrays (float32 or float64; integer arrays are constants).
 
     grad: which inputs to differentiate (default: every float input). torch_fn: the same
     function written in torch, taking float64 torch tensors, for the torch reference
-    (three-way agreement)."""
+    (three-way agreement). cotangents: the layouts in which the backward receives its
+    upstream gradient (engine.samples; default all three, each one check); the result is
+    the worst of them, every failing layout named."""
     case = _function_case(build, arrays, grad, name, "check_function", True, build_fn=build,
                           torch_fn=torch_fn)
-    return check_sample(case, mode=mode, backend=backend)
+    return _check_layouts(case, cotangents, mode=mode, backend=backend)
 
 
 def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
                 grad: Sequence[bool] | None = None, reference: Callable | None = None,
                 torch_fn: Callable | None = None, name: str | None = None,
-                mode: str = "auto") -> Result:
+                mode: str = "auto", cotangents: Sequence[str] = COTANGENTS) -> Result:
     """Check a hand-written vector-Jacobian product against its forward.
 
     forward(*arrays) -> output (numpy); vjp(cotangent, *arrays) -> one gradient per input
@@ -164,10 +218,11 @@ def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
     (default: `forward` itself), the float64 reference's function, called on float64
     inputs: the numerical gradients differentiate it and the forward is checked against
     its output. torch_fn: the same function in torch, for the torch reference (a third
-    opinion)."""
+    opinion). cotangents: as check_function's; `vjp` gets a transposed view and a
+    read-only stride-0 view of the cotangent in the permuted and expanded checks."""
     case = _function_case(forward, arrays, grad, name, "check_numpy", False,
                           torch_fn=torch_fn, reference_forward=reference or forward)
-    return check_sample(case, mode=mode, adapter=NumpyAdapter(forward, vjp))
+    return _check_layouts(case, cotangents, mode=mode, adapter=NumpyAdapter(forward, vjp))
 
 
 def _torch_forward(fn: Callable) -> Callable:
@@ -182,7 +237,7 @@ def _torch_forward(fn: Callable) -> Callable:
 
 def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
                 reference: Callable | None = None, name: str | None = None,
-                mode: str = "auto") -> Result:
+                mode: str = "auto", cotangents: Sequence[str] = COTANGENTS) -> Result:
     """Check torch's gradient of `fn(*tensors)` (any torch callable, custom
     torch.autograd.Function included) at `arrays` (numpy arrays or tensors, float32 or
     float64), run in the inputs' dtypes.
@@ -190,11 +245,13 @@ def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None =
     reference: the reference forward (a torch callable; default: `fn` itself, so a
     Function's forward defines what its backward must be), the float64 reference's
     function, called on float64 inputs: the numerical gradients differentiate it and the
-    forward is checked against its output."""
+    forward is checked against its output. cotangents: as check_function's; backward gets
+    grad_output as a permuted view and as a stride-0 expansion in those checks (a backward
+    that calls grad_output.view(...) or reads its storage as contiguous fails them)."""
     arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in arrays]
     case = _function_case(fn, arrays, grad, name, "check_torch", False,
                           reference_forward=_torch_forward(reference or fn))
-    return check_sample(case, mode=mode, adapter=TorchAdapter(fn))
+    return _check_layouts(case, cotangents, mode=mode, adapter=TorchAdapter(fn))
 
 
 def _passed(result: Result) -> Result:

@@ -144,3 +144,64 @@ def test_ggml_pool_2d_backward_on_a_permuted_gradient_is_caught():
     assert result.status == "fail" and "x 105/180 off vs numerical" in result.message
     assert repro_command(permuted, adapter) == (f"gradcheck --engine ggml --op pool_2d -k "
                                                 f"'{permuted}'")
+
+
+# --- your own functions (gradcheck.api) ------------------------------------------------------
+
+def test_check_torch_feeds_a_custom_function_every_layout():
+    pytest.importorskip("torch")
+    from gradcheck.api import check_torch
+    x = np.random.default_rng(0).normal(size=(3, 4))
+    bad = _ReadsAsContiguous.make()
+    result = check_torch(bad, [x], name="neg")
+    assert result.status in ("fail", "error")
+    assert "cotangent=permuted: " in result.message and result.name == "neg(x0=[3,4])"
+    assert result.labels["cotangents"] == "contiguous,permuted,expanded"
+    only_plain = check_torch(bad, [x], name="neg", cotangents=("contiguous",))
+    assert only_plain.status == "pass", only_plain.message
+    assert check_torch(lambda t: -t, [x]).status == "pass"
+
+
+def test_check_torch_catches_a_backward_that_views_its_gradient():
+    torch = pytest.importorskip("torch")
+    from gradcheck.api import check_torch
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g.view(-1).view(g.shape)     # view() needs a contiguous gradient
+
+    result = check_torch(Double.apply, [np.ones((2, 3))])
+    assert result.status == "error" and "cotangent=permuted: " in result.message
+
+
+def test_check_numpy_hands_the_vjp_a_read_only_expanded_cotangent():
+    from gradcheck.api import check_numpy
+
+    def vjp(w, x):
+        w *= 2.0                                   # writes into its cotangent
+        return [w]
+
+    result = check_numpy(lambda x: 2.0 * x, vjp, [np.ones((2, 3))])
+    assert result.status == "error" and "cotangent=expanded: " in result.message
+    assert "read-only" in result.message
+
+
+def test_a_scalar_output_is_checked_contiguous_only():
+    from gradcheck.api import check_numpy
+    result = check_numpy(lambda x: np.sum(x), lambda w, x: [np.full_like(x, w)],
+                         [np.ones((2, 3))])
+    assert result.status == "pass" and result.labels["cotangents"] == "contiguous"
+    with pytest.raises(ValueError, match="cotangents must name"):
+        check_numpy(np.tanh, lambda w, x: [w], [np.ones(3)], cotangents=("diagonal",))
+
+
+def test_torch_autograd_gradcheck_passes_what_the_cotangent_checks_catch():
+    """The README's claim: torch's own gradcheck feeds backward contiguous gradients only."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_ReadsAsContiguous.make(), (x,))
