@@ -196,6 +196,8 @@ MAX_SEEDS = 100
 def cmd_regress(args) -> int:
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise EngineError(f"--seeds must lie in [1, {MAX_SEEDS}], got {args.seeds}")
+    if args.ggml_lib is not None and "ggml" not in args.engine:
+        raise EngineError("--ggml-lib applies to --engine ggml only")
     if "ggml" in args.engine:
         from mnist_target.ggml_train import load_training_lib
         load_training_lib(args.ggml_lib)     # missing or wrong libraries: exit 2 now

@@ -1,7 +1,9 @@
 """ggml's own MNIST training, through its C API: the engine column `ggml` of `mnist-regress`.
 
-    history, weights = train_ggml(model, images, labels, config, orders)
-    accuracy = evaluate_ggml(model.arch, weights, test_images, test_labels, config)
+    run = train_ggml(model, images, labels, config, batch_orders(len(images), config),
+                     threads=2)                 # run.history, run.weights, run.interrupted
+    acc, acc_unc, used = evaluate_ggml(model.arch, run.weights, test_images, test_labels,
+                                       config, threads=2)
 
 This drives ggml-opt (ggml 0.20's `ggml-opt.h`), as ggml's MNIST example does, with the
 libraries the gradcheck adapter loads (gradcheck.adapters.ggml.lib: the `libggml-python`
