@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ggml-lib", metavar="DIR",
                    help="with --engine ggml: load ggml's libraries from DIR (default: those "
                         "of the libggml-python wheel)")
+    p.add_argument("--ggml-threads", type=int, metavar="N",
+                   help="with --engine ggml: ggml's compute threads (default: up to 4 of "
+                        "this machine's cores); its CPU kernels split rows over them")
     p.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT,
                    metavar="SECONDS",
                    help="an engine run in a worker process (ggml) that takes longer is a "
@@ -89,11 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_GGML_THREADS = 512      # ggml's GGML_MAX_N_THREADS
+
+
 def _engine_usage_error(args) -> str | None:
     """What makes these arguments unusable with the chosen engine (None if nothing)."""
     ours = args.engine == "engine"
     if args.ggml_lib and args.engine != "ggml":
         return f"--ggml-lib applies to --engine ggml, not to --engine {args.engine}"
+    if args.ggml_threads is not None and args.engine != "ggml":
+        return f"--ggml-threads applies to --engine ggml, not to --engine {args.engine}"
+    if args.ggml_threads is not None and not 1 <= args.ggml_threads <= MAX_GGML_THREADS:
+        return (f"--ggml-threads must lie in [1, {MAX_GGML_THREADS}], got "
+                f"{args.ggml_threads}")
     if not args.case_timeout > 0:
         return f"--case-timeout must be a positive number of seconds, got {args.case_timeout}"
     if ours:
@@ -114,6 +125,8 @@ def make_adapter(args):
     if args.engine == "engine":
         return None
     options = {"lib_dir": os.path.abspath(args.ggml_lib)} if args.ggml_lib else {}
+    if args.ggml_threads is not None:
+        options["n_threads"] = args.ggml_threads
     return get_adapter(args.engine, **options)
 
 

@@ -19,7 +19,8 @@ from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.cotangents import registry_cases
 
 # adapter options that the gradcheck CLI can say, and how
-OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml-lib"}
+OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml-lib",
+                "n_threads": "--ggml-threads"}
 _DEFAULT_OPTIONS = {"backend": "cpu"}
 FAILING = ("fail", "error", "crash")    # the statuses of rows that are not ok
 

@@ -205,3 +205,22 @@ def test_torch_autograd_gradcheck_passes_what_the_cotangent_checks_catch():
     torch = pytest.importorskip("torch")
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_ReadsAsContiguous.make(), (x,))
+
+
+@ggml
+def test_ggml_threads_option_reaches_the_adapter_and_its_repro(capsys):
+    from gradcheck.adapters import get_adapter
+    from gradcheck.cli import main
+    assert main(["--engine", "ggml", "--ggml-threads", "1", "--op", "relu", "--dtype", "f32",
+                 "--no-progress"]) == 0
+    assert "1 threads" in capsys.readouterr().err
+    adapter = get_adapter("ggml", n_threads=3)
+    assert adapter.n_threads == 3
+    assert "--ggml-threads 3 --op pool_2d" in repro_command(_case("pool_2d", "permuted"),
+                                                            adapter)
+    for argv, message in ((["--engine", "ggml", "--ggml-threads", "0"], "must lie in [1, 512]"),
+                          (["--ggml-threads", "2"], "applies to --engine ggml")):
+        with pytest.raises(SystemExit) as stop:          # argparse's usage error
+            main([*argv, "--op", "relu", "--no-progress"])
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err

@@ -69,7 +69,8 @@ class GgmlAdapter:
         self.__init__(state["lib_dir"], state["n_threads"])
 
     def describe(self) -> str:
-        return f"ggml {self.lib.version} (commit {self.lib.commit}, {self.lib.directory})"
+        return (f"ggml {self.lib.version} (commit {self.lib.commit}, {self.lib.directory}, "
+                f"{self.n_threads} threads)")
 
     def unsupported(self, case) -> str | None:
         if "f64" in case.float_dtypes:
