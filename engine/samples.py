@@ -10,9 +10,11 @@ is the pytest id, the CLI filter key (`gradcheck -k mode=max`) and the report ro
 
 A sample's `cotangent` says how the engine under test receives the upstream gradient of the
 op's output (the loss weights): "contiguous" (the default, not printed), "permuted" (a
-view with its axes reversed, as the backward of cont(permute(y)) hands it) or "expanded"
+view with its axes reversed, as the backward of cont(permute(y)) hands it), "expanded"
 (stride 0 along the last axis, as the backward of a sum over that axis hands it: the weights
-are then constant along it). It is printed last, e.g. `...,stride=[2,2],cotangent=permuted`.
+are then constant along it) or "sliced" (a view at offset 1 into a buffer one larger on
+each side of every axis, as the backward of acc or pad hands it). It is printed last, e.g.
+`...,stride=[2,2],cotangent=permuted`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from engine.registry import get_op
 from engine.tensor import as_dtype, dtype_name
 
 GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int")
-COTANGENTS = ("contiguous", "permuted", "expanded")
+COTANGENTS = ("contiguous", "permuted", "expanded", "sliced")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,6 +118,7 @@ def _output_ndim(case: FunctionCase) -> int:
 
 
 SEVERITY = ("crash", "error", "fail")
+COTANGENTS = ("contiguous", "permuted", "expanded", "sliced")
 
 
 def _check_layouts(case: FunctionCase, cotangents, **check) -> Result:
@@ -126,13 +127,13 @@ def _check_layouts(case: FunctionCase, cotangents, **check) -> Result:
     contiguous case's verdict when it fails (the other failing layouts named after it),
     else the worst failing layout's with each failing layout's message, else the pass; its
     `cotangents` label lists the layouts checked."""
-    unknown = set(cotangents) - {"contiguous", "permuted", "expanded"}
+    unknown = set(cotangents) - set(COTANGENTS)
     if unknown or not cotangents:
-        raise ValueError(f"cotangents must name some of contiguous, permuted, expanded; got "
+        raise ValueError(f"cotangents must name some of {', '.join(COTANGENTS)}; got "
                          f"{list(cotangents)}")
     ndim = _output_ndim(case)
     layouts = [c for c in dict.fromkeys(cotangents) if c == "contiguous"
-               or (c == "permuted" and ndim >= 2) or (c == "expanded" and ndim >= 1)]
+               or (c == "permuted" and ndim >= 2) or (c != "permuted" and ndim >= 1)]
     results = {c: check_sample(dataclasses.replace(case, cotangent=c), **check)
                for c in layouts}
     failing = [(c, r) for c, r in results.items() if r.status in SEVERITY]
@@ -186,8 +187,6 @@ def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
                         dtype_name(floats[0].dtype), **fields)
 
 
-COTANGENTS = ("contiguous", "permuted", "expanded")
-
 
 def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
                    torch_fn: Callable | None = None, name: str | None = None,
@@ -199,7 +198,7 @@ def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | 
     grad: which inputs to differentiate (default: every float input). torch_fn: the same
     function written in torch, taking float64 torch tensors, for the torch reference
     (three-way agreement). cotangents: the layouts in which the backward receives its
-    upstream gradient (engine.samples; default all three, each one check); the result is
+    upstream gradient (engine.samples; default all four, each one check); the result is
     the worst of them, every failing layout named."""
     case = _function_case(build, arrays, grad, name, "check_function", True, build_fn=build,
                           torch_fn=torch_fn)
@@ -218,8 +217,9 @@ def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
     (default: `forward` itself), the float64 reference's function, called on float64
     inputs: the numerical gradients differentiate it and the forward is checked against
     its output. torch_fn: the same function in torch, for the torch reference (a third
-    opinion). cotangents: as check_function's; `vjp` gets a transposed view and a
-    read-only stride-0 view of the cotangent in the permuted and expanded checks."""
+    opinion). cotangents: as check_function's; `vjp` gets a transposed view, a read-only
+    stride-0 view and an offset view of the cotangent in the permuted, expanded and sliced
+    checks."""
     case = _function_case(forward, arrays, grad, name, "check_numpy", False,
                           torch_fn=torch_fn, reference_forward=reference or forward)
     return _check_layouts(case, cotangents, mode=mode, adapter=NumpyAdapter(forward, vjp))
@@ -246,8 +246,9 @@ def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None =
     Function's forward defines what its backward must be), the float64 reference's
     function, called on float64 inputs: the numerical gradients differentiate it and the
     forward is checked against its output. cotangents: as check_function's; backward gets
-    grad_output as a permuted view and as a stride-0 expansion in those checks (a backward
-    that calls grad_output.view(...) or reads its storage as contiguous fails them)."""
+    grad_output as a permuted view, a stride-0 expansion and an offset slice of a larger
+    tensor in those checks (a backward that calls grad_output.view(...) or reads its
+    storage as contiguous fails them)."""
     arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in arrays]
     case = _function_case(fn, arrays, grad, name, "check_torch", False,
                           reference_forward=_torch_forward(reference or fn))

@@ -6,8 +6,9 @@ with cont(permute(pool_2d(x))), so pool_2d's backward gets a permuted gradient; 
 an axis hands a stride-0 one. A backward kernel that reads its incoming gradient as if it
 were contiguous is right on every case whose loss weights the output directly, and wrong in
 training. So for each op and dtype, the registry sample whose float output has the most axes
-longer than 1 (two at least) is also checked with cotangent "permuted" and "expanded"
-(engine.samples): same inputs and weights, only the layout the engine receives differs.
+longer than 1 (two at least) is also checked with cotangent "permuted", "expanded" and
+"sliced" (engine.samples): same inputs and weights, only the layout the engine receives
+differs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dataclasses
 
 from engine.samples import Sample
 
-LAYOUTS = ("permuted", "expanded")
+LAYOUTS = ("permuted", "expanded", "sliced")
 
 
 def _output(case: Sample):

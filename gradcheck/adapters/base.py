@@ -51,17 +51,33 @@ def cotangent_axes(ndim: int) -> tuple[int, ...]:
     return tuple(reversed(range(ndim)))
 
 
+SLICED_BORDER = 1000.0      # the buffer around a "sliced" cotangent: far from any weight
+
+
+def sliced_weights(weights: np.ndarray) -> np.ndarray:
+    """The buffer a "sliced" cotangent is a view of: one element larger on each side of
+    every axis, `weights` in the middle (offset 1) and SLICED_BORDER around them, so that
+    a kernel reading outside its view reads values no weight has."""
+    weights = np.asarray(weights)
+    big = np.full(tuple(d + 2 for d in weights.shape), SLICED_BORDER, weights.dtype)
+    big[(slice(1, -1),) * weights.ndim] = weights
+    return big
+
+
 def cotangent_view(weights: np.ndarray, cotangent: str) -> np.ndarray:
     """The weights as a numpy view in the layout `cotangent` names: "contiguous" as given,
     "permuted" a transposed view of a copy stored in reversed axis order, "expanded" a
     read-only stride-0 view along the last axis (the weights are constant along it, see
-    gradcheck.backprop.loss_weights). Equal to `weights` element for element."""
+    gradcheck.backprop.loss_weights), "sliced" the middle of sliced_weights (an offset
+    view with the larger buffer's strides). Equal to `weights` element for element."""
     weights = np.asarray(weights)
     if cotangent == "permuted":
         axes = cotangent_axes(weights.ndim)
         return np.ascontiguousarray(weights.transpose(axes)).transpose(np.argsort(axes))
     if cotangent == "expanded":
         return np.broadcast_to(weights[..., :1], weights.shape)
+    if cotangent == "sliced" and weights.ndim:
+        return sliced_weights(weights)[(slice(1, -1),) * weights.ndim]
     return weights
 
 

@@ -19,9 +19,9 @@ import numpy as np
 
 import engine
 from engine import ops
-from engine.tensor import as_dtype
+from engine.tensor import as_dtype, constant
 from gradcheck.adapters import AdapterSpec
-from gradcheck.adapters.base import VJP, cotangent_axes
+from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 from gradcheck.injection import injected, parse
 
 
@@ -34,7 +34,9 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
     cotangent (engine.samples): "permuted" reads the output through cont(permute(out,
     reversed axes)) with the weights in that order, so backprop hands the op a permuted
     view of the gradient; "expanded" sums the output over its last axis first, with weights
-    of shape (..., 1), so the op gets a stride-0 broadcast of them."""
+    of shape (..., 1), so the op gets a stride-0 broadcast of them; "sliced" adds the output
+    into the middle of a zero buffer one larger on each side (acc), weighted by
+    sliced_weights, so the op gets an offset view of the larger gradient."""
     leaves = []
     for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
         if a.dtype.kind == "f":
@@ -53,6 +55,10 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
         read = ops.cont(ops.permute(out, cotangent_axes(len(out.shape))))
     elif cotangent == "expanded" and len(out.shape) >= 1:
         read = ops.sum(out, axis=-1, keepdims=True)
+    elif cotangent == "sliced" and len(out.shape) >= 1:
+        big = tuple(d + 2 for d in out.shape)
+        zeros = constant(np.zeros(big, out.dtype), out.dtype, name="sliced.zeros")
+        read = ops.acc(zeros, out, offset=(1,) * len(out.shape))
     w = engine.input_tensor(read.shape, out.dtype, name="loss_weights")
     loss = ops.sum(ops.mul(read, w)).set_loss()
     return leaves, out, w, loss
@@ -65,6 +71,8 @@ def set_weights(w, weights, cotangent: str = "contiguous") -> None:
         weights = weights.transpose(cotangent_axes(weights.ndim))
     elif cotangent == "expanded" and weights.ndim >= 1:
         weights = weights[..., :1]
+    elif cotangent == "sliced" and weights.ndim >= 1:
+        weights = sliced_weights(weights)
     w.set(np.array(weights, dtype=w.dtype))
 
 

@@ -16,19 +16,22 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gradcheck.adapters.base import VJP, cotangent_axes
+from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 
 
 def upstream_gradient(torch, weights: np.ndarray, cotangent: str, dtype):
     """The weights as the torch tensor handed to backward: contiguous, a permuted view of a
-    copy stored in reversed axis order, or a stride-0 expansion along the last axis (see
-    gradcheck.adapters.base.cotangent_view)."""
+    copy stored in reversed axis order, a stride-0 expansion along the last axis, or the
+    middle of a larger buffer (see gradcheck.adapters.base.cotangent_view)."""
     w = torch.from_numpy(np.asarray(weights, np.float64)).to(dtype)
     if cotangent == "permuted" and w.ndim >= 2:
         axes = cotangent_axes(w.ndim)
         return w.permute(axes).contiguous().permute(tuple(int(i) for i in np.argsort(axes)))
     if cotangent == "expanded" and w.ndim >= 1:     # storage of one column only
         return w[..., :1].contiguous().expand(tuple(w.shape))
+    if cotangent == "sliced" and w.ndim >= 1:       # the middle of a larger buffer
+        big = torch.from_numpy(sliced_weights(np.asarray(weights, np.float64))).to(dtype)
+        return big[(slice(1, -1),) * w.ndim]
     return w
 
 

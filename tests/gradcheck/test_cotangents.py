@@ -11,7 +11,7 @@ import pytest
 
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
-from gradcheck.adapters.base import cotangent_axes, cotangent_view
+from gradcheck.adapters.base import SLICED_BORDER, cotangent_axes, cotangent_view, sliced_weights
 from gradcheck.backprop import loss_weights
 from gradcheck.check import check_sample
 from gradcheck.cotangents import cotangent_cases, registry_cases
@@ -22,7 +22,8 @@ from gradcheck.runner import select_samples
 def test_each_dtype_gets_one_case_per_layout_from_its_richest_sample():
     extra = cotangent_cases(get_op("pool_2d").samples())
     assert [(c.dtype, c.cotangent) for c in extra] == [
-        ("f32", "permuted"), ("f32", "expanded"), ("f64", "permuted"), ("f64", "expanded")]
+        (dtype, layout) for dtype in ("f32", "f64") for layout in ("permuted", "expanded",
+                                                                    "sliced")]
     base = dataclasses.replace(extra[0], cotangent="contiguous")
     assert base in get_op("pool_2d").samples()
     assert str(extra[0]) == str(base)[:-1] + ",cotangent=permuted)"
@@ -37,7 +38,7 @@ def test_ops_without_a_two_axis_float_output_get_none():
 def test_select_samples_and_filters_see_them():
     cases = select_samples(["relu"], "f32", "cotangent=expanded")
     assert len(cases) == 1 and cases[0].cotangent == "expanded"
-    assert registry_cases(get_op("relu"))[-1].cotangent == "expanded"
+    assert registry_cases(get_op("relu"))[-1].cotangent == "sliced"
 
 
 def test_a_bad_layout_is_refused():
@@ -57,6 +58,11 @@ def test_weights_and_views():
         plain.transpose(cotangent_axes(3))).strides))
     expanded = cotangent_view(w, "expanded")
     assert np.array_equal(expanded, w) and expanded.strides[-1] == 0
+    sliced = cotangent_view(plain, "sliced")
+    assert np.array_equal(sliced, plain) and not sliced.flags.c_contiguous
+    assert sliced.base is not None and sliced.base.size == 4 * 5 * 6      # one larger each side
+    border = sliced_weights(plain)
+    assert border[0, 0, 0] == SLICED_BORDER and border[-1, -1, -1] == SLICED_BORDER
 
 
 def _case(op, layout, dtype="f32"):
@@ -98,6 +104,7 @@ class _ReadsAsContiguous:
     ("contiguous", {"pass"}),
     ("permuted", {"fail"}),              # wrong values
     ("expanded", {"error"}),             # reads past the one-column storage: torch refuses
+    ("sliced", {"fail"}),                # reads the buffer's border (1000s) and next rows
 ])
 def test_a_backward_that_reads_its_gradient_as_contiguous_is_caught(layout, statuses):
     pytest.importorskip("torch")
@@ -156,7 +163,7 @@ def test_check_torch_feeds_a_custom_function_every_layout():
     result = check_torch(bad, [x], name="neg")
     assert result.status in ("fail", "error")
     assert "cotangent=permuted: " in result.message and result.name == "neg(x0=[3,4])"
-    assert result.labels["cotangents"] == "contiguous,permuted,expanded"
+    assert result.labels["cotangents"] == "contiguous,permuted,expanded,sliced"
     only_plain = check_torch(bad, [x], name="neg", cotangents=("contiguous",))
     assert only_plain.status == "pass", only_plain.message
     assert check_torch(lambda t: -t, [x]).status == "pass"

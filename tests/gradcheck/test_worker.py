@@ -39,7 +39,7 @@ def test_a_dying_case_is_a_crash_row_and_the_sweep_goes_on(adapter, words):
         assert isolated.worker.starts == 2          # one worker, one restart after the crash
     by_case = {r.name: r for r in results}
     crash = by_case.pop(CRASH_CASE)
-    assert [r.status for r in by_case.values()] == ["pass"] * 5   # 3 + 2 cotangent cases
+    assert [r.status for r in by_case.values()] == ["pass"] * 6   # 3 + 3 cotangent cases
     assert crash.status == "crash" and not crash.ok
     repro = f"gradcheck --engine {MODULE}:{adapter} --op relu -k '{CRASH_CASE}'"
     assert crash.metrics["repro"] == repro

@@ -24,10 +24,16 @@ import os
 
 import numpy as np
 
-from gradcheck.adapters.base import VJP, cotangent_axes
+from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.coverage import DECLINED, NO_BACKWARD
-from gradcheck.adapters.ggml.graph import GRAPH_SIZE, Context, same_layout
+from gradcheck.adapters.ggml.graph import (
+    GRAPH_SIZE,
+    Context,
+    byte_offset,
+    contiguous_nb,
+    same_layout,
+)
 from gradcheck.adapters.ggml.lib import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
 from gradcheck.adapters.ggml.ops import OPS
 
@@ -135,7 +141,9 @@ def _weighted(g: Context, out, weights: np.ndarray, cotangent: str):
     """ggml_mul(w, y') with y' the op's output read in the case's cotangent layout: y itself;
     for "permuted", ggml_cont of its permute with the numpy axes reversed (its backward hands
     the op a permuted gradient, as the MNIST CNN's flatten does); for "expanded",
-    ggml_sum_rows of it (sum over the last numpy axis: the op gets the weights repeated)."""
+    ggml_sum_rows of it (sum over the last numpy axis: the op gets the weights repeated); for
+    "sliced", ggml_acc of it into the middle of a zero tensor one larger on each side (ACC's
+    backward hands the op a ggml_view of the larger gradient, at an offset)."""
     if cotangent == "permuted" and weights.ndim >= 2:
         axes = cotangent_axes(weights.ndim)
         return g.mul(g.from_numpy(weights.transpose(axes), GGML_TYPE_F32),
@@ -143,6 +151,13 @@ def _weighted(g: Context, out, weights: np.ndarray, cotangent: str):
     if cotangent == "expanded" and weights.ndim >= 1:
         return g.mul(g.from_numpy(weights[..., :1], GGML_TYPE_F32),
                      g.sum_rows(g.contiguous(out)))
+    if cotangent == "sliced" and weights.ndim >= 1:
+        big = sliced_weights(weights)
+        zeros = g.from_numpy(np.zeros(big.shape, np.float32), GGML_TYPE_F32)
+        nb = contiguous_nb(big.shape)
+        offset = byte_offset((4, *nb), big.shape, (1,) * big.ndim)
+        return g.mul(g.from_numpy(big, GGML_TYPE_F32),
+                     g.acc(zeros, g.contiguous(out), *nb, offset))
     return g.mul(g.from_numpy(weights, GGML_TYPE_F32), out)
 
 
