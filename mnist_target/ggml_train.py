@@ -319,7 +319,7 @@ def _check_sizes(config: TrainConfig, n: int) -> tuple[int, int]:
     where ggml would abort."""
     config.validate(n)
     used = n // config.batch_physical * config.batch_physical
-    split = int((1.0 - config.val_split) * (n // config.batch_logical)) * config.batch_logical
+    split = config.training_split(n)
     return used, split
 
 

@@ -35,6 +35,12 @@ class TrainConfig:
     backend: str = "cpu"
     seed: int = 0
 
+    def training_split(self, ndata: int) -> int:
+        """How many of `ndata` datapoints train each epoch (whole logical batches, as
+        engine.train.Trainer.fit splits them); the rest validate."""
+        nbatches = int((1.0 - self.val_split) * (ndata // self.batch_logical))
+        return nbatches * self.batch_logical
+
     def validate(self, ndata: int | None = None) -> None:
         """Clear errors for settings that cannot train (on `ndata` datapoints, if given)."""
         if self.epochs < 1:
@@ -51,8 +57,7 @@ class TrainConfig:
             raise EngineError(f"the validation split must lie in [0, 1), got {self.val_split}")
         if ndata is None:
             return
-        ntrain = int((1.0 - self.val_split) * (ndata // self.batch_logical))
-        if ntrain < 1:
+        if self.training_split(ndata) < 1:
             raise EngineError(f"{ndata} datapoints hold no whole logical batch of "
                               f"{self.batch_logical} to train on with a validation split of "
                               f"{self.val_split}; use a smaller batch or more data")
@@ -146,7 +151,7 @@ def batch_orders(ndata: int, config: TrainConfig) -> list[np.ndarray]:
     (torch) on the same batches."""
     dataset = Dataset(np.zeros(ndata, np.int8))
     rng = np.random.default_rng(config.seed)
-    split = int((1.0 - config.val_split) * (ndata // config.batch_logical)) * config.batch_logical
+    split = config.training_split(ndata)
     orders = []
     for _ in range(config.epochs):
         dataset.shuffle(rng, split)

@@ -85,7 +85,7 @@ def train_torch(net, images: np.ndarray, labels: np.ndarray, config: TrainConfig
                             weight_decay=0.0)
     b, k = config.batch_physical, config.batch_logical // config.batch_physical
     n = len(images)
-    split = int((1.0 - config.val_split) * (n // config.batch_logical)) * config.batch_logical
+    split = config.training_split(n)
     history = []
     for epoch, order in enumerate(orders, start=1):
         start = time.perf_counter()
