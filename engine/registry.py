@@ -14,7 +14,9 @@ says:
 - `kernels`: backend name -> `kernel(out, ins, **params)` computing into `out`;
   view ops instead give `view(ins, **params) -> array` that aliases `ins[0]`;
 - `torch(*tensors, **params)`: the torch equivalent, forward and autograd reference;
-- `samples() -> list[Sample]`: gradcheck's sample cases;
+- `samples() -> list[Sample]`: gradcheck's sample cases (its fast tier);
+- `scale() -> list[Sample]`: its scale cases (Samples with tier "scale"): sizes that take
+  every threaded, chunked, tiled and zero-skipping path of its kernels (gradcheck.scale);
 - `strategy(dtype) -> hypothesis strategy of Sample`: generated cases (shapes, parameters,
   input ranges) for `gradcheck --random N` and the property tests; it imports hypothesis
   itself, so that importing the engine does not;
@@ -54,6 +56,7 @@ class OpDef:
     build: Callable | None = None
     torch: Callable | None = None
     samples: Callable | None = None
+    scale: Callable | None = None
     strategy: Callable | None = None
     doc: str = ""
 

@@ -15,6 +15,11 @@ view with its axes reversed, as the backward of cont(permute(y)) hands it), "exp
 are then constant along it) or "sliced" (a view at offset 1 into a buffer one larger on
 each side of every axis, as the backward of acc or pad hands it). It is printed last, e.g.
 `...,stride=[2,2],cotangent=permuted`.
+
+A sample's `tier` is "fast" (the registry's `samples`: small, every element checked) or
+"scale" (the registry's `scale` cases: sizes that take every threaded, chunked, tiled and
+zero-skipping kernel path, judged by gradcheck.scale). It is not printed: scale cases are
+told apart by their sizes, and selected with `gradcheck --tier scale`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from engine.tensor import as_dtype, dtype_name
 
 GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int")
 COTANGENTS = ("contiguous", "permuted", "expanded", "sliced")
+TIERS = ("fast", "scale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +113,13 @@ class Sample:
     params: tuple[tuple[str, Any], ...] = ()
     dtype: str = "f32"
     cotangent: str = "contiguous"
+    tier: str = "fast"
 
     def __post_init__(self):
         if self.cotangent not in COTANGENTS:
             raise ValueError(f"cotangent must be one of {COTANGENTS}, got {self.cotangent!r}")
+        if self.tier not in TIERS:
+            raise ValueError(f"tier must be one of {TIERS}, got {self.tier!r}")
 
     @classmethod
     def make(cls, op: str, inputs, dtype="f32", /, **params) -> Sample:
@@ -149,7 +158,8 @@ class Sample:
                        else i for i in self.inputs)
         params = tuple((k, dtype if k == "dtype" and v in ("f32", "f64") else v)
                        for k, v in self.params)
-        return _Promoted(self.op, inputs, params, dtype, self.cotangent, original=str(self))
+        return _Promoted(self.op, inputs, params, dtype, self.cotangent, self.tier,
+                         original=str(self))
 
     def seed(self) -> int:
         """A seed derived from the case itself, so its data never depends on run order."""

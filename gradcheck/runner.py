@@ -23,15 +23,27 @@ from gradcheck.repro import with_repro
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 
 DTYPES = ("f32", "f64")
+TIERS = ("fast", "scale", "all")
 
 
-def select_samples(op_names, dtype: str = "all", pattern: str | None = None):
-    """The registry's samples of `op_names` with their cotangent variants
-    (gradcheck.cotangents; unknown names raise UnknownOpError), of one dtype or both, whose
-    string contains `pattern`."""
+def tier_cases(op, tier: str = "fast") -> list:
+    """An op's cases of `tier`: "fast", its registry samples with their cotangent variants
+    (gradcheck.cotangents); "scale", its scale cases (OpDef.scale); "all", both."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    cases = registry_cases(op) if tier in ("fast", "all") else []
+    if tier in ("scale", "all") and op.scale is not None:
+        cases += list(op.scale())
+    return cases
+
+
+def select_samples(op_names, dtype: str = "all", pattern: str | None = None,
+                   tier: str = "fast"):
+    """The cases of `tier` (tier_cases) of `op_names` (unknown names raise
+    UnknownOpError), of one dtype or both, whose string contains `pattern`."""
     samples = []
     for name in op_names:
-        samples += registry_cases(get_op(name))
+        samples += tier_cases(get_op(name), tier)
     if dtype != "all":
         samples = [s for s in samples if s.dtype == dtype]
     if pattern:
@@ -102,9 +114,9 @@ def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,
               random: int = 0, seed: int = 0, inject: str | None = None,
               progress: bool = False, mode="auto", backends=("cpu",),
               use_torch: bool = True, adapter=None,
-              case_timeout: float = DEFAULT_CASE_TIMEOUT):
-    """The registry's sample cases of `op_names` (None: every checkable op) that match
-    `dtype` and `pattern`, checked as run_checks does, then `random` generated cases per
+              case_timeout: float = DEFAULT_CASE_TIMEOUT, tier: str = "fast"):
+    """The registry's cases of `tier` (tier_cases) of `op_names` (None: every checkable
+    op) that match `dtype` and `pattern`, checked as run_checks does, then `random` generated cases per
     op (gradcheck.generated) with `seed`: in `adapter`'s engine, or in ours on each of
     `backends` with `inject` in place. Raises UnknownOpError for an unknown op, and
     LookupError for an optimizer step (no gradient: optcheck checks it) or when no case
@@ -114,10 +126,10 @@ def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,
     if updates:
         raise LookupError(f"{', '.join(updates)}: optimizer steps have no gradient to check; "
                           f"check them with optcheck (optcheck --opt all)")
-    samples = select_samples(names, dtype, pattern)
+    samples = select_samples(names, dtype, pattern, tier)
     if not samples and not random:
         raise LookupError(f"no sample case of {', '.join(names)} matches "
-                          f"dtype={dtype} filter={pattern!r}")
+                          f"dtype={dtype} filter={pattern!r} tier={tier}")
     results = run_checks(samples, inject, progress, mode, backends, use_torch, adapter,
                          case_timeout)
     if not random:
