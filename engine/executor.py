@@ -189,13 +189,17 @@ class Executor:
         self._owners = owners            # buffer owners of the persistent tensors
         self._calls: list[Call] | None = None
         self._calls_wrap = None          # the wrapper self._calls were bound with
-        self._running = (backends[0].running if len(backends) == 1 else self._all_running)
+        # the ops each backend's running() context is told of (the CPU's skips holding BLAS
+        # for a plan without a product)
+        self._ops = frozenset(getattr(getattr(s, "tensor", None), "op", None) for s in steps)
+        self._running = (functools.partial(backends[0].running, self._ops)
+                         if len(backends) == 1 else self._all_running)
 
     @contextlib.contextmanager
     def _all_running(self):
         with contextlib.ExitStack() as stack:
             for be in self.backends:
-                stack.enter_context(be.running())
+                stack.enter_context(be.running(self._ops))
             yield
 
     def run(self, wrap: Callable[[CallLabel, Call], Call] | None = None) -> None:

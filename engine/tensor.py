@@ -76,7 +76,12 @@ class Flag(enum.Flag):
 
     @property
     def persistent(self) -> bool:
-        return bool(self & (Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.GRAD_ACC | Flag.STATE))
+        # on the plain int: enum's | and & make new Flag objects, and planning asks this
+        # of every node several times (a fifth of a small case's planning time)
+        return bool(self._value_ & _PERSISTENT)
+
+
+_PERSISTENT = (Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.GRAD_ACC | Flag.STATE)._value_
 
 
 class Tensor:

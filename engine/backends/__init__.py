@@ -10,7 +10,8 @@ call (engine/backends/cpu and engine/backends/cuda are the two there are):
 - `device_view(opdef, ins, params)`: a view op applied to its arrays;
 - `copy(dst, src)`, `accumulate(dst, src)` (dst += src), and `to_host(src, host_dst)` /
   `to_device(host_src, dst)` for the copies between backends (the CPU's are numpy copies);
-- `running()`: the context manager a plan runs in (the CPU's holds BLAS to one thread).
+- `running(ops)`: the context manager a plan running ops `ops` runs in (the CPU's holds
+  BLAS to one thread when one of them is a product).
 
 A device backend that keeps copies of persistent tensors (`Tensor.device`) registers how to
 fill them in place with `engine.tensor.register_device_filler` (see Tensor.fill).

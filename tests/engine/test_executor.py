@@ -89,8 +89,9 @@ def test_a_plan_runs_inside_its_backends_running_context(monkeypatch):
     entered = []
 
     @contextlib.contextmanager
-    def running():
+    def running(ops=None):
         entered.append("in")
+        assert "matmul" in ops          # told the plan's ops (BLAS is held for products)
         yield
         entered.append("out")
 
@@ -100,3 +101,21 @@ def test_a_plan_runs_inside_its_backends_running_context(monkeypatch):
     g.compute()
     g.compute()
     assert entered == ["in", "out", "in", "out"]
+
+
+def test_blas_is_held_only_for_a_plan_with_a_product(monkeypatch):
+    from engine.backends.cpu import threads
+    held = []
+
+    @contextlib.contextmanager
+    def engine_threads():
+        held.append(True)
+        yield
+    monkeypatch.setattr("engine.backends.cpu.engine_threads", engine_threads)
+    x = engine.input_tensor((3,), "f32", name="x")
+    x.set(np.ones(3, np.float32))
+    engine.Graph([engine.ops.relu(x)]).compute()
+    assert held == [] and threads is not None
+    x, w1, w2, loss = _mlp()
+    engine.Graph([loss]).compute()
+    assert held == [True]

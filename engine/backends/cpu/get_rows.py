@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numba
 
+from engine.backends.cpu import paths
 from engine.backends.cpu.block import fill_zero
 from engine.backends.cpu.jit import parallel_kernel, prange
 from engine.errors import RowIndexError
@@ -79,5 +80,9 @@ def cpu_get_rows_back(out, ins, nrows):
     nc = out.shape[1]
     band = -(-nc // numba.get_num_threads())
     band = max(MIN_BAND, -(-band // MIN_BAND) * MIN_BAND)
+    if paths.PLAIN:
+        band = max(nc, 1)                  # one band: every row added whole, in order
+    elif band < nc:
+        paths.taken("get_rows_back:bands")
     fill_zero(out)
     _get_rows_back(g3, idx2, out, band)

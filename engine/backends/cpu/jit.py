@@ -38,6 +38,8 @@ import types
 import numba
 import numpy as np
 
+from engine.backends.cpu import paths
+
 OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 
 
@@ -101,7 +103,10 @@ class SizeDispatch:
         self.__doc__ = fn.__doc__
 
     def for_size(self, size: int):
-        return self.parallel if PARALLEL and size >= PARALLEL_MIN_SIZE else self.serial
+        if PARALLEL and size >= PARALLEL_MIN_SIZE and not paths.PLAIN:
+            paths.taken("parallel")
+            return self.parallel
+        return self.serial
 
     def for_args(self, args):
         """The compilation a call on `args` runs (by its largest array)."""
@@ -109,9 +114,10 @@ class SizeDispatch:
                                  default=0))
 
     def __call__(self, *args):
-        if PARALLEL:
+        if PARALLEL and not paths.PLAIN:
             for a in args:
                 if isinstance(a, np.ndarray) and a.size >= PARALLEL_MIN_SIZE:
+                    paths.taken("parallel")
                     return self.parallel(*args)
         return self.serial(*args)
 

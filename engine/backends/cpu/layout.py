@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from engine.backends.cpu import paths
 from engine.backends.cpu.jit import kernel
 
 as_strided = np.lib.stride_tricks.as_strided
@@ -137,7 +138,7 @@ def copy_call(out, x):
     untransposed view is not contiguous), for the dtypes numba compiles it for; anything
     else by numpy."""
     item = x.itemsize
-    if (x.ndim >= 2 and x.strides[-2] == item and x.strides[-1] != item
+    if (not paths.PLAIN and x.ndim >= 2 and x.strides[-2] == item and x.strides[-1] != item
             and x.shape[-2] >= 8 and x.shape[-1] > 1
             and out.flags.c_contiguous and x.dtype == out.dtype and x.dtype in _TILED_DTYPES):
         nr, nc = x.shape[-2:]
@@ -146,5 +147,6 @@ def copy_call(out, x):
             nb = math.prod(n for n, _ in lead)             # the batch axes as one
             step = lead[-1][1] if lead else 0
             src = as_strided(x, (nb, nc, nr), (step, x.strides[-1], item), writeable=False)
+            paths.taken("copy:tiled")
             return functools.partial(_transpose_tiles, src, out.reshape(nb, nr, nc))
     return functools.partial(np.copyto, out, x)

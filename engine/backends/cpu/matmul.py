@@ -44,7 +44,7 @@ import functools
 import numba
 import numpy as np
 
-from engine.backends.cpu import layout, threads
+from engine.backends.cpu import layout, paths, threads
 from engine.backends.cpu import matmul_sparse as sp
 from engine.backends.cpu.jit import bindable
 
@@ -220,7 +220,7 @@ class SparseProduct:
         indices, values = np.empty(nnz, np.int64), np.empty(nnz, s.dtype)
         args = (s, kept_rows, col_pos, cols, self.starts, self.ends, indices, values, d_sparse,
                 dest, self.cursor, self.block, accumulate, self.by_rows)
-        parts = min(threads.THREADS, m)
+        parts = min(threads.parts(), m)
         if parts == 1:
             dense_part = self._dense_part(lines, d_dense, accumulate)
             if accumulate:
@@ -260,7 +260,9 @@ def _sparse_sides(out, a, b) -> tuple[bool, bool]:
 
 def sparse_products(out, a, b) -> list[SparseProduct]:
     """The sparse products that the shapes and layouts of out = a @ b allow, in the order
-    they are tried: s = a (left), then s = b^T (right)."""
+    they are tried: s = a (left), then s = b^T (right); none in plain mode."""
+    if paths.PLAIN:
+        return []
     left, right = _sparse_sides(out, a, b)
     products = []
     if left:
@@ -284,8 +286,12 @@ def matmul_path(out, a, b) -> str:
     "sparse_right" followed by the split ("/rows" or "/cols", with "+blas" when some lines
     of s go to BLAS); for tests and benchmarks."""
     p = choose_product(sparse_products(out, a, b))
-    if p is None:
-        return "blas"
+    return "blas" if p is None else path_name(p)
+
+
+def path_name(p: SparseProduct) -> str:
+    """The name of sparse product `p`'s path, once `pays` has chosen its split (see
+    matmul_path)."""
     m, k = p.s.shape
     counts, length = (p.row_counts, k) if p.split == "rows" else (p.col_counts, m)
     side = "sparse_right" if p.transposed else "sparse_left"
@@ -321,10 +327,11 @@ def matrix_chunks(out, a, b, parts):
 def blas_product(a, b, out) -> None:
     """out = a @ b by BLAS (2-D), split across the engine's threads where that pays (BLAS
     itself runs one thread while a plan runs)."""
-    parts = threads.THREADS
+    parts = threads.parts()
     pieces = (matrix_chunks(out, a, b, parts)
               if parts > 1 and out.size * a.shape[1] >= threads.MIN_MACS else None)
     if pieces:
+        paths.taken("matmul:blas_chunks")
         threads.side_by_side([functools.partial(np.matmul, ca, cb, out=o)
                               for o, (ca, cb) in pieces])()
     else:
@@ -345,5 +352,6 @@ def cpu_matmul(out, ins):
         if p is None:
             blas_product(a, b, out)
         else:
+            paths.taken(f"matmul:{path_name(p)}")
             p.run()
     return run

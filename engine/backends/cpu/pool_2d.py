@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu import threads
+from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import kernel, parallel_kernel, prange, scalar_math
 
 # the largest window (per axis) given its own compiled kernel when the windows tile the image;
@@ -243,9 +243,9 @@ def _avg_pool_back(g, dx, kh, kw, sh, sw, ph, pw):
 
 def _tiles(kernel, stride, padding) -> bool:
     """Whether the windows tile the image (stride = kernel, no padding) with a kernel small
-    enough for the tiled max kernels."""
+    enough for the tiled max kernels (never in plain mode: engine.backends.cpu.paths)."""
     return (tuple(stride) == tuple(kernel) and tuple(padding) == (0, 0)
-            and max(kernel) <= MAX_TILE)
+            and max(kernel) <= MAX_TILE and not paths.PLAIN)
 
 
 @threads.split
@@ -253,6 +253,7 @@ def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d: kernel(out, [x], **params)."""
     (x,) = ins
     if mode == "max" and _tiles(kernel, stride, padding):
+        paths.taken("pool_2d:tiled")
         _max_pool_tiled(x, out, (0,) * kernel[0], (0,) * kernel[1])
         return
     _pool(x, out, mode == "max", kernel[0], kernel[1], stride[0], stride[1], padding[0],
@@ -271,6 +272,7 @@ def cpu_pool_2d_back(out, ins, mode, kernel, stride, padding):
     # C-contiguous arrays only; contiguous ones are passed as they are
     g, x, y = (np.ascontiguousarray(a) for a in (g, x, y))
     if _tiles(kernel, stride, padding):
+        paths.taken("pool_2d_back:tiled")
         _max_pool_back_tiled(g, x, y, out, (0,) * kernel[0], (0,) * kernel[1])
     else:
         _max_pool_back(g, x, y, out, *geometry)

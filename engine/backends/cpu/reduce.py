@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu import layout, threads
+from engine.backends.cpu import layout, paths, threads
 from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange, scalar_math
 
 MAX_CHUNKS = 64
@@ -165,6 +165,9 @@ def cpu_sum(out, ins, axes, keepdims):
     flat_out = out.reshape(-1)
     if x.size == 0 or out.size == 0:
         return lambda: out.fill(0) if out.size else None
+    if paths.PLAIN:            # the plain twin: numpy's sum in float64
+        return lambda: np.copyto(out, np.sum(x, axis=tuple(axes), dtype=np.float64,
+                                             keepdims=keepdims).reshape(out.shape))
     kept = [i for i in range(x.ndim) if i not in axes]
     kdims = layout.coalesce([x.shape[i] for i in kept], [x.strides[i] for i in kept])
     rdims = layout.coalesce([x.shape[i] for i in axes], [x.strides[i] for i in axes])
@@ -172,12 +175,16 @@ def cpu_sum(out, ins, axes, keepdims):
     if not kdims and x.flags.c_contiguous:
         # the chunking depends on the size only, never on the thread count
         acc = np.empty((min(MAX_CHUNKS, max(1, x.size // 4096)), LINE + BLOCK))
+        if acc.shape[0] > 1:
+            paths.taken("sum:chunks")
         return call(_sum_all, x.reshape(-1), acc, flat_out)
     if base is not None and len(kdims) == 1 and kdims[0][1][0] == item:
         rows = layout.row_offsets(rdims, 0, item)
         run = kdims[0][0]
         nchunks = max(1, min(MAX_CHUNKS, rows.size * run // ROW_CHUNK_ELEMENTS, rows.size))
         acc = np.empty((nchunks, _whole_lines(run)))   # rows of whole cache lines
+        if nchunks > 1:
+            paths.taken("sum:rows")
         return call(_sum_rows, base, rows, run, acc, flat_out)
     inner = [i for i, (_, s) in enumerate(rdims) if s[0] == item]
     if base is not None and inner:
@@ -188,12 +195,15 @@ def cpu_sum(out, ins, axes, keepdims):
         width = _whole_lines(min(run, BLOCK))
         vertical = run >= 16 and kept_offsets.size * width <= MAX_SCRATCH
         acc = np.empty((kept_offsets.size, width) if vertical else (0, 1))
-        if threads.THREADS > 1 and kept_offsets.size > 1 and x.size >= threads.MIN_ELEMENTS:
+        if vertical:
+            paths.taken("sum:runs")
+        if threads.parts() > 1 and kept_offsets.size > 1 and x.size >= threads.MIN_ELEMENTS:
             # kept elements in ranges on the engine's threads: each element's sum as whole
+            paths.taken("sum:runs_split")
             return threads.side_by_side([
                 call(_sum_runs, base, kept_offsets[lo:hi], reduced_offsets, run,
                      acc[lo:hi] if vertical else acc, flat_out[lo:hi])
-                for lo, hi in threads.bounds(kept_offsets.size, threads.THREADS)])
+                for lo, hi in threads.bounds(kept_offsets.size, threads.parts())])
         return call(_sum_runs, base, kept_offsets, reduced_offsets, run, acc, flat_out)
     if len(kdims) > 2 or len(rdims) > 2:      # more than two irreducible axes on a side
         return lambda: np.sum(x, axis=tuple(axes), keepdims=keepdims, out=out)

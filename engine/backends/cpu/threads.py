@@ -27,6 +27,8 @@ import os
 import queue
 import threading
 
+from engine.backends.cpu import paths
+
 
 def _threads_from_env() -> int:
     value = os.environ.get("GRADVERIFY_THREADS", "").strip()
@@ -64,6 +66,12 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     return THREADS
+
+
+def parts() -> int:
+    """The chunks a kernel bound now may split into: THREADS, or 1 in plain mode
+    (engine.backends.cpu.paths.plain)."""
+    return 1 if paths.PLAIN else THREADS
 
 
 class _Pool:
@@ -176,13 +184,15 @@ def split(kernel, chunks=elementwise_chunks):
     `bind` is called as it is on each chunk."""
     prepare = getattr(kernel, "bind", None) or (
         lambda out, ins, *args, **params: functools.partial(kernel, out, ins, *args, **params))
+    name = getattr(kernel, "__name__", "kernel").removeprefix("_").removesuffix("_prepare")
 
     @functools.wraps(prepare)
     def bind(out, ins, *args, **params):
-        parts = THREADS
-        pieces = chunks(out, ins, parts) if parts > 1 else None
+        n = parts()
+        pieces = chunks(out, ins, n) if n > 1 else None
         if not pieces or len(pieces) == 1:
             return prepare(out, ins, *args, **params)
+        paths.taken(f"split:{name}")
         return side_by_side([prepare(o, i, *args, **params) for o, i in pieces])
 
     @functools.wraps(prepare)

@@ -62,7 +62,7 @@ class CudaBackend:
         from engine.backends.cuda import arrays, transfer
         self.arrays, self.transfer = arrays, transfer
 
-    def running(self):
+    def running(self, ops=None):
         """The context a plan runs in: nothing to set up for the device."""
         return contextlib.nullcontext()
 

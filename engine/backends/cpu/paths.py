@@ -1,0 +1,105 @@
+"""The CPU backend's fast paths: which ones a computation takes, and a plain mode with none.
+
+Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
+zero-skipping matmul, the tiled transposed copy, the tiled max pooling, the chunked sums,
+the column bands of get_rows_back's scatter, numba's parallel compilations) has a plain
+twin, and gradcheck's scale tier compares the two. Two switches make that possible:
+
+- `plain()`: while the block runs, kernels bound or run take their plain twins only: one
+  thread and no chunks, BLAS for every product, numpy's copies, the general pooling
+  kernels, sums by numpy in float64, get_rows_back in one band, serial compilations. It is
+  the independent float64 reference of the scale tier (where torch has no equivalent) and
+  a way to tell whether a wrong result comes from a fast path. A plan bound outside the
+  block keeps the paths it was bound with.
+- `poisoned()`: arenas allocated in the block are filled with NaN bytes, as reused
+  memory holds garbage (np.empty of a big arena gives fresh, zeroed pages).
+- `recording()`: a Counter of the fast paths taken while the block runs, by name (see
+  KNOWN), counted when a kernel is bound (a plan binds once) or, for choices made from
+  the data, when it runs. gradcheck's scale rows show them; tests assert that each scale
+  case takes the path it is there for.
+
+    with paths.recording() as taken:
+        graph.compute("cpu")
+    taken["matmul:sparse_left"]        # > 0: the zero-skipping product ran
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+
+PLAIN = False
+POISON = False         # new arenas filled with 0xFF bytes (NaN as float): see poisoned()
+
+# Every fast path's name, as recorded. "split:" paths carry the kernel's name after the
+# colon ("split:unary_relu"); KNOWN lists the families (the part before a second colon).
+KNOWN = {
+    "split": "a kernel's output split into chunks run side by side on the engine's threads",
+    "matmul:sparse": "the zero-skipping product (a sparse operand's zeros skipped)",
+    "matmul:blas_chunks": "a dense product as row or column ranges on the engine's threads",
+    "copy:tiled": "a transposed view copied in 8 x 8 tiles",
+    "pool_2d:tiled": "max pooling whose windows tile the image, forward",
+    "pool_2d_back:tiled": "max pooling whose windows tile the image, backward",
+    "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
+    "sum:rows": "a sum over rows into chunked float64 accumulator rows",
+    "sum:runs": "a sum of contiguous runs into vertical accumulators",
+    "sum:runs_split": "kept elements' sums as ranges on the engine's threads",
+    "get_rows_back:bands": "get_rows_back's scatter-add split into column bands",
+    "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",
+}
+
+_recorders: list[collections.Counter] = []
+
+
+def family(path: str) -> str:
+    """The KNOWN family of a recorded path: "split:unary_relu" -> "split",
+    "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
+    if path.startswith("split:"):
+        return "split"
+    if path.startswith("matmul:sparse"):
+        return "matmul:sparse"
+    return path
+
+
+def taken(path: str) -> None:
+    """Count fast path `path` in every recording open now (nothing to do without one)."""
+    for counter in _recorders:
+        counter[path] += 1
+
+
+@contextlib.contextmanager
+def recording():
+    """A Counter of the fast paths taken while the block runs (see the module doc)."""
+    counter: collections.Counter = collections.Counter()
+    _recorders.append(counter)
+    try:
+        yield counter
+    finally:
+        _recorders.remove(counter)
+
+
+@contextlib.contextmanager
+def poisoned():
+    """Arenas allocated in the block hold garbage, all bytes 0xFF (a NaN in every float
+    dtype), as an arena reused from another graph would: a kernel that leaves part of its
+    output unwritten, right only on fresh zeroed memory, then gives NaN (gradcheck runs the
+    engine under test this way)."""
+    global POISON
+    before = POISON
+    POISON = True
+    try:
+        yield
+    finally:
+        POISON = before
+
+
+@contextlib.contextmanager
+def plain():
+    """Kernels bound or run in the block take their plain twins only (module doc)."""
+    global PLAIN
+    before = PLAIN
+    PLAIN = True
+    try:
+        yield
+    finally:
+        PLAIN = before

@@ -1,0 +1,101 @@
+"""The CPU backend's fast paths: each is taken by the scale case that is there for it, and
+plain mode takes none of them (engine.backends.cpu.paths).
+
+A fast path that no case reaches is never checked: for every family of paths.KNOWN, the
+scale case named below must record it when the engine runs its forward and backward pass
+(at 3 threads, so that the result does not depend on this machine's cores), and the same
+case in plain mode must record nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.backends.cpu import jit, paths
+from engine.registry import get_op
+from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.backprop import loss_weights
+from gradcheck.scale import engine_thread_count
+
+# family -> (op, a substring of the scale case that must take it)
+REACHED_BY = {
+    "split": ("relu", "relu(type=f32,x=[1031,1031])"),
+    "matmul:sparse": ("matmul", "a=[1000,784]"),
+    "matmul:blas_chunks": ("matmul", "a=[257,263],b=[263,251])"),
+    "copy:tiled": ("cont", "x=[1031,1031]perm[1,0]"),
+    "pool_2d:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
+    "pool_2d_back:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
+    "sum:chunks": ("sum", "axis=None"),
+    "sum:rows": ("sum", "x=[1500007,3]"),
+    "sum:runs": ("sum", "x=[1031,1031],axis=1"),
+    "sum:runs_split": ("sum", "x=[1031,1031],axis=1"),
+    "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),
+    "parallel": ("relu", "relu(type=f32,x=[1031,1031])"),
+}
+
+
+def _case(op: str, text: str):
+    cases = [c for c in get_op(op).scale() if text in str(c)]
+    assert cases, f"no scale case of {op} contains {text!r}"
+    return cases[0]
+
+
+def _run(case):
+    """The case's forward and backward pass in our engine (at 3 threads), recording."""
+    arrays = case.generate_inputs()
+    with engine_thread_count(3), paths.recording() as taken:
+        _vjp(case, arrays)
+    return taken
+
+
+def _vjp(case, arrays):
+    out = weighted_graph(case, arrays, as_params=False)[1]
+    EngineAdapter().vjp(case, arrays, loss_weights(out.shape, 0))
+
+
+def test_every_family_is_reached_by_a_named_case():
+    assert set(REACHED_BY) == set(paths.KNOWN)
+
+
+@pytest.mark.parametrize("family", [f for f in REACHED_BY if f != "parallel"])
+def test_the_scale_case_takes_the_path(family):
+    op, text = REACHED_BY[family]
+    taken = _run(_case(op, text))
+    assert family in {paths.family(p) for p in taken}, sorted(taken)
+
+
+def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
+    monkeypatch.setattr(jit, "PARALLEL", True)
+    op, text = REACHED_BY["parallel"]
+    taken = _run(_case(op, text))      # its loss's whole-tensor sum has a prange loop
+    assert taken["parallel"] > 0
+
+
+@pytest.mark.parametrize("family", ["split", "matmul:sparse", "copy:tiled", "pool_2d:tiled",
+                                    "sum:rows", "get_rows_back:bands"])
+def test_plain_mode_takes_no_fast_path(family):
+    op, text = REACHED_BY[family]
+    case = _case(op, text)
+    with paths.plain():
+        taken = _run(case)
+    assert not taken, sorted(taken)
+
+
+def test_plain_mode_is_restored_after_an_error():
+    with pytest.raises(RuntimeError), paths.plain():
+        raise RuntimeError
+    assert paths.PLAIN is False
+
+
+def test_poisoned_arenas_hold_nan():
+    from engine.backends.cpu import CPU
+    with paths.poisoned():
+        arena = CPU.alloc(64)
+    assert np.isnan(arena.view(np.float32)).all()
+    assert paths.POISON is False
+
+
+def test_family_names():
+    assert paths.family("split:cpu_relu") == "split"
+    assert paths.family("matmul:sparse_left/rows+blas") == "matmul:sparse"
+    assert paths.family("sum:rows") == "sum:rows"
