@@ -10,7 +10,6 @@ from engine.backends.cpu import paths
 from engine.backends.cpu.threads import engine_threads
 from engine.errors import BackendError
 
-
 BLAS_OPS = frozenset({"matmul"})     # ops whose cpu kernels call BLAS
 
 
