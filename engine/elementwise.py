@@ -10,7 +10,13 @@ A row says what the op computes on one element and how it is checked:
 - its parameters (floats, in the order the scalar math takes them), their defaults, and
   any rule they must keep (clamp's min <= max);
 - its torch reference, its sample ranges and kinks (the inputs keep off the kinks, which
-  `Unary` checks when the row is made), and its doc line.
+  `Unary` checks when the row is made), and its doc line;
+- the ranges its strategy draws from (engine.strategies.draw_range): its `domain`, its
+  `wide` range and its `special` ranges, around the points where the op is worth a look
+  (saturation of tanh, sigmoid, softplus, gelu, elu; hardswish's +-3; tiny and large
+  positive inputs of log and sqrt), all inside its domain and off its kinks (checked
+  too); or, where the range depends on the parameters, `draw_domain(draw, params)`
+  (clamp: inputs just inside or just outside a bound, a margin away from it).
 
 engine.backends.cpu.elementwise compiles the scalar math with numba.njit into CPU kernels,
 engine.backends.cuda.elementwise with numba.cuda into CUDA kernels (the same functions
@@ -69,6 +75,8 @@ class Unary:
     kinks: tuple = ()                    # points where f' jumps: numbers or param names
     sample_params: tuple[dict, ...] = ({},)      # one set of sample cases per dict
     draw_params: Callable | None = None  # draw -> params dict, for the strategy
+    special: tuple[Domain, ...] = ()     # the strategy's ranges beside domain and wide
+    draw_domain: Callable | None = None  # (draw, params) -> Domain: the strategy's range
     doc: str = ""
 
     def __post_init__(self):
@@ -83,12 +91,18 @@ class Unary:
                                  f"{sorted(params)}, the op takes {list(self.params)}")
         ranges = [(self.domain, p) for p in self.sample_params]
         ranges += [(self.wide, self.sample_params[0])] if self.wide else []
+        ranges += [(r, self.sample_params[0]) for r in self.special]
         for (kind, low, high), params in ranges:
             for k in (params.get(k, k) for k in self.kinks):
                 inside = low <= (abs(k) if kind == "away_from_zero" else k) <= high
                 if inside:
                     raise ValueError(f"elementwise op {self.name}: the kink at {k} lies in "
                                      f"the sample range {kind} [{low}, {high}]")
+
+    @property
+    def family(self) -> tuple[Domain, ...]:
+        """The ranges the strategy draws from: domain, wide, special."""
+        return (self.domain,) + ((self.wide,) if self.wide else ()) + self.special
 
     @property
     def back_name(self) -> str | None:
@@ -118,6 +132,7 @@ class Binary:
     backward: Callable | None = None
     no_grad: str | None = None
     b_domain: Domain | None = None        # the second input's range (None: the default)
+    b_special: tuple[Domain, ...] = ()    # the strategy's other ranges of it, with b_domain
     doc: str = ""
 
     def __post_init__(self):
@@ -261,15 +276,28 @@ def _draw_float(draw, low, high) -> float:
     return round(draw(st.floats(low, high)), 3)
 
 
-def _draw_clamp_bounds(draw) -> dict:
-    """min and max in the gaps of clamp's inputs, |x| in [0.6, 2]: below -2.05, within
-    [-0.55, 0.55] or above 2.05, so every input is >= 0.05 from both bounds."""
+CLAMP_MARGIN = 0.06     # a drawn clamp input's least distance from a bound
+
+
+def _draw_clamp_domain(draw, params) -> Domain:
+    """clamp's inputs near its bounds: a range just inside [min, max] against one bound,
+    or just outside one, at least CLAMP_MARGIN from both bounds (so that finite
+    differences stay on one side), at most 0.5 wide."""
     from hypothesis import strategies as st
-    gaps = {"low": (-3.0, -2.05), "mid": (-0.55, 0.55), "high": (2.05, 3.0)}
-    lo, hi = draw(st.sampled_from([("low", "mid"), ("mid", "high"), ("low", "high"),
-                                   ("mid", "mid")]))
-    a, b = _draw_float(draw, *gaps[lo]), _draw_float(draw, *gaps[hi])
-    return {"min": a if a <= b else b, "max": b if a <= b else a}
+    lo, hi, m = params["min"], params["max"], CLAMP_MARGIN
+    width = _draw_float(draw, 0.01, 0.5)
+    choices = ("below", "above") + (("inside_low", "inside_high") if hi - lo > 2 * m + 0.01
+                                    else ())
+    ends = {"below": (lo - m - width, lo - m), "above": (hi + m, hi + m + width),
+            "inside_low": (lo + m, min(lo + m + width, hi - m)),
+            "inside_high": (max(hi - m - width, lo + m), hi - m)}[draw(st.sampled_from(choices))]
+    return ("uniform", round(ends[0], 3), round(ends[1], 3))
+
+
+def _draw_clamp_bounds_anywhere(draw) -> dict:
+    """min and max in [-3, 3], at least 0.2 apart (room inside for _draw_clamp_domain)."""
+    a = _draw_float(draw, -3.0, 2.8)
+    return {"min": a, "max": round(a + _draw_float(draw, 0.2, 3.0), 3)}
 
 
 def _ordered_bounds(op_name, params) -> str | None:
@@ -284,6 +312,15 @@ WIDE = ("uniform", -150.0, 150.0)    # as ggml's test-backend-ops: no NaN/overfl
 OFF_ZERO = ("away_from_zero", 0.1, 3.0)
 POSITIVE = ("uniform", 0.1, 2.0)
 OFF_KINK = ("away_from_zero", 0.1, 2.0)
+# the strategies' special ranges (see the module doc)
+LARGE = (("uniform", -1e3, 1e3), ("uniform", -1e-3, 1e-3))
+LARGE_OFF_KINK = (("away_from_zero", 1.0, 1e3), ("away_from_zero", 0.1, 0.2))
+POSITIVE_ENDS = (("uniform", 0.01, 0.1), ("uniform", 2.0, 1e3))
+
+
+def _saturated(low, high):
+    """Both tails: |x| in [low, high]."""
+    return (("away_from_zero", low, high),)
 
 
 def _zero(g, y, x):
@@ -293,56 +330,62 @@ def _zero(g, y, x):
 for _row in [
     # plain ops, in the input's dtype; the gradient composed of engine ops
     Unary("neg", lambda v: -v, torch=lambda x: -x, backward=lambda g, y, x: op.neg(g),
-          in_float64=False, doc="-x"),
+          in_float64=False, special=LARGE, doc="-x"),
     Unary("scale", lambda v, scale: scale * v, torch=lambda x, scale: x * scale,
           backward=lambda g, y, x, scale: op.scale(g, scale), params=("scale",),
           in_float64=False, sample_params=({"scale": -1.5},),
-          draw_params=lambda draw: {"scale": _draw_float(draw, -3.0, 3.0)},
+          draw_params=lambda draw: {"scale": _draw_float(draw, -3.0, 3.0)}, special=LARGE,
           doc="scale * x, with a python float `scale`"),
     Unary("sqr", lambda v: v * v, torch=lambda x: x * x,
-          backward=lambda g, y, x: op.mul(g, op.scale(x, 2.0)), in_float64=False, doc="x^2"),
+          backward=lambda g, y, x: op.mul(g, op.scale(x, 2.0)), in_float64=False,
+          special=LARGE, doc="x^2"),
     Unary("sqrt", lambda v: math.sqrt(v), torch=lambda x: x.sqrt(),
           backward=lambda g, y, x: op.div(g, op.scale(y, 2.0)), in_float64=False,
-          domain=POSITIVE, doc="sqrt(x); d/dx = 1 / (2 sqrt(x))"),
+          domain=POSITIVE, special=POSITIVE_ENDS, doc="sqrt(x); d/dx = 1 / (2 sqrt(x))"),
     Unary("log", lambda v: math.log(v), torch=lambda x: x.log(),
           backward=lambda g, y, x: op.div(g, x), in_float64=False, domain=POSITIVE,
-          doc="natural log; d/dx = 1/x"),
+          special=POSITIVE_ENDS, doc="natural log; d/dx = 1/x"),
     Unary("exp", lambda v: math.exp(v), torch=lambda x: x.exp(),
-          backward=lambda g, y, x: op.mul(g, y), in_float64=False, doc="e^x"),
+          backward=lambda g, y, x: op.mul(g, y), in_float64=False,
+          special=(("uniform", 5.0, 30.0), ("uniform", -30.0, -5.0)), doc="e^x"),
     Unary("abs", lambda v: abs(v), torch=lambda x: x.abs(),
           backward=lambda g, y, x: op.mul(g, op.sgn(x)), in_float64=False, domain=OFF_KINK,
-          kinks=(0.0,), doc="|x|; d/dx = sgn(x), kink at 0"),
+          kinks=(0.0,), special=LARGE_OFF_KINK, doc="|x|; d/dx = sgn(x), kink at 0"),
     Unary("sgn", lambda v: 1.0 if v > 0 else (-1.0 if v < 0 else 0.0),
           torch=lambda x: x.sign(), backward=_zero, in_float64=False, domain=OFF_KINK,
-          kinks=(0.0,), doc="sign of x (-1, 0, 1); zero derivative away from 0"),
+          kinks=(0.0,), special=LARGE_OFF_KINK,
+          doc="sign of x (-1, 0, 1); zero derivative away from 0"),
     Unary("step", lambda v: 1.0 if v > 0 else 0.0, torch=lambda x: x.sign().clamp(min=0),
           backward=_zero, in_float64=False, domain=OFF_KINK, kinks=(0.0,),
-          doc="1 where x > 0 else 0; zero derivative away from 0"),
+          special=LARGE_OFF_KINK, doc="1 where x > 0 else 0; zero derivative away from 0"),
     Unary("relu", lambda v: v if v > 0 else 0.0, torch=lambda x: x.relu(),
           backward=lambda g, y, x: op.relu_back(g, x), in_float64=False, domain=OFF_KINK,
-          kinks=(0.0,), doc="max(x, 0); d/dx = step(x), kink at 0"),
+          kinks=(0.0,), special=LARGE_OFF_KINK, doc="max(x, 0); d/dx = step(x), kink at 0"),
     # activations, in float64: f(v), g f'(v) (the one-pass op <name>_back), torch
     Unary("sin", lambda v: math.sin(v), lambda g, v: g * math.cos(v), lambda x: x.sin(),
           domain=("uniform", -4.0, 4.0), wide=WIDE, doc="sin x"),
     Unary("cos", lambda v: math.cos(v), lambda g, v: -g * math.sin(v), lambda x: x.cos(),
           domain=("uniform", -4.0, 4.0), wide=WIDE, doc="cos x"),
     Unary("tanh", lambda v: math.tanh(v), tanh_gradient, lambda x: x.tanh(),
-          domain=("uniform", -3.0, 3.0), wide=WIDE, doc="tanh x"),
+          domain=("uniform", -3.0, 3.0), wide=WIDE, special=_saturated(4.0, 20.0),
+          doc="tanh x"),
     Unary("sigmoid", sigmoid, sigmoid_gradient, lambda x: x.sigmoid(),
-          domain=("uniform", -5.0, 5.0), wide=WIDE, doc="1 / (1 + e^-x)"),
+          domain=("uniform", -5.0, 5.0), wide=WIDE, special=_saturated(8.0, 40.0),
+          doc="1 / (1 + e^-x)"),
     Unary("gelu", gelu, gelu_gradient, _functional("gelu", approximate="tanh"),
-          domain=("uniform", -4.0, 4.0), wide=WIDE,
+          domain=("uniform", -4.0, 4.0), wide=WIDE, special=_saturated(4.0, 30.0),
           doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), torch's approximate='tanh'"),
     Unary("gelu_erf", gelu_erf, gelu_erf_gradient, _functional("gelu"),
-          domain=("uniform", -4.0, 4.0), wide=WIDE,
+          domain=("uniform", -4.0, 4.0), wide=WIDE, special=_saturated(4.0, 30.0),
           doc="x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), torch's exact gelu"),
     Unary("silu", lambda v: v * sigmoid(v), silu_gradient, _functional("silu"),
-          domain=("uniform", -5.0, 5.0), wide=WIDE, doc="x sigmoid(x)"),
+          domain=("uniform", -5.0, 5.0), wide=WIDE, special=_saturated(8.0, 40.0),
+          doc="x sigmoid(x)"),
     Unary("elu", lambda v, alpha: v if v > 0.0 else alpha * math.expm1(v),
           lambda g, v, alpha: g if v > 0.0 else g * (alpha * math.exp(v)),
           _functional("elu"), params=("alpha",), defaults=(("alpha", 1.0),),
           domain=OFF_ZERO, wide=("away_from_zero", 0.1, 150.0), kinks=(0.0,),
-          sample_params=({"alpha": 1.0}, {"alpha": 0.5}),
+          special=(("uniform", -30.0, -4.0),), sample_params=({"alpha": 1.0}, {"alpha": 0.5}),
           draw_params=lambda draw: {"alpha": _draw_float(draw, 0.1, 3.0)},
           doc="x if x > 0 else alpha (e^x - 1); kink at 0"),
     Unary("leaky_relu", lambda v, slope: v if v > 0.0 else slope * v,
@@ -356,10 +399,13 @@ for _row in [
           lambda g, v: g if v > SOFTPLUS_THRESHOLD else g * sigmoid(v),
           _functional("softplus"), domain=("uniform", -5.0, 5.0),
           wide=("away_from_zero", 21.0, 150.0), kinks=(SOFTPLUS_THRESHOLD,),
+          special=(("uniform", -40.0, -8.0), ("uniform", 15.0, 19.9), ("uniform", 20.1, 25.0)),
           doc="log(1 + e^x), and x where x > 20 (torch's threshold)"),
     Unary("hardswish", hardswish, hardswish_gradient, _functional("hardswish"),
           domain=("away_from_zero", 0.1, 2.9), wide=("away_from_zero", 3.1, 150.0),
-          kinks=(-3.0, 3.0), doc="x relu6(x + 3) / 6; kinks at -3 and 3"),
+          kinks=(-3.0, 3.0),
+          special=(("away_from_zero", 2.0, 2.9), ("away_from_zero", 3.1, 4.0)),
+          doc="x relu6(x + 3) / 6; kinks at -3 and 3"),
     # clamp: NaN stays NaN; the gradient is g inside [min, max], else 0 even for an
     # infinite g (as torch's), so it is not a product with f'
     Unary("clamp", clamp, lambda g, v, low, high: g if low <= v <= high else 0.0,
@@ -367,7 +413,8 @@ for _row in [
           check=_ordered_bounds, domain=("away_from_zero", 0.6, 2.0), kinks=("min", "max"),
           sample_params=({"min": -0.5, "max": 0.5}, {"min": -2.5, "max": 0.0},
                          {"min": 0.0, "max": 2.5}),
-          draw_params=_draw_clamp_bounds, doc="min(max(x, min), max); kinks at min and max"),
+          draw_params=_draw_clamp_bounds_anywhere, draw_domain=_draw_clamp_domain,
+          doc="min(max(x, min), max); kinks at min and max"),
 ]:
     add_unary(_row)
 
@@ -383,6 +430,7 @@ for _row in [
     Binary("div", lambda a, b: a / b, lambda a, b: a / b,
            lambda g, out, a, b: (op.div(g, b), op.neg(op.div(op.mul(g, out), b))),
            b_domain=("away_from_zero", 0.5, 2.0),
+           b_special=(("away_from_zero", 0.05, 0.5), ("away_from_zero", 2.0, 100.0)),
            doc="elementwise div with numpy broadcasting"),
     Binary("relu_back", lambda g, x: g if x > 0 else 0.0, lambda g, x: g * (x > 0).to(g.dtype),
            no_grad="dedicated backward op", b_domain=OFF_KINK,

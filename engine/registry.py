@@ -20,6 +20,9 @@ says:
 - `strategy(dtype) -> hypothesis strategy of Sample`: generated cases (shapes, parameters,
   input ranges) for `gradcheck --random N` and the property tests; it imports hypothesis
   itself, so that importing the engine does not;
+- `vjp_of` (dedicated backward ops): a `VJPOf` naming the forward op whose vector-Jacobian
+  product the op computes and mapping the op's inputs to where that product is taken
+  (gradcheck.backward_ops checks the one against the other);
 - composite ops (`kind="composite"`) give `compose(*srcs, **params) -> Tensor` and are
   differentiated through the ops they are made of;
 - `build(*srcs, **params) -> Tensor`: the user-facing function (defaults to making the node,
@@ -43,6 +46,30 @@ from engine.tensor import Flag, Tensor
 KINDS = ("primitive", "view", "composite", "backward", "update")
 
 
+@dataclasses.dataclass(frozen=True)
+class VJPOf:
+    """A dedicated backward op B as the vector-Jacobian product of its forward op F:
+
+        B(*arrays, **params) = J_F(inputs)^T g = d<F(inputs, **fparams), g> / d inputs[wrt]
+
+    `primals(*arrays, **params) -> (inputs, g, fparams)` maps B's input values (float64
+    numpy arrays, integer ones as they are, in the layout B sees) and parameters to F's
+    inputs (a dict, name -> array, in the order of F's sources; the point where the product
+    is taken), the upstream gradient g (shaped as F's output) and F's parameters. For
+    softmax_back(g, y, scale), F is softmax at x = log(y) / scale, where softmax(scale x) = y.
+    `wrt` names the input of F whose gradient B is."""
+
+    op: str
+    primals: Callable
+    wrt: str = "x"
+
+
+def at_x(g, x, **params):
+    """The `primals` of a backward op B(g, x, **params) whose forward op is F(x, **params)
+    (the activations' `<name>_back`, norm_back): F's input x, the upstream gradient g."""
+    return {"x": x}, g, params
+
+
 @dataclasses.dataclass
 class OpDef:
     name: str
@@ -58,6 +85,7 @@ class OpDef:
     samples: Callable | None = None
     scale: Callable | None = None
     strategy: Callable | None = None
+    vjp_of: VJPOf | None = None
     doc: str = ""
 
     def __post_init__(self):
@@ -70,6 +98,9 @@ class OpDef:
             raise ValueError(f"op {self.name} needs an infer rule")
         if self.kind == "view" and self.view is None:
             raise ValueError(f"view op {self.name} needs a view function")
+        if self.vjp_of is not None and self.kind != "backward":
+            raise ValueError(f"op {self.name}: only a backward op is the VJP of another op "
+                             "(vjp_of)")
         if self.kind != "composite" and self.backward is None and not self.no_grad:
             raise ValueError(f"op {self.name}: give a backward rule or say why it has none "
                              "(no_grad=...)")

@@ -1,8 +1,9 @@
 """Sample cases: the inputs and parameters on which an op is checked.
 
 A `Sample` is a frozen dataclass. Its string form, the op's name, then `type=` the dtype,
-each input's name and shape (a permuted input adds its axis order: `x=[3,4,5]perm[2,0,1]`)
-and the parameters sorted by name, e.g.
+each input's name and shape (the shape the op sees; a view of its leaf adds how:
+`x=[3,4,5]perm[2,0,1]`, `x=[4,4]slice[1:5,0:8:2]`, `g=[3,4]expand[1]`; a drawn range adds
+itself: `x=[3,4]range[-8,8]`, see InputSpec) and the parameters sorted by name, e.g.
 
     pool_2d(type=f32,x=[2,3,8,8],kernel=[3,3],mode=max,padding=[1,1],stride=[2,2])
 
@@ -33,8 +34,10 @@ import numpy as np
 from engine.registry import get_op
 from engine.tensor import as_dtype, dtype_name
 
-GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int")
+GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse")
+SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
 COTANGENTS = ("contiguous", "permuted", "expanded", "sliced")
+VIEW_BORDER = np.nan       # the border of a sliced input's leaf, outside the op's view
 TIERS = ("fast", "scale")
 
 
@@ -45,10 +48,32 @@ class InputSpec:
     kind: uniform in [low, high]; away_from_zero: |x| in [low, high] with a random sign
     (keeps relu/abs/sgn off their kink); distinct: a shuffled evenly spaced grid over
     [low, high] (no ties, so max-pool and argmax are differentiable); probs: rows on the
-    probability simplex along the last axis; int: integers in [low, high).
+    probability simplex along the last axis; int: integers in [low, high); sparse:
+    uniform in [low, high] where a random SPARSE_DENSITY of the elements are, exact zeros
+    elsewhere (the zero-skipping matmul takes such an operand; MNIST's images are 19%
+    non-zero).
     dtype None means the sample's dtype. grad False marks inputs that are not checked
-    (labels, indices). permute: the op receives a non-contiguous view, permute(leaf,
-    permute), of a leaf that stores the data in another axis order; `shape` is the view's.
+    (labels, indices).
+
+    The op may receive a view of a leaf that stores the data otherwise; `shape` is always
+    the view's, the shape the op sees (`leaf_shape` is the leaf's):
+    - permute: permute(leaf, permute), a leaf in another axis order (`x=[3,4,5]perm[2,0,1]`);
+    - slice: one (start, stop, step) per axis, stop exclusive, step >= 1: the op sees
+      strided_slice(leaf, ...), leaf[start:stop:step] on each axis, of a leaf that reaches
+      as far past `stop` as `start` lies before it (side start + stop), so that the view
+      has an offset, strides and a border on both sides: `x=[4,4]slice[1:5,0:8:2]` is
+      x[1:5, 0:8:2] of a [6, 8] leaf. The border holds NaN (VIEW_BORDER; `low` for
+      integers), which a kernel reading outside its view turns into a failure;
+    - expand: axes on which the leaf has side 1 and the op sees a stride-0 broadcast of
+      it, expand(leaf, shape) (`g=[3,4]expand[1]`: a [3, 1] leaf). The values are drawn
+      per leaf element, so they repeat along those axes.
+    slice and expand combine (an expanded axis is sliced to one element); permute goes
+    alone. Gradients are compared in the layout the op sees (`from_leaf` of the leaf's
+    gradient): along an expanded axis every element shows its leaf element's gradient.
+
+    show_range: the range is part of the string (`x=[3,4]range[-8,8]`, or the kind for
+    another generator, `away_from_zero[0.1,3]`), and so of the seed: set where the range
+    is drawn (the strategies); registry samples keep their fixed ranges unprinted.
     """
 
     name: str
@@ -59,34 +84,136 @@ class InputSpec:
     dtype: str | None = None
     grad: bool = True
     permute: tuple[int, ...] | None = None
+    slice: tuple[tuple[int, int, int], ...] | None = None
+    expand: tuple[int, ...] | None = None
+    show_range: bool = False
 
     def __post_init__(self):
         if self.kind not in GENERATORS:
             raise ValueError(f"input {self.name}: kind must be one of {GENERATORS}")
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "low", _plain_number(self.low))
+        object.__setattr__(self, "high", _plain_number(self.high))
         if self.permute is not None:
             p = tuple(int(a) for a in self.permute)
             if sorted(p) != list(range(len(self.shape))):
                 raise ValueError(f"input {self.name}: permute {p} is not a permutation of "
                                  f"the axes of {self.shape}")
             object.__setattr__(self, "permute", p)
+        if self.expand is not None:
+            object.__setattr__(self, "expand", _checked_expand(self))
+        if self.slice is not None:
+            object.__setattr__(self, "slice", _checked_slice(self))
+        if self.permute is not None and (self.slice or self.expand):
+            raise ValueError(f"input {self.name}: permute goes alone, not with slice or "
+                             "expand")
 
     def __str__(self) -> str:
         text = f"{self.name}={_fmt(list(self.shape))}"
-        return text + (f"perm{_fmt(list(self.permute))}" if self.permute else "")
+        if self.permute:
+            text += f"perm{_fmt(list(self.permute))}"
+        if self.slice:
+            text += "slice[" + ",".join(
+                f"{a}:{b}" + (f":{c}" if c != 1 else "") for a, b, c in self.slice) + "]"
+        if self.expand:
+            text += f"expand{_fmt(list(self.expand))}"
+        if self.show_range:
+            name = "range" if self.kind == "uniform" else self.kind
+            text += f"{name}[{_fmt(self.low)},{_fmt(self.high)}]"
+        return text
+
+    @property
+    def is_view(self) -> bool:
+        """Whether the op sees a view of its leaf rather than the leaf itself."""
+        return bool(self.permute or self.slice or self.expand)
+
+    @property
+    def leaf_shape(self) -> tuple[int, ...]:
+        """The shape of the leaf that stores the input (`shape` where the op sees it)."""
+        if self.permute:
+            return tuple(self.shape[a] for a in np.argsort(self.permute))
+        if self.slice:
+            return tuple(start + stop for start, stop, _ in self.slice)
+        if self.expand:
+            return tuple(1 if i in self.expand else d for i, d in enumerate(self.shape))
+        return self.shape
+
+    def view(self, leaf):
+        """The engine tensor the op receives for `leaf` (of leaf_shape): the leaf, or its
+        view by the view ops permute, strided_slice and expand (no copy)."""
+        if self.permute:
+            return get_op("permute").build(leaf, self.permute)
+        if self.slice:
+            leaf = get_op("strided_slice").build(leaf, slices=self.slice)
+        if self.expand:
+            leaf = get_op("expand").build(leaf, shape=self.shape)
+        return leaf
+
+    def _slices(self) -> tuple:
+        return tuple(slice(a, b, c) for a, b, c in self.slice)
+
+    def _unexpanded(self, value: np.ndarray) -> np.ndarray:
+        """`value` (of `shape`) with its expanded axes cut to their first element."""
+        if not self.expand:
+            return value
+        return value[tuple(slice(0, 1) if i in self.expand else slice(None)
+                           for i in range(value.ndim))]
 
     def to_leaf(self, value: np.ndarray) -> np.ndarray:
-        """The leaf's data for an input whose (view) value is `value`."""
-        if self.permute is None:
+        """The leaf's data for an input whose (view) value is `value` (constant along the
+        expanded axes, as `generate` makes it); a sliced leaf's border holds VIEW_BORDER."""
+        if self.permute is not None:
+            return np.ascontiguousarray(value.transpose(np.argsort(self.permute)))
+        if not self.is_view:
             return value
-        return np.ascontiguousarray(value.transpose(np.argsort(self.permute)))
+        value = np.asarray(value)
+        if self.slice is None:
+            return np.ascontiguousarray(self._unexpanded(value))
+        border = VIEW_BORDER if value.dtype.kind == "f" else int(self.low)
+        leaf = np.full(self.leaf_shape, border, value.dtype)
+        leaf[self._slices()] = self._unexpanded(value)
+        return leaf
 
     def from_leaf(self, leaf_value: np.ndarray) -> np.ndarray:
-        """A leaf-layout array (data, gradient) in the layout the op sees."""
-        return leaf_value if self.permute is None else leaf_value.transpose(self.permute)
+        """A leaf-layout array (data, gradient) in the layout the op sees: the same view
+        of it that the op gets of its leaf (read-only where expanded)."""
+        if self.permute is not None:
+            return leaf_value.transpose(self.permute)
+        if self.slice is not None:
+            leaf_value = leaf_value[self._slices()]
+        if self.expand:
+            leaf_value = np.broadcast_to(leaf_value, self.shape)
+        return leaf_value
+
+    def leaf_gradient(self, grad: np.ndarray) -> np.ndarray:
+        """The adjoint of from_leaf: the leaf-layout gradient of a loss whose gradient
+        with respect to the view's elements, taken as independent, is `grad` (summed over
+        the expanded axes, zero on a slice's border)."""
+        grad = np.asarray(grad)
+        if self.permute is not None:
+            return np.ascontiguousarray(grad.transpose(np.argsort(self.permute)))
+        if self.expand:
+            grad = grad.sum(axis=self.expand, keepdims=True)
+        if self.slice is not None:
+            leaf = np.zeros(self.leaf_shape, grad.dtype)
+            leaf[self._slices()] = grad
+            return leaf
+        return grad
+
+    def view_gradient(self, grad: np.ndarray) -> np.ndarray:
+        """`grad`, the gradient with respect to the view's elements taken as independent
+        (torch's on a contiguous copy), as the leaf's gradient in the layout the op sees:
+        from_leaf(leaf_gradient(grad)), i.e. `grad` itself unless expanded."""
+        if not self.expand:
+            return grad
+        return np.array(self.from_leaf(self.leaf_gradient(grad)))
 
     def generate(self, rng: np.random.Generator, dtype) -> np.ndarray:
         dt = as_dtype(self.dtype or dtype)
+        if self.expand:     # drawn per leaf element, repeated along the expanded axes
+            leaf = dataclasses.replace(self, shape=self._unexpanded(
+                np.empty(self.shape, bool)).shape, slice=None, expand=None)
+            return np.array(np.broadcast_to(leaf.generate(rng, dt), self.shape))
         shape, lo, hi = self.shape, self.low, self.high
         if self.kind == "uniform":
             x = rng.uniform(lo, hi, shape)
@@ -95,6 +222,8 @@ class InputSpec:
         elif self.kind == "distinct":
             n = int(np.prod(shape))
             x = (lo + (hi - lo) * rng.permutation(n) / max(n - 1, 1)).reshape(shape)
+        elif self.kind == "sparse":
+            x = rng.uniform(lo, hi, shape) * (rng.random(shape) < SPARSE_DENSITY)
         elif self.kind == "probs":
             z = rng.uniform(lo, hi, shape)
             z = np.exp(z - z.max(axis=-1, keepdims=True))
@@ -184,10 +313,8 @@ class Sample:
         return [spec.to_leaf(a) for spec, a in zip(self.inputs, arrays, strict=True)]
 
     def build(self, *leaves):
-        """Build the op on `leaves` (one per input spec; permuted specs are viewed)."""
-        permute = get_op("permute").build
-        tensors = [permute(t, spec.permute) if spec.permute else t
-                   for spec, t in zip(self.inputs, leaves, strict=True)]
+        """Build the op on `leaves` (one per input spec, each viewed as its spec says)."""
+        tensors = [spec.view(t) for spec, t in zip(self.inputs, leaves, strict=True)]
         return get_op(self.op).build(*tensors, **self.kwargs)
 
 
@@ -197,6 +324,34 @@ class _Promoted(Sample):
 
     def __str__(self) -> str:
         return self.original
+
+
+def _plain_number(v):
+    """A python int or float of `v` (a drawn numpy scalar would not survive a repr)."""
+    return int(v) if isinstance(v, (int, np.integer)) else float(v)
+
+
+def _checked_expand(spec: InputSpec) -> tuple[int, ...]:
+    axes = tuple(sorted({int(a) for a in spec.expand}))
+    if not axes or any(not 0 <= a < len(spec.shape) for a in axes):
+        raise ValueError(f"input {spec.name}: expand {list(spec.expand)} names no axes or "
+                         f"axes outside the {len(spec.shape)} of {list(spec.shape)}")
+    return axes
+
+
+def _checked_slice(spec: InputSpec) -> tuple[tuple[int, int, int], ...]:
+    """The slice as int triples, one per axis, each giving the view's side (1 on an
+    expanded axis), with 0 <= start < stop and step >= 1."""
+    triples = tuple(tuple(int(v) for v in t) for t in spec.slice)
+    if len(triples) != len(spec.shape) or any(len(t) != 3 for t in triples):
+        raise ValueError(f"input {spec.name}: slice needs one (start, stop, step) per axis "
+                         f"of {list(spec.shape)}, got {list(spec.slice)}")
+    for axis, (start, stop, step) in enumerate(triples):
+        side = 1 if spec.expand and axis in spec.expand else spec.shape[axis]
+        if start < 0 or step < 1 or len(range(start, stop, step)) != side:
+            raise ValueError(f"input {spec.name}: slice {start}:{stop}:{step} of axis {axis} "
+                             f"does not give its side {side} (start >= 0, step >= 1)")
+    return triples
 
 
 def _fmt(v) -> str:

@@ -10,10 +10,20 @@ hand-written samples keep them. The pieces here keep those strategies short:
 - `permutations`: None or a non-identity axis order, for `InputSpec(permute=...)`;
 - `window_axis`: one spatial axis of a sliding window (side, kernel, stride, padding,
   dilation) that fits at least one window;
+- `draw_layout`: how the op sees an input: its leaf itself (most often), a permuted view,
+  a sliced view (offset and steps, a border around it) or an expanded one (stride 0), as
+  InputSpec keyword arguments;
+- `draw_range`, `draw_input`: an input range drawn from a family of ranges that fits the
+  op (one of the family's ranges, or a part of one), and an InputSpec with that range and
+  a drawn layout;
 - `draw_row_input`: the input of a row-wise op (softmax, the norms), rows along its last axis.
 
-Input ranges stay fixed per op: an InputSpec's range is not part of the sample's string
-form (its id and seed), so a drawn range would make two different cases print alike.
+Input ranges are drawn: every input a strategy makes has `show_range` set, so its range is
+part of the case's string (`x=[3,4]range[-8,8]`), its id and its seed, and the printed
+repro (the repr) reproduces it. A family is a tuple of (kind, low, high) ranges, each
+inside the op's domain and off its kinks: the shared ones below (SIGNED, MAGNITUDES,
+DISTINCT) and the ops' own (engine.elementwise's rows: `domain`, `wide` and `special`,
+the ranges around an activation's special points).
 
 hypothesis is imported inside each function, so importing the engine does not import it.
 """
@@ -29,6 +39,22 @@ from engine.tensor import dtype_name
 
 # Input elements per case: the finite-difference check costs 4 graph evaluations each.
 MAX_ELEMENTS = 300
+# a sliced input's leaf (view and border) has at most this many elements more than its view
+MAX_BORDER = 300
+
+Range = tuple    # (kind, low, high): an engine.samples.InputSpec generator and its range
+
+# plain values: moderate, huge and tiny magnitudes, and a large mean against a small spread
+SIGNED: tuple[Range, ...] = (("uniform", -1.0, 1.0), ("uniform", -1e3, 1e3),
+                             ("uniform", -1e-3, 1e-3), ("uniform", 2.0, 4.0))
+# the rows of softmax and the norms: tiny to huge magnitudes, and a shifted row
+MAGNITUDES: tuple[Range, ...] = (("uniform", -3.0, 3.0), ("uniform", -1e-3, 1e-3),
+                                 ("uniform", -1.0, 1.0), ("uniform", -1e3, 1e3),
+                                 ("uniform", 2.0, 4.0))
+# no ties (max-pool, argmax): a grid over a moderate, a huge and a shifted range
+DISTINCT: tuple[Range, ...] = (("distinct", -1.0, 1.0), ("distinct", -1e3, 1e3),
+                               ("distinct", 2.0, 4.0))
+NARROWINGS = 8   # a drawn part of a range: from one of its 8 equal parts to the next
 
 
 def sample_strategy(build):
@@ -127,12 +153,114 @@ def window_axis(kernel=(1, 3), stride=(1, 3), padding=None, dilation=(1, 1), max
     return axis()
 
 
-def draw_row_input(draw, name, kind="uniform", low=-3.0, high=3.0, grad=True, min_cols=1):
+def _clean(v: float) -> float:
+    """v to 6 significant digits, as the case's string prints it."""
+    return float(f"{v:.6g}")
+
+
+def draw_range(draw, family, narrow=True) -> Range:
+    """One range of `family` ((kind, low, high) ranges), or, when `narrow` and half of the
+    time, a part of it: from the start of one of its NARROWINGS equal parts to the end of
+    a later one (so at least an eighth of it; inside it, so off the kinks it is off)."""
+    from hypothesis import strategies as st
+    kind, low, high = draw(st.sampled_from(tuple(family)))
+    if narrow and draw(st.booleans()):
+        i = draw(st.integers(0, NARROWINGS - 1))
+        j = draw(st.integers(i + 1, NARROWINGS))
+        low, high = (low + (high - low) * i / NARROWINGS,
+                     low + (high - low) * j / NARROWINGS)
+    return kind, _clean(low), _clean(high)
+
+
+def _slice_views(shape):
+    """Slices of a leaf around a view of `shape`: per axis a start of 0-2 and a step of
+    1-2 (at least one axis offset or stepped), the leaf at most MAX_BORDER elements more
+    than the view; else the plain leaf ({})."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def sliced(draw):
+        triples = []
+        for n in shape:
+            start, step = draw(st.integers(0, 2)), draw(st.integers(1, 2)) if n > 1 else 1
+            triples.append((start, start + (n - 1) * step + 1, step))
+        if all(t[0] == 0 and t[2] == 1 for t in triples):
+            start, stop, step = triples[-1]
+            triples[-1] = (start + 1, stop + 1, step)
+        leaf = math.prod(start + stop for start, stop, _ in triples)
+        return {"slice": tuple(triples)} if leaf - math.prod(shape) <= MAX_BORDER else {}
+    return sliced()
+
+
+def _expand_views(shape, longer, sliced):
+    """Expansions of a view of `shape` along a non-empty set of the axes `longer` (longer
+    than 1), the expanded axes at an offset (sliced to one element of two) when `sliced`."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def expanded(draw):
+        axes = tuple(sorted(draw(st.sets(st.sampled_from(longer), min_size=1))))
+        layout = {"expand": axes}
+        if sliced and draw(st.booleans()):
+            starts = [draw(st.integers(0, 1)) for _ in shape]
+            layout["slice"] = tuple((a, a + 1, 1) if i in axes else (0, d, 1)
+                                    for i, (a, d) in enumerate(zip(starts, shape,
+                                                                   strict=True)))
+        return layout
+    return expanded()
+
+
+def draw_layout(shape, permute=True, sliced=True, expand=True):
+    """InputSpec keyword arguments for how the op sees an input of `shape`: {} (its leaf,
+    what hypothesis shrinks to), a permutation (2 axes or more), a slice or an expansion
+    along axes longer than 1: any (expand True), none (False: inputs whose values must not
+    repeat, such as the distinct inputs of max-pooling) or those of a tuple of axes."""
+    from hypothesis import strategies as st
+    shape = tuple(shape)
+    options = [st.just({})]
+    if permute and len(shape) >= 2:
+        options.append(permutations(len(shape)).map(lambda p: {"permute": p} if p else {}))
+    if sliced and shape:
+        options.append(_slice_views(shape))
+    allowed = range(len(shape)) if expand is True else expand or ()
+    longer = [i for i in allowed if shape[i] > 1]
+    if longer:
+        options.append(_expand_views(shape, longer, sliced))
+    return st.one_of(options)
+
+
+def _expandable(kind: str, ndim: int, expand):
+    """The axes draw_layout may expand for an input of `kind`: none of distinct values
+    (they would tie), not the rows of probabilities (a repeated row is no distribution)."""
+    if kind == "distinct" or expand is False:
+        return False
+    if kind == "probs":
+        axes = range(ndim - 1) if expand is True else [a for a in expand if a != ndim - 1]
+        return tuple(axes)
+    return expand
+
+
+def draw_input(draw, name, shape, family=SIGNED, narrow=True, layout=None, **spec) -> InputSpec:
+    """An InputSpec of `shape` whose range is drawn from `family` (printed in the case's
+    string) and whose layout is drawn by draw_layout(shape, **layout) (layout None: any;
+    False: the leaf itself); `spec`: InputSpec's other fields (grad, dtype)."""
+    kind, low, high = draw_range(draw, family, narrow)
+    layout = {} if layout is None else layout
+    if layout is not False:
+        layout = {**layout, "expand": _expandable(kind, len(shape), layout.get("expand", True))}
+    views = {} if layout is False else draw(draw_layout(shape, **layout))
+    return InputSpec(name, tuple(shape), kind, low, high, show_range=True, **views, **spec)
+
+
+def draw_row_input(draw, name, family=MAGNITUDES, grad=True, min_cols=1, layout=None):
     """For the strategies of the row-wise ops: an InputSpec of 1-4 axes and at most 150
-    elements, rows of min_cols to 8 elements, contiguous or a permuted view."""
+    elements, rows of min_cols to 8 elements, its range drawn from `family`, its layout by
+    draw_layout (`layout`: its keyword arguments). An expansion never runs along the rows:
+    a constant row is where softmax's and the norms' gradients cancel to zero (a check of
+    rounding, not of the op)."""
     from hypothesis import strategies as st
     lead = draw(shapes(0, 3, max_side=5, max_size=150 // min_cols))
     rows = math.prod(lead)
     shape = lead + (draw(st.integers(min_cols, max(min_cols, min(8, 150 // rows)))),)
-    return InputSpec(name, shape, kind, low, high, grad=grad,
-                     permute=draw(permutations(len(shape))))
+    layout = {"expand": tuple(range(len(lead))), **(layout or {})}
+    return draw_input(draw, name, shape, family, layout=layout, grad=grad)

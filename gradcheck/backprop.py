@@ -57,13 +57,24 @@ def _validated(vjp, case, output_shape):
     return out, grads
 
 
+def _leaves_of(adapter, case, out, grads):
+    """(out, grads) with each gradient its leaf's, in the layout the op sees: as given by
+    an adapter whose `leaf_gradients` is set (it builds the case's input views, as ours,
+    torch's and ggml's do); else taken per element of the values given, as independent
+    inputs, and summed along an expanded input's stride-0 axes (InputSpec.view_gradient)."""
+    if getattr(adapter, "leaf_gradients", False):
+        return out, grads
+    return out, [g if g is None or not hasattr(spec, "view_gradient") else
+                 spec.view_gradient(g) for spec, g in zip(case.inputs, grads, strict=True)]
+
+
 def engine_vjp(adapter, case, arrays, weights, output_shape):
     """(output, gradients, differs): the adapter's VJP, run twice; `differs` when the two
     runs (or the adapter's own repeat) gave different bits."""
     first = adapter.vjp(case, [a.copy() for a in arrays], weights)
     second = adapter.vjp(case, [a.copy() for a in arrays], weights)
-    out, grads = _validated(first, case, output_shape)
-    out2, grads2 = _validated(second, case, output_shape)
+    out, grads = _leaves_of(adapter, case, *_validated(first, case, output_shape))
+    out2, grads2 = _leaves_of(adapter, case, *_validated(second, case, output_shape))
     differs = bool(first.differs or second.differs) or not same_bits(out, out2) or \
         not all(same_bits(a, b) for a, b in zip(grads, grads2, strict=True))
     return out, grads, differs

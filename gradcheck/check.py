@@ -23,6 +23,10 @@ gradcheck.verdict.judge.
 An adapter with `isolated` set runs in a worker process (gradcheck.isolated): when the
 worker dies or hangs, the case is a `crash` row.
 
+A dedicated backward op, which has no gradient of its own, is checked against the VJP of
+its forward op instead (gradcheck.backward_ops, where its OpDef declares `vjp_of`; a `skip`
+row where it does not); one with a backward rule gets that check too, in the same row.
+
 An adapter may decline the gradient of some inputs (its optional `declined(case)`, see
 gradcheck.adapters.base): the other inputs are checked, the row's `declined` metric and
 message name the declined ones; a case with nothing left to check is `unsupported`.
@@ -39,11 +43,13 @@ from engine.registry import get_op
 from gradcheck.adapters.base import AdapterError
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
+from gradcheck.backward_ops import check_backward_op, is_backward_op_case, with_vjp_check
 from gradcheck.cross_backend import compares_with_cpu, versus_cpu
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
 from gradcheck.reference import float64_reference, torch_reference
+from gradcheck.scale import check_scale_sample
 from gradcheck.verdict import GradientOutcome, Outcomes, judge
 from gradcheck.worker import RemoteError, WorkerCrash
 from reports import Result
@@ -63,9 +69,11 @@ def op_labels(op: str, engine: str) -> dict:
 
 
 def case_labels(case, adapter, mode: str) -> dict:
-    """What a case's row says was checked: op, engine (when not ours), backend, dtype, mode."""
+    """What a case's row says was checked: op, engine (when not ours), backend, dtype, mode,
+    tier (engine.samples.Sample.tier)."""
     return op_labels(case.op, adapter.name) | {
-        "backend": getattr(adapter, "backend", "cpu"), "dtype": case.dtype, "mode": mode}
+        "backend": getattr(adapter, "backend", "cpu"), "dtype": case.dtype, "mode": mode,
+        "tier": getattr(case, "tier", "fast")}
 
 
 def check_sample(case, inject: str | None = None, mode: str = "auto",
@@ -86,8 +94,9 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
     labels = case_labels(case, adapter, mode)
     op = get_op(case.op) if getattr(case, "registered", True) else None
     if op is not None and not op.differentiable:
-        return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
-                      labels=labels)
+        if op.vjp_of is None:         # else checked against its forward op's VJP, below
+            return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
+                          labels=labels)
     try:
         reason = adapter.unsupported(case)
         if reason:
@@ -133,7 +142,13 @@ def _gradient_outcomes(compared, precision: str) -> tuple[GradientOutcome, ...]:
 
 
 def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
-    """Run the case in `adapter`, the float64 and torch references, compare, and judge."""
+    """Run the case in `adapter`, the float64 and torch references, compare, and judge; a
+    scale case as gradcheck.scale judges it, a backward op's as gradcheck.backward_ops
+    does."""
+    if getattr(case, "tier", "fast") == "scale":
+        return check_scale_sample(case, adapter, labels, use_torch)
+    if is_backward_op_case(case, differentiable=False):
+        return check_backward_op(case, adapter, mode, use_torch, labels)
     arrays = case.generate_inputs()
     f64_ref = float64_reference(case, arrays)
     leaves = f64_ref.leaves
@@ -177,4 +192,5 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
         metrics["vs_cpu"] = v.vs_cpu
     if declined:
         metrics["declined"] = declined_note
-    return Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
+    row = Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
+    return with_vjp_check(row, case, adapter, mode, use_torch)    # a backward op's, if any

@@ -4,6 +4,8 @@
     gradcheck --op conv_2d --dtype f64 -k stride=[2,2]
     gradcheck --all --format json --output report.json
     gradcheck --op softmax --random 50 --seed 1
+    gradcheck --all --tier scale              big cases: every threaded, tiled, sparse path
+    gradcheck --all --workers 4               the same cases on 4 processes (pytest-xdist)
     gradcheck --self-test                     injected bugs: every one must be caught
     gradcheck --op relu --inject scale:1.01   one known bug: must exit 1
     gradcheck --engine torch --op softmax     torch's autograd under the same checks
@@ -26,7 +28,7 @@ from gradcheck.adapters import AdapterError, get_adapter
 from gradcheck.injection import describe_injections, parse
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case
-from gradcheck.runner import DTYPES, check_ops, describe_engines, list_ops, run_checks
+from gradcheck.runner import DTYPES, TIERS, check_ops, describe_engines, list_ops, run_checks
 from gradcheck.selftest import run_self_test
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 from reports import emit, first_unwritable
@@ -67,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{', '.join(BACKENDS)}; default cpu)")
     p.add_argument("--dtype", choices=(*DTYPES, "all"), default="all",
                    help="dtype of the cases to run (default: all)")
+    p.add_argument("--tier", choices=TIERS, default="fast",
+                   help="fast (default): the registry's small cases, every element checked; "
+                        "scale: sizes that take every threaded, chunked, tiled and "
+                        "zero-skipping kernel path, judged against a float64 reference, "
+                        "directional derivatives and every thread count; all: both")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="full: every element; fast: random projections; auto (default): "
                         "full for small cases, fast for large ones")
@@ -89,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the torch autograd reference (starts faster: no torch "
                         "import)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="run the cases as pytest items on N local processes (pytest-xdist; "
+                        "the same report); across hosts: see pytest --gradcheck")
     return p
 
 
@@ -130,9 +140,27 @@ def make_adapter(args):
     return get_adapter(args.engine, **options)
 
 
+def _distributed(args, parser, progress, backends):
+    """The cases of --op/--all as the pytest plugin's items on --workers N processes."""
+    if args.self_test or args.repro:
+        parser.error("--workers applies to --op and --all, not to --self-test or --repro")
+    from gradcheck.pytest_plugin import SweepError, gradcheck_args, run_items  # pytest only here
+    plugin_args = gradcheck_args(
+        None if args.all else args.op, args.dtype, args.filter, random=args.random,
+        seed=args.seed, inject=args.inject, mode=args.mode, backends=backends,
+        use_torch=not args.no_torch, engine=args.engine, ggml_lib=args.ggml_lib,
+        ggml_threads=args.ggml_threads, case_timeout=args.case_timeout, tier=args.tier)
+    try:
+        return run_items("gradcheck", plugin_args, args.workers, progress)
+    except SweepError as exc:
+        parser.exit(2, f"gradcheck: {exc}\n")
+
+
 def _results(args, parser, adapter):
     progress = not args.no_progress and sys.stderr.isatty()
     backends = args.backend or ["cpu"]
+    if args.workers is not None:
+        return _distributed(args, parser, progress, backends)
     if args.self_test:
         return run_self_test(progress=progress)
     if args.repro:
@@ -146,7 +174,7 @@ def _results(args, parser, adapter):
                      random=args.random, seed=args.seed, inject=args.inject,
                      progress=progress, mode=args.mode, backends=backends,
                      use_torch=not args.no_torch, adapter=adapter,
-                     case_timeout=args.case_timeout)
+                     case_timeout=args.case_timeout, tier=args.tier)
 
 
 def main(argv=None) -> int:

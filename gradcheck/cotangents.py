@@ -45,6 +45,7 @@ def cotangent_cases(samples) -> list[Sample]:
 
 def registry_cases(op) -> list[Sample]:
     """An op's registry samples followed by their cotangent variants (an OpDef with
-    samples, see engine.registry)."""
+    samples, see engine.registry); an op without a gradient has none (a dedicated backward
+    op's own upstream gradient is an input, whose layouts are its samples')."""
     samples = list(op.samples()) if op.samples else []
-    return samples + cotangent_cases(samples)
+    return samples + (cotangent_cases(samples) if op.differentiable else [])

@@ -46,6 +46,11 @@ class IsolatedAdapter:
     def vjp(self, case, arrays, weights):
         return self.worker.call("vjp", case, arrays, weights)
 
+    def with_threads(self, n: int) -> _AtThreads:
+        """This engine computing with `n` threads, in the same worker (the local adapter's
+        `vjp_at_threads`), for the scale tier's thread counts."""
+        return _AtThreads(self, n)
+
     def close(self) -> None:
         self.worker.close()
 
@@ -54,3 +59,14 @@ class IsolatedAdapter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _AtThreads:
+    """An isolated adapter's engine at a thread count: vjp runs `vjp_at_threads` in the
+    worker."""
+
+    def __init__(self, isolated: IsolatedAdapter, n: int):
+        self.isolated, self.n = isolated, n
+
+    def vjp(self, case, arrays, weights):
+        return self.isolated.worker.call("vjp_at_threads", self.n, case, arrays, weights)

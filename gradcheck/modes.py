@@ -21,7 +21,13 @@ import dataclasses
 import numba
 import numpy as np
 
-from gradcheck.numeric import Derivative, directional_derivatives, numerical_gradient
+from gradcheck.numeric import (
+    Derivative,
+    best_of,
+    directional_derivatives,
+    numerical_gradient,
+    steps_for,
+)
 
 MODES = ("auto", "full", "fast")
 FULL_BUDGET = 1500       # checked elements up to which `auto` differentiates every element
@@ -93,14 +99,21 @@ def compared_gradients(case, f64_ref, checked, mode: str, backprop, torch_grads)
     gradcheck.reference.Float64Reference) in its leaves' layout."""
     leaves = f64_ref.leaves
     with single_thread():
+        magnitude = f64_ref.magnitude()
         if mode == "full":
-            numerical = [numerical_gradient(f64_ref.loss, leaves[i]) for i in checked]
+            numerical = [best_of(*(numerical_gradient(f64_ref.loss, leaves[i], h, magnitude)
+                                   for h in steps_for(leaves[i]))) for i in checked]
         else:
             dirs = random_directions(case, [case.inputs[i].shape for i in checked], DIRECTIONS)
-            leaf_dirs = [[case.inputs[i].to_leaf(v) for i, v in zip(checked, d, strict=True)]
-                         for d in dirs]
-            numerical = [directional_derivatives(f64_ref.loss, [leaves[i] for i in checked],
-                                                 leaf_dirs)]
+            # each direction in the leaves' layout by the view's adjoint, so that the
+            # directional derivative is the projection <g, v> of the view-layout gradient
+            # (engine.samples.InputSpec.leaf_gradient: a sum along an expanded axis)
+            leaf_dirs = [[case.inputs[i].leaf_gradient(v)
+                          for i, v in zip(checked, d, strict=True)] for d in dirs]
+            xs = [leaves[i] for i in checked]
+            numerical = [best_of(*(directional_derivatives(f64_ref.loss, xs, leaf_dirs, h,
+                                                           magnitude=magnitude)
+                                   for h in steps_for(*xs)))]
     if mode == "full":
         numerical = [Derivative(*(case.inputs[i].from_leaf(x) for x in (d.value, d.error,
                                                                          d.kink)))

@@ -14,6 +14,13 @@ d4) plus the rounding error of the stencil, 4 eps max|f| / h. Where right and le
 disagree by more than their own error, f has a kink within 2h of x (relu at 0, a max-pool
 tie, a clamp edge): such an element is a kink, counted apart, never a pass or a fail.
 Evaluation is in float64 whatever the dtype under test.
+
+The rounding error's max|f| is at least `magnitude`, given by the caller: a loss that sums
+terms far larger than itself (huge outputs weighted to cancel) rounds as its terms do. The
+step is STEP; for inputs of magnitude below 1 also a step shrunk with them (`steps_for`:
+tiny inputs, tiny lengths), and each element keeps the estimate of the smaller error
+(`best_of`): the small step where STEP straddles the curvature of a function of tiny
+inputs, STEP where the small one would drown the difference in rounding.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 STEP = 1e-4
+MIN_SCALE = 1e-6     # the smallest input magnitude step_for shrinks the step to
 EPS64 = np.finfo(np.float64).eps
 
 # Agreement required between a value a computed in the dtype under test (backprop, the
@@ -37,6 +45,34 @@ KINK_JUMP = 1e-4
 KINK_ERR_FACTOR = 50.0
 
 
+def step_for(*xs) -> float:
+    """STEP times the magnitude of inputs `xs` (the largest |x| of each, the smallest over
+    them) where it is below 1, never more than STEP. A function of tiny inputs changes
+    over lengths of their size (rms_norm of a row of 1e-3s, log near 0.01): a step of 1e-4
+    would straddle its curvature (a large error estimate, even a false kink). A large
+    input's function is not the smoother for it (sin at 150, a softmax near a tie): its
+    step stays STEP. NaN (a sliced input's border) is ignored."""
+    scales = [float(np.nanmax(np.abs(x))) for x in xs if np.size(x) and not np.isnan(x).all()]
+    return STEP * min([1.0] + [max(s, MIN_SCALE) for s in scales])
+
+
+def steps_for(*xs) -> tuple[float, ...]:
+    """The steps to differentiate along inputs `xs` with: STEP, and step_for(*xs) too where
+    it is less than half of STEP (tiny inputs); see best_of."""
+    h = step_for(*xs)
+    return (STEP,) if h > STEP / 2 else (STEP, h)
+
+
+def best_of(*derivatives: Derivative) -> Derivative:
+    """Per element, the derivative (value, error, kink) of the smallest error estimate."""
+    best = derivatives[0]
+    for d in derivatives[1:]:
+        better = d.error < best.error
+        best = Derivative(*(np.where(better, new, old) for new, old in
+                            ((d.value, best.value), (d.error, best.error), (d.kink, best.kink))))
+    return best
+
+
 @dataclasses.dataclass
 class Derivative:
     """Numerical derivatives with their error estimates and kink flags (same shapes)."""
@@ -46,14 +82,15 @@ class Derivative:
     kink: np.ndarray
 
 
-def _stencil(f0, fp, fm, f2p, f2m, h):
+def _stencil(f0, fp, fm, f2p, f2m, h, magnitude=0.0):
     d4 = (8 * (fp - fm) - (f2p - f2m)) / (12 * h)
     d2 = (fp - fm) / (2 * h)
     right = (-3 * f0 + 4 * fp - f2p) / (2 * h)
     left = (3 * f0 - 4 * fm + f2m) / (2 * h)
-    size = max(abs(f0), abs(fp), abs(fm), abs(f2p), abs(f2m))
-    err = abs(d4 - d2) + 4 * EPS64 * size / h
-    return d4, err, abs(right - left), err
+    size = np.maximum(np.maximum(np.maximum(np.abs(f0), np.abs(fp)), np.maximum(np.abs(fm),
+                      np.abs(f2p))), np.abs(f2m))
+    err = np.abs(d4 - d2) + 4 * EPS64 * np.maximum(size, magnitude) / h
+    return d4, err, np.abs(right - left), err
 
 
 def _finish(values, errs, jumps, jump_errs, scale_of=None) -> Derivative:
@@ -68,33 +105,30 @@ def _finish(values, errs, jumps, jump_errs, scale_of=None) -> Derivative:
     return Derivative(value, err, kink)
 
 
-def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = STEP) -> Derivative:
+def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = STEP,
+                       magnitude: float = 0.0) -> Derivative:
     """Gradient of f() w.r.t. the float64 array x, which f reads and this function perturbs
-    in place (and restores), element by element."""
+    in place (and restores), element by element; `magnitude`: see the module doc."""
     flat = x.reshape(-1)             # a view: x must be contiguous
     f0 = f()
-    vals, errs, jumps, jerrs = [], [], [], []
+    fs = np.empty((4, flat.size))    # f at x + h, x - h, x + 2h, x - 2h along each element
+    steps = (h, -h, 2 * h, -2 * h)
     for i in range(flat.size):
         x0 = flat[i]
-        fs = []
-        for d in (h, -h, 2 * h, -2 * h):
+        for k, d in enumerate(steps):
             flat[i] = x0 + d
-            fs.append(f())
+            fs[k, i] = f()
         flat[i] = x0
-        v, e, j, je = _stencil(f0, *fs, h)
-        vals.append(v)
-        errs.append(e)
-        jumps.append(j)
-        jerrs.append(je)
-    d = _finish(vals, errs, jumps, jerrs)
+    d = _finish(*_stencil(f0, fs[0], fs[1], fs[2], fs[3], h, magnitude))
     return Derivative(d.value.reshape(x.shape), d.error.reshape(x.shape),
                       d.kink.reshape(x.shape))
 
 
 def directional_derivatives(f: Callable[[], float], xs, directions, h: float = STEP,
-                            scale: float = 1.0) -> Derivative:
+                            scale: float = 1.0, magnitude: float = 0.0) -> Derivative:
     """Derivatives of f() along each direction: a direction is a list of arrays shaped like
-    the float64 arrays xs (which f reads; they are moved along it and restored)."""
+    the float64 arrays xs (which f reads; they are moved along it and restored);
+    `magnitude`: see the module doc."""
     f0 = f()
     base = [x.copy() for x in xs]
     vals, errs, jumps, jerrs = [], [], [], []
@@ -106,7 +140,7 @@ def directional_derivatives(f: Callable[[], float], xs, directions, h: float = S
             fs.append(f())
         for x, x0 in zip(xs, base, strict=True):
             np.copyto(x, x0)
-        val, e, j, je = _stencil(f0, *fs, h)
+        val, e, j, je = _stencil(f0, *fs, h, magnitude)
         vals.append(val)
         errs.append(e)
         jumps.append(j)

@@ -48,6 +48,12 @@ class Float64Reference:
         """f(x) in float64 at the current values of `leaves`."""
         raise NotImplementedError
 
+    def magnitude(self) -> float:
+        """sum |f(x) * weights|: the size of the terms the loss sums, which bounds its
+        rounding (a loss of huge outputs weighted to cancel is small and rounds as they
+        do; gradcheck.numeric)."""
+        return float(np.sum(np.abs(self.output() * self.weights)))
+
 
 class EngineReference(Float64Reference):
     """Our engine's graph of the case with every float dtype promoted to float64, on CPU."""
@@ -59,16 +65,26 @@ class EngineReference(Float64Reference):
             raise TypeError(f"{case}: the output is {self._out.dtype}, not a float: "
                             "no gradient to check")
         self._graph = engine.Graph([self._loss], name=f"{case}.numeric")
+        self._run = self._loss_flat = None
         self.output_shape = tuple(self._out.shape)
         self.leaves = [t.buffer() if spec.grad and t.dtype.kind == "f" else None
                        for spec, t in zip(case.inputs, leaves, strict=True)]
 
     def set_weights(self, weights):
-        self._w.set(np.asarray(weights, np.float64))
+        self.weights = np.asarray(weights, np.float64)
+        self._w.set(self.weights)
 
     def loss(self) -> float:
-        self._graph.compute("cpu")
-        return float(self._loss.buffer().reshape(-1)[0])
+        if self._run is None:
+            # planned once; numerical differentiation then runs its executor directly
+            # (thousands of times a case), without Graph.compute's staleness check: this
+            # graph is private and never changes after it is built
+            self._graph.compute("cpu")
+            self._run = self._graph.plan.executor.run
+            self._loss_flat = self._loss.buffer().reshape(-1)
+        else:
+            self._run()
+        return float(self._loss_flat[0])
 
     def output(self) -> np.ndarray:
         self._graph.compute("cpu")
@@ -90,7 +106,7 @@ class FunctionReference(Float64Reference):
         self._weights = None
 
     def set_weights(self, weights):
-        self._weights = np.asarray(weights, np.float64)
+        self._weights = self.weights = np.asarray(weights, np.float64)
 
     def output(self) -> np.ndarray:
         out = np.asarray(self._forward(*(spec.from_leaf(v) for spec, v
@@ -128,28 +144,38 @@ def torch_available() -> bool:
     return True
 
 
-def torch_reference(case, arrays, weights) -> TorchReference | None:
+def torch_reference(case, arrays, weights, native: bool = False) -> TorchReference | None:
     """The torch reference: output and input gradients of sum(torch_fn(*inputs) *
-    weights), all in float64; None without torch or a torch equivalent.
+    weights), all in float64; None without torch or a torch equivalent. `native`: torch
+    computes in the case's own dtypes instead (a good implementation at the precision under
+    test, what the scale tier holds a float32 result to); the results are still returned
+    as float64 arrays.
 
     `case` gives `torch_fn` (None: no torch equivalent), `inputs` (specs with `grad`) and
-    the float64 keyword arguments `torch_kwargs`."""
+    the float64 keyword arguments `torch_kwargs` (`kwargs` when native)."""
     fn = case.torch_fn
     if fn is None or not torch_available():
         return None
     import torch
     tens = []
     for spec, a in zip(case.inputs, arrays, strict=True):
-        t = torch.tensor(np.asarray(a, np.float64) if a.dtype.kind == "f" else a)
+        t = torch.tensor(a if native or a.dtype.kind != "f" else np.asarray(a, np.float64))
         if spec.grad and a.dtype.kind == "f":
             t.requires_grad_(True)
         tens.append(t)
-    out = fn(*tens, **case.torch_kwargs)
+    out = fn(*tens, **(case.kwargs if native else case.torch_kwargs))
     grads: list[np.ndarray | None] = [None] * len(tens)
     if out.dtype.is_floating_point and any(t.requires_grad for t in tens):
         w = torch.tensor(np.asarray(weights, np.float64).reshape(tuple(out.shape)))
-        (out.to(torch.float64) * w).sum().backward()
-        grads = [(t.grad.numpy() if t.grad is not None else np.zeros(t.shape))
-                 if t.requires_grad else None for t in tens]
+        if native:
+            (out * w.to(out.dtype)).sum().backward()
+        else:
+            (out.to(torch.float64) * w).sum().backward()
+        # per element of the view the op sees; an expanded input's gradient is its leaf's
+        # (engine.samples.InputSpec.view_gradient), as every engine's is compared
+        grads = [spec.view_gradient(t.grad.double().numpy() if t.grad is not None
+                                    else np.zeros(t.shape))
+                 if t.requires_grad else None for spec, t in zip(case.inputs, tens,
+                                                                  strict=True)]
     return TorchReference(out.detach().to(torch.float64).numpy()
                        if out.dtype.is_floating_point else out.detach().numpy(), grads)

@@ -30,6 +30,8 @@ def _is_registry_sample(case) -> bool:
         op = get_op(case.op)
     except Exception:
         return False
+    if getattr(case, "tier", "fast") == "scale":
+        return str(case) in {str(s) for s in (op.scale() if op.scale else [])}
     return str(case) in {str(s) for s in registry_cases(op)}
 
 
@@ -41,6 +43,8 @@ def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> s
     user's function)."""
     if isinstance(case, Sample) and not by_repr and _is_registry_sample(case):
         what = ["--op", case.op, "-k", str(case)]
+        if case.tier == "scale":
+            what[2:2] = ["--tier", "scale"]
     elif isinstance(case, Sample):
         what = ["--repro", repr(case)]
     else:

@@ -52,9 +52,23 @@ def select_samples(op_names, dtype: str = "all", pattern: str | None = None,
 
 
 def checkable_ops() -> list[str]:
-    """Ops with sample cases, less the dedicated backward ops: they have no gradient of
-    their own and are checked through their forward op (`--op NAME` still runs them)."""
-    return [name for name, op in all_ops().items() if op.samples and op.kind != "backward"]
+    """Ops with sample cases, less the dedicated backward ops that declare no `vjp_of`: the
+    others are checked against their forward op's VJP (gradcheck.backward_ops); those
+    without it only through their forward op (`--op NAME` still runs them)."""
+    return [name for name, op in all_ops().items()
+            if op.samples and (op.kind != "backward" or op.vjp_of is not None)]
+
+
+def _gradient_column(op) -> str:
+    """What `--list` says of an op's gradient and, for a backward op, how it is checked."""
+    if op.kind == "composite":
+        return "through its parts"
+    grad = "yes" if op.backward is not None else f"no ({op.no_grad})"
+    if op.kind != "backward":
+        return grad
+    if op.vjp_of is not None:
+        return f"{grad}; checked vs {op.vjp_of.op}'s VJP"
+    return f"{grad}; not in --all: no vjp_of to check it against"
 
 
 def list_ops() -> str:
@@ -62,13 +76,7 @@ def list_ops() -> str:
     sample cases, whether it has a strategy for generated cases, its description."""
     rows = []
     for name, op in all_ops().items():
-        if op.kind == "composite":
-            grad = "through its parts"
-        elif op.backward is not None:
-            grad = "yes"
-        else:
-            grad = f"no ({op.no_grad})"
-        rows.append([name, op.kind, grad, len(op.samples()) if op.samples else 0,
+        rows.append([name, op.kind, _gradient_column(op), len(op.samples()) if op.samples else 0,
                      "yes" if op.strategy else "", op.doc])
     return tabulate(rows, headers=["op", "kind", "backward", "cases", "generated",
                                    "description"])
@@ -116,11 +124,11 @@ def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,
               use_torch: bool = True, adapter=None,
               case_timeout: float = DEFAULT_CASE_TIMEOUT, tier: str = "fast"):
     """The registry's cases of `tier` (tier_cases) of `op_names` (None: every checkable
-    op) that match `dtype` and `pattern`, checked as run_checks does, then `random` generated cases per
-    op (gradcheck.generated) with `seed`: in `adapter`'s engine, or in ours on each of
-    `backends` with `inject` in place. Raises UnknownOpError for an unknown op, and
-    LookupError for an optimizer step (no gradient: optcheck checks it) or when no case
-    matches and none is generated."""
+    op) that match `dtype` and `pattern`, checked as run_checks does, then `random`
+    generated cases per op (gradcheck.generated) with `seed`: in `adapter`'s engine, or in
+    ours on each of `backends` with `inject` in place. Raises UnknownOpError for an unknown
+    op, and LookupError for an optimizer step (no gradient: optcheck checks it) or when no
+    case matches and none is generated."""
     names = checkable_ops() if op_names is None else list(op_names)
     updates = [n for n in names if get_op(n).kind == "update"]
     if updates:

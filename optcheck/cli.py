@@ -4,6 +4,7 @@
     optcheck --opt all --family torch --steps 200
     optcheck --opt adamw --lr 0.01 --betas 0.9,0.99 --weight-decay 0.1   # also your settings
     optcheck --self-test                      # known kernel bugs, each must be caught
+    optcheck --opt all --workers 4            # the same checks on 4 processes (pytest-xdist)
 
 Exit status: 0 every check passed, 1 some check failed, 2 usage error (bad hyperparameter,
 unwritable --output, ...).
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE",
                    help="write the report to FILE (atomically) instead of standard output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="run the checks as pytest items on N local processes (pytest-xdist; "
+                        "the same report); across hosts: see pytest --optcheck")
     return p
 
 
@@ -91,6 +95,17 @@ def user_config(args, optimizer: str) -> tuple[dict, dict] | None:
     return engine_settings(optimizer, hp, flags)
 
 
+def _distributed(args, parser, optimizers, families, dtypes, progress):
+    """The families' runs as the pytest plugin's items on --workers N processes."""
+    from gradcheck.pytest_plugin import SweepError, optcheck_args, run_items  # pytest only here
+    plugin_args = optcheck_args(optimizers, families, dtypes, args.backend, args.steps,
+                                args.seed)
+    try:
+        return run_items("optcheck", plugin_args, args.workers, progress)
+    except SweepError as exc:
+        parser.exit(2, f"optcheck: {exc}\n")
+
+
 def _selected(values, all_values):
     if not values or "all" in values:
         return tuple(all_values)
@@ -104,6 +119,8 @@ def main(argv=None) -> int:
         parser.error("say which optimizer to check: --opt sgd|adam|adamw|all (or --self-test)")
     if args.steps < 1:
         parser.error(f"--steps must be at least 1, got {args.steps}")
+    if args.workers is not None and args.self_test:
+        parser.error("--workers applies to --opt, not to --self-test")
     families = _selected(args.family, FAMILIES)
     dtypes = _selected([args.dtype], DTYPES)
     optimizers = _selected(args.opt, OPTIMIZER_NAMES)
@@ -122,8 +139,11 @@ def main(argv=None) -> int:
         results = run_self_test(families, "f64", args.steps, args.seed, args.backend, progress)
         tool = SELF_TEST_TOOL
     else:
-        results = run_checks(optimizers, families, dtypes, args.backend, args.steps,
-                             args.seed, progress)
+        if args.workers is not None:
+            results = _distributed(args, parser, optimizers, families, dtypes, progress)
+        else:
+            results = run_checks(optimizers, families, dtypes, args.backend, args.steps,
+                                 args.seed, progress)
         results += run_user_configs(configs, dtypes, args.backend, args.steps, args.seed)
         tool = "optcheck"
     meta = {"argv": list(sys.argv[1:] if argv is None else argv)}

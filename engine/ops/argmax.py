@@ -12,7 +12,7 @@ from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.strategies import DISTINCT, draw_input, sample_strategy, shapes
 
 
 def _infer(x):
@@ -36,10 +36,11 @@ def _samples(dtype):
 
 @sample_strategy
 def _strategy(draw, dtype):
-    """1 to 3 axes of distinct values in [-2, 2] (no ties), possibly a permuted view."""
+    """1 to 3 axes of distinct values (no ties; a range of DISTINCT), possibly a permuted
+    or sliced view (never expanded: repeated values would tie)."""
     shape = draw(shapes(min_dims=1, max_dims=3, max_side=8))
-    return Sample.make("argmax", [InputSpec("x", shape, "distinct", -2.0, 2.0,
-                                            permute=draw(permutations(len(shape))))], dtype)
+    return Sample.make("argmax", [draw_input(draw, "x", shape, DISTINCT,
+                                            layout={"expand": False})], dtype)
 
 
 def _torch_argmax(x):

@@ -6,7 +6,8 @@ dtype (and `x * c` becomes `scale(x, c)`). Their gradients are the row's, summed
 broadcast axes to each input's shape.
 
 relu_back(g, x) = g where x > 0, else 0, relu's gradient in one pass (composed, it costs two
-passes and a temporary), is a dedicated backward op of two inputs of one shape.
+passes and a temporary), is a dedicated backward op of two inputs of one shape. Such a row
+`<f>_back` is the VJP of the unary op `<f>` at x (its `vjp_of`, which gradcheck checks).
 
 `define_binary(row)` registers the op of one row; every binary row of the table goes
 through it when this module is imported.
@@ -23,9 +24,10 @@ from engine.elementwise import Binary
 from engine.errors import DTypeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.ops.unary import scale
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import broadcast_pair, permutations, sample_strategy
+from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
+from engine.strategies import SIGNED, broadcast_pair, draw_input, sample_strategy
 from engine.tensor import Tensor, constant
 
 __all__ = ["mul"]    # mul by a python number is scale; the other builders are the ops'
@@ -71,6 +73,14 @@ BROADCAST_SHAPES = [((3, 4), (3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)),
                     ((1,), (2, 3)), ((2, 3, 1, 5), (3, 4, 1)), ((), (3, 2)), ((4, 1), (1, 5))]
 
 
+VIEW_PAIRS = [(((3, 4), {"slice": ((1, 4, 1), (0, 8, 2))}), ((3, 4), {"expand": (1,)})),
+              (((2, 3, 4), {"expand": (0, 2)}), ((3, 4), {"slice": ((0, 3, 1), (1, 5, 1))})),
+              (((2, 1, 4), {"slice": ((1, 3, 1), (1, 2, 1), (0, 8, 2))}),
+               ((3, 1), {"expand": (0,)})),
+              (((2, 3, 4), {"slice": ((1, 3, 1), (0, 6, 2), (1, 5, 1))}),
+               ((3, 4), {"slice": ((1, 4, 1), (2, 6, 1))}))]
+
+
 def _b_spec(row: Binary, shape, **kw) -> InputSpec:
     if row.b_domain is None:
         return InputSpec("b", shape, **kw)
@@ -87,19 +97,36 @@ def _samples(row: Binary):
         b_spec = dataclasses.replace(_b_spec(row, (4, 1)), permute=(1, 0))
         out.append(Sample.make(row.name, [InputSpec("a", (3, 4, 5), permute=(2, 0, 1)),
                                           b_spec], dtype))
+        # sliced (an offset and steps) and expanded (stride 0) operands, broadcasting too
+        out += [Sample.make(row.name, [InputSpec("a", sa, **va), _b_spec(row, sb, **vb)],
+                            dtype) for (sa, va), (sb, vb) in VIEW_PAIRS]
         return out
     return samples
 
 
+def _scale(row: Binary):
+    """The op's scale cases (engine.scale_cases): two SQUARE operands split over the
+    engine's threads in ragged chunks; b broadcast along the rows (1, SIDE) and along the
+    columns (SIDE, 1), which a thread split must not slice (each chunk reads all of it);
+    a transposed operand."""
+    def scale():
+        return [scale_case(row.name, [InputSpec("a", SQUARE), _b_spec(row, sb, permute=p)])
+                for sb, p in ((SQUARE, None), ((1, SIDE), None), ((SIDE, 1), None),
+                              (SQUARE, TRANSPOSED))]
+    return scale
+
+
 def _strategy(row: Binary):
     """Random broadcast-compatible shape pairs (0-d included), either operand possibly a
-    permuted view; b in the row's range (div's denominator |b| in [0.5, 2])."""
+    view (permuted, sliced, expanded); a in a range of SIGNED, b too or in the row's
+    ranges (div's denominator: |b| in [0.5, 2], or small or large)."""
+    b_family = (row.b_domain,) + row.b_special if row.b_domain else SIGNED
+
     @sample_strategy
     def strategy(draw, dtype):
         sa, sb = draw(broadcast_pair())
-        return Sample.make(row.name, [InputSpec("a", sa, permute=draw(permutations(len(sa)))),
-                                      _b_spec(row, sb, permute=draw(permutations(len(sb))))],
-                           dtype)
+        return Sample.make(row.name, [draw_input(draw, "a", sa),
+                                      draw_input(draw, "b", sb, b_family)], dtype)
     return strategy
 
 
@@ -119,9 +146,14 @@ def _back_samples(row: Binary):
 
     @both_dtypes
     def samples(dtype):
-        return [Sample.make(row.name, [InputSpec("g", s, grad=False),
-                                       InputSpec("x", s, kind, low, high, grad=False)],
-                            dtype) for s in ((10,), (2, 3, 4, 5))]
+        g = lambda s, **view: InputSpec("g", s, grad=False, **view)  # noqa: E731
+        return [Sample.make(row.name, [g_spec, InputSpec("x", g_spec.shape, kind, low, high,
+                                                         grad=False, permute=px)], dtype)
+                for g_spec, px in [(g((10,)), None), (g((2, 3, 4, 5)), None),
+                                   (g((4, 5), permute=(1, 0)), None),
+                                   (g((3, 4, 5), permute=(2, 0, 1)), (1, 2, 0)),
+                                   (g((3, 4, 5), expand=(1,)), None),
+                                   (g((3, 4), slice=((1, 4, 1), (0, 8, 2))), (1, 0))]]
     return samples
 
 
@@ -134,12 +166,14 @@ def define_binary(row: Binary) -> None:
     if row.broadcasts:
         register(OpDef(row.name, infer=_infer(row.name), backward=_backward(row),
                        kernels=kernels, build=_builder(row.name), torch=row.torch,
-                       samples=_samples(row), strategy=_strategy(row), doc=row.doc))
+                       samples=_samples(row), scale=_scale(row), strategy=_strategy(row),
+                       doc=row.doc))
     else:
         register(OpDef(row.name, kind="backward", infer=_back_infer(row.name),
                        no_grad=row.no_grad, kernels=kernels,
                        build=lambda g, x: make_node(row.name, (g, x)), torch=row.torch,
-                       samples=_back_samples(row), doc=row.doc))
+                       samples=_back_samples(row),
+                       vjp_of=VJPOf(row.name.removesuffix("_back"), at_x), doc=row.doc))
 
 
 for _row in list(elementwise.BINARY.values()):

@@ -17,7 +17,8 @@ from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.block import block
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SIDE, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 
 def _concat_infer(a, b, axis):
@@ -83,13 +84,20 @@ def _concat_strategy(draw, dtype):
     axis = draw(st.integers(0, len(shape) - 1))
     rest = math.prod(shape) // shape[axis]
     b_shape = _with(shape, axis, draw(st.integers(1, max(1, min(4, 150 // rest)))))
-    inputs = [InputSpec("a", shape, permute=draw(permutations(len(shape)))),
-              InputSpec("b", b_shape, permute=draw(permutations(len(shape))))]
+    inputs = [draw_input(draw, "a", shape), draw_input(draw, "b", b_shape)]
     return Sample.make("concat", inputs, dtype, axis=draw(st.sampled_from([axis,
                                                                           axis - len(shape)])))
 
 
-register(OpDef("concat", infer=_concat_infer, backward=_concat_backward,
+def _concat_scale():
+    """Scale cases: two halves of a (1031, 1031) joined along each axis."""
+    return [scale_case("concat", [InputSpec("a", (SIDE, 515)), InputSpec("b", (SIDE, 516))],
+                       axis=1),
+            scale_case("concat", [InputSpec("a", (515, SIDE)), InputSpec("b", (516, SIDE))],
+                       axis=0)]
+
+
+register(OpDef("concat", scale=_concat_scale, infer=_concat_infer, backward=_concat_backward,
                kernels={"cpu": cpu_concat, "cuda": "engine.backends.cuda.indexing:cuda_concat"},
                build=concat, torch=_torch_concat,
                samples=_concat_samples, strategy=_concat_strategy,

@@ -39,7 +39,8 @@ from engine.ops.shape import cont, cont_if_strided, reshape, transpose
 from engine.params import pair, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
+from engine.scale_cases import scale_case
+from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 
 
 def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
@@ -114,14 +115,28 @@ def _conv_samples(dtype):
         # strided views: an NHWC-stored image and an IOHW-stored kernel
         Sample.make("conv_2d", [InputSpec("x", (2, 3, 6, 5), permute=(0, 2, 3, 1)),
                                 InputSpec("w", (2, 3, 3, 3), permute=(1, 0, 2, 3))], dtype,
-                    stride=1, padding=1, dilation=1)]
+                    stride=1, padding=1, dilation=1),
+        # a sliced image (an offset and steps) and an expanded kernel (stride 0 along its
+        # input channels), and the other way round
+        Sample.make("conv_2d", [InputSpec("x", (2, 2, 6, 5), slice=((0, 2, 1), (1, 3, 1),
+                                                                    (1, 7, 1), (0, 10, 2))),
+                                InputSpec("w", (3, 2, 3, 3), expand=(1,))], dtype,
+                    stride=1, padding=1, dilation=1),
+        Sample.make("conv_2d", [InputSpec("x", (2, 2, 6, 5), slice=((0, 2, 1), (1, 3, 1),
+                                                                    (1, 7, 1), (1, 6, 1))),
+                                InputSpec("w", (3, 2, 3, 3))], dtype,
+                    stride=1, padding=1, dilation=1),
+        Sample.make("conv_2d", [InputSpec("x", (1, 3, 6, 6), expand=(0, 1)),
+                                InputSpec("w", (2, 3, 3, 3), slice=((1, 3, 1), (0, 3, 1),
+                                                                    (0, 6, 2), (1, 4, 1)))],
+                    dtype, stride=2, padding=0, dilation=1)]
 
 
 @sample_strategy
 def _conv_strategy(draw, dtype):
     """Per axis kernel 1-3, stride 1-2, padding 0-1, dilation 1-2 and a side up to 8 that
     fits the kernel; 1-3 input and output channels, batch 1-3, at most MAX_ELEMENTS inputs in
-    all; image and kernel possibly permuted views."""
+    all; image and kernel each in a range of SIGNED, possibly a view."""
     from hypothesis import strategies as st
     rows, cols = (draw(window_axis(stride=(1, 2), padding=(0, 1), dilation=(1, 2), max_side=8))
                   for _ in range(2))
@@ -129,14 +144,21 @@ def _conv_strategy(draw, dtype):
     w_shape = (o, c, rows.kernel, cols.kernel)
     budget = (MAX_ELEMENTS - o * c * rows.kernel * cols.kernel) // (c * rows.side * cols.side)
     (n,) = draw(shapes(1, 1, max_side=3, max_size=max(budget, 1)))
-    return Sample.make("conv_2d", [InputSpec("x", (n, c, rows.side, cols.side),
-                                             permute=draw(permutations(4))),
-                                   InputSpec("w", w_shape, permute=draw(permutations(4)))],
+    return Sample.make("conv_2d", [draw_input(draw, "x", (n, c, rows.side, cols.side)),
+                                   draw_input(draw, "w", w_shape)],
                        dtype,
                        stride=(rows.stride, cols.stride), padding=(rows.padding, cols.padding),
                        dilation=(rows.dilation, cols.dilation))
 
 
+def _conv_2d_scale():
+    """Scale case: MNIST-CNN-like 3 x 3 convolution at batch 8, its im2col of 2.4M elements
+    and products on the engine's threads."""
+    return [scale_case("conv_2d", [InputSpec("x", (8, 8, 64, 64)), InputSpec("w", (16, 8, 3, 3))],
+                       dilation=1, padding=1, stride=1)]
+
+
 register(OpDef("conv_2d", kind="composite", compose=conv_2d, torch=_torch_conv_2d,
+               scale=_conv_2d_scale,
                samples=_conv_samples, strategy=_conv_strategy,
                doc="2-D convolution of NCHW input with OIHW kernel, via im2col and matmul"))

@@ -28,7 +28,8 @@ from engine.ops.shape import cont, cont_if_strided, permute, reshape
 from engine.params import pair
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 
 def _check(x, w, stride) -> tuple[int, int]:
@@ -98,19 +99,26 @@ def _samples(dtype):
 @sample_strategy
 def _strategy(draw, dtype):
     """batch, channels in and out 1-3, an image up to 4x4, a kernel up to 3x3, strides 1-3
-    per axis; input and kernel each possibly a permuted view."""
+    per axis; input and kernel each in a range of SIGNED, possibly a view."""
     from hypothesis import strategies as st
     n, c, o = draw(shapes(3, 3, max_side=3))
     h, w = draw(shapes(2, 2, max_side=4))
     kh, kw = draw(shapes(2, 2, max_side=3))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     return Sample.make("conv_transpose_2d",
-                       [InputSpec("x", (n, c, h, w), permute=draw(permutations(4))),
-                        InputSpec("w", (c, o, kh, kw), permute=draw(permutations(4)))],
+                       [draw_input(draw, "x", (n, c, h, w)),
+                        draw_input(draw, "w", (c, o, kh, kw))],
                        dtype, stride=stride)
 
 
+def _conv_transpose_2d_scale():
+    """Scale case: a stride-2 transposed convolution of 4 x 16 x 64 x 64."""
+    return [scale_case("conv_transpose_2d", [InputSpec("x", (4, 16, 64, 64)),
+                                             InputSpec("w", (16, 8, 3, 3))], stride=2)]
+
+
 register(OpDef("conv_transpose_2d", kind="composite", compose=conv_transpose_2d,
+               scale=_conv_transpose_2d_scale,
                torch=_torch_conv_transpose_2d, samples=_samples, strategy=_strategy,
                doc="transposed 2-D convolution, no padding (ggml's conv_transpose_2d_p0): "
                    "matmul of pixels with the kernel, then col2im (im2col_back)"))

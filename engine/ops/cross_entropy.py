@@ -19,9 +19,10 @@ from engine.backends.cpu.cross_entropy import cpu_cross_entropy_loss, cpu_cross_
 from engine.errors import DTypeError, ShapeError
 from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, scale_case
+from engine.strategies import MAGNITUDES, MAX_ELEMENTS, draw_input, sample_strategy, shapes
 
 
 def _infer(logits, labels):
@@ -69,26 +70,38 @@ def _samples(dtype):
 
 @both_dtypes
 def _back_samples(dtype):
+    """g is the 0-d loss gradient (no layout to vary); logits and labels contiguous or
+    permuted views."""
     return [Sample.make("cross_entropy_loss_back",
                         [InputSpec("g", (), low=0.5, high=2.0),
-                         InputSpec("logits", s, low=-3.0, high=3.0),
-                         InputSpec("labels", s, "probs", grad=False)], dtype)
-            for s in [(4, 3), (2, 3, 4)]]
+                         InputSpec("logits", s, low=-3.0, high=3.0, permute=pl),
+                         InputSpec("labels", s, "probs", grad=False, permute=pb)], dtype)
+            for s, pl, pb in [((4, 3), None, None), ((2, 3, 4), None, None),
+                              ((3, 5), (1, 0), None), ((2, 4, 3), (2, 0, 1), (1, 0, 2))]]
+
+
+def _back_primals(g, logits, labels):
+    """cross_entropy_loss_back(g, logits, labels) is the loss's VJP at (logits, labels)
+    with respect to the logits."""
+    return {"logits": logits, "labels": labels}, g, {}
+
+
+LABELS = (("probs", -2.0, 2.0), ("probs", -20.0, 20.0))
 
 
 @sample_strategy
 def _strategy(draw, dtype):
-    """Rows of 2..8 classes (1 to 3 axes in all), logits in [-3, 3], probability labels
-    (no gradient); either input possibly a permuted view."""
+    """Rows of 2..8 classes (1 to 3 axes in all), logits in a range of MAGNITUDES,
+    probability labels (no gradient, from logits in [-2, 2] or [-20, 20]: near one-hot);
+    either input possibly a view."""
     from hypothesis import strategies as st
     classes = draw(st.integers(2, 8))
     rows = draw(shapes(min_dims=0, max_dims=2, max_side=6, max_size=MAX_ELEMENTS // classes))
     shape = rows + (classes,)
     return Sample.make("cross_entropy_loss",
-                       [InputSpec("logits", shape, low=-3.0, high=3.0,
-                                  permute=draw(permutations(len(shape)))),
-                        InputSpec("labels", shape, "probs", low=-2.0, high=2.0, grad=False,
-                                  permute=draw(permutations(len(shape))))], dtype)
+                       [draw_input(draw, "logits", shape, MAGNITUDES),
+                        draw_input(draw, "labels", shape, LABELS, narrow=False, grad=False)],
+                       dtype)
 
 
 def _torch_cross_entropy(logits, labels):
@@ -102,7 +115,14 @@ def _torch_cross_entropy_back(g, logits, labels):
     return g * (logits.softmax(-1) - labels) / rows
 
 
-register(OpDef("cross_entropy_loss", infer=_infer, backward=_backward,
+def _scale():
+    """Scale case: SQUARE logits and label rows (the rows on the engine's threads)."""
+    return [scale_case("cross_entropy_loss",
+                       [InputSpec("logits", SQUARE, "uniform", -3.0, 3.0),
+                        InputSpec("labels", SQUARE, "probs", -2.0, 2.0, grad=False)])]
+
+
+register(OpDef("cross_entropy_loss", scale=_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_cross_entropy_loss,
                         "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss"},
                build=cross_entropy_loss,
@@ -113,5 +133,5 @@ register(OpDef("cross_entropy_loss_back", kind="backward", infer=_back_infer,
                kernels={"cpu": cpu_cross_entropy_loss_back,
                         "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss_back"},
                build=cross_entropy_loss_back, torch=_torch_cross_entropy_back,
-               samples=_back_samples,
+               samples=_back_samples, vjp_of=VJPOf("cross_entropy_loss", _back_primals, "logits"),
                doc="g * (softmax(logits) - labels) / N: the gradient of cross_entropy_loss"))

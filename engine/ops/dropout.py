@@ -25,7 +25,8 @@ from engine.errors import DTypeError, ParamError
 from engine.params import is_real
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 MAX_SEED = 2 ** 64
 
@@ -78,12 +79,19 @@ def _dropout_samples(dtype):
 def _dropout_strategy(draw, dtype):
     from hypothesis import strategies as st
     shape = draw(shapes(1, 4, 1, 6))
-    spec = InputSpec("x", shape, permute=draw(permutations(len(shape))))
-    return Sample.make("dropout", [spec], dtype, p=draw(st.sampled_from([0.0, 0.1, 0.5, 0.8])),
+    return Sample.make("dropout", [draw_input(draw, "x", shape)], dtype,
+                       p=draw(st.sampled_from([0.0, 0.1, 0.5, 0.8])),
                        seed=draw(st.integers(0, MAX_SEED - 1)))
 
 
-register(OpDef("dropout", infer=_dropout_infer,
+def _dropout_scale():
+    """Scale cases: SQUARE with p = 0.3 (its mask from the element's index, whatever the
+    chunk), contiguous and transposed."""
+    return [scale_case("dropout", [InputSpec("x", SQUARE, permute=p)], p=0.3, seed=5)
+            for p in (None, TRANSPOSED)]
+
+
+register(OpDef("dropout", scale=_dropout_scale, infer=_dropout_infer,
                backward=lambda g, out, x, p, seed: (dropout(g, p, seed),),
                kernels={"cpu": cpu_dropout,
                         "cuda": "engine.backends.cuda.dropout:cuda_dropout"},

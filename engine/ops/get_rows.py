@@ -28,9 +28,10 @@ from engine.errors import (
     ShapeError,
 )
 from engine.params import integer
-from engine.registry import OpDef, make_node, register, shapes_str
+from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy
+from engine.scale_cases import SIDE, scale_case
+from engine.strategies import MAX_ELEMENTS, draw_input, draw_layout, sample_strategy
 
 INDEX_DTYPE = np.dtype(np.int32)
 
@@ -90,8 +91,9 @@ def _torch_get_rows_back(g, idx, nrows):
 
 
 # --- samples and registration ---------------------------------------------------------------
-def _idx(shape, nrows, permute=None):
-    return InputSpec("idx", shape, "int", 0, nrows, dtype="i32", grad=False, permute=permute)
+def _idx(shape, nrows, permute=None, **view):
+    return InputSpec("idx", shape, "int", 0, nrows, dtype="i32", grad=False, permute=permute,
+                     **view)
 
 
 # (R, C, idx shape, idx permute): ggml's cases (a 5 x 10 table, 3 indices, batches, a
@@ -106,6 +108,14 @@ def _get_rows_samples(dtype):
            for r, c, k, p in CASES]
     out.append(Sample.make("get_rows", [InputSpec("table", (5, 6), permute=(1, 0)),
                                         _idx((9,), 5)], dtype))
+    # a sliced table (an offset and steps) and sliced indices; an expanded table (stride
+    # 0: every row the same) and expanded indices (one index repeated per row)
+    out += [Sample.make("get_rows", [InputSpec("table", (5, 6), slice=((1, 6, 1), (0, 12, 2))),
+                                     _idx((4, 3), 5, slice=((1, 5, 1), (0, 6, 2)))], dtype),
+            Sample.make("get_rows", [InputSpec("table", (5, 6), slice=((1, 6, 1), (1, 7, 1))),
+                                     _idx((7,), 5)], dtype),
+            Sample.make("get_rows", [InputSpec("table", (4, 6), expand=(0,)),
+                                     _idx((3, 5), 4, expand=(1,))], dtype)]
     return out
 
 
@@ -115,7 +125,17 @@ def _get_rows_back_samples(dtype):
                        nrows=r) for r, c, k, p in CASES]
     out.append(Sample.make("get_rows_back", [InputSpec("g", (4, 6, 2), permute=(1, 0, 2)),
                                              _idx((4, 6), 3, (1, 0))], dtype, nrows=3))
+    # g a stride-0 broadcast: along the columns, and one gradient row for every index
+    out += [Sample.make("get_rows_back", [InputSpec("g", k + (c,), expand=e), _idx(k, r)],
+                        dtype, nrows=r)
+            for r, c, k, e in [(5, 4, (8,), (1,)), (4, 3, (2, 6), (0, 1))]]
     return out
+
+
+def _get_rows_back_primals(g, idx, nrows):
+    """get_rows_back(g, idx, nrows) is get_rows's VJP with respect to an (nrows, C) table
+    (get_rows is linear in the table: any table, here zeros)."""
+    return {"table": np.zeros((nrows, g.shape[-1])), "idx": idx}, g, {}
 
 
 def _strategy(op):
@@ -125,18 +145,25 @@ def _strategy(op):
         k_shape = tuple(draw(st.lists(st.integers(1, 8), min_size=1, max_size=2)))
         nrows = draw(st.integers(1, 6))
         ncols = draw(st.integers(1, min(8, MAX_ELEMENTS // math.prod(k_shape))))
-        idx = _idx(k_shape, nrows, draw(permutations(len(k_shape))))
+        idx = _idx(k_shape, nrows, **draw(draw_layout(k_shape)))
         if op == "get_rows":
-            table = InputSpec("table", (nrows, ncols), permute=draw(permutations(2)))
-            return Sample.make(op, [table, idx], dtype)
-        g_shape = k_shape + (ncols,)
-        g = InputSpec("g", g_shape, permute=draw(permutations(len(g_shape))))
+            return Sample.make(op, [draw_input(draw, "table", (nrows, ncols)), idx], dtype)
+        g = draw_input(draw, "g", k_shape + (ncols,))
         return Sample.make(op, [g, idx], dtype, nrows=nrows)
     strategy.__name__ = f"_{op}_strategy"
     return strategy
 
 
-register(OpDef("get_rows", infer=_get_rows_infer,
+def _get_rows_scale():
+    """Scale cases: 4096 rows of a (1031, 1031) table gathered at indices that repeat
+    about 42 times each (get_rows_back's scatter-add, in column bands, must add every
+    repeat), and a transposed table."""
+    idx = InputSpec("idx", (4096,), "int", 0, 97, dtype="i32", grad=False)
+    return [scale_case("get_rows", [InputSpec("table", (SIDE, SIDE)), idx]),
+            scale_case("get_rows", [InputSpec("table", (SIDE, SIDE), permute=(1, 0)), idx])]
+
+
+register(OpDef("get_rows", scale=_get_rows_scale, infer=_get_rows_infer,
                backward=lambda g, out, table, idx: (get_rows_back(g, idx, table.shape[0]),
                                                     None),
                kernels={"cpu": cpu_get_rows,
@@ -152,5 +179,6 @@ register(OpDef("get_rows_back", kind="backward", infer=_get_rows_back_infer,
                build=get_rows_back,
                torch=_torch_get_rows_back, samples=_get_rows_back_samples,
                strategy=_strategy("get_rows_back"),
+               vjp_of=VJPOf("get_rows", _get_rows_back_primals, "table"),
                doc="scatter-add of g into zeros of (nrows, C) at the indices: the gradient "
                    "of get_rows; its own gradient is get_rows"))

@@ -15,12 +15,15 @@ entry back onto the image cell it was read from (col2im).
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
 from engine.params import integer, pair, window_output_size
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
+from engine.scale_cases import scale_case
+from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 from engine.tensor import as_dtype, dtype_name
 
 TORCH_DTYPES = {"f32": "float32", "f64": "float64"}
@@ -109,6 +112,22 @@ def _im2col_back_backward(grad, out, g, x_shape, kh, kw, stride, padding, dilati
     return (im2col(grad, kh, kw, stride, padding, dilation, dtype=g.dtype),)
 
 
+def _torch_im2col_back(g, x_shape, kh, kw, stride, padding, dilation, dtype):
+    import torch
+    oh_ow = g.shape[1] * g.shape[2]
+    dx = torch.nn.functional.fold(g.reshape(g.shape[0], oh_ow, -1).transpose(1, 2),
+                                  tuple(x_shape[2:]), (kh, kw), dilation=dilation,
+                                  padding=padding, stride=stride)
+    return dx.to(getattr(torch, TORCH_DTYPES[dtype_name(dtype)]))
+
+
+def _im2col_back_primals(g, x_shape, kh, kw, stride, padding, dilation, dtype):
+    """im2col_back(g, x_shape, ...) is im2col's VJP for an image of x_shape (im2col is
+    linear: any image, here zeros)."""
+    return {"x": np.zeros(x_shape)}, g, dict(kh=kh, kw=kw, stride=stride, padding=padding,
+                                             dilation=dilation, dtype=None)
+
+
 # --- samples and registration ------------------------------------------------------------------
 @both_dtypes
 def _im2col_samples(dtype):
@@ -119,17 +138,50 @@ def _im2col_samples(dtype):
              ((1, 3, 4, 4), 1, 1, 1, 0, 1, None),
              ((3, 2, 5, 7), 2, 3, (2, 1), (0, 1), (2, 1), None),
              ((2, 2, 5, 4), 3, 3, 1, 1, 1, other)]
+    # sliced (an offset and steps) and expanded (stride 0) images
+    views = [((2, 2, 5, 6), 3, 3, 1, 1, 1, {"slice": ((0, 2, 1), (1, 3, 1), (1, 6, 1),
+                                                      (0, 12, 2))}),
+             ((1, 3, 6, 5), 3, 2, 2, 0, 1, {"expand": (1,)})]
     # Sample.make's own `dtype` argument would swallow the op's `dtype` param: build directly
     return [Sample("im2col", (InputSpec("x", s),),
                    tuple(sorted(dict(kh=kh, kw=kw, stride=st, padding=p, dilation=d,
                                      dtype=dt).items())), dtype)
-            for s, kh, kw, st, p, d, dt in cases]
+            for s, kh, kw, st, p, d, dt in cases] + [
+        Sample("im2col", (InputSpec("x", s, **view),),
+               tuple(sorted(dict(kh=kh, kw=kw, stride=st, padding=p, dilation=d,
+                                 dtype=None).items())), dtype)
+        for s, kh, kw, st, p, d, view in views]
+
+
+@both_dtypes
+def _im2col_back_samples(dtype):
+    """Columns of images as im2col makes them: contiguous, a permuted view (as the
+    backward of conv_2d's matmul hands them) or a stride-0 broadcast; dilated, padded, and
+    of the other dtype."""
+    other = "f64" if dtype == "f32" else "f32"
+    cases = [((1, 1, 5, 5), 3, 3, 1, 0, 1, {}, dtype),
+             ((2, 3, 6, 5), 3, 2, 2, 1, 1, {}, dtype),
+             ((2, 2, 7, 6), 3, 3, (1, 2), (1, 2), 2, {}, dtype),
+             ((1, 2, 6, 6), 3, 3, 1, 1, 1, {"permute": (0, 3, 1, 2)}, dtype),
+             ((2, 2, 5, 7), 2, 3, (2, 1), (0, 1), (2, 1), {"permute": (2, 1, 0, 3)}, dtype),
+             ((1, 2, 6, 5), 3, 3, 1, 1, 1, {"expand": (3,)}, dtype),
+             ((2, 1, 6, 6), 3, 2, 2, 1, (1, 2), {"expand": (0, 2)}, dtype),
+             ((1, 2, 5, 4), 3, 3, 1, 1, 1, {}, other)]
+    out = []
+    for x_shape, kh, kw, st, p, d, view, dt in cases:
+        st_, p_, d_ = (v if isinstance(v, tuple) else (v, v) for v in (st, p, d))
+        oh, ow = window_output_size("im2col_back", x_shape, (kh, kw), st_, p_, d_)
+        g = InputSpec("g", (x_shape[0], oh, ow, x_shape[1] * kh * kw), **view)
+        out.append(Sample.make("im2col_back", [g], dtype, x_shape=x_shape, kh=kh, kw=kw,
+                               stride=st_, padding=p_, dilation=d_, dtype=dt))
+    return out
 
 
 def _im2col_strategy(dtype):
     """Per axis kernel 1-3, stride 1-3, padding 0-2, dilation 1-2 and a side up to 8 that
     fits the kernel; batch and channels 1-3 (at most MAX_ELEMENTS inputs); columns in x's
-    dtype, the other float dtype or the default; the image possibly a permuted view."""
+    dtype, the other float dtype or the default; the image in a range of SIGNED, possibly
+    a view."""
     from hypothesis import strategies as st
 
     @sample_strategy
@@ -137,7 +189,7 @@ def _im2col_strategy(dtype):
         rows, cols = (draw(window_axis(padding=(0, 2), dilation=(1, 2), max_side=8))
                       for _ in range(2))
         batch = draw(shapes(2, 2, max_side=3, max_size=MAX_ELEMENTS // (rows.side * cols.side)))
-        x = InputSpec("x", batch + (rows.side, cols.side), permute=draw(permutations(4)))
+        x = draw_input(draw, "x", batch + (rows.side, cols.side))
         return Sample.make("im2col", [x], dtype, kh=rows.kernel, kw=cols.kernel,
                            stride=(rows.stride, cols.stride),
                            padding=(rows.padding, cols.padding),
@@ -146,7 +198,16 @@ def _im2col_strategy(dtype):
     return draw_case(dtype)
 
 
-register(OpDef("im2col", infer=_im2col_infer, backward=_im2col_backward,
+def _im2col_scale():
+    """Scale cases: columns of 2.3M elements (on the engine's threads), with and without
+    padding and stride."""
+    return [scale_case("im2col", [InputSpec("x", (2, 4, 182, 182))], dilation=1, dtype=None,
+                       kh=3, kw=3, padding=0, stride=1),
+            scale_case("im2col", [InputSpec("x", (2, 4, 363, 363))], dilation=1, dtype=None,
+                       kh=3, kw=3, padding=1, stride=2)]
+
+
+register(OpDef("im2col", scale=_im2col_scale, infer=_im2col_infer, backward=_im2col_backward,
                kernels={"cpu": cpu_im2col, "cuda": "engine.backends.cuda.im2col:cuda_im2col"},
                build=im2col, torch=_torch_im2col,
                samples=_im2col_samples, strategy=_im2col_strategy,
@@ -155,5 +216,6 @@ register(OpDef("im2col_back", kind="backward", infer=_im2col_back_infer,
                backward=_im2col_back_backward,
                kernels={"cpu": cpu_im2col_back,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_back"},
-               build=im2col_back,
+               build=im2col_back, torch=_torch_im2col_back, samples=_im2col_back_samples,
+               vjp_of=VJPOf("im2col", _im2col_back_primals),
                doc="gradient of im2col: columns added back onto the image (col2im)"))

@@ -19,13 +19,16 @@ one kernel for two ops; the views never copy, and the kernels read strided input
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import TORCH_DTYPES
 from engine.params import integer, window_output_size
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
+from engine.scale_cases import scale_case
+from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 from engine.tensor import as_dtype, dtype_name
 
 
@@ -130,6 +133,13 @@ def _torch_im2col_1d_back(g, x_shape, k, stride=1, padding=0, dilation=1, dtype=
     return dx
 
 
+def _back_primals(g, x_shape, k, stride, padding, dilation, dtype):
+    """im2col_1d_back(g, x_shape, ...) is im2col_1d's VJP for a signal of x_shape
+    (im2col_1d is linear: any signal, here zeros)."""
+    return {"x": np.zeros(x_shape)}, g, dict(k=k, stride=stride, padding=padding,
+                                             dilation=dilation, dtype=None)
+
+
 # --- samples, strategies and registration ------------------------------------------------------
 # (x shape, K, stride, padding, dilation, permute of x, columns' dtype differs)
 CASES = [((1, 1, 7), 3, 1, 0, 1, None, False), ((2, 3, 8), 3, 2, 1, 1, None, False),
@@ -166,6 +176,9 @@ def _back_samples(dtype):
     out.append(Sample.make("im2col_1d_back", [InputSpec("g", (2, 4, 9), permute=(0, 2, 1))],
                            dtype, x_shape=(2, 3, 8), k=3, stride=2, padding=1, dilation=1,
                            dtype=None))
+    out.append(Sample.make("im2col_1d_back", [InputSpec("g", (2, 4, 9), expand=(1,))],
+                           dtype, x_shape=(2, 3, 8), k=3, stride=2, padding=1, dilation=1,
+                           dtype=None))            # g a stride-0 broadcast along the windows
     return out
 
 
@@ -187,7 +200,7 @@ def _draw_params(draw, back=False):
 def _strategy(draw, dtype):
     from hypothesis import strategies as st
     shape, k, s, p, d = _draw_params(draw)
-    return Sample.make("im2col_1d", [InputSpec("x", shape, permute=draw(permutations(3)))],
+    return Sample.make("im2col_1d", [draw_input(draw, "x", shape)],
                        dtype, k=k, stride=s, padding=p, dilation=d,
                        dtype=draw(st.sampled_from([None, "f32", "f64"])))
 
@@ -196,12 +209,18 @@ def _strategy(draw, dtype):
 def _back_strategy(draw, dtype):
     from hypothesis import strategies as st
     shape, k, s, p, d = _draw_params(draw, back=True)
-    g = InputSpec("g", _cols_shape(shape, k, s, p, d), permute=draw(permutations(3)))
+    g = draw_input(draw, "g", _cols_shape(shape, k, s, p, d))
     return Sample.make("im2col_1d_back", [g], dtype, x_shape=shape, k=k, stride=s, padding=p,
                        dilation=d, dtype=draw(st.sampled_from([None, "f32", "f64"])))
 
 
-register(OpDef("im2col_1d", infer=_infer, backward=_backward,
+def _im2col_1d_scale():
+    """Scale case: 1-D columns of 1.05M elements."""
+    return [scale_case("im2col_1d", [InputSpec("x", (4, 8, 11003))], dilation=1, dtype=None,
+                       k=3, padding=0, stride=1)]
+
+
+register(OpDef("im2col_1d", scale=_im2col_1d_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_im2col_1d,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d"},
                build=im2col_1d, torch=_torch_im2col_1d,
@@ -213,5 +232,6 @@ register(OpDef("im2col_1d_back", kind="backward", infer=_back_infer, backward=_b
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d_back"},
                build=im2col_1d_back,
                torch=_torch_im2col_1d_back, samples=_back_samples, strategy=_back_strategy,
+               vjp_of=VJPOf("im2col_1d", _back_primals),
                doc="gradient of im2col_1d: columns added back onto the signal (col2im); its "
                    "own backward is im2col_1d"))

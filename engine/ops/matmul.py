@@ -10,13 +10,16 @@ transpose T of the last two axes and `sum_to` undoing the batch broadcast:
 
 from __future__ import annotations
 
+import dataclasses
+
 from engine.backends.cpu.matmul import cpu_matmul
 from engine.errors import DTypeError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.ops.shape import transpose
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
+from engine.scale_cases import scale_case
+from engine.strategies import broadcast_source, draw_input, sample_strategy, shapes
 
 
 def _infer(a, b):
@@ -50,6 +53,13 @@ def _backward(g, out, a, b):
             sum_to(matmul(transpose(a), g), b.shape))
 
 
+VIEW_PAIRS = [(((3, 4), {"slice": ((1, 4, 1), (0, 8, 2))}),
+               ((4, 5), {"slice": ((2, 10, 2), (1, 6, 1))})),
+              (((2, 3, 4), {"expand": (0,)}), ((2, 4, 5), {"expand": (2,)})),
+              (((3, 4), {"expand": (1,)}), ((2, 4, 5), {"slice": ((0, 2, 1), (1, 5, 1),
+                                                                  (0, 10, 2))})),
+              (((3, 4), {"slice": ((1, 4, 1), (1, 5, 1))}),
+               ((4, 5), {"slice": ((0, 8, 2), (2, 7, 1))}))]
 MATMUL_SHAPES = [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)),
                  ((2, 1, 3, 4), (5, 4, 2)), ((3, 4), (2, 4, 5)), ((1, 1), (1, 3))]
 
@@ -62,16 +72,22 @@ def _samples(dtype):
         Sample.make("matmul", [InputSpec("a", (3, 4), permute=(1, 0)), InputSpec("b", (4, 5))],
                     dtype),
         Sample.make("matmul", [InputSpec("a", (2, 3, 4)),
-                               InputSpec("b", (2, 4, 5), permute=(0, 2, 1))], dtype)]
+                               InputSpec("b", (2, 4, 5), permute=(0, 2, 1))], dtype)] + [
+        # sliced (an offset and steps) and expanded (stride 0) operands
+        Sample.make("matmul", [InputSpec("a", sa, **va), InputSpec("b", sb, **vb)], dtype)
+        for (sa, va), (sb, vb) in VIEW_PAIRS]
 
 
 def _operand(draw, name, shape):
-    """An operand, contiguous, transposed (last two axes swapped) or otherwise permuted."""
+    """An operand in a range of SIGNED: contiguous, transposed (last two axes swapped) or
+    another view (permuted, sliced, expanded)."""
     from hypothesis import strategies as st
     n = len(shape)
     transposed = tuple(range(n - 2)) + (n - 1, n - 2)
-    order = draw(st.sampled_from([None, transposed]) | permutations(n))
-    return InputSpec(name, shape, permute=order)
+    spec = draw_input(draw, name, shape)
+    if not spec.is_view and draw(st.booleans()):
+        spec = dataclasses.replace(spec, permute=transposed)
+    return spec
 
 
 @sample_strategy
@@ -86,7 +102,24 @@ def _strategy(draw, dtype):
     return Sample.make("matmul", [a, b], dtype)
 
 
-register(OpDef("matmul", infer=_infer, backward=_backward,
+def _matmul_scale():
+    """Scale cases (engine.scale_cases): the zero-skipping product with a sparse left
+    operand (MNIST's FC layer: 1000 x 784 inputs, 10% non-zero; its weight gradient
+    a^T @ g skips a's zeros too) and a sparse right one; dense products big enough for
+    BLAS on the engine's threads, in ragged row ranges, one with a transposed operand;
+    a batched product split along its batch axis."""
+    sparse = dict(kind="sparse", low=0.0, high=1.0)
+    return [scale_case("matmul", [InputSpec("a", (1000, 784), **sparse),
+                                  InputSpec("b", (784, 500))]),
+            scale_case("matmul", [InputSpec("a", (500, 784)),
+                                  InputSpec("b", (784, 1000), **sparse)]),
+            scale_case("matmul", [InputSpec("a", (257, 263)), InputSpec("b", (263, 251))]),
+            scale_case("matmul", [InputSpec("a", (257, 263)),
+                                  InputSpec("b", (263, 251), permute=(1, 0))]),
+            scale_case("matmul", [InputSpec("a", (7, 129, 131)), InputSpec("b", (7, 131, 127))])]
+
+
+register(OpDef("matmul", scale=_matmul_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_matmul, "cuda": "engine.backends.cuda.matmul:cuda_matmul"},
                build=matmul, torch=lambda a, b: a @ b, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))

@@ -16,7 +16,8 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.reduce import mean
 from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 
 def mse_loss(a, b):
@@ -56,11 +57,16 @@ def _samples(dtype):
 def _strategy(draw, dtype):
     shape = draw(shapes(0, 4, max_side=5, max_size=120))
     return Sample.make("mse_loss", [
-        InputSpec("a", shape, low=-2.0, high=2.0, permute=draw(permutations(len(shape)))),
-        InputSpec("b", shape, permute=draw(permutations(len(shape))))], dtype)
+        draw_input(draw, "a", shape), draw_input(draw, "b", shape)], dtype)
+
+
+def _mse_loss_scale():
+    """Scale case: two SQUARE operands."""
+    return [scale_case("mse_loss", [InputSpec("a", SQUARE), InputSpec("b", SQUARE)])]
 
 
 register(OpDef("mse_loss", kind="composite", compose=mse_loss, torch=_torch_mse_loss,
+               scale=_mse_loss_scale,
                samples=_samples, strategy=_strategy,
                doc="mean((a - b)^2) over every element, a 0-d loss; both inputs "
                    "differentiable"))

@@ -25,8 +25,9 @@ from engine.backends.cpu.norm import cpu_norm, cpu_norm_back, cpu_rms_norm, cpu_
 from engine.errors import ParamError
 from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows, is_real
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_row_input, sample_strategy
 
 
@@ -92,6 +93,10 @@ CASES = [((8,), None, (-1.0, 1.0)), ((3, 5), None, (-1.0, 1.0)),
          ((4, 6), (1, 0), (-1.0, 1.0)), ((3, 4, 5), (2, 0, 1), (-1.0, 1.0)),
          ((3, 7), None, (2.0, 4.0)),              # a large mean against a small spread
          ((2, 3), None, (-1.0, 1.0))]             # rows of three
+# the backward ops' extra cases: (shape, permute of g, stride-0 axes of g); g is broadcast
+# along leading axes only (norm_back of a g constant along its rows is 0)
+BACK_LAYOUTS = [((5, 6), (1, 0), None), ((2, 3, 5), (1, 2, 0), None), ((4, 6), None, (0,)),
+                ((2, 3, 5), None, (1,))]
 
 
 def _samples(op, default_eps):
@@ -107,20 +112,25 @@ def _samples(op, default_eps):
             if back:
                 inputs.insert(0, InputSpec("g", shape, grad=False))
             out.append(Sample.make(op, inputs, dtype, eps=eps))
+        if op.endswith("_back"):     # a permuted or stride-0 upstream gradient, x contiguous
+            out += [Sample.make(op, [InputSpec("g", shape, grad=False, permute=perm,
+                                               expand=axes),
+                                     InputSpec("x", shape, grad=False)], dtype, eps=1e-4)
+                    for shape, perm, axes in BACK_LAYOUTS]
         return out
     return samples
 
 
 def _strategy(op):
     def draw_case(draw, dtype):
-        """x of 1-4 axes and rows in [-2, 2] (a fixed range: ranges are not part of a
-        case's name), possibly permuted; eps from ggml's values or drawn. Rows have >= 2
+        """x of 1-4 axes, rows in a range of MAGNITUDES (tiny 1e-3 to huge 1e3, and a
+        shifted one), possibly a view; eps from ggml's values or drawn. Rows have >= 2
         elements for rms_norm and >= 3 for norm: shorter rows have a gradient of order eps
         made by cancellation, which torch's float32 reference cannot resolve."""
         from hypothesis import strategies as st
         back = op.endswith("_back")
         min_cols = 2 if op.startswith("rms") else 3
-        x = draw_row_input(draw, "x", low=-2.0, high=2.0, min_cols=min_cols, grad=not back)
+        x = draw_row_input(draw, "x", min_cols=min_cols, grad=not back)
         eps = draw(st.sampled_from(EPS[1:]) | st.floats(1e-6, 1.0).map(lambda v: float(f"{v:.3g}")))
         inputs = [InputSpec("g", x.shape, grad=False), x] if back else [x]
         return Sample.make(op, inputs, dtype, eps=eps)
@@ -154,7 +164,15 @@ def _vjp(forward):
     return reference
 
 
-register(OpDef("rms_norm", infer=_row_infer("rms_norm"),
+def _norm_scale(name):
+    """Scale cases: SQUARE rows, contiguous and transposed."""
+    def scale():
+        return [scale_case(name, [InputSpec("x", SQUARE, permute=p)], eps=1e-5)
+                for p in (None, TRANSPOSED)]
+    return scale
+
+
+register(OpDef("rms_norm", scale=_norm_scale("rms_norm"), infer=_row_infer("rms_norm"),
                backward=lambda g, out, x, eps: (rms_norm_back(g, x, eps),),
                kernels={"cpu": cpu_rms_norm, "cuda": "engine.backends.cuda.norm:cuda_rms_norm"},
                build=rms_norm, torch=_torch_rms_norm,
@@ -164,11 +182,11 @@ register(OpDef("rms_norm_back", kind="backward", infer=_back_infer("rms_norm_bac
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_rms_norm_back,
                         "cuda": "engine.backends.cuda.norm:cuda_rms_norm_back"},
-               build=rms_norm_back, torch=_vjp(_torch_rms_norm),
+               build=rms_norm_back, torch=_vjp(_torch_rms_norm), vjp_of=VJPOf("rms_norm", at_x),
                samples=_samples("rms_norm_back", 1e-6), strategy=_strategy("rms_norm_back"),
                doc="s g - x s^3 mean(g x), s = 1/sqrt(mean(x^2) + eps): the gradient of "
                    "rms_norm"))
-register(OpDef("norm", infer=_row_infer("norm"),
+register(OpDef("norm", scale=_norm_scale("norm"), infer=_row_infer("norm"),
                backward=lambda g, out, x, eps: (norm_back(g, x, eps),),
                kernels={"cpu": cpu_norm, "cuda": "engine.backends.cuda.norm:cuda_norm"},
                build=norm, torch=_torch_norm,
@@ -177,6 +195,6 @@ register(OpDef("norm", infer=_row_infer("norm"),
 register(OpDef("norm_back", kind="backward", infer=_back_infer("norm_back"),
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_norm_back, "cuda": "engine.backends.cuda.norm:cuda_norm_back"},
-               build=norm_back, torch=_vjp(_torch_norm),
+               build=norm_back, torch=_vjp(_torch_norm), vjp_of=VJPOf("norm", at_x),
                samples=_samples("norm_back", 1e-5), strategy=_strategy("norm_back"),
                doc="s (g - mean(g) - xhat mean(g xhat)): the gradient of norm"))

@@ -18,7 +18,8 @@ from engine.ops.block import block
 from engine.params import int_tuple
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 
 def normalize_pads(op: str, pads, ndim: int) -> tuple[tuple[int, int], ...]:
@@ -79,11 +80,16 @@ def _pad_strategy(draw, dtype):
     from hypothesis import strategies as st
     shape = draw(shapes(1, 4, 1, 5))
     pads = tuple((draw(st.integers(0, 3)), draw(st.integers(0, 3))) for _ in shape)
-    spec = InputSpec("x", shape, permute=draw(permutations(len(shape))))
-    return Sample.make("pad", [spec], dtype, pads=pads)
+    return Sample.make("pad", [draw_input(draw, "x", shape)], dtype, pads=pads)
 
 
-register(OpDef("pad", infer=_pad_infer, backward=_pad_backward,
+def _pad_scale():
+    """Scale cases: SQUARE padded on every side, contiguous and transposed."""
+    return [scale_case("pad", [InputSpec("x", SQUARE, permute=p)], pads=((1, 2), (3, 0)))
+            for p in (None, TRANSPOSED)]
+
+
+register(OpDef("pad", scale=_pad_scale, infer=_pad_infer, backward=_pad_backward,
                kernels={"cpu": cpu_pad, "cuda": "engine.backends.cuda.indexing:cuda_pad"},
                build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,
                doc="zero padding, one (before, after) pair per axis; gradient: the interior "

@@ -26,7 +26,8 @@ from engine.ops.shape import cont_if_strided, reshape
 from engine.params import integer, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes, window_axis
+from engine.scale_cases import scale_case
+from engine.strategies import DISTINCT, SIGNED, draw_input, sample_strategy, shapes, window_axis
 
 
 def _check(x, mode, kernel, stride, padding) -> int:
@@ -91,20 +92,28 @@ def _samples(dtype):
 @sample_strategy
 def _strategy(draw, dtype):
     """kernel 1-5, stride 1-4 or the default, padding up to half the kernel, a length up to
-    16 that holds a window, batch and channels 1-3, possibly permuted; max pooling on
-    distinct values (no ties, so every max is differentiable)."""
+    16 that holds a window, batch and channels 1-3, possibly a view; max pooling on
+    distinct values (no ties, so every max is differentiable: a range of DISTINCT, never
+    expanded), average pooling on a range of SIGNED."""
     from hypothesis import strategies as st
     ax = draw(window_axis(kernel=(1, 5), stride=(1, 4), max_side=16))
     shape = draw(shapes(2, 2, max_side=3)) + (ax.side,)
     mode = draw(st.sampled_from(MODES))
-    spec = InputSpec("x", shape, "distinct" if mode == "max" else "uniform",
-                     permute=draw(permutations(3)))
+    spec = draw_input(draw, "x", shape, DISTINCT if mode == "max" else SIGNED,
+                      layout={"expand": mode != "max"})
     stride = draw(st.sampled_from([None, ax.stride]))
     return Sample.make("pool_1d", [spec], dtype, mode=mode, kernel=ax.kernel, stride=stride,
                        padding=ax.padding)
 
 
+def _pool_1d_scale():
+    """Scale cases: kernel 3, stride 2, max and avg, over 1.05M elements."""
+    return [scale_case("pool_1d", [InputSpec("x", (8, 16, 8209), "distinct", -1.0, 1.0)],
+                       kernel=3, mode=mode, padding=1, stride=2) for mode in ("max", "avg")]
+
+
 register(OpDef("pool_1d", kind="composite", compose=pool_1d, torch=_torch_pool_1d,
+               scale=_pool_1d_scale,
                samples=_samples, strategy=_strategy,
                doc="1-D max/avg pooling of NCL input (pool_2d on a (N, C, 1, L) view); avg "
                    "divides by the full window"))

@@ -16,6 +16,9 @@ For max it sends g[n, c, oy, ox] to the first cell of the window (row-major orde
 cells only) equal to y[n, c, oy, ox], or to its first NaN when y is NaN: the first maximum
 wins on ties (a subgradient there, as in torch); windows that overlap (stride < kernel) add
 their contributions. For avg it spreads g / (kh kw) over the window's image cells (y unused).
+Its registry builder (the samples') takes y as optional and builds it as pool_2d(x) when
+it is not given, so that a sample's y is always x's pooled output; engine.ops.pool_2d_back
+is the positional builder below.
 """
 
 from __future__ import annotations
@@ -23,9 +26,22 @@ from __future__ import annotations
 from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.params import pair, window_output_size
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import MAX_ELEMENTS, permutations, sample_strategy, shapes, window_axis
+from engine.scale_cases import scale_case
+from engine.strategies import (
+    DISTINCT,
+    MAX_ELEMENTS,
+    SIGNED,
+    draw_input,
+    sample_strategy,
+    shapes,
+    window_axis,
+)
+
+# engine.ops.pool_2d_back is pool_2d_back(g, x, y, mode, kernel, ...), not the registry's
+# builder (y optional)
+__all__ = ["pool_2d_back"]
 
 MODES = ("max", "avg")
 
@@ -101,6 +117,22 @@ def pool_2d_back(g, x, y, mode, kernel, stride=None, padding=0):
                      **_params("pool_2d_back", mode, kernel, stride, padding))
 
 
+def _pool_back_build(g, x, *y, mode, kernel, stride=None, padding=0):
+    """The registry's builder: pool_2d_back(g, x, y), y = pool_2d(x) (built) if not given."""
+    (y,) = y or (pool_2d(x, mode, kernel, stride, padding),)
+    return pool_2d_back(g, x, y, mode, kernel, stride, padding)
+
+
+def _torch_pool_2d_back(g, x, *y, mode, kernel, stride=None, padding=0):
+    """torch autograd's gradient of pool_2d at x for the output gradient g (y unused: torch
+    finds each window's maximum itself)."""
+    import torch
+    with torch.enable_grad():
+        xx = x.detach().requires_grad_(True)
+        (dx,) = torch.autograd.grad(_torch_pool_2d(xx, mode, kernel, stride, padding), xx, g)
+    return dx
+
+
 # --- samples and registration ---------------------------------------------------------------------
 SHAPES = [(1, 1, 5, 6), (2, 3, 6, 5), (1, 2, 7, 7), (2, 1, 8, 6)]
 
@@ -119,6 +151,14 @@ def _grid():
     return cases
 
 
+VIEW_CASES = [(mode, (2, 2, 6, 6), {"slice": ((0, 2, 1), (1, 3, 1), (1, 7, 1), (0, 12, 2))},
+               3, 2, 1) for mode in MODES] + [
+    ("max", (1, 3, 5, 6), {"slice": ((0, 1, 1), (0, 6, 2), (2, 7, 1), (1, 7, 1))}, 2, 1, 0),
+    ("avg", (2, 3, 6, 6), {"expand": (1, 3)}, 3, 2, 1),
+    ("avg", (1, 2, 5, 6), {"slice": ((0, 1, 1), (1, 3, 1), (1, 2, 1), (0, 12, 2)),
+                           "expand": (2,)}, 2, 2, 0)]
+
+
 @both_dtypes
 def _pool_samples(dtype):
     out = []
@@ -127,6 +167,12 @@ def _pool_samples(dtype):
             spec = InputSpec("x", shape, "distinct" if mode == "max" else "uniform")
             out.append(Sample.make("pool_2d", [spec], dtype, mode=mode, kernel=k, stride=s,
                                    padding=p))
+    # views of the input: sliced (an offset and steps) for both modes, expanded (stride 0,
+    # so repeated values: avg only, max would tie)
+    for mode, shape, view, k, s, p in VIEW_CASES:
+        spec = InputSpec("x", shape, "distinct" if mode == "max" else "uniform", **view)
+        out.append(Sample.make("pool_2d", [spec], dtype, mode=mode, kernel=k, stride=s,
+                               padding=p))
     return out
 
 
@@ -134,18 +180,69 @@ def _pool_samples(dtype):
 def _pool_strategy(draw, dtype):
     """Mode; per axis kernel 1-3, stride 1-3, padding <= kernel // 2 and a side up to 9 that
     fits a window; batch and channels 1-3 (at most MAX_ELEMENTS inputs); max pools distinct
-    values (no ties); the input possibly a permuted view."""
+    values (no ties: a range of DISTINCT, never expanded), avg a range of SIGNED; the input
+    possibly a view."""
     from hypothesis import strategies as st
     mode = draw(st.sampled_from(MODES))
     rows, cols = draw(window_axis()), draw(window_axis())
     batch = draw(shapes(2, 2, max_side=3, max_size=MAX_ELEMENTS // (rows.side * cols.side)))
-    spec = InputSpec("x", batch + (rows.side, cols.side),
-                     "distinct" if mode == "max" else "uniform", permute=draw(permutations(4)))
+    spec = draw_input(draw, "x", batch + (rows.side, cols.side),
+                      DISTINCT if mode == "max" else SIGNED, layout={"expand": mode != "max"})
     return Sample.make("pool_2d", [spec], dtype, mode=mode, kernel=(rows.kernel, cols.kernel),
                        stride=(rows.stride, cols.stride), padding=(rows.padding, cols.padding))
 
 
-register(OpDef("pool_2d", infer=_pool_infer, backward=_pool_backward,
+# pool_2d_back's cases: (shape, kernel, stride, padding, the view of g); max pools distinct
+# values (no ties). Windows that tile the image (the kernel's tiled path), overlap (stride <
+# kernel: contributions add up), pad; g contiguous, permuted (as the backward of ggml's CNN
+# flattening, cont(permute(pool_2d(x))), hands it), broadcast with stride 0 (as the backward
+# of a sum over the last axes hands it) or sliced out of a larger buffer
+BACK_CASES = [((2, 3, 6, 5), 3, 2, 1, {}), ((1, 2, 8, 6), 2, 2, 0, {}),
+              ((1, 2, 5, 6), 3, 1, 1, {}), ((2, 1, 7, 6), (3, 1), (2, 1), (1, 0), {}),
+              ((2, 3, 8, 8), 2, 2, 0, {"permute": (0, 2, 3, 1)}),
+              ((2, 2, 6, 7), 3, 2, 1, {"permute": (3, 2, 1, 0)}),
+              ((2, 3, 8, 6), 2, 2, 0, {"expand": (2, 3)}),
+              ((1, 3, 6, 7), 3, 2, 1, {"expand": (1,)}),
+              ((1, 2, 6, 6), 2, 2, 0, {"slice": ((0, 1, 1), (1, 3, 1), (1, 4, 1), (0, 6, 2))})]
+
+
+@both_dtypes
+def _pool_back_samples(dtype):
+    out = []
+    for mode in MODES:
+        for shape, k, s, p, view in BACK_CASES:
+            x = InputSpec("x", shape, "distinct" if mode == "max" else "uniform", grad=False)
+            params = _params("pool_2d_back", mode, k, s, p)
+            oh, ow = window_output_size("pool_2d_back", shape, params["kernel"],
+                                        params["stride"], params["padding"], (1, 1))
+            g = InputSpec("g", shape[:2] + (oh, ow), grad=False, **view)
+            out.append(Sample.make("pool_2d_back", [g, x], dtype, **params))
+    return out
+
+
+def _pool_back_primals(g, x, *y, **params):
+    """pool_2d_back(g, x, y) is pool_2d's VJP at x (y = pool_2d(x))."""
+    return {"x": x}, g, params
+
+
+def _pool_scale():
+    """Scale cases (1.06M elements, on the engine's threads): max pooling whose 2 x 2
+    windows tile the image (the tiled kernels), overlapping 3 x 3 windows with padding (the
+    general kernels), average pooling, and a permuted input."""
+    x = dict(kind="distinct", low=-1.0, high=1.0)
+    shape = (4, 8, 182, 182)
+    return [scale_case("pool_2d", [InputSpec("x", shape, **x)], kernel=(2, 2), mode="max",
+                       padding=(0, 0), stride=(2, 2)),
+            scale_case("pool_2d", [InputSpec("x", shape, **x)], kernel=(3, 3), mode="max",
+                       padding=(1, 1), stride=(2, 2)),
+            scale_case("pool_2d", [InputSpec("x", shape, **x)], kernel=(2, 3), mode="avg",
+                       padding=(1, 0), stride=(2, 2)),
+            scale_case("pool_2d", [InputSpec("x", (4, 182, 182, 8), permute=(0, 3, 1, 2),
+                                             **x)],
+                       kernel=(2, 2), mode="max", padding=(0, 0), stride=(2, 2))]
+
+
+register(OpDef("pool_2d", scale=_pool_scale, infer=_pool_infer, backward=_pool_backward,
                kernels={"cpu": cpu_pool_2d, "cuda": "engine.backends.cuda.pool:cuda_pool_2d"},
                build=pool_2d, torch=_torch_pool_2d,
                samples=_pool_samples, strategy=_pool_strategy,
@@ -154,6 +251,7 @@ register(OpDef("pool_2d_back", kind="backward", infer=_pool_back_infer,
                no_grad="a backward op; the engine takes no second derivatives",
                kernels={"cpu": cpu_pool_2d_back,
                         "cuda": "engine.backends.cuda.pool:cuda_pool_2d_back"},
-               build=pool_2d_back,
+               build=_pool_back_build, torch=_torch_pool_2d_back, samples=_pool_back_samples,
+               vjp_of=VJPOf("pool_2d", _pool_back_primals),
                doc="gradient of pool_2d given its output y: g routed to each window's first "
                    "cell equal to y (max) or spread as g/(kh*kw) (avg)"))

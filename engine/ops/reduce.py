@@ -10,7 +10,8 @@ from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.shape import broadcast_to, cont_if_strided, reshape
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 
 def normalize_axes(op: str, shape, axis) -> tuple[int, ...]:
@@ -86,13 +87,22 @@ PERMUTED_CASES = [((3, 4, 5), (1, 2, 0), None), ((3, 4, 5), (1, 2, 0), 1),
                   ((2, 3, 4, 5), (3, 2, 1, 0), 2), ((2, 3, 4, 5), (0, 2, 1, 3), -1)]
 
 
+# sliced (an offset and steps) and expanded (stride 0) inputs
+VIEW_CASES = [((3, 4, 5), {"slice": ((0, 3, 1), (1, 5, 1), (0, 10, 2))}, 1),
+              ((3, 4, 5), {"slice": ((1, 4, 1), (0, 8, 2), (1, 6, 1))}, None),
+              ((3, 4, 5), {"expand": (1,)}, -1), ((3, 4, 5), {"expand": (0, 2)}, (0, 1)),
+              ((2, 3, 6), {"slice": ((0, 2, 1), (1, 2, 1), (0, 12, 2)), "expand": (1,)}, None)]
+
+
 def _samples(name):
     @both_dtypes
     def samples(dtype):
         return [Sample.make(name, [InputSpec("x", s)], dtype, axis=ax, keepdims=kd)
                 for s, ax, kd in REDUCE_CASES] + [
             Sample.make(name, [InputSpec("x", s, permute=p)], dtype, axis=ax,
-                        keepdims=False) for s, p, ax in PERMUTED_CASES]
+                        keepdims=False) for s, p, ax in PERMUTED_CASES] + [
+            Sample.make(name, [InputSpec("x", s, **view)], dtype, axis=ax, keepdims=False)
+            for s, view, ax in VIEW_CASES]
     return samples
 
 
@@ -108,8 +118,8 @@ def _strategy(name):
                                                  for a in axes)]))
         if axis is not None and len(axis) == 1 and draw(st.booleans()):
             axis = axis[0]                      # a plain int
-        spec = InputSpec("x", shape, permute=draw(permutations(ndim)))
-        return Sample.make(name, [spec], dtype, axis=axis, keepdims=draw(st.booleans()))
+        return Sample.make(name, [draw_input(draw, "x", shape)], dtype, axis=axis,
+                           keepdims=draw(st.booleans()))
     strategy.__name__ = f"_{name}_strategy"
     return strategy
 
@@ -130,8 +140,7 @@ def _sum_rows_samples(dtype):
 @sample_strategy
 def _sum_rows_strategy(draw, dtype):
     shape = draw(shapes(1, 4, 1, 8))
-    return Sample.make("sum_rows", [InputSpec("x", shape, permute=draw(permutations(
-        len(shape))))], dtype)
+    return Sample.make("sum_rows", [draw_input(draw, "x", shape)], dtype)
 
 
 def _torch_reduce(fn):
@@ -143,16 +152,40 @@ def _torch_reduce(fn):
     return ref
 
 
-register(OpDef("sum", infer=_sum_infer, backward=_sum_backward,
+def _sum_scale():
+    """Scale cases (engine.scale_cases): a whole-tensor sum (chunked, each chunk's
+    accumulators private), a sum over 1.5 million rows (float32 data, float64 accumulator
+    rows: a float32 accumulator errs 10^4 times more there), a sum of contiguous runs
+    (kept elements as ranges on the engine's threads), a transposed input."""
+    return [scale_case("sum", [InputSpec("x", SQUARE)], axis=None, keepdims=False),
+            scale_case("sum", [InputSpec("x", (1500007, 3))], axis=0, keepdims=False),
+            scale_case("sum", [InputSpec("x", SQUARE)], axis=1, keepdims=True),
+            scale_case("sum", [InputSpec("x", SQUARE, permute=TRANSPOSED)], axis=0,
+                       keepdims=False)]
+
+
+register(OpDef("sum", scale=_sum_scale, infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
                build=sum, samples=_samples("sum"),
                strategy=_strategy("sum"),
                torch=_torch_reduce(lambda x, **k: x.sum(**k)),
                doc="sum over axes (all by default), optionally keeping them as size 1"))
-register(OpDef("mean", kind="composite", compose=mean, samples=_samples("mean"),
+def _mean_scale():
+    """Scale cases: the mean of everything and of the rows (sum's paths, then a scale)."""
+    return [scale_case("mean", [InputSpec("x", SQUARE)], axis=None, keepdims=False),
+            scale_case("mean", [InputSpec("x", SQUARE)], axis=-1, keepdims=False)]
+
+
+register(OpDef("mean", scale=_mean_scale, kind="composite", compose=mean, samples=_samples("mean"),
                strategy=_strategy("mean"),
                torch=_torch_reduce(lambda x, **k: x.mean(**k)),
                doc="mean over axes: sum * (1/n)"))
+def _sum_rows_scale():
+    """Scale case: the sum along the rows of SQUARE."""
+    return [scale_case("sum_rows", [InputSpec("x", SQUARE)])]
+
+
 register(OpDef("sum_rows", kind="composite", compose=sum_rows, samples=_sum_rows_samples,
+               scale=_sum_rows_scale,
                strategy=_sum_rows_strategy, torch=lambda x: x.sum(dim=-1, keepdim=True),
                doc="ggml's SUM_ROWS: sum over the last axis, kept as size 1"))

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from engine.backends.cpu.repeat import cpu_repeat, cpu_repeat_back
 from engine.errors import DTypeError, ShapeError
 from engine.params import int_tuple
-from engine.registry import OpDef, make_node, register
+from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SIDE, SQUARE, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 
 def repeats(op: str, small, big) -> tuple[int, ...]:
@@ -115,7 +118,16 @@ def _repeat_back_samples(dtype):
     out += [Sample.make("repeat_back", [InputSpec("g", g, permute=p)], dtype, shape=s)
             for g, p, s in [((4, 6, 4), (2, 0, 1), (2, 3, 2)), ((6, 4, 2), (1, 2, 0), (2, 2)),
                             ((2, 3, 12), None, (3, 4))]]
+    # g a stride-0 broadcast (the backward of a sum over those axes hands one)
+    out += [Sample.make("repeat_back", [InputSpec("g", g, expand=e)], dtype, shape=s)
+            for g, e, s in [((4, 6, 4), (1,), (2, 3, 2)), ((6, 4, 2), (0, 2), (3, 2, 1))]]
     return out
+
+
+def _repeat_back_primals(g, shape):
+    """repeat_back(g, shape) is repeat's VJP for x of `shape` tiled to g's shape (repeat is
+    linear: any x, here zeros)."""
+    return {"x": np.zeros(shape)}, g, {"shape": tuple(g.shape)}
 
 
 @sample_strategy
@@ -126,8 +138,8 @@ def _repeat_strategy(draw, dtype):
     reps = tuple(draw(st.integers(1, 3)) for _ in range(len(x_shape) + extra))
     while math.prod(reps) * math.prod(x_shape) > 600:
         reps = tuple(max(1, r - 1) for r in reps)
-    spec = InputSpec("x", x_shape, permute=draw(permutations(len(x_shape))))
-    return Sample.make("repeat", [spec], dtype, shape=_times(x_shape, reps))
+    return Sample.make("repeat", [draw_input(draw, "x", x_shape)], dtype,
+                       shape=_times(x_shape, reps))
 
 
 @sample_strategy
@@ -139,11 +151,17 @@ def _repeat_back_strategy(draw, dtype):
     while math.prod(reps) * math.prod(x_shape) > 300:
         reps = tuple(max(1, r - 1) for r in reps)
     g_shape = _times(x_shape, reps)
-    spec = InputSpec("g", g_shape, permute=draw(permutations(len(g_shape))))
-    return Sample.make("repeat_back", [spec], dtype, shape=x_shape)
+    return Sample.make("repeat_back", [draw_input(draw, "g", g_shape)], dtype,
+                       shape=x_shape)
 
 
-register(OpDef("repeat", infer=_repeat_infer,
+def _repeat_scale():
+    """Scale cases: a column and a row repeated to SQUARE (repeat_back sums 1031 copies)."""
+    return [scale_case("repeat", [InputSpec("x", (SIDE, 1))], shape=SQUARE),
+            scale_case("repeat", [InputSpec("x", (1, SIDE))], shape=SQUARE)]
+
+
+register(OpDef("repeat", scale=_repeat_scale, infer=_repeat_infer,
                backward=lambda g, out, x, shape: (repeat_back(g, x.shape),),
                kernels={"cpu": cpu_repeat, "cuda": "engine.backends.cuda.indexing:cuda_repeat"},
                build=repeat, torch=_torch_repeat,
@@ -155,5 +173,6 @@ register(OpDef("repeat_back", kind="backward", infer=_repeat_back_infer,
                         "cuda": "engine.backends.cuda.indexing:cuda_repeat_back"},
                build=repeat_back, torch=_torch_repeat_back,
                samples=_repeat_back_samples, strategy=_repeat_back_strategy,
+               vjp_of=VJPOf("repeat", _repeat_back_primals),
                doc="the sum of g's tiles of a shape: the gradient of repeat; its own "
                    "gradient is repeat"))

@@ -22,7 +22,8 @@ from engine.ops.block import block, block_slices, check_block
 from engine.params import int_tuple
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import constant
 
 
@@ -114,21 +115,27 @@ def _strategy(name):
         b_shape = tuple(draw(st.integers(1, n)) for n in a_shape)
         offset = tuple(draw(st.integers(0, n - m)) for n, m in zip(a_shape, b_shape,
                                                                      strict=True))
-        ndim = len(a_shape)
-        inputs = [InputSpec("a", a_shape, permute=draw(permutations(ndim))),
-                  InputSpec("b", b_shape, permute=draw(permutations(ndim)))]
+        inputs = [draw_input(draw, "a", a_shape), draw_input(draw, "b", b_shape)]
         return Sample.make(name, inputs, dtype, offset=offset)
     strategy.__name__ = f"_{name}_strategy"
     return strategy
 
 
-register(OpDef("set", infer=_infer("set"), backward=_set_backward,
+def _scale(name):
+    """Scale case: a (1000, 1000) block at offset (7, 13) of SQUARE."""
+    def scale():
+        return [scale_case(name, [InputSpec("a", SQUARE), InputSpec("b", (1000, 1000))],
+                           offset=(7, 13))]
+    return scale
+
+
+register(OpDef("set", scale=_scale("set"), infer=_infer("set"), backward=_set_backward,
                kernels={"cpu": cpu_set, "cuda": "engine.backends.cuda.indexing:cuda_set"},
                build=set, torch=_torch("set"), samples=_samples("set"),
                strategy=_strategy("set"),
                doc="a with the block at offset replaced by b; gradient: g with the block "
                    "zeroed to a, g's block to b"))
-register(OpDef("acc", infer=_infer("acc"), backward=_acc_backward,
+register(OpDef("acc", scale=_scale("acc"), infer=_infer("acc"), backward=_acc_backward,
                kernels={"cpu": cpu_acc, "cuda": "engine.backends.cuda.indexing:cuda_acc"},
                build=acc, torch=_torch("acc"), samples=_samples("acc"),
                strategy=_strategy("acc"),

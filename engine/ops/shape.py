@@ -15,7 +15,13 @@ from engine.errors import ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import broadcast_source, permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.strategies import (
+    broadcast_source,
+    draw_input,
+    sample_strategy,
+    shapes,
+)
 
 __all__ = ["cont_if_strided"]   # engine.ops exports it beside the ops
 
@@ -164,7 +170,8 @@ def _reshape_strategy(draw, dtype):
         target[draw(st.integers(0, ndim - 1))] *= f
     if ndim and draw(st.booleans()):
         target[draw(st.integers(0, ndim - 1))] = -1
-    return Sample.make("reshape", [InputSpec("x", x_shape)], dtype, shape=tuple(target))
+    return Sample.make("reshape", [draw_input(draw, "x", x_shape, layout=False)], dtype,
+                       shape=tuple(target))
 
 
 def _axis_order(draw, ndim):
@@ -178,9 +185,8 @@ def _axis_order(draw, ndim):
 def _permute_strategy(draw, dtype):
     """Any axis order (negative axes too) of a possibly already permuted input."""
     x_shape = draw(shapes(min_dims=1, max_dims=4))
-    return Sample.make("permute", [InputSpec("x", x_shape,
-                                             permute=draw(permutations(len(x_shape))))],
-                       dtype, axes=_axis_order(draw, len(x_shape)))
+    return Sample.make("permute", [draw_input(draw, "x", x_shape)], dtype,
+                       axes=_axis_order(draw, len(x_shape)))
 
 
 @sample_strategy
@@ -189,7 +195,7 @@ def _transpose_strategy(draw, dtype):
     from hypothesis import strategies as st
     x_shape = draw(shapes(min_dims=2, max_dims=4))
     n = len(x_shape)
-    return Sample.make("transpose", [InputSpec("x", x_shape, permute=draw(permutations(n)))],
+    return Sample.make("transpose", [draw_input(draw, "x", x_shape)],
                        dtype, axis1=draw(st.integers(-n, n - 1)),
                        axis2=draw(st.integers(-n, n - 1)))
 
@@ -198,8 +204,7 @@ def _transpose_strategy(draw, dtype):
 def _cont_strategy(draw, dtype):
     """A contiguous copy of an input that is often a permuted view."""
     x_shape = draw(shapes(min_dims=1, max_dims=4))
-    return Sample.make("cont", [InputSpec("x", x_shape,
-                                          permute=draw(permutations(len(x_shape))))], dtype)
+    return Sample.make("cont", [draw_input(draw, "x", x_shape)], dtype)
 
 
 @sample_strategy
@@ -207,9 +212,7 @@ def _broadcast_strategy(draw, dtype):
     """A target shape (0-d included) and a possibly permuted input that broadcasts to it."""
     shape = draw(shapes(min_dims=0, max_dims=4, max_side=4))
     x_shape = draw(broadcast_source(shape))
-    return Sample.make("broadcast_to", [InputSpec("x", x_shape,
-                                                  permute=draw(permutations(len(x_shape))))],
-                       dtype, shape=shape)
+    return Sample.make("broadcast_to", [draw_input(draw, "x", x_shape)], dtype, shape=shape)
 
 
 register(OpDef("reshape", kind="view", infer=_reshape_infer, backward=_reshape_backward,
@@ -222,16 +225,34 @@ register(OpDef("permute", kind="view", infer=_permute_infer, backward=_permute_b
                torch=lambda x, axes: x.permute(axes), samples=_permute_samples,
                strategy=_permute_strategy,
                doc="a strided view with axes reordered (numpy.transpose)"))
-register(OpDef("transpose", kind="composite", compose=transpose,
+def _transpose_scale():
+    """Scale case: SQUARE transposed (a view; its gradient a tiled copy)."""
+    return [scale_case("transpose", [InputSpec("x", SQUARE)])]
+
+
+register(OpDef("transpose", scale=_transpose_scale, kind="composite", compose=transpose,
                torch=lambda x, axis1=-2, axis2=-1: x.transpose(axis1, axis2),
                samples=_transpose_samples, strategy=_transpose_strategy,
                doc="swap two axes (default: last two); a view"))
+def _cont_scale():
+    """Scale cases: a transposed SQUARE (the tiled copy, ragged tiles, on the engine's
+    threads) and a 3-D permuted view."""
+    return [scale_case("cont", [InputSpec("x", SQUARE, permute=TRANSPOSED)]),
+            scale_case("cont", [InputSpec("x", (131, 97, 89), permute=(2, 0, 1))])]
+
+
 register(OpDef("cont", infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
+               scale=_cont_scale,
                kernels={"cpu": cpu.unary("cont"),
                         "cuda": "engine.backends.cuda.elementwise:cuda_cont"}, build=cont,
                torch=lambda x: x.contiguous(), samples=_cont_samples, strategy=_cont_strategy,
                doc="contiguous copy"))
-register(OpDef("broadcast_to", infer=_broadcast_infer,
+def _broadcast_to_scale():
+    """Scale case: a row broadcast to SQUARE (its gradient: the sum over 1031 rows)."""
+    return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE)]
+
+
+register(OpDef("broadcast_to", scale=_broadcast_to_scale, infer=_broadcast_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                kernels={"cpu": _cpu_broadcast_to,
                         "cuda": "engine.backends.cuda.elementwise:cuda_broadcast_to"},

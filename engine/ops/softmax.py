@@ -26,18 +26,22 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from engine.backends.cpu.softmax import cpu_log_softmax, cpu_softmax, cpu_softmax_back
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.ops.reduce import sum as reduce_sum
 from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows, is_real
-from engine.registry import OpDef, make_node, register, registered, shapes_str
+from engine.registry import OpDef, VJPOf, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
 from engine.strategies import (
+    SIGNED,
     broadcast_source,
+    draw_input,
     draw_row_input,
-    permutations,
     sample_strategy,
 )
 
@@ -129,6 +133,8 @@ SCALES = (1.0, 0.1, 2.5, -0.5)
 # integers in [-1e4, 0]; InputSpec has no generator of mostly-zero masks with a few -1e4
 # entries, so that pattern (ggml's causal mask) is tested in tests/engine/ops/test_norms_convs.py
 MODERATE, LARGE = ("uniform", -5.0, 0.0), ("int", -10000, 1)
+MASKS = (MODERATE, ("uniform", -1e3, 0.0))      # the strategy's mask ranges
+PROBS = (("probs", -3.0, 3.0), ("probs", -20.0, 20.0))   # softmax outputs, near one-hot too
 MASKED = [((3, 5), (3, 5), None, 1.0, MODERATE),
           ((2, 3, 4), (3, 4), None, 0.1, MODERATE),           # ggml: one mask for the batch
           ((2, 2, 3, 4), (3, 4), None, 1.0, MODERATE),        # ... for every batch and head
@@ -156,36 +162,57 @@ def _softmax_samples(dtype):
     out.append(Sample.make("softmax", [x((2, 5, 3), (0, 2, 1)),
                                        InputSpec("mask", (5, 3), "uniform", -5.0, 0.0)],
                            dtype, scale=2.5))
+    # sliced (an offset and steps) and expanded (stride 0) inputs; the mask is read in
+    # place through its strides, so an expanded mask reaches the kernel as it is
+    view = lambda name, s, **v: InputSpec(name, s, low=-3.0, high=3.0, **v)  # noqa: E731
+    out += [Sample.make("softmax", [view("x", (3, 5), slice=((1, 4, 1), (0, 10, 2)))], dtype,
+                        scale=1.0),
+            Sample.make("softmax", [view("x", (2, 3, 5), slice=((0, 2, 1), (1, 4, 1),
+                                                                (1, 6, 1)))], dtype, scale=1.0),
+            Sample.make("softmax", [view("x", (4, 6), expand=(0,))], dtype, scale=-0.5),
+            Sample.make("softmax", [x((2, 3, 4)), InputSpec("mask", (2, 3, 4), "uniform", -5.0,
+                                                            0.0, expand=(0, 1))],
+                        dtype, scale=1.0),
+            Sample.make("softmax", [view("x", (3, 4), expand=(0,)),
+                                    InputSpec("mask", (3, 4), "uniform", -5.0, 0.0,
+                                              slice=((1, 4, 1), (1, 5, 1)))], dtype, scale=2.5)]
     return out
 
 
 @sample_strategy
 def _softmax_strategy(draw, dtype):
-    """x of 1-4 axes (possibly permuted), a scale, and half of the time a mask with values
-    in [-5, 0] of a shape that broadcasts to x's (possibly permuted too)."""
+    """x of 1-4 axes in a range of MAGNITUDES (tiny to huge), possibly a view, a scale,
+    and half of the time a mask of a shape that broadcasts to x's (possibly a view too),
+    its values in [-5, 0] or large negatives."""
     from hypothesis import strategies as st
     x = draw_row_input(draw, "x")
     inputs = [x]
     if draw(st.booleans()):
         shape = draw(broadcast_source(x.shape, min_dims=1))
-        kind, lo, hi = MODERATE     # a fixed range: ranges are not part of a case's name
-        inputs.append(InputSpec("mask", shape, kind, lo, hi,
-                                permute=draw(permutations(len(shape)))))
+        inputs.append(draw_input(draw, "mask", shape, MASKS))
     return Sample.make("softmax", inputs, dtype, scale=draw_scale(draw))
 
 
 @both_dtypes
 def _softmax_back_samples(dtype):
-    return [Sample.make("softmax_back", [InputSpec("g", s, permute=p), InputSpec("y", s, "probs")],
-                        dtype, scale=sc)
-            for s, sc, p in [((3, 4), 1.0, None), ((2, 3, 5), -0.5, None),
-                             ((3, 4, 2), 0.1, (1, 2, 0))]]
+    """g contiguous, a permuted view (y too) or a stride-0 broadcast along a leading axis
+    (one constant along a row gives the gradient 0), rows of y on the simplex: checked
+    against softmax's VJP (gradcheck.backward_ops)."""
+    g = lambda s, p=None, e=None: InputSpec("g", s, permute=p, expand=e)  # noqa: E731
+    return [Sample.make("softmax_back", [g_spec, InputSpec("y", g_spec.shape, "probs",
+                                                           permute=py)], dtype, scale=sc)
+            for g_spec, sc, py in [(g((3, 4)), 1.0, None), (g((2, 3, 5)), -0.5, None),
+                                   (g((3, 4, 2), (1, 2, 0)), 0.1, None),
+                                   (g((4, 6), (1, 0)), 2.5, None),
+                                   (g((2, 3, 4), (2, 0, 1)), 1.0, (1, 0, 2)),
+                                   (g((4, 6), e=(0,)), 1.0, None),
+                                   (g((2, 3, 5), e=(0, 1)), -0.5, (1, 0, 2))]]
 
 
 @sample_strategy
 def _softmax_back_strategy(draw, dtype):
-    g = draw_row_input(draw, "g", low=-1.0, high=1.0)
-    y = InputSpec("y", g.shape, "probs", -3.0, 3.0, permute=draw(permutations(len(g.shape))))
+    g = draw_row_input(draw, "g", SIGNED)
+    y = draw_input(draw, "y", g.shape, PROBS, narrow=False)
     return Sample.make("softmax_back", [g, y], dtype, scale=draw_scale(draw))
 
 
@@ -213,7 +240,26 @@ def _torch_softmax_back(g, y, scale=1.0):
     return scale * y * (g - (g * y).sum(-1, keepdim=True))
 
 
-register(OpDef("softmax", infer=_softmax_infer, backward=_softmax_backward,
+def _softmax_back_primals(g, y, scale):
+    """softmax_back(g, y, scale) is softmax's VJP at x = log(y) / scale, where
+    softmax(scale x) = y for rows y on the simplex (scale 0: any x, the VJP is 0)."""
+    x = np.log(y) / (scale if scale != 0.0 else 1.0)
+    return {"x": x}, g, {"scale": scale}
+
+
+def _softmax_scale():
+    """Scale cases: SQUARE rows on the engine's threads, with a mask broadcast along the
+    rows, and a transposed view."""
+    x = dict(kind="uniform", low=-3.0, high=3.0)
+    return [scale_case("softmax", [InputSpec("x", SQUARE, **x)], scale=1.0),
+            scale_case("softmax", [InputSpec("x", SQUARE, **x),
+                                   InputSpec("mask", (1, SIDE), "uniform", -5.0, 0.0)],
+                       scale=0.5),
+            scale_case("softmax", [InputSpec("x", SQUARE, permute=TRANSPOSED, **x)],
+                       scale=1.0)]
+
+
+register(OpDef("softmax", scale=_softmax_scale, infer=_softmax_infer, backward=_softmax_backward,
                kernels={"cpu": cpu_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_softmax"},
                build=_softmax_build, torch=_torch_softmax,
@@ -224,9 +270,15 @@ register(OpDef("softmax_back", kind="backward", infer=_softmax_back_infer,
                kernels={"cpu": cpu_softmax_back,
                         "cuda": "engine.backends.cuda.softmax:cuda_softmax_back"},
                build=softmax_back, torch=_torch_softmax_back, samples=_softmax_back_samples,
-               strategy=_softmax_back_strategy,
+               strategy=_softmax_back_strategy, vjp_of=VJPOf("softmax", _softmax_back_primals),
                doc="scale * y * (g - sum(g * y, last axis)): the gradient of softmax"))
+def _log_softmax_scale():
+    """Scale case: SQUARE rows on the engine's threads."""
+    return [scale_case("log_softmax", [InputSpec("x", SQUARE, "uniform", -3.0, 3.0)])]
+
+
 register(OpDef("log_softmax", infer=_log_softmax_infer, backward=_log_softmax_backward,
+               scale=_log_softmax_scale,
                kernels={"cpu": cpu_log_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_log_softmax"},
                build=log_softmax,

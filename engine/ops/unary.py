@@ -28,7 +28,8 @@ standard normal cdf/density):
     clamp        min(max(x, min), max), min <= max          1 inside [min, max], else 0
 
 Each activation's gradient is its dedicated op `<name>_back(g, x) = g f'(x)`: one pass over
-memory, where composing f' from engine ops would take several. Kinks (abs, sgn, step, relu,
+memory, where composing f' from engine ops would take several; gradcheck checks it against
+the VJP of the activation at x (its `vjp_of`). Kinks (abs, sgn, step, relu,
 elu, leaky_relu at 0; hardswish at -3 and 3; clamp at min and max) are kept off by the input
 domains of the samples and strategies, fixed per row (the row checks its samples).
 
@@ -46,9 +47,19 @@ from engine.backends.cpu import elementwise as cpu
 from engine.elementwise import Unary
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.shape import cont_if_strided
-from engine.registry import OPS, OpDef, make_node, register, shapes_str, unregister
+from engine.registry import (
+    OPS,
+    OpDef,
+    VJPOf,
+    at_x,
+    make_node,
+    register,
+    shapes_str,
+    unregister,
+)
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.strategies import permutations, sample_strategy, shapes
+from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
 
 __all__ = ["activation_back"]     # the ops themselves: engine.ops exports their builders
 
@@ -119,8 +130,14 @@ def _builder(row: Unary):
 # so a wide-range case never prints like a base case
 SHAPES = [((10,), None), ((3, 4), None), ((2, 3, 4, 5), None), ((3, 4, 5), (2, 0, 1))]
 WIDE_SHAPES = [((5, 7), None), ((2, 3, 4), (1, 2, 0))]
+# sliced (an offset, steps and a border around the view; one with unit steps along its
+# rows, as ggml's views have) and expanded (stride 0) inputs
+VIEW_SHAPES = [((4, 4), {"slice": ((1, 5, 1), (0, 8, 2))}),
+               ((3, 4), {"slice": ((1, 4, 1), (2, 6, 1))}), ((3, 5), {"expand": (0,)}),
+               ((2, 3, 4), {"slice": ((1, 3, 1), (2, 3, 1), (0, 4, 1)), "expand": (1,)})]
 BACK_SHAPES = [((10,), None, None), ((2, 3, 4, 5), None, None), ((4, 5), None, (1, 0)),
                ((3, 4, 5), (2, 0, 1), (2, 0, 1))]          # (shape, g's axes, x's axes)
+BACK_EXPANDED = ((3, 4, 5), (0, 2))     # the backward ops' g broadcast (stride 0) on axes
 
 
 def _samples(row: Unary):
@@ -132,22 +149,22 @@ def _samples(row: Unary):
     def samples(dtype):
         return [Sample.make(row.name, [InputSpec("x", s, kind, low, high, permute=p)], dtype,
                             **params)
-                for (kind, low, high), params, shape_list in cases for s, p in shape_list]
+                for (kind, low, high), params, shape_list in cases for s, p in shape_list] + [
+            Sample.make(row.name, [InputSpec("x", s, *row.domain, **view)], dtype,
+                        **row.sample_params[0]) for s, view in VIEW_SHAPES]
     return samples
 
 
 def _strategy(row: Unary):
-    kind, low, high = row.domain
-
     @sample_strategy
     def strategy(draw, dtype):
-        """Any shape of up to 4 axes (0-d too), often a permuted view; the op's fixed input
-        domain; its parameters drawn (clamp's bounds in the gaps of its inputs)."""
+        """Any shape of up to 4 axes (0-d too), often a view (permuted, sliced, expanded);
+        the parameters drawn, and the input range: from the row's domain, wide and special
+        ranges (engine.elementwise), or by its draw_domain (clamp: near its bounds)."""
         shape = draw(shapes(min_dims=0, max_dims=4, max_side=6))
         params = row.draw_params(draw) if row.draw_params else {}
-        return Sample.make(row.name, [InputSpec("x", shape, kind, low, high,
-                                                permute=draw(permutations(len(shape))))],
-                           dtype, **params)
+        family = (row.draw_domain(draw, params),) if row.draw_domain else row.family
+        return Sample.make(row.name, [draw_input(draw, "x", shape, family)], dtype, **params)
     return strategy
 
 
@@ -188,16 +205,46 @@ def _torch_back(forward):
 
 
 def _back_samples(row: Unary):
+    """g and x contiguous or permuted views (BACK_SHAPES) with the row's first parameters;
+    one case with each of its other parameters (clamp's first bounds, [-0.5, 0.5], hold
+    none of its inputs, where the gradient is 0: the others do); g a stride-0 broadcast
+    (BACK_EXPANDED)."""
     kind, low, high = row.domain
 
     @both_dtypes
     def samples(dtype):
-        return [Sample.make(row.back_name,
-                            [InputSpec("g", s, grad=False, permute=pg),
-                             InputSpec("x", s, kind, low, high, grad=False, permute=px)],
-                            dtype, **row.sample_params[0])
-                for s, pg, px in BACK_SHAPES]
+        cases = [(shape, row.sample_params[0]) for shape in BACK_SHAPES]
+        cases += [(BACK_SHAPES[-1], params) for params in row.sample_params[1:]]
+        out = [Sample.make(row.back_name,
+                           [InputSpec("g", s, grad=False, permute=pg),
+                            InputSpec("x", s, kind, low, high, grad=False, permute=px)],
+                           dtype, **params)
+               for (s, pg, px), params in cases]
+        s, axes = BACK_EXPANDED
+        out.append(Sample.make(row.back_name,
+                               [InputSpec("g", s, grad=False, expand=axes),
+                                InputSpec("x", s, kind, low, high, grad=False)],
+                               dtype, **row.sample_params[0]))
+        return out
     return samples
+
+
+# ops whose scale cases also take a transposed view (the tiled copy into a contiguous
+# buffer before the kernel; the same code for every unary op, so a few ops suffice)
+PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
+
+
+def _scale(row: Unary):
+    """The op's scale cases: one contiguous float32 input of SQUARE in its domain, split
+    over the engine's threads in ragged chunks (engine.scale_cases), and for the ops of
+    PERMUTED_AT_SCALE a transposed view of it too."""
+    kind, low, high = row.domain
+
+    def scale():
+        layouts = [None] + ([TRANSPOSED] if row.name in PERMUTED_AT_SCALE else [])
+        return [scale_case(row.name, [InputSpec("x", SQUARE, kind, low, high, permute=p)],
+                           **row.sample_params[0]) for p in layouts]
+    return scale
 
 
 def activation_back(name: str, g, x, **params):
@@ -217,7 +264,7 @@ def define_unary(row: Unary) -> None:
                    kernels={"cpu": cpu.unary(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"},
                    build=_builder(row), torch=row.torch, samples=_samples(row),
-                   strategy=_strategy(row), doc=row.doc))
+                   scale=_scale(row), strategy=_strategy(row), doc=row.doc))
     if row.gradient is None:
         return
     back = row.back_name
@@ -227,6 +274,7 @@ def define_unary(row: Unary) -> None:
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{back}"},
                    build=lambda g, x, **p: activation_back(row.name, g, x, **p),
                    torch=_torch_back(row.torch), samples=_back_samples(row),
+                   vjp_of=VJPOf(row.name, at_x),
                    doc=f"g * d/dx {row.name}(x): the gradient of {row.name}, one pass"))
 
 

@@ -22,6 +22,14 @@ input is declined is `unsupported`. A name that is not one of the case's inputs 
 row; declining an input that is not checked anyway (integer indices, grad False) changes
 nothing.
 
+A case's inputs may be views of their leaves (engine.samples.InputSpec: permuted, sliced
+with an offset and strides, expanded with stride 0): the values given are the view's, in
+its shape. An adapter that builds the views in its engine (ours, torch's, ggml's) returns
+each input's gradient as its leaf's, viewed as the op sees it (InputSpec.from_leaf: along
+an expanded axis every element shows its leaf element's gradient), and sets the optional
+attribute `leaf_gradients`. Any other adapter returns the gradient of each element of the
+values as an independent input, and gradcheck gathers it (summed along expanded axes).
+
 A case's `cotangent` (engine.samples: contiguous, permuted or expanded) says how the engine
 should receive the upstream gradient of the op's output: an adapter builds its loss so that
 the gradient reaching the op has that layout (`cotangent_axes`, `cotangent_view`); the
@@ -32,8 +40,10 @@ determinism check, the same for every engine); an adapter need not repeat a run 
 `VJP.differs` adds what it may see on its own. Optional attributes that gradcheck reads when
 present: `backend` (the row's backend label, default "cpu"), `spec` (a
 gradcheck.adapters.AdapterSpec that rebuilds the adapter, e.g. in a worker; get_adapter
-sets it), `on_cpu()` (the same engine on the CPU, for the `vs_cpu` column) and
-`declined(case)` (above).
+sets it), `on_cpu()` (the same engine on the CPU, for the `vs_cpu` column),
+`declined(case)` (above), `leaf_gradients` (above) and `forward(case, arrays) -> array`,
+the case's output alone (a dedicated backward op, which has no gradient of its own, runs
+through it; without it, gradcheck.backward_ops takes the output of `vjp`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ with every float promoted to float64 and inputs instead of params, is gradcheck'
 reference for a registry case: the loss whose numerical gradients backprop is judged
 against (see gradcheck.reference).
 
+The engine under test runs on poisoned memory (engine.backends.cpu.paths.poisoned and
+poison_outputs): its arenas and output buffers start as NaN, so that a kernel that skips
+part of its output shows it.
+
 Known bugs injected with `--inject` patch our registry's backward rules and kernels, so they
 belong to this adapter: `EngineAdapter(backend, inject="scale:1.01")`.
 """
@@ -19,6 +23,8 @@ import numpy as np
 
 import engine
 from engine import ops
+from engine.backends.cpu import paths
+from engine.registry import OPS
 from engine.tensor import as_dtype, constant
 from gradcheck.adapters import AdapterSpec
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
@@ -64,6 +70,16 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
     return leaves, out, w, loss
 
 
+def poison_outputs(graph) -> None:
+    """Fill the persistent buffers that the graph's kernels write (its float outputs and
+    gradients) with NaN before it runs, as paths.poisoned() fills its arenas: an output
+    element a kernel leaves unwritten stays NaN instead of a lucky zero."""
+    for t in graph.nodes:
+        if (not t.is_leaf and t.persistent and t.shares is None and t.view_of is None
+                and t.dtype.kind == "f" and OPS[t.op].kind not in ("view", "update")):
+            t.buffer().fill(np.nan)
+
+
 def set_weights(w, weights, cotangent: str = "contiguous") -> None:
     """Set the weights tensor of weighted_graph from the output-shaped `weights`."""
     weights = np.asarray(weights)
@@ -83,6 +99,7 @@ class EngineAdapter:
 
     name = "engine"
     isolated = False
+    leaf_gradients = True      # it builds the input views (gradcheck.adapters.base)
 
     def __init__(self, backend: str = "cpu", inject: str | None = None):
         if inject:
@@ -112,6 +129,16 @@ class EngineAdapter:
         this backend's output and gradients with."""
         return EngineAdapter("cpu", self.inject)
 
+    def forward(self, case, arrays) -> np.ndarray:
+        """The case's output alone, in its dtype on this backend, with no backward pass: how
+        a dedicated backward op, which has no gradient of its own, is run
+        (gradcheck.backward_ops). A kernel mutant of `inject` is in place."""
+        _, out, _, _ = weighted_graph(case, arrays, as_params=False)
+        graph = engine.Graph([out], name=str(case))
+        with injected(self.inject, {t.op for t in graph.nodes if not t.is_leaf}):
+            graph.compute(self.backend)
+        return out.numpy()
+
     def vjp(self, case, arrays, weights) -> VJP:
         """Backprop of sum(output * weights) in the case's dtype, on this backend, the
         gradient reaching the op in the case's cotangent layout."""
@@ -125,8 +152,9 @@ class EngineAdapter:
         graph = engine.Graph([loss], name=str(case))
         # a mutation may patch backward rules (used while building) or kernels (taken when
         # the plan is made): both happen inside the block
-        with injected(self.inject, case_ops):
+        with injected(self.inject, case_ops), paths.poisoned():
             grads = graph.build_backward(loss)
+            poison_outputs(graph)
             graph.compute(self.backend)
         leaf_grads = [grads[t].numpy() if t in grads else
                       (np.zeros(t.shape, t.dtype) if t.is_param else None) for t in leaves]

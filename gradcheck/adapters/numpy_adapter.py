@@ -4,7 +4,10 @@
     vjp(cotangent, *arrays) -> one gradient per input (None for an input not checked)
 
 where vjp returns J^T cotangent: the gradient of sum(forward(*arrays) * cotangent) with
-respect to each input. See gradcheck.api.check_numpy.
+respect to each input. See gradcheck.api.check_numpy. A case's input views reach forward and
+vjp as numpy views (sliced: an offset and strides; expanded: stride 0, read-only); the
+gradient of each element is gathered into its leaf's by gradcheck (the adapter does not set
+`leaf_gradients`, see gradcheck.adapters.base).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class NumpyAdapter:
         return None
 
     def vjp(self, case, arrays, weights) -> VJP:
+        arrays = [_view(spec, np.asarray(a)) for spec, a in zip(case.inputs, arrays,
+                                                                  strict=True)]
         out = np.asarray(self.forward(*arrays))
         cotangent = np.asarray(weights).reshape(out.shape)
         if out.dtype.kind == "f":
@@ -51,3 +56,13 @@ class NumpyAdapter:
                              "inputs")
         return VJP(out, [None if g is None or not spec.grad else np.asarray(g)
                          for spec, g in zip(case.inputs, grads, strict=True)])
+
+
+def _view(spec, value: np.ndarray) -> np.ndarray:
+    """The input as the numpy view the op sees (engine.samples.InputSpec): of its leaf
+    stored in another axis order, sliced out of a larger leaf (an offset and strides) or
+    expanded from a smaller one (stride 0, read-only)."""
+    if not getattr(spec, "is_view", False):
+        return value
+    return spec.from_leaf(spec.to_leaf(value))
+

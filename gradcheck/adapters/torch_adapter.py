@@ -4,7 +4,8 @@ For a registry case (`gradcheck --engine torch --op softmax`) it runs the op's t
 equivalent, in the case's dtypes (float32 stays float32), on tensors that require grad, and
 returns the gradient of sum(output * weights) that torch's backward computes. Inputs that
 the op sees permuted are made as permuted views of tensors in the leaf layout, so torch's
-non-contiguous paths are exercised as ours are.
+non-contiguous paths are exercised as ours are; so are sliced (offset, strided) and expanded
+(stride-0) inputs, as torch slices and expands of their leaves.
 
 With `fn`, any torch callable (tensors in, one tensor out), custom torch.autograd.Function
 included, is run instead of the registry's equivalent: see gradcheck.api.check_torch.
@@ -35,9 +36,22 @@ def upstream_gradient(torch, weights: np.ndarray, cotangent: str, dtype):
     return w
 
 
+def torch_view(spec, leaf):
+    """The view the op sees of torch tensor `leaf` (engine.samples.InputSpec's layout): a
+    permute, a slice (an offset and strides) or an expand (stride 0) of it."""
+    if getattr(spec, "permute", None):
+        return leaf.permute(spec.permute)
+    if getattr(spec, "slice", None):
+        leaf = leaf[tuple(slice(*t) for t in spec.slice)]
+    if getattr(spec, "expand", None):
+        leaf = leaf.expand(tuple(spec.shape))
+    return leaf
+
+
 class TorchAdapter:
     name = "torch"
     isolated = False
+    leaf_gradients = True      # it builds the input views (gradcheck.adapters.base)
     backend = "cpu"
 
     def __init__(self, fn: Callable | None = None):
@@ -69,7 +83,7 @@ class TorchAdapter:
             if spec.grad and leaf.dtype.is_floating_point:
                 leaf.requires_grad_(True)
             leaves.append(leaf)
-            views.append(leaf.permute(spec.permute) if spec.permute else leaf)
+            views.append(torch_view(spec, leaf))
         out = fn(*views, **kwargs)
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"{case}: the torch function returned {type(out).__name__}, "

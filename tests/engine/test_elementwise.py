@@ -11,7 +11,7 @@ import engine
 from engine import elementwise, ops
 from engine.backends.compile_scalar import compile_scalar, source_digest
 from engine.elementwise import Binary, Unary
-from engine.ops.unary import define_unary, undefine_unary
+from engine.ops.unary import VIEW_SHAPES, define_unary, undefine_unary
 from engine.registry import OPS
 
 
@@ -49,7 +49,9 @@ def test_a_toy_activation_is_one_row(toy, dtype, tol):
     taking the parameter by position, name or default; forward and backward on the CPU
     match the row's torch reference."""
     assert OPS[toy.name].kind == "primitive" and OPS[f"{toy.name}_back"].kind == "backward"
-    assert len(OPS[toy.name].samples()) == 2 * 2 * 4 and OPS[toy.name].strategy
+    # two dtypes of: two parameter sets on four shapes, the input views on the first set
+    assert len(OPS[toy.name].samples()) == 2 * (2 * 4 + len(VIEW_SHAPES))
+    assert OPS[toy.name].strategy
     rng = np.random.default_rng(0)
     a = rng.uniform(-3, 3, (4, 5)).astype(np.float32 if dtype == "f32" else np.float64)
     w = rng.uniform(-1, 1, a.shape).astype(a.dtype)

@@ -39,7 +39,8 @@ def test_a_dying_case_is_a_crash_row_and_the_sweep_goes_on(adapter, words):
         assert isolated.worker.starts == 2          # one worker, one restart after the crash
     by_case = {r.name: r for r in results}
     crash = by_case.pop(CRASH_CASE)
-    assert [r.status for r in by_case.values()] == ["pass"] * 6   # 3 + 3 cotangent cases
+    # every other case of relu in f64 (its samples and cotangent cases) passes
+    assert [r.status for r in by_case.values()] == ["pass"] * (len(relu_f64()) - 1)
     assert crash.status == "crash" and not crash.ok
     repro = f"gradcheck --engine {MODULE}:{adapter} --op relu -k '{CRASH_CASE}'"
     assert crash.metrics["repro"] == repro

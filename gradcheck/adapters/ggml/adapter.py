@@ -1,7 +1,9 @@
 """GgmlAdapter: one gradcheck case as a ggml graph, computed forward and backward on the CPU.
 
 For a case with inputs x_i (param leaves where checked; permuted inputs are ggml_permute
-views of a leaf stored in the other axis order) and the op's output y, the graph is
+views of a leaf stored in the other axis order, sliced ones ggml_view_4d views of a larger
+leaf, at an offset and with strides; expanded ones, stride 0, are unsupported: ggml has no
+such views) and the op's output y, the graph is
 
     loss = ggml_sum(ggml_mul(w, y))          w: the given weights, an input tensor
 
@@ -32,6 +34,7 @@ from gradcheck.adapters.ggml.graph import (
     Context,
     byte_offset,
     contiguous_nb,
+    ne_of,
     same_layout,
 )
 from gradcheck.adapters.ggml.lib import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
@@ -43,7 +46,8 @@ MEMORY_PER_BYTE = 64        # context bytes per byte of the case's inputs, outpu
 
 def _case_bytes(case, weights_size: int) -> int:
     """Float32 bytes of the case's inputs and output, plus im2col's columns for conv_2d."""
-    n = weights_size + sum(int(np.prod(spec.shape)) for spec in case.inputs)
+    n = weights_size + sum(int(np.prod(getattr(spec, "leaf_shape", spec.shape)))
+                           for spec in case.inputs)     # a sliced input's leaf is larger
     if case.op == "conv_2d":
         _, c, _, _ = case.inputs[0].shape
         _, _, kh, kw = case.inputs[1].shape
@@ -62,11 +66,24 @@ class GgmlAdapter:
 
     name = "ggml"
     isolated = True
+    leaf_gradients = True      # it builds the input views (gradcheck.adapters.base)
 
     def __init__(self, lib_dir: str | None = None, n_threads: int | None = None):
         self.lib_dir = lib_dir
         self.n_threads = n_threads or max(1, min(4, os.cpu_count() or 1))
         self.lib = ggml_lib.load(lib_dir)
+
+    # the thread counts of gradcheck's scale tier: ggml's CPU kernels split rows over its
+    # threads, and a bug of a split shows at some counts only
+    thread_counts = (1, 4)
+
+    def with_threads(self, n: int) -> GgmlAdapter:
+        """The same ggml, computing with `n` threads."""
+        return GgmlAdapter(self.lib_dir, n)
+
+    def vjp_at_threads(self, n: int, case, arrays, weights) -> VJP:
+        """vjp with `n` threads (what an isolated worker runs for with_threads(n))."""
+        return self.with_threads(n).vjp(case, arrays, weights)
 
     def __getstate__(self):
         return {"lib_dir": self.lib_dir, "n_threads": self.n_threads}
@@ -91,7 +108,7 @@ class GgmlAdapter:
             if len(spec.shape) > MAX_DIMS:
                 return (f"ggml tensors have at most {MAX_DIMS} dimensions; input "
                         f"{spec.name} has shape {list(spec.shape)}")
-        return op.why_not(case)
+        return view_unsupported(case, self.declined(case)) or op.why_not(case)
 
     def declined(self, case) -> dict[str, str]:
         """Inputs of `case` whose gradient ggml does not compute, with the reason (see
@@ -163,8 +180,9 @@ def _weighted(g: Context, out, weights: np.ndarray, cotangent: str):
 
 def _inputs(g: Context, case, arrays, declined=()):
     """(leaves, views): per input, its param leaf (None if unchecked or `declined`) and the
-    tensor the op receives: the leaf, a ggml_permute view of it, or an I32 tensor of index
-    values."""
+    tensor the op receives: the leaf, a ggml_permute or ggml_view_4d view of it, or an I32
+    tensor of index values; an input that is not a param and has no ggml view (expanded)
+    as its values, contiguous."""
     leaves, views = [], []
     for spec, a in zip(case.inputs, arrays, strict=True):
         a = np.asarray(a)
@@ -177,5 +195,44 @@ def _inputs(g: Context, case, arrays, declined=()):
         if param:
             g.lib.ggml_set_param(leaf)
         leaves.append(leaf if param else None)
-        views.append(g.permuted(leaf, spec.permute) if spec.permute else leaf)
+        no_view = not param and _no_view(spec)
+        views.append(g.from_numpy(a, GGML_TYPE_F32) if no_view else _view(g, spec, leaf))
     return leaves, views
+
+
+def _view(g: Context, spec, leaf):
+    """The tensor the op receives for `leaf`: the leaf, its ggml_permute view, or for a
+    sliced input its ggml_view_4d, with the leaf's strides times the steps (ggml nb[1..3])
+    at the byte offset of the slice's start."""
+    if spec.permute:
+        return g.permuted(leaf, spec.permute)
+    if not spec.slice:
+        return leaf
+    leaf_shape = spec.leaf_shape
+    nb = (4, *contiguous_nb(leaf_shape))
+    k = len(leaf_shape)
+    steps = [t[2] for t in reversed(spec.slice)] + [1] * (MAX_DIMS - k)   # ggml order
+    view_nb = [nb[i] * steps[i] for i in range(1, MAX_DIMS)]
+    offset = byte_offset(nb, leaf_shape, [t[0] for t in spec.slice])
+    return g.view_4d(leaf, *ne_of(spec.shape), *view_nb, offset)
+
+
+def _no_view(spec) -> str | None:
+    """Why ggml has no view of a leaf such as `spec`'s, or None."""
+    if getattr(spec, "expand", None):
+        return (f"input {spec.name} is expanded (stride 0): ggml_view_* asserts that a "
+                "view's contiguous size fits its source, so ggml has no stride-0 views")
+    if getattr(spec, "slice", None) and spec.slice[-1][2] != 1:
+        return (f"input {spec.name} is sliced with a step along its last axis: "
+                "ggml_view_4d gives a view unit element stride (nb[0] = 4)")
+    return None
+
+
+def view_unsupported(case, declined=()) -> str | None:
+    """Why ggml cannot give the op one of the case's differentiated input views, or None
+    (an input that is not differentiated, or `declined`, is handed over as its values)."""
+    for spec in case.inputs:
+        why = spec.grad and spec.name not in declined and _no_view(spec)
+        if why:
+            return why
+    return None

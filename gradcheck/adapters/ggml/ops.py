@@ -153,13 +153,14 @@ def _softmax(g, case, xs):
     rows have x's length (mask ne[0] == x ne[0]) and cover x's rows (ne[1] >= x's), and
     broadcasts its ne[2], ne[3] by index modulo; a mask that numpy broadcasts along its
     rows or columns is first repeated to x's (ggml_repeat_4d), as a ggml user would. A
-    permuted mask is copied by ggml_cont first, always: the mask is not differentiated, and
-    ggml_repeat's kernel asserts nb[0] == 4 even for a view that ggml_is_contiguous accepts
-    (ne[0] == 1), which would make this a check of ggml_repeat instead of soft_max."""
+    permuted or sliced mask is copied by ggml_cont first, always: the mask is not
+    differentiated, and ggml_repeat's kernel asserts nb[0] == 4 even for a view that
+    ggml_is_contiguous accepts (ne[0] == 1), which would make this a check of ggml_repeat
+    instead of soft_max."""
     x = g.contiguous(xs[0])
     if len(xs) == 1:
         return g.soft_max_ext(x, None, case.kwargs["scale"], 0.0)
-    mask = g.cont(xs[1]) if case.inputs[1].permute else xs[1]
+    mask = g.cont(xs[1]) if case.inputs[1].is_view else xs[1]
     xn, mn = g.ne(x), g.ne(mask)
     if mn[:2] != xn[:2]:
         mask = g.repeat_4d(mask, xn[0], xn[1], mn[2], mn[3])

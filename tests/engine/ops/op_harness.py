@@ -86,7 +86,8 @@ def _contiguous(sample, grad=True):
     none differentiated): torch as a reference runs its plain paths, not its strided ones
     (torch's conv_transpose2d backward refuses a permuted weight)."""
     return dataclasses.replace(sample, inputs=tuple(
-        dataclasses.replace(s, permute=None, grad=s.grad and grad) for s in sample.inputs))
+        dataclasses.replace(s, permute=None, slice=None, expand=None, grad=s.grad and grad)
+        for s in sample.inputs))
 
 
 def run_torch(sample, arrays, with_grad=True):
@@ -96,4 +97,6 @@ def run_torch(sample, arrays, with_grad=True):
         forward_only = _contiguous(sample, grad=False)
         return TorchAdapter().vjp(forward_only, arrays, None).output, [None] * len(arrays)
     vjp = TorchAdapter().vjp(_contiguous(sample), arrays, _weights(sample, arrays))
-    return vjp.output, vjp.grads
+    # an expanded input's gradient is its leaf's, as the engine's is (InputSpec.view_gradient)
+    return vjp.output, [None if g is None else spec.view_gradient(g)
+                        for spec, g in zip(sample.inputs, vjp.grads, strict=True)]

@@ -1,0 +1,28 @@
+"""Shared pieces of the ops' scale cases (the `OpDef.scale` field, gradcheck's scale tier).
+
+A scale case is a Sample with tier "scale", of a size that takes every fast path of the
+backends' kernels (engine.backends.cpu.paths): the CPU backend splits a kernel over its
+threads from threads.MIN_ELEMENTS (2^20) elements or threads.MIN_MACS (2^23) multiply-adds,
+so the shapes here are just above those, with sides that are multiples of no thread count
+(1031 is prime: chunks of 2, 3 and 7 threads are ragged) nor of the 8 x 8 tiles of the
+transposed copy. Scale cases are float32: the fast paths are the same code for float64,
+and float32 is where an accumulator's precision shows.
+
+    scale_case("relu", [InputSpec("x", SQUARE)])       # relu(type=f32,x=[1031,1031])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.samples import Sample
+
+SIDE = 1031                    # prime: ragged chunks for every thread count, ragged tiles
+SQUARE = (SIDE, SIDE)          # 1,062,961 elements: above the 2^20 of a threaded split
+TRANSPOSED = (1, 0)            # InputSpec.permute of a transposed view (the tiled copy)
+SCALE_DTYPE = "f32"
+
+
+def scale_case(op: str, inputs, dtype: str = SCALE_DTYPE, /, **params) -> Sample:
+    """A scale-tier Sample of `op` (as Sample.make, with tier "scale")."""
+    return dataclasses.replace(Sample.make(op, inputs, dtype, **params), tier="scale")

@@ -1,0 +1,223 @@
+"""Dedicated backward ops checked directly: each against the VJP of its forward op.
+
+A dedicated backward op B (softmax_back, norm_back, pool_2d_back, im2col_back,
+cross_entropy_loss_back, repeat_back, get_rows_back, relu_back, every `<activation>_back`)
+computes a vector-Jacobian product of its forward op F, J_F(x)^T g. Its OpDef says which F
+and where (`vjp_of`, an engine.registry.VJPOf): `primals` maps B's input values and
+parameters to F's inputs x, the upstream gradient g and F's parameters (softmax_back(g, y,
+scale) is softmax's VJP at x = log(y) / scale). For one case of B, `check_backward_op`:
+
+- runs B alone in the engine under test, twice (the two outputs must agree bit for bit):
+  through the adapter's `forward(case, arrays)` where it has one (ours does), else as the
+  output of its `vjp` (for zero loss weights; torch's, ggml's);
+- judges B's output b as gradcheck.check judges backprop (gradcheck.verdict.judge, the same
+  three opinions and tolerances by dtype), against
+  1. the numerical VJP n: central differences in float64 (4th order, with an error estimate
+     per value and kink detection, gradcheck.numeric) of <F(x), g>, F being our engine's
+     float64 graph of the forward op (gradcheck.reference), along every element of x (mode
+     full) or along random directions v (mode fast: <b, v> against d<F(x + t v), g>/dt at
+     t = 0); the modes and their `checked_fraction` are gradcheck.modes';
+  2. torch t: autograd's VJP of F's torch equivalent at x for g, in float64;
+  and, as its `forward`, against B's own float64 reference (our engine's float64 graph of B
+  on the same inputs), and B's own torch equivalent where it has one;
+- off the CPU, B's output against the same engine's on the CPU (`vs_cpu`).
+
+B's samples live in its module, with inputs F's VJP is taken at (rows of y on the simplex
+for softmax_back; pool_2d_back's registry builder makes y = pool_2d(x) itself): g
+contiguous, a permuted view and a stride-0 broadcast (and sliced, for kernels that read g in
+place). Kinks (relu at 0, max-pool ties) are kept off by the samples (inputs away from 0,
+distinct values) and, where one occurs, detected and not judged (gradcheck.numeric).
+
+Its row has gradcheck.check's labels and metrics (checked, checked_fraction, kinks,
+max_abs_err, max_rel_err, worst, forward, torch, vs_cpu), plus `vjp_of`: F's name. `worst`
+names the element by F's input (`x[0, 3]: num ..., bp ...`: b is "bp"). gradcheck.check's
+`check_sample` sends every case of a backward op without a gradient of its own here, within
+its handling of errors, crashes, unsupported cases and isolated engines (an op that declares
+no `vjp_of` stays a `skip` row there).
+
+Backward ops with a backward rule of their own (repeat_back, get_rows_back, im2col_back,
+im2col_1d_back: linear, and their gradient is their forward op) stay ordinary cases of
+gradcheck.check, and `with_vjp_check` adds the relation to the same row: one case is one
+row, one pytest item and one repro, failing when either check fails (an error in either is
+the row's error); its `vjp` metric says how b agreed with F's VJP (agree or off). The
+relation does not depend on how the loss weights b's own output, so a case's cotangent
+variants (gradcheck.cotangents) leave it to the contiguous case. (An extra row per case
+would need a case of its own, with a string, filter key and repro of its own, for a check
+of the same kernel on the same inputs.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from engine.registry import get_op
+from engine.samples import InputSpec, Sample
+from engine.tensor import dtype_name
+from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.backprop import EngineResultError, same_bits
+from gradcheck.cross_backend import compares_with_cpu, cpu_differences
+from gradcheck.modes import Compared, choose_mode, compared_gradients
+from gradcheck.numeric import compare
+from gradcheck.reference import float64_reference, torch_reference
+from gradcheck.verdict import GradientOutcome, Outcomes, judge
+from reports import Result
+
+# how bad a status is, for the row that holds two checks (with_vjp_check)
+_SEVERITY = {"pass": 0, "fail": 1, "error": 2, "crash": 3}
+
+
+@dataclasses.dataclass
+class ForwardPoint:
+    """Where a backward op's case is a VJP of its forward op: `case`, a float64 Sample of
+    the forward op whose input `wrt` (an index) alone is checked; `arrays`, its input values
+    (float64, integer ones as they are); `g`, the upstream gradient (float64)."""
+
+    case: Sample
+    arrays: list[np.ndarray]
+    g: np.ndarray
+    wrt: int
+
+
+def is_backward_op_case(case, differentiable: bool | None = None) -> bool:
+    """Whether `case` is a registry case of an op that declares `vjp_of` (and, unless
+    `differentiable` is None, whose op has a gradient of its own or not, as given)."""
+    if not getattr(case, "registered", True):
+        return False
+    op = get_op(case.op)
+    return op.vjp_of is not None and differentiable in (None, op.differentiable)
+
+
+def _float64(a) -> np.ndarray:
+    a = np.asarray(a)
+    return np.array(a, np.float64) if a.dtype.kind == "f" else a
+
+
+def forward_point(case, arrays) -> ForwardPoint:
+    """The forward op's case, inputs and upstream gradient of which the backward op's case
+    `case` on input values `arrays` is the VJP (its OpDef's `vjp_of`)."""
+    relation = get_op(case.op).vjp_of
+    inputs, g, params = relation.primals(*(_float64(a) for a in arrays), **case.kwargs)
+    names = list(inputs)
+    if relation.wrt not in names:
+        raise ValueError(f"{case.op}: vjp_of is the gradient of {relation.op}'s input "
+                         f"{relation.wrt!r}, which its primals do not give (they give "
+                         f"{', '.join(names)})")
+    values = [_float64(a) for a in inputs.values()]
+    specs = [InputSpec(n, a.shape, dtype="f64" if a.dtype.kind == "f" else dtype_name(a.dtype),
+                       grad=n == relation.wrt) for n, a in zip(names, values, strict=True)]
+    return ForwardPoint(Sample.make(relation.op, specs, "f64", **params), values,
+                        _float64(g), names.index(relation.wrt))
+
+
+def _unchecked(case):
+    """`case` with no input checked (every grad off): the same string, inputs and data."""
+    return dataclasses.replace(case, inputs=tuple(dataclasses.replace(s, grad=False)
+                                                  for s in case.inputs))
+
+
+def run_backward_op(adapter, case, arrays, output_shape) -> np.ndarray:
+    """The backward op's output in `adapter`'s engine: its `forward` where it has one (not
+    for an isolated adapter, whose `vjp` runs in its worker), else the output of its `vjp`
+    for zero weights (on the case as it is: an engine may refuse a graph with nothing to
+    differentiate, as ggml does). Raises EngineResultError for an output of another shape
+    than `output_shape`."""
+    arrays = [a.copy() for a in arrays]
+    forward = None if adapter.isolated else getattr(adapter, "forward", None)
+    if forward is not None:
+        out = np.asarray(forward(case, arrays))
+    else:
+        out = np.asarray(adapter.vjp(case, arrays, np.zeros(output_shape)).output)
+    if out.shape != tuple(output_shape):
+        raise EngineResultError(f"the engine's output has shape {list(out.shape)}, the "
+                                f"case's output {list(output_shape)}")
+    return out
+
+
+def _outcome(compared: Compared, precision: str) -> GradientOutcome:
+    """The comparisons of the one compared VJP, as gradcheck.check makes them for a
+    gradient: b against n (widened by n's error estimate) and against t in the case's
+    precision, n against t in float64; kinks not judged."""
+    (name,), (b,), (n,) = compared.names, compared.backprop, compared.numerical
+    t = None if compared.torch is None else compared.torch[0]
+    return GradientOutcome(
+        name, compare(b, n.value, precision, n.error, n.kink), bool(np.all(np.isfinite(b))),
+        None if t is None else compare(b, t, precision, None, n.kink),
+        None if t is None else compare(n.value, t, "f64", n.error, n.kink))
+
+
+def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = True,
+                      labels: dict | None = None) -> Result:
+    """Judge one case of a dedicated backward op (a registry Sample of an op with `vjp_of`)
+    in `adapter`'s engine (default: ours on the CPU) against its forward op's VJP (see the
+    module doc). `labels`: the row's (gradcheck.check.case_labels; default: op, backend,
+    dtype, mode), its mode set to the one used. Raises for an engine error or a malformed
+    `vjp_of`: gradcheck.check.check_sample, which sends such cases here, makes those rows
+    (error, crash, unsupported). use_torch False leaves torch out."""
+    adapter = EngineAdapter() if adapter is None else adapter
+    if labels is None:
+        labels = {"op": case.op, "backend": getattr(adapter, "backend", "cpu"),
+                  "dtype": case.dtype, "mode": mode}
+    relation = get_op(case.op).vjp_of
+    arrays = case.generate_inputs()
+    point = forward_point(case, arrays)
+    f64_forward = float64_reference(point.case, point.arrays)
+    if point.g.shape != f64_forward.output_shape:
+        raise ValueError(f"{case.op}: vjp_of gives an upstream gradient of shape "
+                         f"{list(point.g.shape)}; {relation.op}'s output has shape "
+                         f"{list(f64_forward.output_shape)}")
+    f64_forward.set_weights(point.g)
+    f64_own = EngineAdapter("cpu").forward(case.promoted("f64"), arrays)
+    out = run_backward_op(adapter, case, arrays, f64_own.shape)
+    differs = not same_bits(out, run_backward_op(adapter, case, arrays, f64_own.shape))
+    x = point.arrays[point.wrt]
+    if out.shape != x.shape:
+        raise ValueError(f"{case.op}: its output of shape {list(out.shape)} is no gradient "
+                         f"of {relation.op}'s input {relation.wrt} of shape "
+                         f"{list(x.shape)} (see its vjp_of)")
+    mode = choose_mode(mode, x.size)
+    labels["mode"] = mode
+    torch_vjp = torch_own = None
+    if use_torch:
+        ref = torch_reference(point.case, point.arrays, point.g)
+        torch_vjp = None if ref is None else [ref.grads[point.wrt]]
+        own = torch_reference(_unchecked(case), arrays, None)
+        torch_own = None if own is None else own.output
+    compared = compared_gradients(point.case, f64_forward, [point.wrt], mode, [out], torch_vjp)
+    vs_cpu = None
+    if compares_with_cpu(adapter):
+        cpu_out = run_backward_op(adapter.on_cpu(), case, arrays, out.shape)
+        vs_cpu = tuple(cpu_differences(case, [("forward", out, cpu_out)]))
+    v = judge(Outcomes(
+        compare(out, f64_own, case.precision), (_outcome(compared, case.precision),),
+        torch_vjp is not None,
+        None if torch_own is None else compare(out, torch_own, case.precision), differs,
+        getattr(adapter, "backend", "cpu"), vs_cpu))
+    metrics = {"checked": v.checked, "checked_fraction": compared.fraction, "kinks": v.kinks,
+               "max_abs_err": v.max_abs, "max_rel_err": v.max_rel, "worst": v.worst,
+               "forward": v.forward, "torch": v.torch}
+    if v.vs_cpu is not None:
+        metrics["vs_cpu"] = v.vs_cpu
+    metrics["vjp_of"] = relation.op
+    return Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
+
+
+def with_vjp_check(row: Result, case, adapter, mode: str = "auto",
+                   use_torch: bool = True) -> Result:
+    """gradcheck.check's `row` of `case`; for a backward op with a backward rule of its own
+    and a `vjp_of`, with its relation to its forward op (check_backward_op) checked in the
+    same row: metrics `vjp_of` and `vjp` (agree, off), the status the worse of the two, the
+    message naming what the relation found. Any other row, one that neither passed nor
+    failed, and a cotangent variant (the relation does not depend on the loss's layout) are
+    returned as they are."""
+    if row.status not in ("pass", "fail") or not is_backward_op_case(case, True) or \
+            getattr(case, "cotangent", "contiguous") != "contiguous":
+        return row
+    vjp = check_backward_op(case, adapter, mode, use_torch, dict(row.labels))
+    metrics = {**row.metrics, "vjp_of": vjp.metrics["vjp_of"],
+               "vjp": "agree" if vjp.status == "pass" else "off"}
+    status = vjp.status if _SEVERITY[vjp.status] > _SEVERITY[row.status] else row.status
+    note = f"vjp_of {vjp.metrics['vjp_of']}: {vjp.message}" if vjp.message else ""
+    message = "; ".join(m for m in (row.message, note) if m)
+    return Result(row.tool, row.name, status, metrics, message, labels=row.labels)

@@ -1,0 +1,265 @@
+"""The scale tier: cases big enough to take every threaded, chunked, tiled and zero-skipping
+kernel path, judged without differentiating every element.
+
+A fast-tier case has a few hundred elements, so a kernel's fast paths (engine.backends.cpu.
+paths: chunks on the engine's threads from about a million elements, the zero-skipping
+matmul, tiled copies, chunked sums, banded scatters) never run in it. A scale case (an op's
+`OpDef.scale`, a Sample with tier "scale") has up to a few million elements, and its row
+says which fast paths the engine under test took (`paths`). It is judged by:
+
+1. the forward output and the VJP (the gradient of sum(output * weights) for every checked
+   input), element by element, against a float64 reference computed by an independent
+   path: torch autograd in float64 where the op has a torch equivalent, otherwise our own
+   float64 graph run in the CPU backend's plain mode (one thread, no zero-skipping, no
+   tiling, no chunks: engine.backends.cpu.paths.plain);
+2. numerical directional derivatives of the float64 loss (our float64 graph in plain mode)
+   along DIRECTIONS random directions, against backprop's projections on them: each costs
+   four evaluations of the graph, whatever its size;
+3. precision, for a float32 case of an op with a torch equivalent: the error of each
+   result against the float64 reference (`err_vs_f64`, the largest absolute error) at most
+   PRECISION_RATIO times that of torch computing in float32 (`ref_err`), or within
+   FLOOR_ULPS float32 ulps of the result's largest magnitude (`ratio`: the worst quotient).
+   The fixed float32 tolerance cannot see a sum accumulated in float32 over millions of
+   elements (a relative error of 4e-4 against 1e-3); a good float32 implementation at the
+   same size errs 10^4 times less;
+4. determinism (two runs, the same bits) and thread counts: the engine under test at each
+   of its `thread_counts` (ours: 1, 2, 3 and 7 chunks) against its run at the first, bit
+   for bit where the backend promises it (every kernel but the products: a case whose
+   graph holds a matmul agrees within rounding, the dtype's tolerance);
+5. every value finite.
+
+The scale tier runs on the CPU backend and in other engines on their CPU. Under numba's
+CUDA simulator (NUMBA_ENABLE_CUDASIM=1) a kernel runs each GPU thread as a Python thread,
+so a case of a million elements would take hours: scale cases there are `unsupported`
+rows; on a real GPU they run like on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+import engine
+from engine.backends.cpu import paths, threads
+from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.backprop import declined_inputs, engine_vjp, loss_weights, same_bits
+from gradcheck.modes import project, random_directions, single_thread
+from gradcheck.numeric import compare, directional_derivatives
+from gradcheck.reference import EngineReference, torch_available, torch_reference
+from reports import Result
+
+DIRECTIONS = 3             # random directions of the numerical check
+PRECISION_RATIO = 8.0      # a float32 result may err this many times torch's float32 one
+FLOOR_ULPS = 4.0           # ... or this many float32 ulps of its largest magnitude
+EPS32 = float(np.finfo(np.float32).eps)
+ENGINE_THREADS = (1, 2, 3, 7)
+
+
+@contextlib.contextmanager
+def engine_thread_count(n: int):
+    """Our CPU backend's kernels bound in the block split into `n` chunks (restored
+    after)."""
+    before = threads.get_num_threads()
+    threads.set_num_threads(n)
+    try:
+        yield
+    finally:
+        threads.set_num_threads(before)
+
+
+def thread_counts(adapter) -> tuple[int, ...]:
+    """The thread counts the scale tier runs `adapter` at (an adapter's `thread_counts`;
+    ours on the CPU: ENGINE_THREADS)."""
+    if isinstance(adapter, EngineAdapter):
+        return ENGINE_THREADS if adapter.backend == "cpu" else ()
+    return tuple(getattr(adapter, "thread_counts", ()))
+
+
+def at_threads(adapter, n: int):
+    """A context in which `adapter` computes with `n` threads, and the adapter to call."""
+    if isinstance(adapter, EngineAdapter):
+        return engine_thread_count(n), adapter
+    return contextlib.nullcontext(), adapter.with_threads(n)
+
+
+class PlainReference(EngineReference):
+    """The float64 reference (our float64 graph of the case) run in plain mode: no fast
+    path of the CPU backend, so it shares no kernel path with the engine's fast ones."""
+
+    def __init__(self, case, arrays):
+        with paths.plain():
+            super().__init__(case, arrays)
+
+    def loss(self) -> float:
+        with paths.plain():
+            return super().loss()
+
+    def output(self) -> np.ndarray:
+        with paths.plain():
+            return super().output()
+
+
+def plain_vjp(case, arrays, weights):
+    """(output, gradients) of the case in float64, our engine in plain mode."""
+    with paths.plain():
+        vjp = EngineAdapter("cpu").vjp(case.promoted("f64"),
+                                       [a.astype(np.float64) if a.dtype.kind == "f" else a
+                                        for a in arrays], weights)
+    return np.asarray(vjp.output, np.float64), [
+        None if g is None else np.asarray(g, np.float64) for g in vjp.grads]
+
+
+def _has_product(case, arrays) -> bool:
+    """Whether the case's graph holds a matmul (whose thread chunks may round apart)."""
+    out = weighted_graph(case, arrays, as_params=False)[1]
+    return any(t.op == "matmul" for t in engine.Graph([out]).nodes)
+
+
+def _worst(name: str, c) -> str:
+    return (f"{name}{list(c.worst_index or ())}: ref {c.worst_expected:.6g}, "
+            f"got {c.worst_value:.6g}")
+
+
+def _thread_problem(runs, exact: bool, precision: str, checked) -> tuple[str, str | None]:
+    """The `threads` metric and the problem (None) of runs {n: (out, grads)} at each thread
+    count against the first."""
+    counts = list(runs)
+    out0, grads0 = runs[counts[0]]
+    for n in counts[1:]:
+        out, grads = runs[n]
+        pairs = [("output", out0, out)] + [(f"grad {i}", grads0[i], grads[i]) for i in checked]
+        for what, a, b in pairs:
+            if exact and not same_bits(a, b):
+                diff = int(np.count_nonzero(a != b))
+                return (f"{n} vs {counts[0]} differ",
+                        f"threads: {what} at {n} threads differs from {counts[0]} in "
+                        f"{diff}/{a.size} elements (promised: the same bits)")
+            if not exact:
+                c = compare(b, a, precision)
+                if not c.ok:
+                    return (f"{n} vs {counts[0]} differ",
+                            f"threads: {what} at {n} threads is off vs {counts[0]} "
+                            f"({c.failures}/{c.checked}), worst {_worst(what, c)}")
+    how = "same bits" if exact else "agree within rounding"
+    return f"{','.join(map(str, counts))}: {how}", None
+
+
+def precision(value, f64, native) -> tuple[float, float, float]:
+    """(err_vs_f64, ref_err, ratio) of a result `value` against its float64 reference
+    `f64`, with `native` the same result by torch in the case's dtype (module doc, 3)."""
+    ref = np.asarray(f64, np.float64)
+    err = float(np.max(np.abs(np.asarray(value, np.float64) - ref), initial=0.0))
+    ref_err = float(np.max(np.abs(np.asarray(native, np.float64) - ref), initial=0.0))
+    floor = FLOOR_ULPS * EPS32 * float(np.max(np.abs(ref), initial=0.0))
+    if not np.isfinite(err):
+        return err, ref_err, float("inf")
+    return err, ref_err, err / max(ref_err, floor, np.finfo(np.float64).tiny)
+
+
+def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> Result:
+    """Judge one scale case (see the module doc) in `adapter`'s engine; `labels`: the row's
+    (gradcheck.check.case_labels). Raises for an engine error (check_sample makes it a
+    row)."""
+    name = str(case)
+    labels = labels | {"tier": "scale", "mode": "fast"}
+    if getattr(adapter, "backend", "cpu") == "cuda" and _simulated():
+        return Result("gradcheck", name, "unsupported", message="scale cases are too big "
+                      "for numba's CUDA simulator (see gradcheck.scale)", labels=labels)
+    arrays = case.generate_inputs()
+    f64 = PlainReference(case, arrays)
+    differentiable = [i for i, leaf in enumerate(f64.leaves) if leaf is not None]
+    declined = declined_inputs(adapter, case, differentiable)
+    checked = [i for i in differentiable if i not in declined]
+    weights = loss_weights(f64.output_shape, case.seed(), getattr(case, "cotangent",
+                                                                  "contiguous"))
+    f64.set_weights(weights)
+    with paths.recording() as taken:
+        out, grads, differs = engine_vjp(adapter, case, arrays, weights, f64.output_shape)
+    precision_dtype = case.precision
+    problems = []
+    ref = torch_reference(case, arrays, weights) if use_torch and torch_available() else None
+    if ref is not None:
+        ref_name, ref_out, ref_grads = "torch f64", ref.output, ref.grads
+    else:
+        ref_name = "plain f64"
+        ref_out, ref_grads = plain_vjp(case, arrays, weights)
+    forward = compare(out, ref_out, precision_dtype)
+    if not forward.ok:
+        problems.append(f"forward: {forward.failures}/{forward.checked} off vs {ref_name}, "
+                        f"worst {_worst('out', forward)}")
+    worst_c, worst_name = None, ""
+    for i in checked:
+        c = compare(grads[i], ref_grads[i], precision_dtype)
+        if worst_c is None or c.max_abs > worst_c.max_abs:
+            worst_c, worst_name = c, case.inputs[i].name
+        if not c.ok:
+            problems.append(f"vjp: {case.inputs[i].name} {c.failures}/{c.checked} off vs "
+                            f"{ref_name}, worst {_worst(case.inputs[i].name, c)}")
+    directions = "none checked"
+    if checked:
+        dirs = random_directions(case, [case.inputs[i].shape for i in checked], DIRECTIONS)
+        leaf_dirs = [[case.inputs[i].to_leaf(v) for i, v in zip(checked, d, strict=True)]
+                     for d in dirs]
+        with single_thread():
+            num = directional_derivatives(f64.loss, [f64.leaves[i] for i in checked],
+                                          leaf_dirs)
+        bp = project([grads[i] for i in checked], dirs)
+        c = compare(bp, num.value, precision_dtype, num.error, num.kink)
+        directions = f"{c.checked - c.failures}/{c.checked} agree"
+        if not c.ok:
+            problems.append(f"directions: backprop off the numerical directional derivative "
+                            f"along {c.failures}/{c.checked} directions, worst "
+                            f"num {c.worst_expected:.6g}, bp {c.worst_value:.6g}")
+    held = None
+    if ref is not None and precision_dtype == "f32":
+        native = torch_reference(case, arrays, weights, native=True)
+        pairs = [("output", out, ref_out, native.output)] + [
+            (case.inputs[i].name, grads[i], ref_grads[i], native.grads[i]) for i in checked]
+        for what, value, f64_value, native_value in pairs:
+            err, ref_err, ratio = precision(value, f64_value, native_value)
+            if held is None or ratio > held[3]:
+                held = (what, err, ref_err, ratio)
+        if held[3] > PRECISION_RATIO:
+            problems.append(f"precision: {held[0]} errs {held[1]:.3g} against float64, "
+                            f"{held[3]:.3g} times torch's float32 ({held[2]:.3g})")
+    if differs:
+        problems.append("nondeterministic: two runs gave different bits")
+    runs = {}
+    for n in thread_counts(adapter):
+        context, engine_at_n = at_threads(adapter, n)
+        with context:
+            v = engine_at_n.vjp(case, [a.copy() for a in arrays], weights)
+        runs[n] = (np.asarray(v.output), [None if g is None else np.asarray(g)
+                                          for g in v.grads])
+    threads_metric = "not run"
+    if len(runs) > 1:
+        threads_metric, problem = _thread_problem(runs, not _has_product(case, arrays),
+                                                  precision_dtype, checked)
+        if problem:
+            problems.append(problem)
+    total = sum(int(np.size(grads[i])) for i in checked)
+    metrics = {"checked": total, "checked_fraction": DIRECTIONS / total if total else 0.0,
+               "reference": ref_name,
+               "max_abs_err": worst_c.max_abs if worst_c else 0.0,
+               "max_rel_err": worst_c.max_rel if worst_c else 0.0,
+               "worst": _worst(worst_name, worst_c) if worst_c else "",
+               "forward": "agree" if forward.ok else "off",
+               "directions": directions, "threads": threads_metric,
+               "paths": ", ".join(sorted(taken)) or "none"}
+    if held is not None:
+        metrics |= {"err_vs_f64": held[1], "ref_err": held[2], "ratio": round(held[3], 3)}
+    if declined:
+        metrics["declined"] = "; ".join(f"{case.inputs[i].name}: {why}"
+                                        for i, why in declined.items())
+    status = "fail" if problems else "pass"
+    return Result("gradcheck", name, status, metrics, "; ".join(problems), labels=labels)
+
+
+def _simulated() -> bool:
+    try:
+        from numba import config
+        return bool(config.ENABLE_CUDASIM)
+    except ImportError:
+        return False
+
