@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--all", action="store_true", help="check every op with sample cases")
     what.add_argument("--list", action="store_true", help="list the ops and exit")
     what.add_argument("--self-test", action="store_true",
-                      help="inject known bugs into backward rules; each must be caught")
+                      help="inject known bugs into backward rules and kernels (fast and "
+                           "scale tier); each must be caught, and a control must pass")
     what.add_argument("--repro", metavar="CASE",
                       help="re-run one case given as printed by a failing generated case")
     p.add_argument("--engine", default="engine", metavar="NAME",

@@ -1,4 +1,4 @@
-"""`--inject`: a known bug put into our engine's backward passes, to show gradcheck catch it.
+"""`--inject`: a known bug put into our engine (a backward rule or a kernel), to see it caught.
 
 A check that cannot fail is a defect: `gradcheck --inject scale` must report failures.
 An injection spec is one of:

@@ -1,17 +1,24 @@
 """Known bugs, each patched into the registry for one check, to prove gradcheck's power.
 
-A mutant is a named, documented bug in one op's backward pass: its backward rule, or the cpu
-kernel of its dedicated backward op. `mutant.patch()` is a context manager that puts the bug
-in place and restores the registry afterwards (the very same objects), even on error (see
-gradcheck.patches).
-Kernel mutants wrap the real kernel: they call it with wrong parameters, or call it and then
-corrupt its result the way the bug would. No mutant changes a forward computation, so the
-float64 reference (and its numerical gradients) and the torch reference of a check stay
-right while the mutant is active.
+A mutant is a named, documented bug in one op: in its backward rule, or in one of its CPU
+kernels (a backward op's, a forward one, its thread split, a fast path: the makers are in
+gradcheck.kernel_mutants). `mutant.patch()` puts the bug in place and restores the registry
+afterwards (the very same objects), even on error (gradcheck.patches). Kernel mutants wrap
+the real kernel: they call it with wrong parameters, bounds, slices or accumulators, or
+call it and then corrupt its result the way the bug would.
 
-`ops` names the ops whose sample cases must catch the bug; `where` keeps the cases that
-exercise it (an im2col case without dilation cannot show a dilation bug); `extra` adds cases
-the registry lacks (said so in the description). The self-test is `gradcheck.selftest`.
+Each mutant has a `kind` (KINDS) and a `tier`, the cheapest tier of cases that sees it:
+- "fast": the registry's small samples (OpDef.samples). A mutant of a forward kernel also
+  changes the float64 reference there (our engine's float64 graph runs the same kernels),
+  so it is caught against torch, or by NaN where the bug leaves memory unwritten;
+- "scale": the ops' scale cases (OpDef.scale, gradcheck.scale), for a bug in a fast path
+  that no small case takes (a split over threads, the chunked sums, the tiled copy, the
+  zero-skipping product, a big scatter). Such a bug is never taken in plain mode, which
+  makes the scale tier's float64 reference, so the reference stays right.
+
+`ops` names the ops whose cases must catch the bug; `where` keeps the cases that exercise
+it (an im2col case without dilation cannot show a dilation bug); `extra` adds cases the
+registry lacks. CONTROL, the machinery with no bug, must not be flagged (gradcheck.selftest).
 """
 
 from __future__ import annotations
@@ -25,8 +32,36 @@ import numpy as np
 
 from engine import ops
 from engine.ops.broadcast import sum_to
+from engine.registry import get_op
 from engine.samples import InputSpec, Sample
-from gradcheck.patches import backward_replaced, kernel_replaced, scaled_backward
+from engine.scale_cases import SIDE
+from gradcheck import kernel_mutants as km
+from gradcheck.patches import (
+    all_of,
+    backward_replaced,
+    chunks_replaced,
+    kernel_replaced,
+    prepare_replaced,
+    scaled_backward,
+)
+
+KINDS = {
+    "scaled gradient": "a gradient multiplied by a wrong factor",
+    "transposed gradient": "a gradient in the wrong axis order",
+    "dropped term": "a term of the gradient's formula left out",
+    "wrong broadcast reduction": "a broadcast input's gradient summed over the wrong axes",
+    "off-by-one window": "a pooling or im2col window (or its gradient) in the wrong cells",
+    "wrong branch": "one piece of a piecewise derivative wrong",
+    "chunk boundary": "a chunk of a split or chunked kernel ending one element off",
+    "scatter race": "a parallel scatter-add whose threads write one element: adds lost",
+    "float32 accumulator": "a sum accumulated in float32 where the kernel promises float64",
+    "dropped tail": "the last elements of a row, a chunking or a sparse row not computed",
+    "permuted stride": "a permuted (strided) input read in memory order, as if contiguous",
+    "broadcast split": "a thread split that slices a broadcast operand with the output",
+    "unwritten edge": "part of the output never written: right only on a zeroed buffer",
+    "control": "no bug: the patching machinery alone, which must not be flagged",
+}
+TIERS = ("fast", "scale")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +74,9 @@ class Mutant:
     extra: Callable[[str], list[Sample]] = lambda dtype: []   # cases the registry lacks
     max_cases: int = 3                      # per op and dtype, smallest first
     cotangents: bool = False                # also the op's cotangent cases (gradcheck.cotangents)
+    kind: str = ""                          # one of KINDS
+    tier: str = "fast"                      # TIERS: the cases it runs on (module doc)
+    control: bool = False                   # no bug: passes when no case flags it
 
 
 def scaled(op_name: str, factor: float) -> Callable:
@@ -115,18 +153,7 @@ def _im2col_back_no_dilation(real):
     return kernel
 
 
-def _as_if_contiguous(a: np.ndarray) -> np.ndarray:
-    """A dense strided view (a permutation of a whole buffer, positive strides) read in the
-    buffer's order as if it were C-contiguous; anything else as it is."""
-    def c_strides(shape):
-        return tuple(int(np.prod(shape[i + 1:])) * a.itemsize for i in range(len(shape)))
-
-    order = np.argsort([-s for s in a.strides], kind="stable")
-    stored = tuple(a.shape[i] for i in order)           # the buffer's own axis order
-    if a.flags.c_contiguous or min(a.strides, default=1) <= 0 or \
-            tuple(a.strides[i] for i in order) != c_strides(stored):
-        return a
-    return np.lib.stride_tricks.as_strided(a, a.shape, c_strides(a.shape))
+_as_if_contiguous = km.as_if_contiguous     # where it was first defined (tests import it)
 
 
 def _pool_back_reads_gradient_as_contiguous(real):
@@ -134,7 +161,7 @@ def _pool_back_reads_gradient_as_contiguous(real):
     0.20.2's pool_2d backward does): right whenever that gradient is contiguous."""
     def kernel(out, ins, **params):
         g, *rest = ins
-        real(out, [_as_if_contiguous(g), *rest], **params)
+        real(out, [km.as_if_contiguous(g), *rest], **params)
     return kernel
 
 
@@ -167,6 +194,32 @@ def _mode(mode):
     return lambda case: case.kwargs.get("mode") == mode
 
 
+def _pools_tile_with_a_remainder(case) -> bool:
+    """Max pooling whose windows tile the image (stride = kernel, no padding, windows of at
+    most 4 a side: the tiled kernels) with rows or columns past the last window."""
+    kw = case.kwargs
+    if case.op == "pool_1d":
+        k, s, p, h, w = (1, kw["kernel"]), (1, kw["stride"] or kw["kernel"]), \
+            (0, kw["padding"]), 1, case.inputs[0].shape[-1]
+    else:
+        k, s, p = _pair(kw["kernel"]), _pair(kw["stride"] or kw["kernel"]), _pair(kw["padding"])
+        h, w = case.inputs[0].shape[-2:]
+    return (kw["mode"] == "max" and s == k and p == (0, 0) and max(k) <= 4
+            and bool(h % k[0] or w % k[1]))
+
+
+def _permuted(case) -> bool:
+    return case.inputs[0].permute is not None
+
+
+def _contiguous(case) -> bool:
+    return not case.inputs[0].is_view
+
+
+def _axis(axis):
+    return lambda case: case.kwargs.get("axis") == axis and _contiguous(case)
+
+
 def _add_square_case(dtype):
     return [Sample.make("add", [InputSpec("a", (3, 3)), InputSpec("b", (3, 1))], dtype)]
 
@@ -175,56 +228,173 @@ def _permute_cube_case(dtype):
     return [Sample.make("permute", [InputSpec("x", (3, 3, 3))], dtype, axes=(2, 0, 1))]
 
 
+def _control_fast_cases(dtype):
+    """The registry's first two fast-tier cases of sum, sub and get_rows."""
+    return [s for op in ("sum", "sub", "get_rows")
+            for s in [c for c in get_op(op).samples() if c.dtype == dtype][:2]]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in [
+    # --- backward rules and backward kernels: the fast tier ---------------------------------
     Mutant("relu_grad_scaled", ("relu",),
-           "relu's gradient multiplied by 1.01", scaled("relu", 1.01)),
+           "relu's gradient multiplied by 1.01", scaled("relu", 1.01), kind="scaled gradient"),
     Mutant("matmul_grad_scaled", ("matmul",),
-           "both of matmul's gradients multiplied by 1.01", scaled("matmul", 1.01)),
+           "both of matmul's gradients multiplied by 1.01", scaled("matmul", 1.01),
+           kind="scaled gradient"),
     Mutant("matmul_grad_a_untransposed", ("matmul",),
            "grad_a = g @ b instead of g @ b^T, b 'transposed' by a reshape to b^T's shape "
            "(shapes stay valid; on square b it is exactly g @ b)",
-           lambda: backward_replaced("matmul", _matmul_grad_a_untransposed)),
+           lambda: backward_replaced("matmul", _matmul_grad_a_untransposed),
+           kind="transposed gradient"),
     Mutant("permute_grad_forward_axes", ("permute",),
            "permute's backward applies the forward axes instead of their inverse; invisible "
            "on swaps, a shape error on non-cubic 3-cycles (caught by shape check), wrong "
            "numbers on the extra cubic case (3,3,3)",
            lambda: backward_replaced("permute", _permute_forward_axes),
-           where=_not_an_involution, extra=_permute_cube_case),
+           where=_not_an_involution, extra=_permute_cube_case, kind="transposed gradient"),
     Mutant("div_drops_denominator_grad", ("div",),
            "div's backward returns no gradient for the denominator b (zero)",
            lambda: backward_replaced("div", lambda real: lambda g, out, a, b:
-                                     (real(g, out, a, b)[0], None))),
+                                     (real(g, out, a, b)[0], None)), kind="dropped term"),
     Mutant("log_softmax_drops_normaliser", ("log_softmax",),
            "log_softmax's gradient g - softmax * sum(g) loses its second term: just g",
-           lambda: backward_replaced("log_softmax", lambda real: lambda g, out, x: (g,))),
+           lambda: backward_replaced("log_softmax", lambda real: lambda g, out, x: (g,)),
+           kind="dropped term"),
     Mutant("add_broadcast_wrong_axis", ("add",),
            "add's broadcast gradient reduced over the axis left of each broadcast axis, then "
            "reshaped: a shape error on the registry's cases (caught by shape check), wrong "
            "numbers on the extra case a (3,3) + b (3,1), which the registry lacks",
-           lambda: backward_replaced("add", _add_wrong_axis), extra=_add_square_case),
+           lambda: backward_replaced("add", _add_wrong_axis), extra=_add_square_case,
+           kind="wrong broadcast reduction"),
     Mutant("pool_max_grad_to_neighbour", ("pool_2d",),
            "pool_2d_back (max) routes each window's gradient to the cell right of its "
            "maximum", lambda: kernel_replaced("pool_2d_back", _pool_max_to_neighbour),
-           where=_mode("max")),
+           where=_mode("max"), kind="off-by-one window"),
     Mutant("pool_avg_window_shifted", ("pool_2d",),
            "pool_2d_back (avg) spreads each window's gradient over a window shifted one "
            "column left", lambda: kernel_replaced("pool_2d_back", _pool_avg_window_shifted),
-           where=_mode("avg")),
+           where=_mode("avg"), kind="off-by-one window"),
     Mutant("pool_back_reads_gradient_as_contiguous", ("pool_2d",),
            "pool_2d_back reads its incoming gradient in memory order, ignoring its strides "
            "(ggml 0.20.2's bug, which broke its MNIST CNN): only a cotangent=permuted case "
            "hands it a strided gradient",
            lambda: kernel_replaced("pool_2d_back", _pool_back_reads_gradient_as_contiguous),
-           where=lambda case: case.cotangent == "permuted", cotangents=True),
+           where=lambda case: case.cotangent == "permuted", cotangents=True,
+           kind="permuted stride"),
     Mutant("softmax_back_no_subtraction", ("softmax",),
            "softmax_back computes s * y * g instead of s * y * (g - sum(g * y))",
-           lambda: kernel_replaced("softmax_back", _softmax_back_no_subtraction)),
+           lambda: kernel_replaced("softmax_back", _softmax_back_no_subtraction),
+           kind="dropped term"),
     Mutant("im2col_back_ignores_dilation", ("im2col", "conv_2d"),
            "im2col_back scatters the columns as if the dilation were 1",
            lambda: kernel_replaced("im2col_back", _im2col_back_no_dilation), where=_dilated,
-           max_cases=1),
+           max_cases=1, kind="off-by-one window"),
     Mutant("cross_entropy_back_not_divided", ("cross_entropy_loss",),
            "cross_entropy_loss_back forgets to divide by the row count N",
            lambda: kernel_replaced("cross_entropy_loss_back", _cross_entropy_back_not_divided),
-           where=_several_rows),
+           where=_several_rows, kind="scaled gradient"),
+    Mutant("hardswish_back_middle_slope_beyond_3", ("hardswish",),
+           "hardswish_back uses the middle piece's slope x/3 + 1/2 above 3 instead of 1: "
+           "only the wide-range cases (|x| in [3.1, 150]) reach it",
+           lambda: prepare_replaced("hardswish_back", km.hardswish_back_middle_slope_beyond_3),
+           where=lambda case: case.inputs[0].high > 3.0, max_cases=1, kind="wrong branch"),
+    Mutant("repeat_back_reads_gradient_as_contiguous", ("repeat",),
+           "repeat_back reads its incoming gradient in memory order, ignoring its strides: "
+           "only the cotangent=permuted case hands it a strided gradient",
+           lambda: prepare_replaced("repeat_back", km.reads_as_contiguous),
+           where=lambda case: case.cotangent == "permuted", cotangents=True,
+           kind="permuted stride"),
+    Mutant("pool_back_tiled_edge_unzeroed", ("pool_2d", "pool_1d"),
+           "pool_2d_back's tiled max kernel (windows tiling the image) does not zero the "
+           "rows and columns past the last window: right on a zeroed buffer, NaN on reused "
+           "memory; only windows that leave a remainder (pool_1d, kernel 3 over 8) show it",
+           lambda: kernel_replaced("pool_2d_back", km.pool_back_tiled_edge_unzeroed),
+           where=_pools_tile_with_a_remainder, max_cases=1, kind="unwritten edge"),
+    # --- forward kernels: the fast tier ----------------------------------------------------
+    Mutant("pad_border_unwritten", ("pad",),
+           "pad copies x into the interior but never zeroes the border: right on a zeroed "
+           "buffer, NaN on reused memory",
+           lambda: kernel_replaced("pad", km.pad_border_unwritten),
+           where=lambda case: any(any(p) for p in case.kwargs["pads"]), kind="unwritten edge"),
+    Mutant("softmax_ragged_row_sum", ("softmax",),
+           "softmax's row sum stops one element short on rows whose length is not a "
+           "multiple of 8: each y_j becomes y_j / (1 - y_last)",
+           lambda: prepare_replaced("softmax", km.softmax_ragged_row_sum),
+           where=lambda case: case.inputs[0].shape[-1] % 8 != 0, kind="dropped tail"),
+    Mutant("sum_reads_permuted_input_as_contiguous", ("sum",),
+           "sum reads a permuted input in memory order, ignoring its strides: invisible in "
+           "a whole-tensor sum, wrong in a sum over some axes of a permuted input",
+           lambda: prepare_replaced("sum", km.reads_as_contiguous),
+           where=lambda case: _permuted(case) and case.kwargs.get("axis") is not None,
+           kind="permuted stride"),
+    Mutant("dropout_mask_in_memory_order", ("dropout",),
+           "dropout of a permuted input takes each element's mask by its place in memory "
+           "instead of its index: only the one permuted dropout case shows it",
+           lambda: kernel_replaced("dropout", km.dropout_mask_in_memory_order),
+           where=_permuted, kind="permuted stride"),
+    # --- fast paths: the scale tier --------------------------------------------------------
+    Mutant("sum_chunks_drop_tail", ("sum",),
+           "the whole-tensor sum in chunks (sum:chunks, from 8,192 elements) drops the last "
+           "element when the size is not a multiple of the chunk count",
+           lambda: prepare_replaced("sum", km.sum_chunks_drop_tail),
+           where=_axis(None), tier="scale", max_cases=1, kind="dropped tail"),
+    Mutant("sum_chunks_overlap", ("sum",),
+           "the whole-tensor sum in chunks (sum:chunks) runs each chunk one element past its "
+           "end: the first element of every later chunk is added twice",
+           lambda: prepare_replaced("sum", km.sum_chunks_overlap),
+           where=_axis(None), tier="scale", max_cases=1, kind="chunk boundary"),
+    Mutant("sum_rows_float32_accumulator", ("sum",),
+           "the sum over rows (sum:rows, from 2^17 elements) adds 1.5 million rows into one "
+           "float32 accumulator row instead of float64 rows per chunk: a relative error "
+           "of 1e-5, within float32's fixed tolerance; the precision verdict catches it",
+           lambda: prepare_replaced("sum", km.sum_rows_float32_accumulator),
+           where=_axis(0), tier="scale", max_cases=1, kind="float32 accumulator"),
+    Mutant("sum_runs_split_drops_tail", ("sum",),
+           "the kept elements' sums on the engine's threads (sum:runs_split) in ranges of "
+           "n // threads: the last n % threads elements are never summed (NaN on reused "
+           "memory)", lambda: prepare_replaced("sum", km.sum_runs_split_drops_tail),
+           where=_axis(1), tier="scale", max_cases=1, kind="dropped tail"),
+    Mutant("split_chunk_ends_one_short", ("tanh",),
+           "tanh's thread split (from 2^20 elements) ends every chunk but the last one row "
+           "short: the row before each chunk boundary is never computed",
+           lambda: chunks_replaced("tanh", km.chunk_ends_one_short),
+           where=_contiguous, tier="scale", max_cases=1, kind="chunk boundary"),
+    Mutant("split_slices_broadcast_operand", ("sub",),
+           "sub's thread split slices every operand with the output's number of axes, so a "
+           "row b (1, C) broadcast over the rows is sliced too (an empty slice past the "
+           "first chunk: the kernel cannot broadcast it and raises)",
+           lambda: chunks_replaced("sub", km.slices_broadcast_operands),
+           where=lambda case: case.inputs[1].shape == (1, SIDE), tier="scale",
+           max_cases=1, kind="broadcast split"),
+    Mutant("tiled_copy_skips_ragged_rows", ("cont",),
+           "cont's tiled transposed copy (copy:tiled) leaves the rows past the last whole "
+           "8-row tile unwritten (1031 = 128 * 8 + 7; per thread's chunk)",
+           lambda: prepare_replaced("cont", km.tiled_copy_skips_ragged_rows),
+           where=lambda case: len(case.inputs[0].shape) == 2, tier="scale", max_cases=1,
+           kind="unwritten edge"),
+    Mutant("sparse_product_drops_last_nonzero", ("matmul",),
+           "the zero-skipping product (matmul:sparse) loses the last non-zero of each "
+           "sparse row of its CSR",
+           lambda: prepare_replaced("matmul", km.sparse_product_drops_last_nonzero),
+           where=lambda case: case.inputs[0].kind == "sparse", tier="scale", max_cases=1,
+           kind="dropped tail"),
+    Mutant("get_rows_back_lost_updates", ("get_rows",),
+           "get_rows_back's scatter-add, once big enough to split, split among the engine's "
+           "threads by ranges of indices instead of column bands: a table row indexed from "
+           "two ranges keeps one range's adds (4096 indices into 97 rows)",
+           lambda: kernel_replaced("get_rows_back", km.scatter_split_by_indices),
+           where=_contiguous, tier="scale", max_cases=1, kind="scatter race"),
 ]}
+
+CONTROL = Mutant(
+    "control_no_bug", ("sub", "get_rows"),
+    "the kernel-swapping machinery with no bug: sum's and mul's preparations, sub's and "
+    "mul's chunkings and get_rows_back's kernel each replaced by an identity wrapper of "
+    "the real one (every scale case's loss is a sum of a product)",
+    lambda: all_of(lambda: prepare_replaced("sum", km.identity),
+                   lambda: prepare_replaced("mul", km.identity),
+                   lambda: chunks_replaced("mul", km.identity),
+                   lambda: chunks_replaced("sub", km.identity),
+                   lambda: kernel_replaced("get_rows_back", km.identity)),
+    where=lambda case: case.op != "sub" or case.inputs[1].shape == (1, SIDE),
+    extra=_control_fast_cases, tier="scale", max_cases=1, kind="control", control=True)

@@ -4,14 +4,25 @@ A known bug (a mutant of gradcheck.mutants, or `--inject scale`) is one of these
 the op's backward rule, or one of its kernels, replaced by a function made from the real
 one. On leaving the block, even on error, the registry holds the very same objects as
 before.
+
+A CPU kernel can be replaced whole (`kernel_replaced`), or in one of its two parts:
+- its preparation (`prepare_replaced`): a bindable kernel (engine.backends.cpu.jit.bindable)
+  lays out its arrays once per plan and returns the call that computes; the new one is
+  made from the real preparation, and keeps the kernel bindable;
+- its chunking (`chunks_replaced`): a kernel split over the engine's threads
+  (engine.backends.cpu.threads.split) is made again from the same preparation with other
+  chunks, made from the real chunking function.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable
 
 from engine import ops
+from engine.backends.cpu import threads
+from engine.backends.cpu.jit import bindable
 from engine.registry import get_op
 
 
@@ -38,6 +49,52 @@ def kernel_replaced(op_name: str, make: Callable, backend: str = "cpu"):
         yield
     finally:
         op.kernels = real
+
+
+def rebound(kernel, make: Callable):
+    """A bindable CPU kernel whose preparation is `make(real_prepare)`, real_prepare being
+    `kernel`'s (its `bind`): prepare(out, ins, **params) -> a zero-argument call. A split
+    kernel stays split, with its own chunking (see `resplit`)."""
+    if hasattr(kernel, "chunks"):
+        return resplit(kernel, make_prepare=make)
+    prepare = make(kernel.bind)
+    prepare.__name__ = getattr(kernel, "__name__", "kernel")
+    return bindable(prepare)
+
+
+def resplit(kernel, make_chunks: Callable | None = None, make_prepare: Callable | None = None):
+    """Split kernel `kernel` (made by threads.split) made again: split by
+    `make_chunks(real_chunks)` (chunks(out, ins, parts) -> [(out_chunk, ins_chunk)] or
+    None, as threads.split takes), each chunk prepared by `make_prepare(real_prepare)`;
+    either part the real one where not given."""
+    prepare = kernel.bind.__wrapped__          # the preparation threads.split was given
+    if make_prepare is not None:
+        prepare = make_prepare(prepare)
+    inner = types.SimpleNamespace(bind=prepare, __name__=getattr(kernel, "__name__", "kernel"))
+    chunks = kernel.chunks if make_chunks is None else make_chunks(kernel.chunks)
+    return threads.split(inner, chunks=chunks)
+
+
+def prepare_replaced(op_name: str, make: Callable):
+    """Within the block, op `op_name`'s (bindable) cpu kernel prepares with
+    `make(real_prepare)` (see `rebound`)."""
+    return kernel_replaced(op_name, lambda real: rebound(real, make))
+
+
+def chunks_replaced(op_name: str, make_chunks: Callable):
+    """Within the block, op `op_name`'s split cpu kernel is split by
+    `make_chunks(real_chunks)` (see `resplit`)."""
+    return kernel_replaced(op_name, lambda real: resplit(real, make_chunks))
+
+
+@contextlib.contextmanager
+def all_of(*patches: Callable[[], contextlib.AbstractContextManager]):
+    """Within the block, every one of `patches` (each a zero-argument context factory) is
+    in place; they are taken out in reverse order, even on error."""
+    with contextlib.ExitStack() as stack:
+        for patch in patches:
+            stack.enter_context(patch())
+        yield
 
 
 def scaled_backward(backward: Callable, factor: float) -> Callable:

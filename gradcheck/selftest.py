@@ -1,14 +1,22 @@
 """gradcheck's self-test: every known bug of `gradcheck.mutants` must be caught.
 
-For each mutant, the sample cases of its ops that exercise the bug (smallest first, a few
-per op and dtype, plus the mutant's extra cases) are checked by `check_sample` with the
-mutant in place. One Result per mutant: "pass" when at least one case failed or errored (the
-bug was caught), "fail" when every case passed (the checker missed a bug; a self-test that
-could never say so would prove nothing), "error" when the mutant had no case to run or could
-not be put in place. `caught_by` says which check caught it, from the failing cases'
-messages: numerical (backprop vs finite differences), torch (vs torch autograd), NaN/Inf,
-shape check (a ShapeError while building the backward graph), error (any other raised error).
-The power of the checker is the share of mutants caught.
+For each mutant, the cases of its tier that exercise the bug are checked by `check_sample`
+with the mutant in place: for a fast-tier mutant the registry samples of its ops (smallest
+first, a few per op and dtype), for a scale-tier one the ops' scale cases (gradcheck.scale:
+one or two, each about a second), plus the mutant's extra cases. One Result per mutant:
+"pass" when at least one case failed or errored (the bug was caught), "fail" when every
+case passed (the checker missed a bug; a self-test that could never say so would prove
+nothing), "error" when the mutant had no case to run or could not be put in place. Its row
+says the mutant's kind and tier, the case that caught it first (`caught_in`) and the check
+that did (`check`), read from the failing case's message: numerical (backprop vs finite
+differences), torch (vs torch autograd), NaN/Inf, shape check (a ShapeError while building
+the backward graph), error (any other raised error), and the scale tier's forward, vjp,
+directions, precision, threads and nondeterministic (see gradcheck.scale).
+
+The control (gradcheck.mutants.CONTROL: the patching machinery with no bug) runs first,
+with the verdict inverted: its row passes when no case flagged it, and fails when one did
+(then a catch would prove nothing). The power of the checker is the share of mutants
+caught, the control left out.
 """
 
 from __future__ import annotations
@@ -22,14 +30,17 @@ from tqdm import tqdm
 from engine.registry import get_op
 from gradcheck.check import check_sample
 from gradcheck.cotangents import registry_cases
-from gradcheck.mutants import MUTANTS, Mutant
+from gradcheck.mutants import CONTROL, MUTANTS, Mutant
 from reports import Result
 
 TOOL = "gradcheck-selftest"
 DTYPES = ("f64",)
 # message prefixes of check_sample's failing Results -> the check that failed
 CHECKS = {"numerical": "numerical", "torch": "torch", "NaN/Inf": "NaN/Inf",
-          "kinks": "kinks", "determinism": "determinism", "forward": "forward"}
+          "kinks": "kinks", "determinism": "determinism", "forward": "forward",
+          # the scale tier's (gradcheck.scale)
+          "vjp": "vjp", "directions": "directions", "precision": "precision",
+          "threads": "threads", "nondeterministic": "nondeterministic"}
 
 
 def _size(case) -> int:
@@ -37,13 +48,18 @@ def _size(case) -> int:
 
 
 def mutant_cases(mutant: Mutant, dtypes=DTYPES, max_cases: int | None = None) -> list:
-    """The cases `mutant` is checked on: per op and dtype, the registry's samples that
-    exercise the bug (`mutant.where`), smallest first, at most `max_cases` (default the
-    mutant's own); then the mutant's extra cases of each dtype."""
+    """The cases `mutant` is checked on, per op: for a fast-tier mutant the registry's
+    samples of each of `dtypes` that exercise the bug (`mutant.where`), smallest first, at
+    most `max_cases` (default the mutant's own) per dtype; for a scale-tier one the op's
+    scale cases that exercise it, in the registry's order, at most `max_cases`. Then the
+    mutant's extra cases of each dtype."""
     limit = mutant.max_cases if max_cases is None else max_cases
     cases = []
     for op_name in mutant.ops:
         op = get_op(op_name)
+        if mutant.tier == "scale":
+            cases += [s for s in (op.scale() if op.scale else []) if mutant.where(s)][:limit]
+            continue
         samples = registry_cases(op) if mutant.cotangents else (op.samples() or [])
         for dtype in dtypes:
             fits = [s for s in samples if s.dtype == dtype and mutant.where(s)]
@@ -70,9 +86,10 @@ def caught_by(result: Result) -> list[str]:
 
 
 def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
-    """Check `cases` (default `mutant_cases(mutant)`) with `mutant` in place; one Result."""
+    """Check `cases` (default `mutant_cases(mutant)`) with `mutant` in place; one Result
+    (the verdict inverted for a control, see the module doc)."""
     t0 = time.perf_counter()
-    labels = {"ops": ", ".join(mutant.ops)}
+    labels = {"ops": ", ".join(mutant.ops), "kind": mutant.kind, "tier": mutant.tier}
     try:
         cases = mutant_cases(mutant) if cases is None else list(cases)
     except Exception as exc:
@@ -95,12 +112,24 @@ def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
         if found:
             caught += 1
             kinds.update(found)
-            first = first or f"{case}: {result.message}"
+            first = first or (case, found, result.message)
+    missed = "not flagged" if mutant.control else "-"
     metrics = {"cases": len(cases), "caught": caught,
+               "caught_in": str(first[0]) if first else missed,
+               "check": ", ".join(first[1]) if first else missed,
                "caught_by": ", ".join(f"{k} {n}" for k, n in kinds.most_common()),
                "seconds": round(time.perf_counter() - t0, 2)}
+    if mutant.control:
+        if caught:
+            return Result(TOOL, mutant.name, "fail", metrics,
+                          f"CONTROL FLAGGED in {caught} of {len(cases)} cases: the machinery "
+                          f"alone changes results, so a catch proves nothing; first "
+                          f"{_shorten(f'{first[0]}: {first[2]}')}", labels)
+        return Result(TOOL, mutant.name, "pass", metrics,
+                      f"control: no bug, and none of its {len(cases)} cases flagged it "
+                      f"(as it must be)", labels)
     if caught:
-        message = f"first caught by {_shorten(first)}"
+        message = f"first caught by {_shorten(f'{first[0]}: {first[2]}')}"
         return Result(TOOL, mutant.name, "pass", metrics, message, labels)
     return Result(TOOL, mutant.name, "fail", metrics,
                   f"SURVIVED all {len(cases)} cases: the checker misses this bug "
@@ -109,9 +138,10 @@ def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
 
 def run_self_test(progress: bool = False, mutants=None, dtypes=DTYPES,
                   max_cases: int | None = None) -> list[Result]:
-    """One Result per mutant (default: every one of MUTANTS), in order; see the module doc.
-    `dtypes` and `max_cases` choose the cases (see `mutant_cases`)."""
-    mutants = list(MUTANTS.values()) if mutants is None else list(mutants)
+    """One Result per mutant, in order (default: the control, then every one of
+    MUTANTS); see the module doc. `dtypes` and `max_cases` choose the cases (see
+    `mutant_cases`)."""
+    mutants = [CONTROL, *MUTANTS.values()] if mutants is None else list(mutants)
     results = []
     for mutant in tqdm(mutants, desc="self-test", unit="mutant", disable=not progress,
                        leave=False):
@@ -124,8 +154,8 @@ def run_self_test(progress: bool = False, mutants=None, dtypes=DTYPES,
 
 
 def power(results) -> float:
-    """The share of mutants caught (status pass), 0 to 1."""
-    results = list(results)
+    """The share of mutants caught (status pass), 0 to 1; control rows left out."""
+    results = [r for r in results if r.labels.get("kind") != "control"]
     return sum(r.status == "pass" for r in results) / len(results) if results else 0.0
 
 

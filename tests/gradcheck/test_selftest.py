@@ -1,16 +1,26 @@
-"""gradcheck's self-test: every known bug is caught, the registry comes back intact, and a
-bug that changes nothing is reported as missed (so the self-test itself can fail)."""
+"""gradcheck's self-test: every known bug is caught, by the cheapest tier that sees it, the
+registry comes back intact, a bug that changes nothing is reported as missed (so the
+self-test itself can fail), and the control (the machinery with no bug) passes."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
 
-from engine.registry import all_ops
+from engine.registry import all_ops, get_op
+from gradcheck import kernel_mutants
 from gradcheck.check import check_sample
 from gradcheck.injection import injected, parse
-from gradcheck.mutants import MUTANTS, Mutant, scaled
+from gradcheck.mutants import CONTROL, KINDS, MUTANTS, TIERS, Mutant, scaled
+from gradcheck.patches import kernel_replaced
 from gradcheck.selftest import caught_by, mutant_cases, power, run_mutant, run_self_test
 from reports import Result
+
+# the kinds of bugs the self-test must hold (gradcheck's power over kernels, not only rules)
+REQUIRED_KINDS = ("chunk boundary", "scatter race", "float32 accumulator", "dropped tail",
+                  "permuted stride", "broadcast split", "unwritten edge")
 
 TOOTHLESS = Mutant("relu_grad_scaled_by_1", ("relu",), "relu's gradient times 1.0: no bug",
                    scaled("relu", 1.0))
@@ -31,16 +41,103 @@ def assert_same_objects(before, after):
             f"{name}: a kernel was not restored"
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
+def _by_tier(names):
+    """Fast-tier mutants as they are, scale-tier ones (about a second each) marked slow."""
+    return [pytest.param(n, marks=pytest.mark.slow) if MUTANTS[n].tier == "scale" else n
+            for n in names]
+
+
+@pytest.mark.parametrize("name", _by_tier(MUTANTS))
 def test_every_mutant_is_caught(name):
     result = run_mutant(MUTANTS[name])
     assert result.status == "pass", result.message
     assert result.metrics["caught"] >= 1 and result.metrics["caught_by"]
+    assert result.metrics["caught_in"] != "-" and result.metrics["check"] != "-"
+    assert result.labels["tier"] == MUTANTS[name].tier
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
+def test_a_scale_mutant_is_caught_by_a_scale_case():
+    m = MUTANTS["sum_runs_split_drops_tail"]
+    result = run_mutant(m)
+    assert result.status == "pass", result.message
+    assert result.labels == {"ops": "sum", "kind": "dropped tail", "tier": "scale"}
+    assert result.metrics["caught_in"] == "sum(type=f32,x=[1031,1031],axis=1,keepdims=True)"
+    assert result.metrics["check"].startswith("forward")     # a NaN the split left
+
+
+def test_the_mutants_cover_every_required_kind_in_both_tiers():
+    assert len(MUTANTS) >= 25
+    assert all(m.kind in KINDS and m.kind != "control" for m in MUTANTS.values())
+    assert all(m.tier in TIERS and not m.control for m in MUTANTS.values())
+    assert set(REQUIRED_KINDS) <= {m.kind for m in MUTANTS.values()}
+    assert {m.tier for m in MUTANTS.values()} == set(TIERS)
+    assert CONTROL.control and CONTROL.kind == "control" and CONTROL.name not in MUTANTS
+
+
+def test_scale_mutants_run_on_scale_cases_only():
+    for m in MUTANTS.values():
+        if m.tier != "scale":
+            continue
+        cases = mutant_cases(m)
+        assert 1 <= len(cases) <= 2, m.name
+        assert all(c.tier == "scale" and c.op in m.ops and m.where(c) for c in cases)
+
+
+@pytest.mark.parametrize("name", ["sum_chunks_drop_tail", "get_rows_back_lost_updates",
+                                  "split_chunk_ends_one_short"])
+def test_the_fast_tier_cannot_see_a_scale_mutant(name):
+    """Every fast-tier case of the op, both dtypes, passes with the bug in place: no small
+    case takes the fast path the bug is in (that is what the scale tier is for)."""
+    m = MUTANTS[name]
+    fast = dataclasses.replace(m, tier="fast", where=lambda case: True, max_cases=1000)
+    cases = mutant_cases(fast, ("f32", "f64"))
+    survived = run_mutant(fast, cases)
+    assert survived.status == "fail" and survived.metrics["caught"] == 0
+    assert survived.metrics["cases"] >= 20 and "SURVIVED" in survived.message
+
+
+def test_an_unwritten_edge_shows_only_on_garbage():
+    """pad_border_unwritten is right on a zeroed buffer and wrong on a reused one: gradcheck
+    poisons the engine's memory (NaN) so that it shows."""
+    x = np.arange(6.0).reshape(2, 3)
+    pads = ((1, 0), (0, 2))
+    kernel = kernel_mutants.pad_border_unwritten(get_op("pad").kernels["cpu"])
+    fresh, reused = np.zeros((3, 5)), np.full((3, 5), np.nan)
+    for out in (fresh, reused):
+        kernel(out, [x], pads=pads)
+    assert np.array_equal(fresh, np.pad(x, pads))
+    assert np.isnan(reused).sum() == 15 - 6 and np.array_equal(reused[1:, :3], x)
+
+
+def test_control_passes_where_it_runs():
+    """The control on its fast cases and one scale case (a thread split re-made by the
+    machinery): not flagged, so its row passes."""
+    cases = [c for c in mutant_cases(CONTROL) if c.tier == "fast" or c.op == "sub"]
+    result = run_mutant(CONTROL, cases)
+    assert result.status == "pass", result.message
+    assert result.metrics["caught"] == 0 and result.metrics["check"] == "not flagged"
+    assert result.labels["kind"] == "control" and "as it must be" in result.message
+
+
+@pytest.mark.slow
+def test_control_passes_every_case():
+    result = run_mutant(CONTROL)
+    assert result.status == "pass", result.message
+    assert result.metrics["cases"] >= 3 and result.metrics["caught"] == 0
+
+
+def test_a_control_that_changes_results_fails():
+    buggy = dataclasses.replace(CONTROL, name="control_with_a_bug",
+                                patch=MUTANTS["relu_grad_scaled"].patch)
+    case = mutant_cases(MUTANTS["relu_grad_scaled"])[0]
+    result = run_mutant(buggy, [case])
+    assert result.status == "fail" and "CONTROL FLAGGED" in result.message
+    assert power([result, run_mutant(MUTANTS["relu_grad_scaled"], [case])]) == 1.0
+
+
+@pytest.mark.parametrize("name", [*MUTANTS, CONTROL.name])
 def test_mutant_patches_and_restores_the_registry(name):
-    mutant = MUTANTS[name]
+    mutant = MUTANTS.get(name, CONTROL)
     before = registry_state()
     with mutant.patch():
         during = registry_state()
@@ -48,11 +145,26 @@ def test_mutant_patches_and_restores_the_registry(name):
     assert_same_objects(before, registry_state())
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
+@pytest.mark.parametrize("name", [*MUTANTS, CONTROL.name])
 def test_registry_restored_after_an_error(name):
     before = registry_state()
-    with pytest.raises(RuntimeError, match="boom"), MUTANTS[name].patch():
+    with pytest.raises(RuntimeError, match="boom"), MUTANTS.get(name, CONTROL).patch():
         raise RuntimeError("boom")
+    assert_same_objects(before, registry_state())
+
+
+def test_registry_restored_after_an_error_inside_a_mutated_kernel():
+    """A kernel mutant whose kernel raises while the plan runs: the check is an error row,
+    and the registry is whole again afterwards."""
+    def broken(real):
+        def kernel(out, ins, **params):
+            raise RuntimeError("kernel boom")
+        return kernel
+    before = registry_state()
+    m = Mutant("tanh_kernel_raises", ("tanh",), "raises", lambda: kernel_replaced(
+        "tanh", broken), kind="dropped tail")
+    result = run_mutant(m)
+    assert result.status == "pass" and result.metrics["check"] == "error"
     assert_same_objects(before, registry_state())
 
 
@@ -114,6 +226,14 @@ def test_caught_by_reads_the_failing_check():
     assert caught_by(r("error", "error: ShapeError: reshape: cannot reshape")) == ["shape check"]
     assert caught_by(r("error", "error: unexpected IndexError: out of range")) == ["error"]
     assert caught_by(r("fail", "x: 3/10 off, backprop 1, numerical 2")) == ["numerical"]
+    # the scale tier's problems (gradcheck.scale)
+    assert caught_by(r("fail", "forward: 1/1 off vs torch f64, worst out[]: ref 1, got 2; "
+                               "precision: output errs 0.7 against float64")) \
+        == ["forward", "precision"]
+    assert caught_by(r("fail", "vjp: x 3/9 off vs plain f64, worst x[0]: ref 1, got 2; "
+                               "directions: backprop off along 3/3 directions; threads: "
+                               "output at 2 threads differs; nondeterministic: two runs")) \
+        == ["vjp", "directions", "threads", "nondeterministic"]
 
 
 def test_inject_accepts_a_mutant_name():

@@ -1,0 +1,305 @@
+"""The kernel bugs of gradcheck's self-test: each function makes a buggy CPU kernel (or its
+preparation, or its chunking) from the real one, for gradcheck.mutants.
+
+A bug sits where it would in a real kernel, and is taken only where the real kernel goes:
+- in a fast path (a split over the engine's threads, the chunked sums, the tiled copy, the
+  zero-skipping product, a big scatter), only where the real kernel takes that path, which
+  the bug finds out as the scale tier does, with engine.backends.cpu.paths.recording(), or
+  from the thread count and sizes. Plain mode (paths.plain: no fast path), which makes the
+  scale tier's float64 reference, never meets it, and no fast-tier case is big enough to;
+- in the general code (an edge, a layout, a branch), where every case that reaches it
+  shows it.
+
+The buggy kernels compute with the real compiled kernels, called on other bounds, other
+slices or other accumulators, or they run the real one and then undo what the bug would
+not have done. An element the bug never writes keeps what the buffer held before: NaN on
+the poisoned memory gradcheck runs the engine under test on (gradcheck.adapters.
+engine_adapter), a lucky zero on fresh memory. A race is made deterministic: of two writers
+of one element, the later one wins.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from engine.backends.cpu import layout, paths, threads
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def prepared(prepare, out, ins, params, path: str):
+    """(call, taken): `prepare(out, ins, **params)`, and whether it took fast path `path`
+    (a name of engine.backends.cpu.paths.KNOWN) while it prepared."""
+    with paths.recording() as took:
+        run = prepare(out, ins, **params)
+    return run, took[path] > 0
+
+
+def as_if_contiguous(a: np.ndarray) -> np.ndarray:
+    """A dense strided view (a permutation of a whole buffer, positive strides) read in the
+    buffer's order as if it were C-contiguous; anything else as it is."""
+    def c_strides(shape):
+        return tuple(int(np.prod(shape[i + 1:])) * a.itemsize for i in range(len(shape)))
+
+    order = np.argsort([-s for s in a.strides], kind="stable")
+    stored = tuple(a.shape[i] for i in order)           # the buffer's own axis order
+    if a.flags.c_contiguous or min(a.strides, default=1) <= 0 or \
+            tuple(a.strides[i] for i in order) != c_strides(stored):
+        return a
+    return np.lib.stride_tricks.as_strided(a, a.shape, c_strides(a.shape))
+
+
+def unwritten(run, out: np.ndarray, region):
+    """A call that runs `run` and then puts back what out[region] held before it: the
+    region is left unwritten."""
+    def call():
+        before = out[region].copy()
+        run()
+        out[region] = before
+    return call
+
+
+def reads_as_contiguous(prepare):
+    """A preparation that hands `prepare` its first input read in memory order, ignoring
+    its strides (as_if_contiguous)."""
+    def mutated(out, ins, **params):
+        return prepare(out, [as_if_contiguous(ins[0]), *ins[1:]], **params)
+    return mutated
+
+
+# --- sum (engine.backends.cpu.reduce) -----------------------------------------------------------
+def sum_chunks_drop_tail(prepare):
+    """sum:chunks: when x.size is not a multiple of the chunk count, the last chunk stops
+    one element short (its bound taken as size - 1): the last element is never added."""
+    def mutated(out, ins, **params):
+        run, chunked = prepared(prepare, out, ins, params, "sum:chunks")
+        if not chunked:
+            return run
+        x_flat, acc = run.args[0], run.args[1]          # call(_sum_all, x, acc, out)
+        if x_flat.size % acc.shape[0] == 0:
+            return run
+        return functools.partial(run.func, x_flat[:-1], *run.args[1:])
+    return mutated
+
+
+def sum_chunks_overlap(prepare):
+    """sum:chunks: each chunk runs one element past its bound (an inclusive end), so the
+    first element of every chunk after the first is added twice."""
+    def mutated(out, ins, **params):
+        run, chunked = prepared(prepare, out, ins, params, "sum:chunks")
+        if not chunked:
+            return run
+        x_flat, acc, flat_out = run.args[0], run.args[1], run.args[2]
+        size = -(-x_flat.size // acc.shape[0])          # the kernel's chunk length
+
+        def call():
+            run()
+            again = x_flat[size::size][:acc.shape[0] - 1]
+            flat_out[0] += np.sum(again, dtype=np.float64)
+        return call
+    return mutated
+
+
+def sum_rows_float32_accumulator(prepare):
+    """sum:rows: the rows added into one accumulator row of the input's dtype (float32 for
+    a float32 x) instead of float64 rows, one per chunk: a chain of float32 additions as
+    long as the reduced axis (over 1.5 million rows a relative error of about 1e-5, well
+    inside float32's fixed tolerance of 1e-3, 23 times torch's float32 error)."""
+    def mutated(out, ins, **params):
+        run, chunked = prepared(prepare, out, ins, params, "sum:rows")
+        if not chunked:
+            return run
+        x, acc = ins[0], run.args[3]                    # call(_sum_rows, x, rows, run, acc, out)
+        return functools.partial(run.func, *run.args[:3], np.empty((1, acc.shape[1]), x.dtype),
+                                 run.args[4])
+    return mutated
+
+
+def sum_runs_split_drops_tail(prepare):
+    """sum:runs_split: the ranges of kept elements given to the threads are n // parts
+    long each, so the last n % parts kept elements are never summed (never written)."""
+    def mutated(out, ins, **params):
+        run, split = prepared(prepare, out, ins, params, "sum:runs_split")
+        parts = threads.parts()
+        covered = out.size // parts * parts
+        if not split or covered == out.size:
+            return run
+        return unwritten(run, out.reshape(-1), slice(covered, None))
+    return mutated
+
+
+# --- thread splits (engine.backends.cpu.threads) ------------------------------------------------
+def chunk_ends_one_short(chunks):
+    """Chunks whose end is one row short, but the last's (the next chunk's start taken as
+    an inclusive end): the last row of every chunk but the last is never computed."""
+    def mutated(out, ins, parts):
+        pieces = chunks(out, ins, parts)
+        if not pieces:
+            return pieces
+        short = [(o[:-1], [a[:-1] if threads.aligned(a, o) else a for a in i])
+                 for o, i in pieces[:-1]]
+        return short + pieces[-1:]
+    return mutated
+
+
+def slices_broadcast_operands(chunks):
+    """A split that slices every input with as many axes as the output along with it,
+    without asking whether it runs along axis 0: a row operand broadcast over the rows,
+    shape (1, C), is sliced too (each chunk must read all of it)."""
+    def mutated(out, ins, parts):
+        if not chunks(out, ins, parts):
+            return None
+        return [(out[lo:hi], [a[lo:hi] if a.ndim == out.ndim else a for a in ins])
+                for lo, hi in threads.bounds(out.shape[0], parts)]
+    return mutated
+
+
+# --- the tiled transposed copy (engine.backends.cpu.layout) -------------------------------------
+def tiled_copy_skips_ragged_rows(prepare):
+    """cont of a transposed view: the tiled copy (copy:tiled) copies whole 8 x 8 tiles and
+    the ragged columns, but not the rows past the last whole tile (x.shape[-2] % 8 of
+    them, per thread's chunk), which are never written."""
+    def mutated(out, ins, **params):
+        run, tiled = prepared(prepare, out, ins, params, "copy:tiled")
+        (x,) = ins
+        whole = x.shape[-2] // 8 * 8
+        if not tiled or whole == x.shape[-2]:
+            return run
+        return layout.copy_call(out[..., :whole, :], x[..., :whole, :])
+    return mutated
+
+
+# --- the zero-skipping product (engine.backends.cpu.matmul) -------------------------------------
+def sparse_product_drops_last_nonzero(prepare):
+    """matmul:sparse: each row of the sparse operand's CSR loses its last entry (its row
+    end taken one short): that non-zero's term is missing from the product. Rows denser
+    than 1 / SPARSE_ENTRY_COST (which a row split gives to BLAS) are left right."""
+    from engine.backends.cpu.matmul import dense_lines
+
+    def mutated(out, ins, **params):
+        run = prepare(out, ins, **params)
+        a, b = ins
+
+        def call():
+            with paths.recording() as took:
+                run()
+            side = next((p for p in took if p.startswith("matmul:sparse")), None)
+            if side is None:
+                return
+            left = side.startswith("matmul:sparse_left")
+            s, d, dest = (a, b, out) if left else (b.T, a.T, out.T)
+            nonzero = s != 0
+            counts = nonzero.sum(axis=1)
+            rows = np.flatnonzero((counts > 0) & ~dense_lines(counts, s.shape[1]))
+            last = s.shape[1] - 1 - np.argmax(nonzero[rows, ::-1], axis=1)
+            dest[rows] -= s[rows, last][:, None] * d[last]
+        return call
+    return mutated
+
+
+# --- get_rows_back's scatter-add (engine.backends.cpu.get_rows) ---------------------------------
+def scatter_split_by_indices(kernel):
+    """get_rows_back split among the engine's threads by ranges of the indices (instead of
+    column bands) once the work is big enough to split: a table row indexed from two
+    ranges is written by two threads, and one thread's adds are lost. Deterministically:
+    each range's sums are written, not added, over the rows it indexes, in range order."""
+    def mutated(out, ins, nrows):
+        g, idx = ins
+        parts = threads.parts()
+        if parts == 1 or g.size + out.size < threads.MIN_ELEMENTS:
+            return kernel(out, ins, nrows=nrows)
+        g2, idx1 = g.reshape(-1, g.shape[-1]), idx.reshape(-1)
+        out[...] = 0
+        mine = np.empty_like(out)
+        for lo, hi in threads.bounds(idx1.size, parts):
+            kernel(mine, [g2[lo:hi], idx1[lo:hi]], nrows=nrows)    # this range's sums
+            rows = np.unique(idx1[lo:hi])
+            out[rows] = mine[rows]                     # a store where an add was due
+    return mutated
+
+
+# --- edges and layouts of the general kernels ------------------------------------------------
+def pool_back_tiled_edge_unzeroed(kernel):
+    """pool_2d_back (max, windows tiling the image, pool_2d_back:tiled): the rows and
+    columns past the last window (H > OH*kh or W > OW*kw) are not zeroed; right only on a
+    buffer that was zero before."""
+    def mutated(out, ins, **params):
+        kh, kw = params["kernel"]
+        oh, ow = ins[0].shape[2], ins[0].shape[3]
+        before = out.copy()
+        with paths.recording() as took:
+            kernel(out, ins, **params)
+        if took["pool_2d_back:tiled"]:
+            out[:, :, oh * kh:, :] = before[:, :, oh * kh:, :]
+            out[:, :, :, ow * kw:] = before[:, :, :, ow * kw:]
+    return mutated
+
+
+def pad_border_unwritten(kernel):
+    """pad copies x into the interior block but never zeroes the border (the padding):
+    right only on a buffer that was zero before."""
+    def mutated(out, ins, pads):
+        before = out.copy()
+        kernel(out, ins, pads=pads)
+        interior = tuple(slice(b, b + n) for (b, _), n in zip(pads, ins[0].shape, strict=True))
+        inside = out[interior].copy()
+        out[...] = before
+        out[interior] = inside
+    return mutated
+
+
+def softmax_ragged_row_sum(prepare):
+    """softmax over rows whose length is not a multiple of 8: the row sum stops one element
+    short, so every element is divided by the sum without the last exponential:
+    y'_j = e_j / (S - e_last) = y_j / (1 - y_last)."""
+    def mutated(out, ins, **params):
+        run = prepare(out, ins, **params)
+        if out.shape[-1] % 8 == 0:
+            return run
+
+        def call():
+            run()
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[...] = out / (1.0 - out[..., -1:].astype(np.float64))
+        return call
+    return mutated
+
+
+def dropout_mask_in_memory_order(kernel):
+    """dropout of a strided (permuted) x: the mask taken by each element's position in x's
+    memory instead of its index in the output (C order); right on contiguous inputs."""
+    def mutated(out, ins, p, seed):
+        (x,) = ins
+        order = np.argsort([-s for s in x.strides], kind="stable")
+        stored = x.transpose(order)                  # x in its memory's axis order
+        if x.flags.c_contiguous or not stored.flags.c_contiguous:
+            return kernel(out, ins, p=p, seed=seed)
+        masked = np.empty(stored.shape, out.dtype)
+        kernel(masked, [stored], p=p, seed=seed)
+        out[...] = masked.transpose(np.argsort(order))
+    return mutated
+
+
+def hardswish_back_middle_slope_beyond_3(prepare):
+    """hardswish_back: above 3 the slope of the middle piece, x/3 + 1/2, instead of 1 (the
+    branch for x > 3 lost): only inputs beyond 3 show it."""
+    def mutated(out, ins, **params):
+        run = prepare(out, ins, **params)
+        g, x = ins
+
+        def call():
+            run()
+            beyond = np.asarray(x) > 3.0
+            out[beyond] = (g * (x / 3.0 + 0.5))[beyond]
+        return call
+    return mutated
+
+
+def identity(real):
+    """The control's change: none (the real kernel, preparation or chunking, wrapped)."""
+    def same(*args, **kwargs):
+        return real(*args, **kwargs)
+    same.__name__ = getattr(real, "__name__", "same")
+    return same
