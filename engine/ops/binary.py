@@ -106,9 +106,9 @@ def _samples(row: Binary):
 
 def _scale(row: Binary):
     """The op's scale cases (engine.scale_cases): two SQUARE operands split over the
-    engine's threads in ragged chunks; b broadcast along the rows (1, SIDE) and along the
-    columns (SIDE, 1), which a thread split must not slice (each chunk reads all of it);
-    a transposed operand."""
+    engine's threads in ragged chunks; b broadcast along the rows (1, SIDE), which a thread
+    split along axis 0 must not slice (each chunk reads all of it), and along the columns
+    (SIDE, 1), which it must slice with the output; a transposed operand."""
     def scale():
         return [scale_case(row.name, [InputSpec("a", SQUARE), _b_spec(row, sb, permute=p)])
                 for sb, p in ((SQUARE, None), ((1, SIDE), None), ((SIDE, 1), None),

@@ -142,6 +142,17 @@ class EngineAdapter:
     def vjp(self, case, arrays, weights) -> VJP:
         """Backprop of sum(output * weights) in the case's dtype, on this backend, the
         gradient reaching the op in the case's cotangent layout."""
+        return self.vjp_runs(case, arrays, weights, 1)[0]
+
+    def vjp_twice(self, case, arrays, weights) -> tuple[VJP, VJP]:
+        """vjp run twice on one graph and plan, its buffers poisoned again before the second
+        run (gradcheck.backprop.engine_vjp's determinism check, without building and planning
+        the case a second time)."""
+        first, second = self.vjp_runs(case, arrays, weights, 2)
+        return first, second
+
+    def vjp_runs(self, case, arrays, weights, runs: int) -> list[VJP]:
+        """`runs` VJPs of the case from one graph (see vjp)."""
         cotangent = getattr(case, "cotangent", "contiguous")
         leaves, out, w, loss = weighted_graph(case, arrays, as_params=True,
                                               cotangent=cotangent)
@@ -152,12 +163,16 @@ class EngineAdapter:
         graph = engine.Graph([loss], name=str(case))
         # a mutation may patch backward rules (used while building) or kernels (taken when
         # the plan is made): both happen inside the block
+        answers = []
         with injected(self.inject, case_ops), paths.poisoned():
             grads = graph.build_backward(loss)
-            poison_outputs(graph)
-            graph.compute(self.backend)
-        leaf_grads = [grads[t].numpy() if t in grads else
-                      (np.zeros(t.shape, t.dtype) if t.is_param else None) for t in leaves]
-        views = [None if g is None else spec.from_leaf(g)
-                 for spec, g in zip(case.inputs, leaf_grads, strict=True)]
-        return VJP(out.numpy(), views)
+            for _ in range(runs):
+                poison_outputs(graph)
+                graph.compute(self.backend)
+                leaf_grads = [np.array(grads[t].numpy()) if t in grads else
+                              (np.zeros(t.shape, t.dtype) if t.is_param else None)
+                              for t in leaves]
+                views = [None if g is None else spec.from_leaf(g)
+                         for spec, g in zip(case.inputs, leaf_grads, strict=True)]
+                answers.append(VJP(np.array(out.numpy()), views))
+        return answers
