@@ -25,6 +25,7 @@ import sys
 from engine.backends import BACKENDS, get_backend
 from engine.errors import BackendError, UnknownOpError
 from gradcheck.adapters import AdapterError, get_adapter
+from gradcheck.adapters.ggml.lib import MAX_THREADS as MAX_GGML_THREADS
 from gradcheck.injection import describe_injections, parse
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case
@@ -103,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-MAX_GGML_THREADS = 512      # ggml's GGML_MAX_N_THREADS
 
 
 def _engine_usage_error(args) -> str | None:

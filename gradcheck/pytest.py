@@ -37,6 +37,7 @@ from engine.backends import get_backend
 from engine.errors import BackendError, UnknownOpError
 from engine.registry import OpDef, get_op
 from gradcheck.adapters import AdapterError, get_adapter
+from gradcheck.adapters.ggml.lib import MAX_THREADS as MAX_GGML_THREADS
 from gradcheck.api import FunctionCase, _function_case
 from gradcheck.generated import generated_results
 from gradcheck.injection import parse as parse_injection
@@ -250,8 +251,9 @@ def _gradcheck_problem(get) -> str | None:
     for flag, given in (("ggml-lib", get("ggml-lib")), ("ggml-threads", threads is not None)):
         if given and engine != "ggml":
             return f"--gradcheck-{flag} applies to --gradcheck-engine ggml, not to {engine}"
-    if threads is not None and not 1 <= threads <= 512:     # ggml's GGML_MAX_N_THREADS
-        return f"--gradcheck-ggml-threads must lie in [1, 512], got {threads}"
+    if threads is not None and not 1 <= threads <= MAX_GGML_THREADS:
+        return (f"--gradcheck-ggml-threads must lie in [1, {MAX_GGML_THREADS}], got "
+                f"{threads}")
     for flag, given in (("inject", get("inject")), ("backend", get("backend"))):
         if given and engine != "engine":
             return f"--gradcheck-{flag} applies to our engine only, not to {engine}"
