@@ -20,14 +20,15 @@ repeat and repeat_back tile x's shape s (left-padded with 1s) r times per axis:
 
     repeat(x)[i]      = x[i mod s]
     repeat_back(g)[k] = sum over tiles (t0, t1, t2, t3), in that lexicographic order, of
-                        g[t*s + k], accumulated in g's dtype from 0,
+                        g[t*s + k], accumulated in float64 from 0 (rounded once
+                        to g's dtype at the end),
 
 the CPU kernel's order, so both backends give the same bits.
 """
 
 from __future__ import annotations
 
-from numba import cuda
+from numba import cuda, float64
 
 from engine.backends.cuda.arrays import SIMULATED, with_rank
 from engine.errors import BackendError
@@ -84,7 +85,7 @@ def _repeat(out, x):
 @cuda.jit
 def _repeat_back(out, g):
     """out[k] = sum over tiles t, lexicographically, of g[t*s + k], s = out.shape (4-D
-    arrays, g's sides multiples of out's), accumulated in the arrays' dtype."""
+    arrays, g's sides multiples of out's), accumulated in float64."""
     s0, s1, s2, s3 = out.shape[0], out.shape[1], out.shape[2], out.shape[3]
     r0, r1, r2, r3 = g.shape[0] // s0, g.shape[1] // s1, g.shape[2] // s2, g.shape[3] // s3
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
@@ -92,7 +93,7 @@ def _repeat_back(out, g):
         k2 = (flat // s3) % s2
         k1 = (flat // (s3 * s2)) % s1
         k0 = flat // (s3 * s2 * s1)
-        total = out.dtype.type(0)
+        total = float64(0)               # as the CPU kernel's accumulators (the simulator too)
         for t0 in range(r0):
             for t1 in range(r1):
                 for t2 in range(r2):
