@@ -34,8 +34,10 @@ import numpy as np
 from engine.registry import get_op
 from engine.tensor import as_dtype, dtype_name
 
-GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse")
+GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse", "sparse_cols")
 SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
+SPARSE_COLUMNS = 0.25      # "sparse_cols": the share of columns that hold non-zeros ...
+SPARSE_COLUMN_DENSITY = 0.6    # ... and the share of non-zeros within them
 COTANGENTS = ("contiguous", "permuted", "expanded", "sliced")
 VIEW_BORDER = np.nan       # the border of a sliced input's leaf, outside the op's view
 TIERS = ("fast", "scale")
@@ -51,7 +53,10 @@ class InputSpec:
     probability simplex along the last axis; int: integers in [low, high); sparse:
     uniform in [low, high] where a random SPARSE_DENSITY of the elements are, exact zeros
     elsewhere (the zero-skipping matmul takes such an operand; MNIST's images are 19%
-    non-zero).
+    non-zero); sparse_cols: as an image's borders, non-zeros (a share
+    SPARSE_COLUMN_DENSITY, uniform in [low, high]) only in a random SPARSE_COLUMNS of the
+    columns (the last axis), the rest exact zeros (the zero-skipping matmul then drops
+    whole columns: its column split).
     dtype None means the sample's dtype. grad False marks inputs that are not checked
     (labels, indices).
 
@@ -224,6 +229,9 @@ class InputSpec:
             x = (lo + (hi - lo) * rng.permutation(n) / max(n - 1, 1)).reshape(shape)
         elif self.kind == "sparse":
             x = rng.uniform(lo, hi, shape) * (rng.random(shape) < SPARSE_DENSITY)
+        elif self.kind == "sparse_cols":
+            cols = rng.random(shape[-1]) < SPARSE_COLUMNS
+            x = rng.uniform(lo, hi, shape) * (rng.random(shape) < SPARSE_COLUMN_DENSITY) * cols
         elif self.kind == "probs":
             z = rng.uniform(lo, hi, shape)
             z = np.exp(z - z.max(axis=-1, keepdims=True))

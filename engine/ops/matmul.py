@@ -105,14 +105,18 @@ def _strategy(draw, dtype):
 def _matmul_scale():
     """Scale cases (engine.scale_cases): the zero-skipping product with a sparse left
     operand (MNIST's FC layer: 1000 x 784 inputs, 10% non-zero; its weight gradient
-    a^T @ g skips a's zeros too) and a sparse right one; dense products big enough for
-    BLAS on the engine's threads, in ragged row ranges, one with a transposed operand;
+    a^T @ g skips a's zeros too) and a sparse right one, both split by rows; an operand
+    whose zeros fill whole columns, as images' borders (the column split); dense products
+    big enough for BLAS on the engine's threads, in ragged row ranges, one with a
+    transposed operand;
     a batched product split along its batch axis."""
     sparse = dict(kind="sparse", low=0.0, high=1.0)
     return [scale_case("matmul", [InputSpec("a", (1000, 784), **sparse),
                                   InputSpec("b", (784, 500))]),
             scale_case("matmul", [InputSpec("a", (500, 784)),
                                   InputSpec("b", (784, 1000), **sparse)]),
+            scale_case("matmul", [InputSpec("a", (1000, 783), "sparse_cols", 0.0, 1.0),
+                                  InputSpec("b", (783, 500))]),
             scale_case("matmul", [InputSpec("a", (257, 263)), InputSpec("b", (263, 251))]),
             scale_case("matmul", [InputSpec("a", (257, 263)),
                                   InputSpec("b", (263, 251), permute=(1, 0))]),

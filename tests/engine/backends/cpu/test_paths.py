@@ -53,6 +53,15 @@ def _vjp(case, arrays):
     EngineAdapter().vjp(case, arrays, loss_weights(out.shape, 0))
 
 
+def test_the_sparse_product_takes_both_splits():
+    """Row and column splits of the zero-skipping product are different code: a scale case
+    takes each (the column split on an operand whose zeros fill whole columns)."""
+    rows = _run(_case("matmul", "a=[1000,784]"))
+    cols = _run(_case("matmul", "a=[1000,783]"))
+    assert any(p.startswith("matmul:sparse_left/rows") for p in rows), sorted(rows)
+    assert any(p.startswith("matmul:sparse_left/cols") for p in cols), sorted(cols)
+
+
 def test_every_family_is_reached_by_a_named_case():
     assert set(REACHED_BY) == set(paths.KNOWN)
 
