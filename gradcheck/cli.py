@@ -24,8 +24,7 @@ import sys
 
 from engine.backends import BACKENDS, get_backend
 from engine.errors import BackendError, UnknownOpError
-from gradcheck.adapters import AdapterError, get_adapter
-from gradcheck.adapters.ggml.lib import MAX_THREADS as MAX_GGML_THREADS
+from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, get_adapter
 from gradcheck.injection import describe_injections, parse
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case

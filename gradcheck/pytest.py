@@ -36,8 +36,7 @@ import pytest
 from engine.backends import get_backend
 from engine.errors import BackendError, UnknownOpError
 from engine.registry import OpDef, get_op
-from gradcheck.adapters import AdapterError, get_adapter
-from gradcheck.adapters.ggml.lib import MAX_THREADS as MAX_GGML_THREADS
+from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, get_adapter
 from gradcheck.api import FunctionCase, _function_case
 from gradcheck.generated import generated_results
 from gradcheck.injection import parse as parse_injection

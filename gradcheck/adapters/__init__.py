@@ -25,6 +25,10 @@ from gradcheck.adapters.base import VJP, Adapter, AdapterError
 __all__ = ["ENGINES", "VJP", "Adapter", "AdapterError", "AdapterSpec", "get_adapter",
            "spec_of"]
 
+# ggml's GGML_MAX_N_THREADS: the most threads its compute takes (here, so that checking a
+# --ggml-threads value imports no ggml module)
+MAX_GGML_THREADS = 512
+
 # name -> (module, attribute); imported only when asked for (ggml loads C libraries)
 ENGINES = {
     "engine": ("gradcheck.adapters.engine_adapter", "EngineAdapter"),

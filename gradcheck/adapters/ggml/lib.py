@@ -38,8 +38,6 @@ from ctypes import (
 
 from gradcheck.adapters.base import AdapterError
 
-MAX_THREADS = 512           # ggml's GGML_MAX_N_THREADS: the most threads a compute takes
-
 SUPPORTED = ((0, 20),)          # ggml major.minor releases whose C API this adapter matches
 BASE, CPU = "libggml-base.so", "libggml-cpu.so"
 GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26        # enum ggml_type
