@@ -28,7 +28,15 @@ from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, get_adapter
 from gradcheck.injection import describe_injections, parse
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case
-from gradcheck.runner import DTYPES, TIERS, check_ops, describe_engines, list_ops, run_checks
+from gradcheck.runner import (
+    DTYPES,
+    MAX_RANDOM,
+    TIERS,
+    check_ops,
+    describe_engines,
+    list_ops,
+    run_checks,
+)
 from gradcheck.selftest import run_self_test
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 from reports import emit, first_unwritable
@@ -188,8 +196,9 @@ def main(argv=None) -> int:
             parse(args.inject)
         except ValueError as exc:
             parser.error(str(exc))
-    if args.random < 0:
-        parser.error(f"--random must be a non-negative number of cases, got {args.random}")
+    if not 0 <= args.random <= MAX_RANDOM:
+        parser.error(f"--random must be a number of cases per op in [0, {MAX_RANDOM}], got "
+                     f"{args.random}")
     problem = _engine_usage_error(args)
     if problem:
         parser.error(problem)

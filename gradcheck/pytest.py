@@ -45,6 +45,7 @@ from gradcheck.modes import MODES
 from gradcheck.repro import FAILING
 from gradcheck.runner import (
     DTYPES,
+    MAX_RANDOM,
     TIERS,
     checkable_ops,
     describe_engines,
@@ -241,8 +242,9 @@ def _gradcheck_problem(get) -> str | None:
                                  ("tier", get("tier"), TIERS), ("mode", get("mode"), MODES)):
         if value not in allowed:
             return f"--gradcheck-{name} must be one of {', '.join(allowed)}, got {value!r}"
-    if get("random") < 0:
-        return f"--gradcheck-random must be a non-negative number of cases, got {get('random')}"
+    if not 0 <= get("random") <= MAX_RANDOM:
+        return (f"--gradcheck-random must be a number of cases per op in [0, {MAX_RANDOM}], "
+                f"got {get('random')}")
     timeout = get("case-timeout")
     if timeout is not None and not timeout > 0:
         return f"--gradcheck-case-timeout must be a positive number of seconds, got {timeout}"
@@ -342,13 +344,14 @@ def _chosen(values, known, flag: str) -> tuple:
 def _optcheck_plan(get) -> Plan:
     from optcheck.harness import DTYPES as OPT_DTYPES
     from optcheck.harness import OPTIMIZER_NAMES
-    from optcheck.runner import FAMILIES, run_family
+    from optcheck.runner import FAMILIES, MAX_STEPS, run_family
 
     optimizers = _chosen(get("opt"), OPTIMIZER_NAMES, "--optcheck-opt")
     families = _chosen(get("family"), tuple(FAMILIES), "--optcheck-family")
     dtypes = _chosen([get("dtype")], OPT_DTYPES, "--optcheck-dtype")
-    if get("steps") < 1:
-        raise _OptionError(f"--optcheck-steps must be at least 1, got {get('steps')}")
+    if not 1 <= get("steps") <= MAX_STEPS:
+        raise _OptionError(f"--optcheck-steps must lie in [1, {MAX_STEPS}], got "
+                           f"{get('steps')}")
     backend, steps, seed = get("backend"), get("steps"), get("seed")
     get_backend(backend)
     jobs = [Job(f"{o}: {f}(type={d})",

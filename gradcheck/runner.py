@@ -24,6 +24,9 @@ from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 
 DTYPES = ("f32", "f64")
 TIERS = ("fast", "scale", "all")
+# generated cases per op at most (--random): 200 per op over every op take two minutes on
+# two cores; 10,000 take hours, and more is a typo, not a sweep
+MAX_RANDOM = 10_000
 
 
 def tier_cases(op, tier: str = "fast") -> list:

@@ -18,7 +18,7 @@ import sys
 from engine.backends import BACKENDS, get_backend
 from engine.errors import EngineError, HyperparameterError
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES, engine_settings, refused_settings
-from optcheck.runner import FAMILIES, run_checks, run_user_configs
+from optcheck.runner import FAMILIES, MAX_STEPS, run_checks, run_user_configs
 from optcheck.selftest import TOOL as SELF_TEST_TOOL
 from optcheck.selftest import run_self_test
 from reports.output import FORMATS, emit, first_unwritable
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.opt and not args.self_test:
         parser.error("say which optimizer to check: --opt sgd|adam|adamw|all (or --self-test)")
-    if args.steps < 1:
-        parser.error(f"--steps must be at least 1, got {args.steps}")
+    if not 1 <= args.steps <= MAX_STEPS:
+        parser.error(f"--steps must lie in [1, {MAX_STEPS}], got {args.steps}")
     if args.workers is not None and args.self_test:
         parser.error("--workers applies to --opt, not to --self-test")
     families = _selected(args.family, FAMILIES)

@@ -10,6 +10,9 @@ from optcheck.harness import DTYPES, OPTIMIZER_NAMES
 from reports.record import Result
 
 # family label -> module with run(optimizer, dtype, backend, steps, seed) -> list[Result]
+# steps per trajectory at most (--steps): every step of every tensor is kept to name the
+# first that diverges; 100 is the default, and 100 times that is already a long run
+MAX_STEPS = 10_000
 FAMILIES = {"closed-form": closed_form, "torch": torch_trajectories, "invariant": invariants}
 
 

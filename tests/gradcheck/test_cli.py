@@ -189,3 +189,11 @@ def test_engine_repro_reruns_the_case(capsys):
     assert main(["--engine", "torch", "--repro",
                  "Sample(op='relu', inputs=(InputSpec(name='x', shape=(4,)),), dtype='f64')",
                  "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("n", ["-1", "10001", "99999999999999999999999"])
+def test_random_beyond_its_bounds_is_a_usage_error(n, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--op", "relu", "--random", n])
+    assert exc.value.code == 2
+    assert "--random must be a number of cases per op in [0, 10000]" in capsys.readouterr().err

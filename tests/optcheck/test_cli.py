@@ -61,6 +61,7 @@ def test_your_settings_add_one_torch_row_per_dtype(capsys):
 
 
 @pytest.mark.parametrize("argv", [["--opt", "lion"], [], ["--opt", "adam", "--steps", "0"],
+                                  ["--opt", "adam", "--steps", "100000000"],
                                   ["--opt", "adam", "--betas", "0.9"]])
 def test_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as exc:
@@ -83,3 +84,9 @@ def test_json_output_is_written_atomically_with_the_documented_columns(tmp_path,
 def test_unwritable_output_is_refused_before_running(tmp_path, capsys):
     assert main(["--opt", "adam", "--output", str(tmp_path / "no" / "r.json")]) == 2
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_steps_beyond_the_bound_say_the_bound(capsys):
+    with pytest.raises(SystemExit):
+        main(["--opt", "adam", "--steps", "10001"])
+    assert "--steps must lie in [1, 10000], got 10001" in capsys.readouterr().err
