@@ -58,10 +58,10 @@ from engine.tensor import dtype_name
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, same_bits
 from gradcheck.cross_backend import compares_with_cpu, cpu_differences
-from gradcheck.modes import Compared, choose_mode, compared_gradients
+from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
 from gradcheck.reference import float64_reference, torch_reference
-from gradcheck.verdict import GradientOutcome, Outcomes, judge
+from gradcheck.verdict import Outcomes, judge
 from reports import Result
 
 # how bad a status is, for the row that holds two checks (with_vjp_check)
@@ -135,18 +135,6 @@ def run_backward_op(adapter, case, arrays, output_shape) -> np.ndarray:
     return out
 
 
-def _outcome(compared: Compared, precision: str) -> GradientOutcome:
-    """The comparisons of the one compared VJP, as gradcheck.check makes them for a
-    gradient: b against n (widened by n's error estimate) and against t in the case's
-    precision, n against t in float64; kinks not judged."""
-    (name,), (b,), (n,) = compared.names, compared.backprop, compared.numerical
-    t = None if compared.torch is None else compared.torch[0]
-    return GradientOutcome(
-        name, compare(b, n.value, precision, n.error, n.kink), bool(np.all(np.isfinite(b))),
-        None if t is None else compare(b, t, precision, None, n.kink),
-        None if t is None else compare(n.value, t, "f64", n.error, n.kink))
-
-
 def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = True,
                       labels: dict | None = None) -> Result:
     """Judge one case of a dedicated backward op (a registry Sample of an op with `vjp_of`)
@@ -190,16 +178,11 @@ def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = 
         cpu_out = run_backward_op(adapter.on_cpu(), case, arrays, out.shape)
         vs_cpu = tuple(cpu_differences(case, [("forward", out, cpu_out)]))
     v = judge(Outcomes(
-        compare(out, f64_own, case.precision), (_outcome(compared, case.precision),),
+        compare(out, f64_own, case.precision), compared.outcomes(case.precision),
         torch_vjp is not None,
         None if torch_own is None else compare(out, torch_own, case.precision), differs,
         getattr(adapter, "backend", "cpu"), vs_cpu))
-    metrics = {"checked": v.checked, "checked_fraction": compared.fraction, "kinks": v.kinks,
-               "max_abs_err": v.max_abs, "max_rel_err": v.max_rel, "worst": v.worst,
-               "forward": v.forward, "torch": v.torch}
-    if v.vs_cpu is not None:
-        metrics["vs_cpu"] = v.vs_cpu
-    metrics["vjp_of"] = relation.op
+    metrics = v.metrics(compared.fraction) | {"vjp_of": relation.op}
     return Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
 
 

@@ -50,7 +50,7 @@ from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
 from gradcheck.reference import float64_reference, torch_reference
 from gradcheck.scale import check_scale_sample
-from gradcheck.verdict import GradientOutcome, Outcomes, judge
+from gradcheck.verdict import Outcomes, judge
 from gradcheck.worker import RemoteError, WorkerCrash
 from reports import Result
 
@@ -122,25 +122,6 @@ def _forward_comparison(out, f64_out, precision: str):
     return compare(out, f64_out, precision)
 
 
-def _gradient_outcomes(compared, precision: str) -> tuple[GradientOutcome, ...]:
-    """The comparisons of each compared gradient (gradcheck.modes.Compared): backprop in
-    the case's precision against the numerical gradient (widened by its error estimate)
-    and against torch; the numerical gradient against torch in float64. Kinks are not
-    judged in any of them."""
-    outcomes = []
-    for k, (name, bp, num) in enumerate(zip(compared.names, compared.backprop,
-                                            compared.numerical, strict=True)):
-        vs_torch = numerical_vs_torch = None
-        if compared.torch is not None:
-            vs_torch = compare(bp, compared.torch[k], precision, None, num.kink)
-            numerical_vs_torch = compare(num.value, compared.torch[k], "f64", num.error,
-                                         num.kink)
-        outcomes.append(GradientOutcome(
-            name, compare(bp, num.value, precision, num.error, num.kink),
-            bool(np.all(np.isfinite(bp))), vs_torch, numerical_vs_torch))
-    return tuple(outcomes)
-
-
 def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     """Run the case in `adapter`, the float64 and torch references, compare, and judge; a
     scale case as gradcheck.scale judges it, a backward op's as gradcheck.backward_ops
@@ -182,14 +163,10 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     backend = getattr(adapter, "backend", "cpu")
     vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop)
               if compares_with_cpu(adapter) else None)
-    v = judge(Outcomes(forward, _gradient_outcomes(compared, case.precision),
+    v = judge(Outcomes(forward, compared.outcomes(case.precision),
                        torch_ref is not None, forward_vs_torch, differs, backend, vs_cpu,
                        declined_note))
-    metrics = {"checked": v.checked, "checked_fraction": compared.fraction, "kinks": v.kinks,
-               "max_abs_err": v.max_abs, "max_rel_err": v.max_rel, "worst": v.worst,
-               "forward": v.forward, "torch": v.torch}
-    if v.vs_cpu is not None:
-        metrics["vs_cpu"] = v.vs_cpu
+    metrics = v.metrics(compared.fraction)
     if declined:
         metrics["declined"] = declined_note
     row = Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)

@@ -25,13 +25,13 @@ import sys
 from engine.backends import BACKENDS, get_backend
 from engine.errors import BackendError, UnknownOpError
 from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, get_adapter
+from gradcheck.cotangents import TIERS
 from gradcheck.injection import describe_injections, parse
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case
 from gradcheck.runner import (
     DTYPES,
     MAX_RANDOM,
-    TIERS,
     check_ops,
     describe_engines,
     list_ops,

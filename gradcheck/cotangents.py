@@ -49,3 +49,17 @@ def registry_cases(op) -> list[Sample]:
     op's own upstream gradient is an input, whose layouts are its samples')."""
     samples = list(op.samples()) if op.samples else []
     return samples + (cotangent_cases(samples) if op.differentiable else [])
+
+
+TIERS = ("fast", "scale", "all")
+
+
+def tier_cases(op, tier: str = "fast") -> list:
+    """An op's cases of `tier`: "fast", its registry samples with their cotangent variants
+    (registry_cases); "scale", its scale cases (OpDef.scale); "all", both."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    cases = registry_cases(op) if tier in ("fast", "all") else []
+    if tier in ("scale", "all") and op.scale is not None:
+        cases += list(op.scale())
+    return cases

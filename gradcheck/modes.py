@@ -24,10 +24,12 @@ import numpy as np
 from gradcheck.numeric import (
     Derivative,
     best_of,
+    compare,
     directional_derivatives,
     numerical_gradient,
     steps_for,
 )
+from gradcheck.verdict import GradientOutcome
 
 MODES = ("auto", "full", "fast")
 FULL_BUDGET = 1500       # checked elements up to which `auto` differentiates every element
@@ -90,6 +92,24 @@ class Compared:
     numerical: list[Derivative]
     torch: list[np.ndarray] | None
     fraction: float
+
+    def outcomes(self, precision: str) -> tuple[GradientOutcome, ...]:
+        """The comparisons of each compared gradient: backprop in the case's `precision`
+        against the numerical gradient (widened by its error estimate) and against torch;
+        the numerical gradient against torch in float64. Kinks are not judged in any of
+        them."""
+        outcomes = []
+        for k, (name, bp, num) in enumerate(zip(self.names, self.backprop, self.numerical,
+                                                strict=True)):
+            vs_torch = numerical_vs_torch = None
+            if self.torch is not None:
+                vs_torch = compare(bp, self.torch[k], precision, None, num.kink)
+                numerical_vs_torch = compare(num.value, self.torch[k], "f64", num.error,
+                                             num.kink)
+            outcomes.append(GradientOutcome(
+                name, compare(bp, num.value, precision, num.error, num.kink),
+                bool(np.all(np.isfinite(bp))), vs_torch, numerical_vs_torch))
+        return tuple(outcomes)
 
 
 def compared_gradients(case, f64_ref, checked, mode: str, backprop, torch_grads) -> Compared:

@@ -38,6 +38,7 @@ from engine.errors import BackendError, UnknownOpError
 from engine.registry import OpDef, get_op
 from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, get_adapter
 from gradcheck.api import FunctionCase, _function_case
+from gradcheck.cotangents import TIERS, tier_cases
 from gradcheck.generated import generated_results
 from gradcheck.injection import parse as parse_injection
 from gradcheck.isolated import IsolatedAdapter
@@ -46,12 +47,10 @@ from gradcheck.repro import FAILING
 from gradcheck.runner import (
     DTYPES,
     MAX_RANDOM,
-    TIERS,
     checkable_ops,
     describe_engines,
     run_checks,
     select_samples,
-    tier_cases,
 )
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 from reports import Result, first_unwritable, render, write_atomic

@@ -103,10 +103,10 @@ class FunctionReference(Float64Reference):
         self.leaves = [v if spec.grad and v.dtype.kind == "f" else None
                        for spec, v in zip(case.inputs, self._values, strict=True)]
         self.output_shape = self.output().shape
-        self._weights = None
+        self.weights = None
 
     def set_weights(self, weights):
-        self._weights = self.weights = np.asarray(weights, np.float64)
+        self.weights = np.asarray(weights, np.float64)
 
     def output(self) -> np.ndarray:
         out = np.asarray(self._forward(*(spec.from_leaf(v) for spec, v
@@ -117,7 +117,7 @@ class FunctionReference(Float64Reference):
         return out.astype(np.float64)
 
     def loss(self) -> float:
-        return float(np.sum(self.output() * self._weights))
+        return float(np.sum(self.output() * self.weights))
 
 
 def float64_reference(case, arrays) -> Float64Reference:

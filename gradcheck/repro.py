@@ -16,7 +16,7 @@ from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from gradcheck.adapters import spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.cotangents import registry_cases
+from gradcheck.cotangents import tier_cases
 
 # adapter options that the gradcheck CLI can say, and how
 OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml-lib",
@@ -30,9 +30,7 @@ def _is_registry_sample(case) -> bool:
         op = get_op(case.op)
     except Exception:
         return False
-    if getattr(case, "tier", "fast") == "scale":
-        return str(case) in {str(s) for s in (op.scale() if op.scale else [])}
-    return str(case) in {str(s) for s in registry_cases(op)}
+    return str(case) in {str(s) for s in tier_cases(op, getattr(case, "tier", "fast"))}
 
 
 def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> str | None:

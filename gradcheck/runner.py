@@ -16,28 +16,16 @@ from tqdm import tqdm
 from engine.registry import all_ops, get_op
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
-from gradcheck.cotangents import registry_cases
+from gradcheck.cotangents import tier_cases
 from gradcheck.generated import generated_results
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.repro import with_repro
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 
 DTYPES = ("f32", "f64")
-TIERS = ("fast", "scale", "all")
 # generated cases per op at most (--random): 200 per op over every op take two minutes on
 # two cores; 10,000 take hours, and more is a typo, not a sweep
 MAX_RANDOM = 10_000
-
-
-def tier_cases(op, tier: str = "fast") -> list:
-    """An op's cases of `tier`: "fast", its registry samples with their cotangent variants
-    (gradcheck.cotangents); "scale", its scale cases (OpDef.scale); "all", both."""
-    if tier not in TIERS:
-        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
-    cases = registry_cases(op) if tier in ("fast", "all") else []
-    if tier in ("scale", "all") and op.scale is not None:
-        cases += list(op.scale())
-    return cases
 
 
 def select_samples(op_names, dtype: str = "all", pattern: str | None = None,

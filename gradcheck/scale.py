@@ -41,9 +41,8 @@ import contextlib
 
 import numpy as np
 
-import engine
 from engine.backends.cpu import paths, threads
-from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import declined_inputs, engine_vjp, loss_weights, same_bits
 from gradcheck.modes import project, random_directions, single_thread
 from gradcheck.numeric import compare, directional_derivatives
@@ -100,21 +99,17 @@ class PlainReference(EngineReference):
         with paths.plain():
             return super().output()
 
+    def holds(self, op: str) -> bool:
+        """Whether the case's graph holds a node of op `op`."""
+        return any(t.op == op for t in self._graph.nodes)
+
 
 def plain_vjp(case, arrays, weights):
     """(output, gradients) of the case in float64, our engine in plain mode."""
     with paths.plain():
-        vjp = EngineAdapter("cpu").vjp(case.promoted("f64"),
-                                       [a.astype(np.float64) if a.dtype.kind == "f" else a
-                                        for a in arrays], weights)
+        vjp = EngineAdapter("cpu").vjp(case.promoted("f64"), arrays, weights)
     return np.asarray(vjp.output, np.float64), [
         None if g is None else np.asarray(g, np.float64) for g in vjp.grads]
-
-
-def _has_product(case, arrays) -> bool:
-    """Whether the case's graph holds a matmul (whose thread chunks may round apart)."""
-    out = weighted_graph(case, arrays, as_params=False)[1]
-    return any(t.op == "matmul" for t in engine.Graph([out]).nodes)
 
 
 def _worst(name: str, c) -> str:
@@ -239,7 +234,7 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
                                           for g in v.grads])
     threads_metric = "not run"
     if len(runs) > 1:
-        threads_metric, problem = _thread_problem(runs, not _has_product(case, arrays),
+        threads_metric, problem = _thread_problem(runs, not f64.holds("matmul"),
                                                   precision_dtype, checked)
         if problem:
             problems.append(problem)
@@ -262,9 +257,8 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
 
 
 def _simulated() -> bool:
-    try:
-        from numba import config
-        return bool(config.ENABLE_CUDASIM)
-    except ImportError:
-        return False
+    """Whether the CUDA backend runs under numba's simulator (asked of a cuda case only:
+    the backend is loaded by then)."""
+    from engine.backends.cuda.arrays import SIMULATED
+    return SIMULATED
 

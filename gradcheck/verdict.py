@@ -165,6 +165,17 @@ class Verdict:
     def message(self) -> str:
         return "; ".join(self.problems + self.notes)
 
+    def metrics(self, checked_fraction: float) -> dict:
+        """The row's metrics of a judged case (`checked_fraction`: its mode's, see
+        gradcheck.modes), vs_cpu only where it was compared."""
+        metrics = {"checked": self.checked, "checked_fraction": checked_fraction,
+                   "kinks": self.kinks, "max_abs_err": self.max_abs,
+                   "max_rel_err": self.max_rel, "worst": self.worst, "forward": self.forward,
+                   "torch": self.torch}
+        if self.vs_cpu is not None:
+            metrics["vs_cpu"] = self.vs_cpu
+        return metrics
+
 
 def judge(o: Outcomes) -> Verdict:
     """The verdict on one case: "fail" when any comparison names a problem, else "pass".

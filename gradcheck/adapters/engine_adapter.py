@@ -144,15 +144,10 @@ class EngineAdapter:
         gradient reaching the op in the case's cotangent layout."""
         return self.vjp_runs(case, arrays, weights, 1)[0]
 
-    def vjp_twice(self, case, arrays, weights) -> tuple[VJP, VJP]:
-        """vjp run twice on one graph and plan, its buffers poisoned again before the second
-        run (gradcheck.backprop.engine_vjp's determinism check, without building and planning
-        the case a second time)."""
-        first, second = self.vjp_runs(case, arrays, weights, 2)
-        return first, second
-
     def vjp_runs(self, case, arrays, weights, runs: int) -> list[VJP]:
-        """`runs` VJPs of the case from one graph (see vjp)."""
+        """`runs` VJPs of the case (see vjp) from one graph and plan, its buffers poisoned
+        again before each run: gradcheck.backprop.engine_vjp's determinism check, without
+        building and planning the case a second time."""
         cotangent = getattr(case, "cotangent", "contiguous")
         leaves, out, w, loss = weighted_graph(case, arrays, as_params=True,
                                               cotangent=cotangent)

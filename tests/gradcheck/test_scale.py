@@ -9,11 +9,11 @@ import pytest
 
 from engine.backends.cpu import threads
 from engine.registry import all_ops, get_op
-from gradcheck import cotangents, scale
+from gradcheck import cotangents, kernel_mutants, scale
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
 from gradcheck.cli import main
-from gradcheck.patches import kernel_replaced
+from gradcheck.patches import chunks_replaced, prepare_replaced
 from gradcheck.runner import checkable_ops, select_samples
 
 # checkable ops without scale cases, and why (a view op has no kernel of its own: what it
@@ -72,49 +72,16 @@ def test_without_torch_the_reference_is_the_plain_float64_engine():
 def test_a_chunk_boundary_bug_is_caught_by_the_scale_tier_only():
     case = _scale_case("relu", "relu(type=f32,x=[1031,1031])")
     small = select_samples(["relu"], "f32")[0]
-    with kernel_replaced("relu", lambda real: _drop_rows(real)):
+    with chunks_replaced("relu", kernel_mutants.chunk_ends_one_short):
         assert check_sample(small).status == "pass"
         r = check_sample(case)
     assert r.status == "fail"
     assert "forward" in r.message or "threads" in r.message
 
 
-def _drop_rows(real):
-    """relu's cpu kernel, whose bound call leaves row 0 of each chunk after the first
-    unwritten when the output is split (as a chunk-boundary off-by-one would)."""
-    def mutated(out, ins, **params):
-        return real(out, ins, **params)
-
-    def bind(out, ins, **params):
-        pieces = threads.elementwise_chunks(out, ins, threads.parts())
-        if not pieces or len(pieces) == 1:
-            return real.bind(out, ins, **params)
-        calls = [real.bind(o, i, **params) if k == 0 else
-                 real.bind(o[1:], [a[1:] if threads.aligned(a, o) else a for a in i], **params)
-                 for k, (o, i) in enumerate(pieces)]
-        return threads.side_by_side(calls)
-    mutated.bind = bind
-    return mutated
-
-
-def _float32_sum(real):
-    """sum's cpu kernel accumulating in float32, one element after another, over the
-    reduced axis 0 (it promises float64 accumulators)."""
-    def mutated(out, ins, **params):
-        real(out, ins, **params)
-
-    def bind(out, ins, axes, keepdims):
-        (x,) = ins
-        if tuple(axes) != (0,) or x.ndim != 2:
-            return real.bind(out, ins, axes=axes, keepdims=keepdims)
-        return lambda: np.copyto(out.reshape(-1), np.cumsum(x, axis=0, dtype=np.float32)[-1])
-    mutated.bind = bind
-    return mutated
-
-
 def test_a_float32_accumulator_is_caught_by_the_precision_verdict():
     case = _scale_case("sum", "x=[1500007,3]")
-    with kernel_replaced("sum", _float32_sum):
+    with prepare_replaced("sum", kernel_mutants.sum_rows_float32_accumulator):
         r = check_sample(case)
     assert r.status == "fail", r.metrics
     assert "precision" in r.message and r.metrics["ratio"] > scale.PRECISION_RATIO
@@ -122,21 +89,24 @@ def test_a_float32_accumulator_is_caught_by_the_precision_verdict():
     assert "forward:" not in r.message
 
 
+def _wrong_at_seven_threads(prepare):
+    """A preparation whose call, bound at 7 engine threads, scales its chunk's first
+    output element by 1.5: a result that depends on the thread count."""
+    def mutated(out, ins, **params):
+        call = prepare(out, ins, **params)
+        if threads.get_num_threads() != 7:
+            return call
+
+        def wrong():
+            call()
+            out.reshape(-1)[0] *= 1.5
+        return wrong
+    return mutated
+
+
 def test_a_thread_dependent_result_is_caught():
     case = _scale_case("exp", "exp(type=f32,x=[1031,1031])")
-
-    def by_thread_count(real):
-        def kernel(out, ins, **params):
-            real(out, ins, **params)
-
-        def bind(out, ins, **params):
-            call = real.bind(out, ins, **params)
-            if threads.get_num_threads() != 7:
-                return call
-            return lambda: (call(), out.reshape(-1).__setitem__(0, out.reshape(-1)[0] * 1.5))
-        kernel.bind = bind
-        return kernel
-    with kernel_replaced("exp", by_thread_count):
+    with prepare_replaced("exp", _wrong_at_seven_threads):
         r = check_sample(case)
     assert r.status == "fail" and "threads: output at 7 threads" in r.message
 

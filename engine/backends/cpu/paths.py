@@ -3,7 +3,7 @@
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, the chunked sums,
 the column bands of get_rows_back's scatter, numba's parallel compilations) has a plain
-twin, and gradcheck's scale tier compares the two. Two switches make that possible:
+twin, and gradcheck's scale tier compares the two. Three tools make that possible:
 
 - `plain()`: while the block runs, kernels bound or run take their plain twins only: one
   thread and no chunks, BLAS for every product, numpy's copies, the general pooling
@@ -31,8 +31,9 @@ import contextlib
 PLAIN = False
 POISON = False         # new arenas filled with 0xFF bytes (NaN as float): see poisoned()
 
-# Every fast path's name, as recorded. "split:" paths carry the kernel's name after the
-# colon ("split:unary_relu"); KNOWN lists the families (the part before a second colon).
+# Every fast path's family. A recorded name is its family's, or starts with it: "split:"
+# paths carry the kernel's name ("split:cpu_relu"), the sparse product its side and split
+# ("matmul:sparse_left/rows+blas"); see family().
 KNOWN = {
     "split": "a kernel's output split into chunks run side by side on the engine's threads",
     "matmul:sparse": "the zero-skipping product (a sparse operand's zeros skipped)",
@@ -52,7 +53,7 @@ _recorders: list[collections.Counter] = []
 
 
 def family(path: str) -> str:
-    """The KNOWN family of a recorded path: "split:unary_relu" -> "split",
+    """The KNOWN family of a recorded path: "split:cpu_relu" -> "split",
     "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
     if path.startswith("split:"):
         return "split"
@@ -79,27 +80,24 @@ def recording():
 
 
 @contextlib.contextmanager
+def _switched_on(name: str):
+    """Module switch `name` (PLAIN or POISON) on while the block runs, as it was after."""
+    before = globals()[name]
+    globals()[name] = True
+    try:
+        yield
+    finally:
+        globals()[name] = before
+
+
 def poisoned():
     """Arenas allocated in the block hold garbage, all bytes 0xFF (a NaN in every float
     dtype), as an arena reused from another graph would: a kernel that leaves part of its
     output unwritten, right only on fresh zeroed memory, then gives NaN (gradcheck runs the
     engine under test this way)."""
-    global POISON
-    before = POISON
-    POISON = True
-    try:
-        yield
-    finally:
-        POISON = before
+    return _switched_on("POISON")
 
 
-@contextlib.contextmanager
 def plain():
     """Kernels bound or run in the block take their plain twins only (module doc)."""
-    global PLAIN
-    before = PLAIN
-    PLAIN = True
-    try:
-        yield
-    finally:
-        PLAIN = before
+    return _switched_on("PLAIN")
