@@ -122,15 +122,21 @@ class Optimizer:
     def hparams(self) -> dict[str, float]:
         return dict(zip(self.HPARAMS, self.hp.buffer().tolist(), strict=True))
 
-    def set(self, **hp) -> None:
-        """Change numeric hyperparameters between steps (validated; no rebuild). Setting lr
-        also sets the base learning rate that a schedule multiplies."""
+    def checked_hparams(self, **hp) -> dict[str, float]:
+        """The hyperparameters that set(**hp) would give, checked exactly as set() checks them
+        (HyperparameterError), with nothing changed: lets a caller validate before it applies."""
         unknown = sorted(set(hp) - set(self.HPARAMS))
         if unknown:
             raise HyperparameterError(f"{self.name}: unknown hyperparameter(s) {unknown}; it "
                                       f"has {list(self.HPARAMS)}")
         new = {**self.hparams, **{k: float(_finite(k, v)) for k, v in hp.items()}}
         self.validate(new, self.flags)
+        return new
+
+    def set(self, **hp) -> None:
+        """Change numeric hyperparameters between steps (validated; no rebuild). Setting lr
+        also sets the base learning rate that a schedule multiplies."""
+        new = self.checked_hparams(**hp)
         if "lr" in hp:
             self.base_lr = new["lr"]
         self.hp.set([new[k] for k in self.HPARAMS])

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import stat
+import struct
+import tempfile
+import threading
+import time
 
 import gguf
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import gguf_io
 from engine.errors import EngineError
@@ -195,11 +203,11 @@ def test_failure_while_writing_leaves_existing_file_and_no_temp_files(tmp_path, 
     path = small_file(tmp_path / "model.gguf")
     before = path.read_bytes()
 
-    def fail_midway(writer, **_):
-        writer.fout[0].write(b"partial tensor data")
+    def fail_midway(out, arrays, alignment):
+        out.write(b"partial tensor data")
         raise OSError("disk full")
 
-    monkeypatch.setattr(gguf_io.GGUFWriter, "write_tensors_to_file", fail_midway)
+    monkeypatch.setattr(gguf_io, "_write_tensor_data", fail_midway)
     with pytest.raises(OSError, match="disk full"):
         save_gguf(path, {"x": np.ones(4, np.float32)}, "test-arch")
     assert path.read_bytes() == before
@@ -383,3 +391,322 @@ def test_expect_tensors_names_every_problem_at_once():
                  "'fc2.weight' has dtype int32, expected float32", "unexpected 'extra'",
                  "architecture 'mnist-fc'"):
         assert part in message
+
+
+# --- crafted headers: checked as ggml checks them, before any data is read --------------------
+
+T = gguf.GGUFValueType
+
+
+def kv(key, value_type, payload):
+    """One key/value pair: the key, its GGUF type and the value's raw bytes."""
+    return pack_str(key.encode()) + struct.pack("<I", value_type) + payload
+
+
+def pack_str(raw):
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def craft(tensors=(), kvs=(), data=None, alignment=32, arch=b"arch"):
+    """GGUF v3 bytes: tensors as (name bytes, ne, ggml type, offset); the data section is
+    zeros of the size the offsets imply unless `data` is given."""
+    pairs = [kv("general.architecture", T.STRING, pack_str(arch)), *kvs]
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(pairs)) + b"".join(pairs)
+    end = 0
+    for name, ne, type_id, offset in tensors:
+        head += pack_str(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+        head += struct.pack("<IQ", type_id, offset)
+        if offset + 4 * math.prod(ne) < 2**20:   # larger ones get no data
+            end = max(end, offset + 4 * math.prod(ne))
+    if tensors:
+        head += bytes(-len(head) % alignment)
+    return head + (bytes(end + (-end % alignment)) if data is None else data)
+
+
+def write(tmp_path, content, name="t.gguf"):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+F32 = 0
+
+
+def test_crafted_file_of_two_tensors_loads(tmp_path):
+    path = write(tmp_path, craft([(b"a", [3], F32, 0), (b"b", [2, 2], F32, 32)]))
+    gf = load_gguf(path)
+    assert {k: v.shape for k, v in gf.tensors.items()} == {"a": (3,), "b": (2, 2)}
+
+
+@pytest.mark.parametrize("tensors, match", [
+    ([(b"a", [4], F32, 2**64 - 32)], r"tensor 'a' has offset 18446744073709551584, expected 0"),
+    ([(b"a", [4], F32, 32), (b"b", [4], F32, 0)], r"tensor 'a' has offset 32, expected 0"),
+    ([(b"a", [4], F32, 0), (b"b", [4], F32, 0)], r"tensor 'b' has offset 0, expected 32"),
+    ([(b"a", [4], F32, 0), (b"b", [4], F32, 16)], r"tensor 'b' has offset 16, expected 32"),
+    ([(b"a", [4], F32, 0), (b"b", [4], F32, 64)], r"tensor 'b' has offset 64, expected 32"),
+    ([(b"a", [1, 1, 1, 1, 2], F32, 0)], r"tensor 'a' has 5 dimensions; ggml allows 1 to 4"),
+    ([(b"a", [], F32, 0)], r"tensor 'a' has 0 dimensions"),
+    ([(b"x" * 64, [1], F32, 0)], r"tensor 0's name is 64 bytes; ggml allows at most 63"),
+    ([(b"\xff", [1], F32, 0)], r"the name of tensor 0 is not valid UTF-8"),
+    ([(b"a", [1], F32, 0), (b"a", [1], F32, 32)], r"tensor name 'a' appears twice"),
+    ([(b"a", [2**63], F32, 0)], r"tensor 'a' has shape ne=\[9223372036854775808\]"),
+    ([(b"a", [2**32, 2**32], F32, 0)], r"tensor .a. has shape .*element count does not fit"),
+])
+def test_tensor_tables_ggml_refuses_are_refused(tmp_path, tensors, match):
+    path = write(tmp_path, craft(tensors))
+    with pytest.raises(GGUFFormatError, match=r"t.gguf: corrupt GGUF file: " + match):
+        load_gguf(path)
+
+
+def test_tensor_beyond_the_end_is_truncated_before_anything_is_allocated(tmp_path):
+    path = write(tmp_path, craft([(b"a", [2**40], F32, 0)], data=b""))
+    with pytest.raises(GGUFFormatError, match=r"truncated GGUF file: .*ends at byte 4398046511"):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize("kvs, match", [
+    ([kv("k", T.BOOL, b"\x02")], r"corrupt GGUF file: metadata 'k' is a BOOL of byte 2"),
+    ([kv("k", T.ARRAY, struct.pack("<IQ", T.BOOL, 2) + b"\x01\x07")], r"neither 0 nor 1"),
+    ([kv("k", 13, b"")], r"corrupt GGUF file: metadata 'k' has unknown type 13"),
+    ([kv("k", T.ARRAY, struct.pack("<IQ", 99, 1))], r"metadata 'k' is an array of unknown type"),
+    ([kv("k", T.ARRAY, struct.pack("<IQ", T.ARRAY, 1))], r"metadata 'k' is a nested array"),
+    ([kv("k", T.STRING, pack_str(b"\xff"))], r"metadata 'k' is not valid UTF-8"),
+    ([kv("k", T.INT8, b"\x01"), kv("k", T.INT8, b"\x02")], r"metadata key 'k' appears twice"),
+    ([kv("GGUF.version", T.INT8, b"\x01")], r"metadata key 'GGUF.version' is reserved"),
+    ([kv("general.alignment", T.UINT32, struct.pack("<I", 24))],
+     r"general.alignment must be a UINT32 power of two, got 24"),
+    ([kv("general.alignment", T.INT64, struct.pack("<q", 64))], r"got 64 of type INT64"),
+    ([kv("k", T.ARRAY, struct.pack("<IQ", T.INT64, 2**60))],
+     r"truncated GGUF file: .* but metadata 'k' \(1152921504606846976 elements\)"),
+    ([kv("k", T.STRING, struct.pack("<Q", 2**62))], r"truncated GGUF file"),
+])
+def test_metadata_that_cannot_be_read_is_refused(tmp_path, kvs, match):
+    path = write(tmp_path, craft(kvs=kvs))
+    with pytest.raises(GGUFFormatError, match=match):
+        load_gguf(path)
+
+
+def test_metadata_of_other_writers_types_loads(tmp_path):
+    kvs = [kv("u8", T.UINT8, b"\xff"), kv("f32", T.FLOAT32, struct.pack("<f", 0.5)),
+           kv("u16s", T.ARRAY, struct.pack("<IQ3H", T.UINT16, 3, 1, 2, 65535)),
+           kv("bools", T.ARRAY, struct.pack("<IQ", T.BOOL, 2) + b"\x01\x00"),
+           kv("empty", T.ARRAY, struct.pack("<IQ", T.INT32, 0)),
+           kv("general.alignment", T.UINT32, struct.pack("<I", 64))]
+    path = write(tmp_path, craft([(b"a", [3], F32, 0), (b"b", [1], F32, 64)], kvs, alignment=64))
+    gf = load_gguf(path)
+    assert gf.metadata == {"u8": 255, "f32": 0.5, "u16s": [1, 2, 65535], "bools": [True, False],
+                           "empty": [], "general.alignment": 64}
+    assert type(gf.metadata["bools"][0]) is bool and list(gf.tensors) == ["a", "b"]
+
+
+@pytest.mark.parametrize("cap, kvs, tensors, match", [
+    ("MAX_ARRAY_LEN", [kv("k", T.ARRAY, struct.pack("<IQ", T.INT8, 11) + bytes(11))], [],
+     r"metadata 'k' has 11 elements; at most 10 in one array"),
+    ("MAX_METADATA_ELEMENTS", [kv(f"k{i}", T.ARRAY, struct.pack("<IQ", T.INT8, 4) + bytes(4))
+                               for i in range(3)], [], r"metadata 'k2' has 4 elements"),
+    ("MAX_KV", [kv(f"k{i}", T.INT8, b"\x00") for i in range(10)], [],
+     r"GGUF header holds 11 key/value pairs; at most 10 are read"),
+    ("MAX_TENSORS", [], [(f"t{i}".encode(), [1], F32, 32 * i) for i in range(11)],
+     r"GGUF header holds 11 tensors; at most 10 are read"),
+])
+def test_caps_refuse_big_headers(tmp_path, monkeypatch, cap, kvs, tensors, match):
+    monkeypatch.setattr(gguf_io, cap, 10)
+    path = write(tmp_path, craft(tensors, kvs))
+    with pytest.raises(GGUFFormatError, match=r"t.gguf: " + match):
+        load_gguf(path)
+
+
+def test_header_bytes_are_capped(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_io, "MAX_HEADER_BYTES", 200)
+    path = write(tmp_path, craft(kvs=[kv("k", T.STRING, pack_str(b"x" * 300))]))
+    with pytest.raises(GGUFFormatError, match=r"GGUF header too large: metadata 'k' reaches "
+                                              r"byte \d+; at most 200 header bytes"):
+        load_gguf(path)
+
+
+def test_a_million_element_array_is_refused_in_milliseconds(tmp_path):
+    million = kv("k", T.ARRAY, struct.pack("<IQ", T.INT8, 10**6) + bytes(10**6))
+    path = write(tmp_path, craft([(b"a", [4], F32, 0)], [million]))
+    start = time.perf_counter()
+    with pytest.raises(GGUFFormatError, match=r"has 1000000 elements; at most 65536"):
+        load_gguf(path)
+    assert time.perf_counter() - start < 0.25
+
+
+def test_fifo_is_refused_without_waiting(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(GGUFFormatError, match=r"fifo: cannot be read: it is not a regular file"):
+        load_gguf(tmp_path / "fifo")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_any_corruption_loads_or_raises_the_format_error(data):
+    whole = CORRUPTIBLE
+    position = data.draw(st.integers(0, len(whole) - 1))
+    mutated = bytearray(whole)
+    mutated[position] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(position + 1, len(whole)))
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "t.gguf")
+        with open(path, "wb") as file:
+            file.write(bytes(mutated[:cut]))
+        try:
+            gf = load_gguf(path)
+        except GGUFFormatError as exc:
+            assert str(exc).startswith(path)
+        else:
+            assert all(a.flags.c_contiguous for a in gf.tensors.values())
+
+
+CORRUPTIBLE = craft([(b"w", [3, 2], F32, 0), (b"b", [2], F32, 32)],
+                    [kv("s", T.STRING, pack_str(b"hello")),
+                     kv("a", T.ARRAY, struct.pack("<IQ3q", T.INT64, 3, 1, 2, 3)),
+                     kv("names", T.ARRAY, struct.pack("<IQ", T.STRING, 2) + pack_str(b"x")
+                        + pack_str(b"yz"))])
+
+
+# --- reading only what the caller asks for ----------------------------------------------------
+
+def recording_reads(monkeypatch):
+    reads = []
+    read = gguf_io._BoundedReader.read_tensor
+    monkeypatch.setattr(gguf_io._BoundedReader, "read_tensor",
+                        lambda self, t: reads.append(t.name) or read(self, t))
+    return reads
+
+
+def test_expect_is_checked_against_the_header_before_any_tensor_is_read(tmp_path, monkeypatch):
+    arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in FC_SPEC.items()}
+    save_gguf(tmp_path / "m.gguf", {**arrays, "extra": np.zeros(3, np.float32)}, "mnist-fc")
+    reads = recording_reads(monkeypatch)
+    with pytest.raises(GGUFFormatError, match=r"m.gguf \(architecture 'mnist-fc'\): tensors do "
+                                              r"not match: unexpected 'extra'$"):
+        load_gguf(tmp_path / "m.gguf", expect=FC_SPEC)
+    wrong = {**FC_SPEC, "fc1.bias": ((501,), np.float32)}
+    with pytest.raises(GGUFFormatError, match=r"'fc1.bias' has shape \[500\], expected \[501\]"):
+        load_gguf(tmp_path / "m.gguf", expect=wrong)
+    assert reads == []
+    save_gguf(tmp_path / "m.gguf", arrays, "mnist-fc")
+    gf = load_gguf(tmp_path / "m.gguf", "mnist-fc", expect=FC_SPEC)
+    expect_tensors(gf, FC_SPEC)
+    assert reads == list(FC_SPEC)
+
+
+def test_sparse_huge_extra_tensor_costs_nothing_with_expect(tmp_path, monkeypatch):
+    path = write(tmp_path, craft([(b"a", [4], F32, 0), (b"big", [2**28], F32, 32)], data=b""))
+    os.truncate(path, path.stat().st_size + 32 + 2**30)   # sparse: no disk, no memory
+    reads = recording_reads(monkeypatch)
+    with pytest.raises(GGUFFormatError, match=r"unexpected 'big'"):
+        load_gguf(path, expect={"a": ((4,), np.float32)})
+    assert reads == []
+
+
+def test_select_sees_arch_metadata_and_header_and_reads_only_its_names(tmp_path, monkeypatch):
+    path = small_file(tmp_path / "t.gguf")
+    seen = []
+
+    def select(arch, metadata, tensors):
+        seen.append((arch, metadata, tensors))
+        return ["c"]
+
+    reads = recording_reads(monkeypatch)
+    gf = load_gguf(path, expect=select)
+    assert list(gf.tensors) == ["c"] and reads == ["c"]
+    assert seen == [("test-arch", {"note": "hello", "n": 7},
+                     {"a.b": ((2, 3), np.dtype(np.float32)), "c": ((5,), np.dtype(np.int32))})]
+
+
+# --- writing through links, into streams, never over read-only files -------------------------
+
+def test_symlink_output_stays_a_link_and_its_target_is_replaced(tmp_path):
+    real = small_file(tmp_path / "real.gguf")
+    (tmp_path / "link.gguf").symlink_to("real.gguf")
+    save_gguf(tmp_path / "link.gguf", {"y": np.ones(2, np.float64)}, "other")
+    assert (tmp_path / "link.gguf").is_symlink()
+    assert list(load_gguf(real, arch="other").tensors) == ["y"]
+    assert sorted(os.listdir(tmp_path)) == ["link.gguf", "real.gguf"]
+
+
+def test_dangling_symlink_output_creates_its_target(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.gguf").symlink_to(tmp_path / "sub" / "new.gguf")
+    save_gguf(tmp_path / "link.gguf", {"y": np.ones(2, np.float64)}, "other")
+    assert (tmp_path / "link.gguf").is_symlink()
+    assert sorted(os.listdir(tmp_path / "sub")) == ["new.gguf"]
+
+
+def test_pipe_and_fifo_outputs_are_written_straight_into(tmp_path):
+    small_file(tmp_path / "plain.gguf")
+    expected = (tmp_path / "plain.gguf").read_bytes()
+    read_end, write_end = os.pipe()
+    try:
+        small_file(f"/dev/fd/{write_end}")   # a pipe: no tell(), no seek, nothing to replace
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as reader:
+            assert reader.read() == expected
+    finally:
+        for fd in (read_end, write_end):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    os.mkfifo(tmp_path / "fifo")
+    got = []
+    reader = threading.Thread(target=lambda: got.append((tmp_path / "fifo").read_bytes()))
+    reader.start()
+    small_file(tmp_path / "fifo")
+    reader.join(5)
+    assert got == [expected] and stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "plain.gguf"]
+
+
+def test_character_device_output_is_written_straight_into(tmp_path):
+    # a node of its own for the null device: a regression must not replace the real /dev/null
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError as exc:
+        pytest.skip(f"cannot create a device node here: {exc}")
+    save_gguf(device, {"x": np.ones(3, np.float32)}, "arch")
+    assert stat.S_ISCHR(os.stat(device).st_mode)
+    assert os.listdir(tmp_path) == ["null"]
+
+
+def test_block_device_output_is_refused_before_it_is_opened(tmp_path):
+    # a node of its own (a loop device's numbers): never opened, since it is refused first
+    device = tmp_path / "disk"
+    try:
+        os.mknod(device, stat.S_IFBLK | 0o600, os.makedev(7, 0))
+    except OSError as exc:
+        pytest.skip(f"cannot create a device node here: {exc}")
+    with pytest.raises(PermissionError, match="not a regular file, FIFO or character device"):
+        save_gguf(device, {"x": np.ones(3, np.float32)}, "arch")
+    assert stat.S_ISBLK(os.stat(device).st_mode) and os.listdir(tmp_path) == ["disk"]
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_read_only_file_is_refused_even_as_root(tmp_path, through_link):
+    path = small_file(tmp_path / "model.gguf")
+    before = path.read_bytes()
+    path.chmod(0o444)
+    target = path
+    if through_link:
+        target = tmp_path / "link.gguf"
+        target.symlink_to(path)
+    with pytest.raises(PermissionError, match=rf"read-only file, not replaced: '.*{target.name}'"):
+        save_gguf(target, {"y": np.ones(2)}, "other")
+    assert path.read_bytes() == before
+    assert len(os.listdir(tmp_path)) == 1 + through_link
+
+
+def test_directory_output_is_refused_before_writing(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"is a directory: '.*d'"):
+        save_gguf(tmp_path / "d", {"y": np.ones(2)}, "other")
+    assert os.listdir(tmp_path) == ["d"]
+
+
+def test_empty_and_zero_size_tensors_round_trip(tmp_path):
+    arrays = {"empty": np.zeros((0, 3), np.float32), "one": np.ones(1, np.int8)}
+    save_gguf(tmp_path / "t.gguf", arrays, "arch")
+    gf = load_gguf(tmp_path / "t.gguf")
+    assert gf.tensors["empty"].shape == (0, 3) and gf.tensors["one"].tolist() == [1]
