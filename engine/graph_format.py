@@ -18,8 +18,11 @@ leaves it uses without holding them as nodes (the gradient accumulators). Keys:
     graph.backward.acc_params, .accs     param acc_params[k] has accumulator accs[k]
     graph.role.names, .nodes    the tensors the caller named (`roles`)
 
-References are entry indices. An integer array that would be empty is left out (a GGUF array
-cannot be empty) and reads back as empty. Every leaf is persistent (input, param, accumulator,
+References are entry indices. An entry has at most MAX_RANK axes, and all entries together
+at most MAX_GRAPH_ELEMENTS elements (loading is symbolic, but computing the graph allocates
+them; a training graph of ggml's MNIST CNN at batch 1000 holds under 2^28). An integer
+array that would be empty is left out (a GGUF array cannot be empty) and reads back as
+empty. Every leaf is persistent (input, param, accumulator,
 state; constants and the loss-gradient seed are inputs); GGUF tensor `node.<i>` holds leaf i's
 current value, so the imported graph computes and trains on exactly as the exported one
 would. Ranks 1 to 4 keep their shape, others are stored as (size,). Keys that do not start
@@ -34,13 +37,19 @@ here ever runs code on load; a string holding Python is just a string the op rej
     tuple / list             a JSON array, read as a tuple / {"list": [...]}
 
 Anything else (numpy scalars too: a kernel may compute differently with np.float32 than with
-float) is refused on export.
+float) is refused on export. So that no file can make a load recurse, loop or allocate without
+bound, the params text of one node is at most MAX_PARAMS_CHARS characters, nests at most
+MAX_PARAMS_DEPTH arrays and objects deep (the object itself counts; pads, a tuple of pairs,
+is 3), and holds integers in [-2^63, 2^64) (int64 and uint64, GGUF's integers) and finite
+bare numbers; each is checked before or while the JSON is decoded, on export too. The types
+and ranges of each param are the op's checks (engine.registry's OpDef.params).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from engine.gguf_io import GGUFFormatError
@@ -51,6 +60,14 @@ FORMAT_VERSION = 1
 PREFIX = "graph."
 FLAG_NAMES = [name for name, f in Flag.__members__.items() if f.value]
 _SPECIAL_FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+MAX_RANK = 32                    # numpy's limit on every version
+MAX_GRAPH_ELEMENTS = 2 ** 32
+MAX_PARAMS_CHARS = 65536
+MAX_PARAMS_DEPTH = 8
+INT_RANGE = (-2 ** 63, 2 ** 64)   # [low, high): int64 and uint64 (dropout's seed)
+_INT_DIGITS = 20                  # 2^64 has 20 digits: a longer literal is out of range
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 class GraphFileError(GGUFFormatError):
@@ -81,11 +98,16 @@ def encode_params(params: dict[str, Any], where: str = "params") -> str:
     bad = [k for k in params if not isinstance(k, str)]
     if bad:
         raise GraphFileError(f"{where}: param name {bad[0]!r} is not a string")
-    return json.dumps({k: _encode(v, f"{where}: param {k!r}") for k, v in params.items()},
+    text = json.dumps({k: _encode(v, f"{where}: param {k!r}") for k, v in params.items()},
                       allow_nan=False)
+    _check_size(text, where)   # what could not be read back is not written
+    return text
 
 
 def _encode(v, where):
+    if type(v) is int and not INT_RANGE[0] <= v < INT_RANGE[1]:
+        raise GraphFileError(f"{where}: integer of {v.bit_length()} bits is outside "
+                             "[-2^63, 2^64) (int64 and uint64)")
     if v is None or type(v) in (bool, int, str):
         return v
     if type(v) is float:
@@ -104,8 +126,10 @@ def decode_params(text: str, where: str = "params") -> dict[str, Any]:
     def no_constant(name):
         raise GraphFileError(f"{where}: bare {name} in params JSON; non-finite floats are "
                              'written {"float": "nan"}')
+    _check_size(text, where)
     try:
-        value = json.loads(text, parse_constant=no_constant)
+        value = json.loads(text, parse_constant=no_constant, parse_int=_parse_int,
+                           parse_float=_parse_float)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise GraphFileError(f"{where}: params are not valid JSON ({exc}): {text:.200}") from None
     if not isinstance(value, dict):
@@ -113,7 +137,47 @@ def decode_params(text: str, where: str = "params") -> dict[str, Any]:
     return {k: _decode(v, f"{where}: param {k!r}") for k, v in value.items()}
 
 
+def _check_size(text: str, where: str) -> None:
+    """Refuse params text longer than MAX_PARAMS_CHARS or nested deeper than
+    MAX_PARAMS_DEPTH, in one pass without recursion (brackets inside strings don't count)."""
+    if len(text) > MAX_PARAMS_CHARS:
+        raise GraphFileError(f"{where}: params are {len(text)} characters long, more than "
+                             f"{MAX_PARAMS_CHARS}")
+    depth = 0
+    for bracket in _BRACKET.finditer(_STRING.sub('""', text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > MAX_PARAMS_DEPTH:
+            raise GraphFileError(f"{where}: params nest more than {MAX_PARAMS_DEPTH} arrays "
+                                 "and objects deep (no op param nests more than 3)")
+
+
+class _Refused:
+    """A JSON number decode_params refuses; _decode raises naming the param holding it."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+
+
+def _parse_int(literal: str):
+    # int() of a long literal is slow and Python refuses > 4300 digits (a ValueError)
+    digits = len(literal.lstrip("-"))
+    if digits <= _INT_DIGITS and INT_RANGE[0] <= int(literal) < INT_RANGE[1]:
+        return int(literal)
+    return _Refused(f"integer {literal[:24]}{'...' if len(literal) > 24 else ''} "
+                    f"({digits} digits) is outside [-2^63, 2^64) (int64 and uint64)")
+
+
+def _parse_float(literal: str):
+    value = float(literal)
+    if math.isfinite(value):
+        return value
+    return _Refused(f"number {literal[:24]} is not a finite float; non-finite floats are "
+                    'written {"float": "inf"}')
+
+
 def _decode(v, where):
+    if isinstance(v, _Refused):
+        raise GraphFileError(f"{where}: {v.problem}")
     if isinstance(v, list):
         return tuple(_decode(x, where) for x in v)
     if isinstance(v, dict):

@@ -14,6 +14,7 @@ result must match the stored shape and dtype. Nothing in a file is ever run.
 from __future__ import annotations
 
 import dataclasses
+import math
 from itertools import accumulate
 from typing import Any
 
@@ -24,6 +25,8 @@ from engine.graph import Graph
 from engine.graph_format import (
     ARCH,
     FORMAT_VERSION,
+    MAX_GRAPH_ELEMENTS,
+    MAX_RANK,
     PREFIX,
     GraphFileError,
     decode_params,
@@ -69,6 +72,7 @@ def save_graph(path, graph: Graph, roles: dict[str, Tensor] | None = None,
     for t in [*graph.grad_accs.values(), *seed]:
         if index.setdefault(t.id, len(entries)) == len(entries):
             entries.append(t)
+    _check_sizes([t.shape for t in entries], [t.name for t in entries], "save_graph")
     tensors, params = {}, []
     for i, t in enumerate(entries):
         at = f"save_graph: node {i} ({t.name!r}, op {t.op})"
@@ -147,6 +151,7 @@ def graph_from_gguf(gf: GGUFFile) -> LoadedGraph:
     ops_, dtypes, flags, params = (keys.many("node." + k, str, count)
                                    for k in ("op", "dtype", "flags", "params"))
     shapes = _split(keys, "node.ndim", "node.dims", count)
+    _check_sizes(shapes, names, where)
     srcs = _split(keys, "node.nsrcs", "node.srcs", count)
     registry = all_ops()
     entries: list[Tensor] = []
@@ -265,6 +270,21 @@ def _split(keys: _Keys, counts_key: str, flat_key: str, count: int) -> list[tupl
         raise GraphFileError(f"{keys.where}: node {bad[0]}: {PREFIX}{flat_key} gives it "
                              f"{list(out[bad[0]])}; indices and dimensions are >= 0")
     return out
+
+
+def _check_sizes(shapes: list[tuple[int, ...]], names: list[str], where: str) -> None:
+    """Refuse an entry of more than MAX_RANK axes, and shapes that together exceed
+    MAX_GRAPH_ELEMENTS elements (a small leaf broadcast to 2^40 elements is a valid node,
+    but computing it would exhaust memory)."""
+    total = 0
+    for i, shape in enumerate(shapes):
+        if len(shape) > MAX_RANK:
+            raise GraphFileError(f"{where}: node {i} ({names[i]!r}) has {len(shape)} axes; "
+                                 f"at most {MAX_RANK}")
+        total += math.prod(shape)
+        if total > MAX_GRAPH_ELEMENTS:
+            raise GraphFileError(f"{where}: node {i} ({names[i]!r}) of shape {list(shape)} "
+                                 f"brings the graph past {MAX_GRAPH_ELEMENTS} elements")
 
 
 class _Keys:

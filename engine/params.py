@@ -5,65 +5,153 @@ canonical form or raises: ParamError for a parameter malformed on its own (see
 engine.errors.ParamError), ShapeError or DTypeError for inputs, or parameters, that do not
 fit the inputs' shapes.
 
-- `integer`, `pair`, `int_tuple`, `is_real`: the form of a parameter;
+- `integer`, `boolean`, `number`, `pair`, `int_tuple`, `ints`, `int_rows`, `choice`,
+  `is_real`: the form of a parameter, strict on types: an int is an int (numpy's
+  included) within int64, never a bool or a float (not even 500.0); a bool is True or
+  False, never 0, 1 or "True"; a number is a real, never a bool or a string; `ints` and
+  `int_rows` take tuples only (the form a node stores), `int_tuple` any sequence;
+- `show_value`: a value for a message, cut short (also an int too long for repr);
 - `window_output_size`: a sliding window (kernel, stride, padding, dilation per axis) over
   the last axes of an input, validated, and the number of windows per axis;
 - `check_rows`: the inputs of a row-wise op (the rows are the last axis).
+
+An OpDef's `params` (engine.registry) maps each parameter to one of these checks, called as
+`check(op, name, value)`, so that make_node refuses a malformed parameter the same way
+whether a user builds the op or a graph file is loaded (engine.graph_io).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
 
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.registry import shapes_str
 
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def show_value(v) -> str:
+    """repr(v) cut to 100 characters, also for an int too long for repr."""
+    try:
+        text = repr(v)
+    except ValueError:   # Python's int max-str-digits
+        return f"an int of {v.bit_length()} bits" if isinstance(v, int) else \
+            f"a {type(v).__name__} holding an int too long to print"
+    return text if len(text) <= 100 else text[:97] + "..."
+
 
 def _is_int(v) -> bool:
-    return not isinstance(v, bool) and hasattr(v, "__index__")
+    return not isinstance(v, (bool, np.bool_)) and hasattr(v, "__index__")
+
+
+def _in_int64(v) -> bool:
+    return INT64_MIN <= v <= INT64_MAX
 
 
 def is_real(v) -> bool:
     """A real number (numpy's included), not a bool."""
-    return not isinstance(v, bool) and isinstance(v, numbers.Real)
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, numbers.Real)
 
 
-def integer(op: str, name: str, v) -> int:
-    """v as an int (no silent truncation of floats)."""
+def integer(op: str, name: str, v, low: int = INT64_MIN, high: int = INT64_MAX) -> int:
+    """v as an int in [low, high] (int64 by default; no silent truncation of floats)."""
     if not _is_int(v):
-        raise ParamError(f"{op}: {name} must be an int, got {v!r}")
-    return operator.index(v)
+        raise ParamError(f"{op}: {name} must be an int, got {show_value(v)}")
+    out = operator.index(v)
+    if not low <= out <= high:
+        raise ParamError(f"{op}: {name} must be an int in [{low}, {high}], got {show_value(out)}")
+    return out
+
+
+def boolean(op: str, name: str, v) -> bool:
+    """v as a bool: True or False (numpy's too), never 0, 1 or a string."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise ParamError(f"{op}: {name} must be True or False, got {show_value(v)}")
+    return bool(v)
+
+
+def number(op: str, name: str, v, finite: bool = True) -> float:
+    """v as a float: a real number, not a bool or a string, not NaN, and finite unless
+    `finite` is False (then +-inf pass, e.g. a one-sided clamp)."""
+    if not is_real(v):
+        raise ParamError(f"{op}: {name} must be a number, got {show_value(v)}")
+    try:
+        out = float(v)
+    except OverflowError:
+        raise ParamError(f"{op}: {name} is too large for a float") from None
+    if math.isnan(out) or (finite and math.isinf(out)):
+        raise ParamError(f"{op}: {name} must be a {'finite ' if finite else ''}number, got "
+                         f"{out!r}")
+    return out
 
 
 def pair(op: str, name: str, v) -> tuple[int, int]:
     """An int or a pair of ints as a pair (rows, cols)."""
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
-            raise ParamError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+            raise ParamError(f"{op}: {name} must be an int or a pair of ints, got {show_value(v)}")
         a, b = v
     else:
         a = b = v
-    if not (_is_int(a) and _is_int(b)):
-        raise ParamError(f"{op}: {name} must be an int or a pair of ints, got {v!r}")
+    if not (_is_int(a) and _is_int(b) and _in_int64(a) and _in_int64(b)):
+        raise ParamError(f"{op}: {name} must be an int or a pair of ints, got {show_value(v)}")
     return operator.index(a), operator.index(b)
 
 
-def int_tuple(op: str, name: str, value, ndim: int | None, low: int = 0) -> tuple[int, ...]:
-    """`value` as a tuple of `ndim` ints (any number if ndim is None), each >= low."""
+def int_tuple(op: str, name: str, value, ndim: int | None = None,
+              low: int | None = 0) -> tuple[int, ...]:
+    """`value` as a tuple of `ndim` ints (any number if ndim is None), each >= low (any
+    int64 if low is None)."""
     count = "" if ndim is None else f"{ndim} "
-    try:
-        items = tuple(value)
-    except TypeError:
-        raise ParamError(f"{op}: {name} must be a sequence of {count}ints, got {value!r}") \
-            from None
-    if (ndim is not None and len(items) != ndim) or not all(_is_int(v) for v in items):
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+        raise ParamError(f"{op}: {name} must be a sequence of {count}ints, got {show_value(value)}")
+    items = tuple(value)
+    if (ndim is not None and len(items) != ndim) or \
+            not all(_is_int(v) and _in_int64(v) for v in items):
         raise ParamError(f"{op}: {name} must be a sequence of {count}ints (one per axis), "
-                         f"got {value!r}")
+                         f"got {show_value(value)}")
     out = tuple(operator.index(v) for v in items)
-    if any(v < low for v in out):
+    if low is not None and any(v < low for v in out):
         raise ParamError(f"{op}: {name} must be >= {low} on every axis, got {list(out)}")
     return out
+
+
+def ints(op: str, name: str, value) -> tuple[int, ...]:
+    """A tuple of int64s of any length and sign (a shape, axes, an offset), as a node
+    stores it (a builder turns a user's list into one with int_tuple): the form only; the
+    op's infer checks the values against its inputs."""
+    if not isinstance(value, tuple):
+        raise ParamError(f"{op}: {name} must be a tuple of ints, got {show_value(value)}")
+    return int_tuple(op, name, value, None, None)
+
+
+def int_rows(width: int) -> Callable[[str, str, Any], tuple[tuple[int, ...], ...]]:
+    """The check of a tuple of `width`-tuples of int64s (pad's (before, after) pairs,
+    strided_slice's (start, stop, step) triples), any number of them, as a node stores
+    them."""
+    def check(op: str, name: str, value) -> tuple[tuple[int, ...], ...]:
+        if not (isinstance(value, tuple) and all(isinstance(row, tuple) for row in value)):
+            raise ParamError(f"{op}: {name} must be a tuple of {width}-tuples of ints, got "
+                             f"{show_value(value)}")
+        return tuple(int_tuple(op, f"{name}[{i}]", row, width, None)
+                     for i, row in enumerate(value))
+    return check
+
+
+def choice(*options: str) -> Callable[[str, str, Any], str]:
+    """The check of a string parameter that is one of `options` (a mode, a dtype name)."""
+    def check(op: str, name: str, value) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise ParamError(f"{op}: {name} must be one of {list(options)}, got "
+                             f"{show_value(value)}")
+        return value
+    return check
 
 
 def window_output_size(op: str, x_shape, kernel, stride, padding, dilation) -> tuple[int, ...]:

@@ -8,6 +8,11 @@ says:
   shapes, dtypes and parameters when the op is built, raising ShapeError/DTypeError that
   name the op and the shapes, or ParamError for a malformed parameter (engine.params holds
   the shared checks);
+- `params`: parameter name -> check(op, name, value) returning the value in canonical form
+  or raising ParamError (engine.params' strict checks: an int is never a bool or 500.0);
+  make_node runs them before `infer`, so a user's call and a graph file being loaded
+  (engine.graph_io) meet the same checks, and refuses a parameter the op does not declare.
+  None (the default) leaves the parameters to `infer` alone;
 - `backward(g, out, *srcs, **params) -> tuple` aligned with `srcs` (None = no gradient),
   built from registered ops so gradients are graph nodes; or `backward=None` together with
   `no_grad`, the reason it has none;
@@ -40,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from engine.errors import ShapeError, UnknownOpError
+from engine.errors import ParamError, ShapeError, UnknownOpError
 from engine.tensor import Flag, Tensor
 
 KINDS = ("primitive", "view", "composite", "backward", "update")
@@ -86,6 +91,7 @@ class OpDef:
     scale: Callable | None = None
     strategy: Callable | None = None
     vjp_of: VJPOf | None = None
+    params: dict[str, Callable] | None = None
     doc: str = ""
 
     def __post_init__(self):
@@ -106,6 +112,17 @@ class OpDef:
                              "(no_grad=...)")
         if self.build is None:
             self.build = self.compose if self.kind == "composite" else self._make
+
+    def check_params(self, params: dict) -> dict:
+        """`params` with each declared parameter checked and in canonical form (see
+        `params` above); ParamError for a malformed or undeclared one."""
+        if self.params is None:
+            return params
+        unknown = [k for k in params if k not in self.params]
+        if unknown:
+            raise ParamError(f"{self.name}: takes parameters {list(self.params)}, got "
+                             f"unknown {unknown[0]!r}")
+        return {k: self.params[k](self.name, k, v) for k, v in params.items()}
 
     def _make(self, *srcs, **params) -> Tensor:
         return make_node(self.name, srcs, **params)
@@ -166,12 +183,14 @@ registered = _Registered()
 
 
 def make_node(name: str, srcs, **params) -> Tensor:
-    """Build a node of op `name` on `srcs`, checking shapes and dtypes now."""
+    """Build a node of op `name` on `srcs`, checking its params (OpDef.params), shapes and
+    dtypes now."""
     op = OPS[name]
     srcs = tuple(srcs)
     for s in srcs:
         if not isinstance(s, Tensor):
             raise TypeError(f"{name}: expected Tensor inputs, got {type(s).__name__}")
+    params = op.check_params(params)
     inferred = op.infer(*srcs, **params)
     shape, dtype = inferred[0], inferred[1]
     contiguous = inferred[2] if len(inferred) > 2 else True

@@ -48,7 +48,8 @@ def _torch_argmax(x):
     return x.argmax(-1).to(torch.int32)
 
 
-register(OpDef("argmax", infer=_infer, no_grad="integer output: piecewise constant",
+register(OpDef("argmax", params={}, infer=_infer,
+               no_grad="integer output: piecewise constant",
                kernels={"cpu": cpu_argmax, "cuda": "engine.backends.cuda.argmax:cuda_argmax"},
                build=argmax, torch=_torch_argmax,
                samples=_samples, strategy=_strategy,

@@ -164,12 +164,12 @@ def define_binary(row: Binary) -> None:
     kernels = {"cpu": cpu.binary(row.name),
                "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"}
     if row.broadcasts:
-        register(OpDef(row.name, infer=_infer(row.name), backward=_backward(row),
+        register(OpDef(row.name, params={}, infer=_infer(row.name), backward=_backward(row),
                        kernels=kernels, build=_builder(row.name), torch=row.torch,
                        samples=_samples(row), scale=_scale(row), strategy=_strategy(row),
                        doc=row.doc))
     else:
-        register(OpDef(row.name, kind="backward", infer=_back_infer(row.name),
+        register(OpDef(row.name, params={}, kind="backward", infer=_back_infer(row.name),
                        no_grad=row.no_grad, kernels=kernels,
                        build=lambda g, x: make_node(row.name, (g, x)), torch=row.torch,
                        samples=_back_samples(row),

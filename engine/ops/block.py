@@ -14,7 +14,7 @@ acc their block gradients.
 from __future__ import annotations
 
 from engine.errors import DTypeError, ShapeError
-from engine.params import int_tuple
+from engine.params import int_tuple, ints
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import draw_input, sample_strategy, shapes
@@ -88,7 +88,8 @@ def _block_strategy(draw, dtype):
                        shape=size)
 
 
-register(OpDef("block", kind="view", infer=_block_infer, backward=_block_backward,
+register(OpDef("block", params=dict(offset=ints, shape=ints),
+               kind="view", infer=_block_infer, backward=_block_backward,
                view=lambda ins, offset, shape: ins[0][block_slices(offset, shape)],
                build=block, torch=_torch_block, samples=_block_samples,
                strategy=_block_strategy,

@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 from engine.backends.cpu.concat import cpu_concat
-from engine.errors import DTypeError, ParamError, ShapeError
+from engine.errors import DTypeError, ShapeError
 from engine.ops.block import block
+from engine.params import integer
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, scale_case
@@ -36,8 +37,7 @@ def _concat_infer(a, b, axis):
 
 def concat(a, b, axis):
     """a and b joined along `axis` (negative counts from the end)."""
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise ParamError(f"concat: axis must be an int, got {axis!r}")
+    axis = integer("concat", "axis", axis)
     if not -a.ndim <= axis < a.ndim:
         raise ShapeError(f"concat: axis {axis} out of range for shapes {shapes_str(a, b)}")
     return make_node("concat", (a, b), axis=axis % a.ndim)
@@ -97,7 +97,8 @@ def _concat_scale():
                        axis=0)]
 
 
-register(OpDef("concat", scale=_concat_scale, infer=_concat_infer, backward=_concat_backward,
+register(OpDef("concat", params=dict(axis=integer),
+               scale=_concat_scale, infer=_concat_infer, backward=_concat_backward,
                kernels={"cpu": cpu_concat, "cuda": "engine.backends.cuda.indexing:cuda_concat"},
                build=concat, torch=_torch_concat,
                samples=_concat_samples, strategy=_concat_strategy,

@@ -122,13 +122,13 @@ def _scale():
                         InputSpec("labels", SQUARE, "probs", -2.0, 2.0, grad=False)])]
 
 
-register(OpDef("cross_entropy_loss", scale=_scale, infer=_infer, backward=_backward,
+register(OpDef("cross_entropy_loss", params={}, scale=_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_cross_entropy_loss,
                         "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss"},
                build=cross_entropy_loss,
                torch=_torch_cross_entropy, samples=_samples, strategy=_strategy,
                doc="mean over rows of -sum(labels * log_softmax(logits)); a 0-d loss"))
-register(OpDef("cross_entropy_loss_back", kind="backward", infer=_back_infer,
+register(OpDef("cross_entropy_loss_back", params={}, kind="backward", infer=_back_infer,
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_cross_entropy_loss_back,
                         "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss_back"},

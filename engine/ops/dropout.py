@@ -15,14 +15,13 @@ same mask computed by numpy from the same hash function.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 
 from engine.backends.cpu.dropout import cpu_dropout, keep_mask
 from engine.errors import DTypeError, ParamError
-from engine.params import is_real
+from engine.params import integer, is_real, number, show_value
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -40,12 +39,12 @@ def _dropout_infer(x, p, seed):
 
 
 def _check_params(x, p, seed) -> None:
-    if not is_real(p) or not math.isfinite(p) or not 0.0 <= p < 1.0:
-        raise ParamError(f"dropout: p must be a number in [0, 1), got {p!r} (input of shape "
-                         f"{list(x.shape)})")
+    if not is_real(p) or not 0.0 <= p < 1.0:   # NaN, inf and big ints fail the comparison
+        raise ParamError(f"dropout: p must be a number in [0, 1), got {show_value(p)} (input "
+                         f"of shape {list(x.shape)})")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) \
             or not 0 <= seed < MAX_SEED:
-        raise ParamError(f"dropout: seed must be an int in [0, 2^64), got {seed!r}")
+        raise ParamError(f"dropout: seed must be an int in [0, 2^64), got {show_value(seed)}")
 
 
 def dropout(x, p, seed):
@@ -91,7 +90,12 @@ def _dropout_scale():
             for p in (None, TRANSPOSED)]
 
 
-register(OpDef("dropout", scale=_dropout_scale, infer=_dropout_infer,
+def _seed(op, name, v) -> int:
+    return integer(op, name, v, 0, MAX_SEED - 1)
+
+
+register(OpDef("dropout", params=dict(p=number, seed=_seed),
+               scale=_dropout_scale, infer=_dropout_infer,
                backward=lambda g, out, x, p, seed: (dropout(g, p, seed),),
                kernels={"cpu": cpu_dropout,
                         "cuda": "engine.backends.cuda.dropout:cuda_dropout"},

@@ -163,7 +163,7 @@ def _get_rows_scale():
             scale_case("get_rows", [InputSpec("table", (SIDE, SIDE), permute=(1, 0)), idx])]
 
 
-register(OpDef("get_rows", scale=_get_rows_scale, infer=_get_rows_infer,
+register(OpDef("get_rows", params={}, scale=_get_rows_scale, infer=_get_rows_infer,
                backward=lambda g, out, table, idx: (get_rows_back(g, idx, table.shape[0]),
                                                     None),
                kernels={"cpu": cpu_get_rows,
@@ -172,7 +172,8 @@ register(OpDef("get_rows", scale=_get_rows_scale, infer=_get_rows_infer,
                samples=_get_rows_samples, strategy=_strategy("get_rows"),
                doc="rows of a (R, C) table at int32 indices (K,) or (B, K); gradient: "
                    "get_rows_back (repeated indices add up)"))
-register(OpDef("get_rows_back", kind="backward", infer=_get_rows_back_infer,
+register(OpDef("get_rows_back", params=dict(nrows=integer),
+               kind="backward", infer=_get_rows_back_infer,
                backward=lambda g, out, gin, idx, nrows: (get_rows(g, idx), None),
                kernels={"cpu": cpu_get_rows_back,
                         "cuda": "engine.backends.cuda.get_rows:cuda_get_rows_back"},

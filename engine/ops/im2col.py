@@ -19,12 +19,12 @@ import numpy as np
 
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
-from engine.params import integer, pair, window_output_size
+from engine.params import choice, int_tuple, integer, ints, pair, window_output_size
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
-from engine.tensor import as_dtype, dtype_name
+from engine.tensor import DTYPES, as_dtype, dtype_name
 
 TORCH_DTYPES = {"f32": "float32", "f64": "float64"}
 
@@ -99,7 +99,8 @@ def _im2col_back_infer(g, x_shape, kh, kw, stride, padding, dilation, dtype):
 def im2col_back(g, x_shape, kh, kw, stride, padding, dilation, dtype):
     """Gradient of im2col w.r.t. its image: dx[n, c, y, x] = sum of g over the column
     entries read from (n, c, y, x). dtype: the image's."""
-    return make_node("im2col_back", (g,), x_shape=tuple(int(d) for d in x_shape),
+    return make_node("im2col_back", (g,),
+                     x_shape=int_tuple("im2col_back", "x_shape", x_shape, None),
                      kh=integer("im2col_back", "kh", kh), kw=integer("im2col_back", "kw", kw),
                      stride=pair("im2col_back", "stride", stride),
                      padding=pair("im2col_back", "padding", padding),
@@ -207,12 +208,16 @@ def _im2col_scale():
                        kh=3, kw=3, padding=1, stride=2)]
 
 
-register(OpDef("im2col", scale=_im2col_scale, infer=_im2col_infer, backward=_im2col_backward,
+_PARAMS = dict(kh=integer, kw=integer, stride=pair, padding=pair, dilation=pair,
+               dtype=choice(*DTYPES))   # f32 or f64: infer says so (a DTypeError)
+register(OpDef("im2col", params=_PARAMS,
+               scale=_im2col_scale, infer=_im2col_infer, backward=_im2col_backward,
                kernels={"cpu": cpu_im2col, "cuda": "engine.backends.cuda.im2col:cuda_im2col"},
                build=im2col, torch=_torch_im2col,
                samples=_im2col_samples, strategy=_im2col_strategy,
                doc="NCHW image -> (N, OH, OW, C*KH*KW) patch columns, ordered (c, ky, kx)"))
-register(OpDef("im2col_back", kind="backward", infer=_im2col_back_infer,
+register(OpDef("im2col_back", params=dict(x_shape=ints, **_PARAMS),
+               kind="backward", infer=_im2col_back_infer,
                backward=_im2col_back_backward,
                kernels={"cpu": cpu_im2col_back,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_back"},

@@ -24,12 +24,12 @@ import numpy as np
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import TORCH_DTYPES
-from engine.params import integer, window_output_size
+from engine.params import choice, int_tuple, integer, ints, window_output_size
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
-from engine.tensor import as_dtype, dtype_name
+from engine.tensor import DTYPES, as_dtype, dtype_name
 
 
 def check_signal(op: str, x) -> None:
@@ -107,7 +107,8 @@ def _back_infer(g, x_shape, k, stride, padding, dilation, dtype):
 def im2col_1d_back(g, x_shape, k, stride=1, padding=0, dilation=1, dtype=None):
     """Gradient of im2col_1d w.r.t. its signal (col2im): dx[n, c, i] = sum of g over the
     column entries read from (n, c, i). dtype: the signal's (default g's)."""
-    return make_node("im2col_1d_back", (g,), x_shape=tuple(int(d) for d in x_shape),
+    return make_node("im2col_1d_back", (g,),
+                     x_shape=int_tuple("im2col_1d_back", "x_shape", x_shape, None),
                      **_params("im2col_1d_back", k, stride, padding, dilation),
                      dtype=dtype_name(g.dtype if dtype is None else dtype))
 
@@ -220,14 +221,18 @@ def _im2col_1d_scale():
                        k=3, padding=0, stride=1)]
 
 
-register(OpDef("im2col_1d", scale=_im2col_1d_scale, infer=_infer, backward=_backward,
+_PARAMS = dict(k=integer, stride=integer, padding=integer, dilation=integer,
+               dtype=choice(*DTYPES))   # f32 or f64: infer says so (a DTypeError)
+register(OpDef("im2col_1d", params=_PARAMS,
+               scale=_im2col_1d_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_im2col_1d,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d"},
                build=im2col_1d, torch=_torch_im2col_1d,
                samples=_samples, strategy=_strategy,
                doc="NCL signal -> (N, OL, C*K) window columns, ordered (c, k) (ggml's 1-D "
                    "im2col)"))
-register(OpDef("im2col_1d_back", kind="backward", infer=_back_infer, backward=_back_backward,
+register(OpDef("im2col_1d_back", params=dict(x_shape=ints, **_PARAMS),
+               kind="backward", infer=_back_infer, backward=_back_backward,
                kernels={"cpu": cpu_im2col_1d_back,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d_back"},
                build=im2col_1d_back,

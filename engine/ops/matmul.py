@@ -123,7 +123,7 @@ def _matmul_scale():
             scale_case("matmul", [InputSpec("a", (7, 129, 131)), InputSpec("b", (7, 131, 127))])]
 
 
-register(OpDef("matmul", scale=_matmul_scale, infer=_infer, backward=_backward,
+register(OpDef("matmul", params={}, scale=_matmul_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_matmul, "cuda": "engine.backends.cuda.matmul:cuda_matmul"},
                build=matmul, torch=lambda a, b: a @ b, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))

@@ -24,7 +24,7 @@ import math
 from engine.backends.cpu.norm import cpu_norm, cpu_norm_back, cpu_rms_norm, cpu_rms_norm_back
 from engine.errors import ParamError
 from engine.ops.shape import contiguous_inputs
-from engine.params import check_rows, is_real
+from engine.params import check_rows, is_real, number, show_value
 from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -33,12 +33,9 @@ from engine.strategies import draw_row_input, sample_strategy
 
 def check_eps(op: str, eps) -> float:
     """eps as a float; a bool, a non-number, NaN, inf or a negative number raise."""
-    if not is_real(eps):
-        raise ParamError(f"{op}: eps must be a number, got {eps!r}")
-    eps = float(eps)
-    if not math.isfinite(eps) or eps < 0:
-        raise ParamError(f"{op}: eps must be finite and >= 0, got {eps!r}")
-    return eps
+    if is_real(eps) and not 0 <= eps < math.inf:   # compares big ints without overflow
+        raise ParamError(f"{op}: eps must be finite and >= 0, got {show_value(eps)}")
+    return number(op, "eps", eps)
 
 
 def _row_infer(op):
@@ -172,13 +169,15 @@ def _norm_scale(name):
     return scale
 
 
-register(OpDef("rms_norm", scale=_norm_scale("rms_norm"), infer=_row_infer("rms_norm"),
+_PARAMS = dict(eps=number)
+register(OpDef("rms_norm", params=_PARAMS,
+               scale=_norm_scale("rms_norm"), infer=_row_infer("rms_norm"),
                backward=lambda g, out, x, eps: (rms_norm_back(g, x, eps),),
                kernels={"cpu": cpu_rms_norm, "cuda": "engine.backends.cuda.norm:cuda_rms_norm"},
                build=rms_norm, torch=_torch_rms_norm,
                samples=_samples("rms_norm", 1e-6), strategy=_strategy("rms_norm"),
                doc="x / sqrt(mean(x^2) + eps) along the last axis"))
-register(OpDef("rms_norm_back", kind="backward", infer=_back_infer("rms_norm_back"),
+register(OpDef("rms_norm_back", params=_PARAMS, kind="backward", infer=_back_infer("rms_norm_back"),
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_rms_norm_back,
                         "cuda": "engine.backends.cuda.norm:cuda_rms_norm_back"},
@@ -186,13 +185,13 @@ register(OpDef("rms_norm_back", kind="backward", infer=_back_infer("rms_norm_bac
                samples=_samples("rms_norm_back", 1e-6), strategy=_strategy("rms_norm_back"),
                doc="s g - x s^3 mean(g x), s = 1/sqrt(mean(x^2) + eps): the gradient of "
                    "rms_norm"))
-register(OpDef("norm", scale=_norm_scale("norm"), infer=_row_infer("norm"),
+register(OpDef("norm", params=_PARAMS, scale=_norm_scale("norm"), infer=_row_infer("norm"),
                backward=lambda g, out, x, eps: (norm_back(g, x, eps),),
                kernels={"cpu": cpu_norm, "cuda": "engine.backends.cuda.norm:cuda_norm"},
                build=norm, torch=_torch_norm,
                samples=_samples("norm", 1e-5), strategy=_strategy("norm"),
                doc="(x - mean) / sqrt(var + eps) along the last axis (layer norm, no affine)"))
-register(OpDef("norm_back", kind="backward", infer=_back_infer("norm_back"),
+register(OpDef("norm_back", params=_PARAMS, kind="backward", infer=_back_infer("norm_back"),
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_norm_back, "cuda": "engine.backends.cuda.norm:cuda_norm_back"},
                build=norm_back, torch=_vjp(_torch_norm), vjp_of=VJPOf("norm", at_x),

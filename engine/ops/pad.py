@@ -15,7 +15,7 @@ from __future__ import annotations
 from engine.backends.cpu.pad import cpu_pad
 from engine.errors import DTypeError, ParamError
 from engine.ops.block import block
-from engine.params import int_tuple
+from engine.params import int_rows, int_tuple
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -89,7 +89,8 @@ def _pad_scale():
             for p in (None, TRANSPOSED)]
 
 
-register(OpDef("pad", scale=_pad_scale, infer=_pad_infer, backward=_pad_backward,
+register(OpDef("pad", params=dict(pads=int_rows(2)),
+               scale=_pad_scale, infer=_pad_infer, backward=_pad_backward,
                kernels={"cpu": cpu_pad, "cuda": "engine.backends.cuda.indexing:cuda_pad"},
                build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,
                doc="zero padding, one (before, after) pair per axis; gradient: the interior "

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
 from engine.errors import DTypeError, ParamError, ShapeError
-from engine.params import pair, window_output_size
+from engine.params import choice, pair, window_output_size
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -242,12 +242,14 @@ def _pool_scale():
                        kernel=(2, 2), mode="max", padding=(0, 0), stride=(2, 2))]
 
 
-register(OpDef("pool_2d", scale=_pool_scale, infer=_pool_infer, backward=_pool_backward,
+_PARAMS = dict(mode=choice(*MODES), kernel=pair, stride=pair, padding=pair)
+register(OpDef("pool_2d", params=_PARAMS,
+               scale=_pool_scale, infer=_pool_infer, backward=_pool_backward,
                kernels={"cpu": cpu_pool_2d, "cuda": "engine.backends.cuda.pool:cuda_pool_2d"},
                build=pool_2d, torch=_torch_pool_2d,
                samples=_pool_samples, strategy=_pool_strategy,
                doc="2-D max/avg pooling of NCHW input; avg divides by the full window"))
-register(OpDef("pool_2d_back", kind="backward", infer=_pool_back_infer,
+register(OpDef("pool_2d_back", params=_PARAMS, kind="backward", infer=_pool_back_infer,
                no_grad="a backward op; the engine takes no second derivatives",
                kernels={"cpu": cpu_pool_2d_back,
                         "cuda": "engine.backends.cuda.pool:cuda_pool_2d_back"},

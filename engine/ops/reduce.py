@@ -8,6 +8,7 @@ import math
 from engine.backends.cpu.reduce import cpu_sum
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.shape import broadcast_to, cont_if_strided, reshape
+from engine.params import boolean, int_tuple, ints
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -19,7 +20,7 @@ def normalize_axes(op: str, shape, axis) -> tuple[int, ...]:
     ndim = len(shape)
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    axes = int_tuple(op, "axis", axis if isinstance(axis, (tuple, list)) else (axis,), None, None)
     out = []
     for a in axes:
         if not -ndim <= a < max(ndim, 1):
@@ -57,7 +58,7 @@ def _sum_backward(g, out, x, axes, keepdims):
 def sum(x, axis=None, keepdims=False):  # noqa: A001  (the engine's op, like np.sum)
     """Sum of x over `axis` (an int, a tuple, or None for all axes)."""
     return make_node("sum", (x,), axes=normalize_axes("sum", x.shape, axis),
-                     keepdims=bool(keepdims))
+                     keepdims=boolean("sum", "keepdims", keepdims))
 
 
 def mean(x, axis=None, keepdims=False):
@@ -164,7 +165,8 @@ def _sum_scale():
                        keepdims=False)]
 
 
-register(OpDef("sum", scale=_sum_scale, infer=_sum_infer, backward=_sum_backward,
+register(OpDef("sum", params=dict(axes=ints, keepdims=boolean),
+               scale=_sum_scale, infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
                build=sum, samples=_samples("sum"),
                strategy=_strategy("sum"),

@@ -13,6 +13,7 @@ import numpy as np
 from engine.backends.cpu import elementwise as cpu
 from engine.errors import ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.params import int_tuple, ints
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -39,7 +40,8 @@ def _reshape_infer(x, shape):
 
 def reshape(x, shape):
     """x with a new shape of the same size; one dimension may be -1."""
-    shape = tuple(int(d) for d in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    shape = int_tuple("reshape", "shape",
+                      shape if isinstance(shape, (tuple, list)) else (shape,), None, None)
     if shape.count(-1) > 1:
         raise ParamError(f"reshape: more than one -1 in {list(shape)}")
     if -1 in shape:
@@ -65,8 +67,8 @@ def _permute_infer(x, axes):
 
 def permute(x, axes):
     """numpy.transpose(x, axes): output axis i is input axis axes[i]. A strided view."""
-    return make_node("permute", (x,), axes=tuple(int(a) + x.ndim if a < 0 else int(a)
-                                                 for a in axes))
+    axes = int_tuple("permute", "axes", axes, None, None)
+    return make_node("permute", (x,), axes=tuple(a + x.ndim if a < 0 else a for a in axes))
 
 
 def _permute_backward(g, out, x, axes):
@@ -109,7 +111,8 @@ def _broadcast_infer(x, shape):
 
 def broadcast_to(x, shape):
     """x broadcast (numpy rules) to `shape`, materialised."""
-    return make_node("broadcast_to", (x,), shape=tuple(int(d) for d in shape))
+    return make_node("broadcast_to", (x,),
+                     shape=int_tuple("broadcast_to", "shape", shape, None, None))
 
 
 def _cpu_broadcast_to(out, ins, shape):
@@ -215,12 +218,14 @@ def _broadcast_strategy(draw, dtype):
     return Sample.make("broadcast_to", [draw_input(draw, "x", x_shape)], dtype, shape=shape)
 
 
-register(OpDef("reshape", kind="view", infer=_reshape_infer, backward=_reshape_backward,
+register(OpDef("reshape", params=dict(shape=ints),
+               kind="view", infer=_reshape_infer, backward=_reshape_backward,
                view=lambda ins, shape: ins[0].reshape(shape), build=reshape,
                torch=lambda x, shape: x.reshape(shape), samples=_reshape_samples,
                strategy=_reshape_strategy,
                doc="a view with a new shape (input must be contiguous)"))
-register(OpDef("permute", kind="view", infer=_permute_infer, backward=_permute_backward,
+register(OpDef("permute", params=dict(axes=ints),
+               kind="view", infer=_permute_infer, backward=_permute_backward,
                view=lambda ins, axes: ins[0].transpose(axes), build=permute,
                torch=lambda x, axes: x.permute(axes), samples=_permute_samples,
                strategy=_permute_strategy,
@@ -241,7 +246,8 @@ def _cont_scale():
             scale_case("cont", [InputSpec("x", (131, 97, 89), permute=(2, 0, 1))])]
 
 
-register(OpDef("cont", infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
+register(OpDef("cont", params={},
+               infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
                scale=_cont_scale,
                kernels={"cpu": cpu.unary("cont"),
                         "cuda": "engine.backends.cuda.elementwise:cuda_cont"}, build=cont,
@@ -252,7 +258,8 @@ def _broadcast_to_scale():
     return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE)]
 
 
-register(OpDef("broadcast_to", scale=_broadcast_to_scale, infer=_broadcast_infer,
+register(OpDef("broadcast_to", params=dict(shape=ints),
+               scale=_broadcast_to_scale, infer=_broadcast_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                kernels={"cpu": _cpu_broadcast_to,
                         "cuda": "engine.backends.cuda.elementwise:cuda_broadcast_to"},

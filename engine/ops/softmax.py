@@ -24,16 +24,14 @@ mask is read in place through its strides.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from engine.backends.cpu.softmax import cpu_log_softmax, cpu_softmax, cpu_softmax_back
-from engine.errors import DTypeError, ParamError, ShapeError
+from engine.errors import DTypeError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.ops.reduce import sum as reduce_sum
 from engine.ops.shape import contiguous_inputs
-from engine.params import check_rows, is_real
+from engine.params import check_rows, number
 from engine.registry import OpDef, VJPOf, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
@@ -50,9 +48,8 @@ __all__ = ["softmax"]
 
 
 # --- softmax ----------------------------------------------------------------------------------
-def _check_scale(op, scale) -> None:
-    if not is_real(scale) or not math.isfinite(scale):
-        raise ParamError(f"{op}: scale must be a finite number, got {scale!r}")
+def _check_scale(op, scale) -> float:
+    return number(op, "scale", scale)
 
 
 def _softmax_infer(x, *mask, scale):
@@ -80,7 +77,7 @@ def softmax(x, scale=1.0, mask=None):
     """softmax(scale * x + mask) along the last axis; mask (optional) broadcasts to x."""
     (x,) = contiguous_inputs(x)
     srcs = (x,) if mask is None else (x, mask)
-    return make_node("softmax", srcs, scale=float(scale))
+    return make_node("softmax", srcs, scale=_check_scale("softmax", scale))
 
 
 def _softmax_build(x, mask=None, scale=1.0):
@@ -106,7 +103,7 @@ def softmax_back(g, y, scale=1.0):
     """Gradient of softmax(x, scale) from its output y and output gradient g:
     scale * y * (g - sum(g * y, last axis))."""
     g, y = contiguous_inputs(g, y)
-    return make_node("softmax_back", (g, y), scale=float(scale))
+    return make_node("softmax_back", (g, y), scale=_check_scale("softmax_back", scale))
 
 
 # --- log_softmax --------------------------------------------------------------------------------
@@ -259,13 +256,15 @@ def _softmax_scale():
                        scale=1.0)]
 
 
-register(OpDef("softmax", scale=_softmax_scale, infer=_softmax_infer, backward=_softmax_backward,
+register(OpDef("softmax", params=dict(scale=number),
+               scale=_softmax_scale, infer=_softmax_infer, backward=_softmax_backward,
                kernels={"cpu": cpu_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_softmax"},
                build=_softmax_build, torch=_torch_softmax,
                samples=_softmax_samples, strategy=_softmax_strategy,
                doc="softmax(scale * x + mask) along the last axis; the mask broadcasts to x"))
-register(OpDef("softmax_back", kind="backward", infer=_softmax_back_infer,
+register(OpDef("softmax_back", params=dict(scale=number),
+               kind="backward", infer=_softmax_back_infer,
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_softmax_back,
                         "cuda": "engine.backends.cuda.softmax:cuda_softmax_back"},
@@ -277,7 +276,7 @@ def _log_softmax_scale():
     return [scale_case("log_softmax", [InputSpec("x", SQUARE, "uniform", -3.0, 3.0)])]
 
 
-register(OpDef("log_softmax", infer=_log_softmax_infer, backward=_log_softmax_backward,
+register(OpDef("log_softmax", params={}, infer=_log_softmax_infer, backward=_log_softmax_backward,
                scale=_log_softmax_scale,
                kernels={"cpu": cpu_log_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_log_softmax"},

@@ -29,6 +29,7 @@ from engine.ops.block import block
 from engine.ops.broadcast import sum_to
 from engine.ops.pad import pad
 from engine.ops.shape import cont_if_strided, reshape
+from engine.params import int_rows, int_tuple, ints, show_value
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import draw_input, sample_strategy, shapes
@@ -36,12 +37,12 @@ from engine.strategies import draw_input, sample_strategy, shapes
 
 # --- strided_slice ----------------------------------------------------------------------------
 def _normalize_slices(slices, ndim: int) -> tuple[tuple[int, int, int], ...]:
-    try:
-        triples = tuple(tuple(int(v) for v in t) for t in slices)
-    except (TypeError, ValueError):
+    if not isinstance(slices, (tuple, list)):
         raise ParamError(f"strided_slice: slices must be (start, stop, step) triples, got "
-                         f"{slices!r}") from None
-    if len(triples) != ndim or any(len(t) != 3 for t in triples):
+                         f"{show_value(slices)}")
+    triples = tuple(int_tuple("strided_slice", f"slices[{i}]", t, 3, None)
+                    for i, t in enumerate(slices))
+    if len(triples) != ndim:
         raise ParamError(f"strided_slice: one (start, stop, step) triple per axis: {ndim} "
                          f"axes, got {slices!r}")
     return triples
@@ -112,11 +113,7 @@ def _expand_infer(x, shape):
 def expand(x, shape):
     """x repeated along its axes of side 1 to `shape` (as many axes as x): a view with
     stride 0 along them."""
-    try:
-        shape = tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        raise ParamError(f"expand: shape must be a tuple of ints, got {shape!r}") from None
-    return make_node("expand", (x,), shape=shape)
+    return make_node("expand", (x,), shape=int_tuple("expand", "shape", shape, None, None))
 
 
 def _expand_view(ins, shape):
@@ -183,12 +180,13 @@ def _expand_strategy(draw, dtype):
     return Sample.make("expand", [draw_input(draw, "x", x_shape)], dtype, shape=shape)
 
 
-register(OpDef("strided_slice", kind="view", infer=_slice_infer, backward=_slice_backward,
+register(OpDef("strided_slice", params=dict(slices=int_rows(3)),
+               kind="view", infer=_slice_infer, backward=_slice_backward,
                view=_slice_view, build=strided_slice, torch=_torch_slice,
                samples=_slice_samples, strategy=_slice_strategy,
                doc="x[start:stop:step, ...] as a view (an offset and strides); gradient: g "
                    "spread over zeros"))
-register(OpDef("expand", kind="view", infer=_expand_infer,
+register(OpDef("expand", params=dict(shape=ints), kind="view", infer=_expand_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                view=_expand_view, build=expand,
                torch=lambda x, shape: x.expand(shape), samples=_expand_samples,

@@ -41,12 +41,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 
 from engine import elementwise
 from engine.backends.cpu import elementwise as cpu
 from engine.elementwise import Unary
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.shape import cont_if_strided
+from engine.params import is_real, number
 from engine.registry import (
     OPS,
     OpDef,
@@ -66,15 +68,9 @@ __all__ = ["activation_back"]     # the ops themselves: engine.ops exports their
 
 def _number(op, name, value) -> float:
     """A float parameter: a real number, not NaN (+-inf allowed, e.g. a one-sided clamp)."""
-    try:
-        if isinstance(value, (bool, str, bytes)):
-            raise TypeError
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ParamError(f"{op}: parameter {name} must be a number, got {value!r}") from None
-    if math.isnan(v):
+    if is_real(value) and not isinstance(value, numbers.Integral) and math.isnan(value):
         raise ParamError(f"{op}: parameter {name} is NaN")
-    return v
+    return number(op, f"parameter {name}", value, finite=False)
 
 
 def _check_params(op, row: Unary, params) -> None:
@@ -260,7 +256,8 @@ def define_unary(row: Unary) -> None:
     op itself and, for an activation, `<name>_back`."""
     if elementwise.UNARY.get(row.name) is not row:
         elementwise.add_unary(row)
-    register(OpDef(row.name, infer=_infer(row), backward=_backward(row),
+    params = {k: _number for k in row.params}
+    register(OpDef(row.name, params=params, infer=_infer(row), backward=_backward(row),
                    kernels={"cpu": cpu.unary(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"},
                    build=_builder(row), torch=row.torch, samples=_samples(row),
@@ -268,7 +265,7 @@ def define_unary(row: Unary) -> None:
     if row.gradient is None:
         return
     back = row.back_name
-    register(OpDef(back, kind="backward", infer=_back_infer(row),
+    register(OpDef(back, params=params, kind="backward", infer=_back_infer(row),
                    no_grad="dedicated backward op",
                    kernels={"cpu": cpu.unary_back(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{back}"},

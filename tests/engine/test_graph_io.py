@@ -3,6 +3,7 @@ round trips (bitwise), and every malformed-file error."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -14,8 +15,14 @@ from hypothesis import strategies as st
 import engine
 from engine import ops
 from engine.gguf_io import GGUFFormatError, load_gguf, save_gguf
-from engine.graph_format import GraphFileError, decode_params, encode_params
-from engine.graph_io import load_graph, save_graph
+from engine.graph_format import (
+    INT_RANGE,
+    MAX_PARAMS_DEPTH,
+    GraphFileError,
+    decode_params,
+    encode_params,
+)
+from engine.graph_io import graph_from_gguf, load_graph, save_graph
 from engine.optim import make_optimizer
 from engine.registry import all_ops
 from engine.tensor import Flag, input_tensor, shared_leaf
@@ -82,17 +89,38 @@ def test_every_registry_node_params_round_trip():
     assert count > 10_000
 
 
-scalars = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.text() | \
-    st.floats(allow_nan=True, allow_infinity=True)
+scalars = st.none() | st.booleans() | st.integers(*INT_RANGE).filter(
+    lambda i: i < INT_RANGE[1]) | st.text() | st.floats(allow_nan=True, allow_infinity=True)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4).map(tuple) |
                       st.lists(inner, max_size=4), max_leaves=12)
 
 
+def json_depth(v) -> int:
+    """How deep encode_params nests `v`: a tuple is an array, a list {"list": [...]}, a
+    non-finite float {"float": ...}."""
+    if isinstance(v, (tuple, list)):
+        return (1 if isinstance(v, tuple) else 2) + max(map(json_depth, v), default=0)
+    return int(isinstance(v, float) and not math.isfinite(v))
+
+
 @given(st.dictionaries(st.text(), values, max_size=5))
 def test_encoding_round_trips_any_value(params):
+    """Every value round-trips, unless it nests deeper than MAX_PARAMS_DEPTH: then it is
+    refused on export (a file could not read it back)."""
+    if 1 + max(map(json_depth, params.values()), default=0) > MAX_PARAMS_DEPTH:
+        with pytest.raises(GraphFileError, match="nest more than"):
+            encode_params(params)
+        return
     back = decode_params(encode_params(params))
     assert list(back) == list(params)
     assert all(same_value(params[k], back[k]) for k in params)
+
+
+@pytest.mark.parametrize("value", [-2**63 - 1, 2**64, 10**5000, ((1, 2**64),)],
+                         ids=["below int64", "2^64", "5001 digits", "nested"])
+def test_encoding_refuses_integers_outside_int64_and_uint64(value):
+    with pytest.raises(GraphFileError, match=r"param 'p': integer of \d+ bits is outside"):
+        encode_params({"p": value})
 
 
 def test_encoding_of_floats_and_tuples_is_explicit():
@@ -333,6 +361,36 @@ MALFORMED = {   # case: (edit, the error message, a regex)
     "gradient of the wrong shape": (set_key("graph.backward.grads", [3]), "cannot belong to"),
     "accumulate disagrees": (set_key("graph.backward.accumulate", False), "disagrees"),
     "role out of range": (set_key("graph.role.nodes", [0, 77]), "graph.role.nodes holds 77"),
+    # issue 18: params that made the load raise RecursionError or ValueError, or that loaded
+    # and made compute raise TypeError
+    "params nested 600 deep": (node_edit(PARAMS, "scale", '{"scale": ' + "[" * 600 +
+                                         "]" * 600 + "}"),
+                               r"node 1 \('scale_\d+', op scale\): params nest more than 8"),
+    "params too long": (node_edit(PARAMS, "scale", '{"scale": 2.0, "pad": "' + "x" * 70000 +
+                                  '"}'), "params are 70025 characters long, more than 65536"),
+    "5000-digit integer": (node_edit(PARAMS, "scale", '{"scale": ' + "9" * 5000 + "}"),
+                           r"op scale\): param 'scale': integer 9+\.\.\. \(5000 digits\) is "
+                           "outside"),
+    "integer beyond uint64": (node_edit(PARAMS, "sum", '{"axes": [18446744073709551616], '
+                                        '"keepdims": false}'), "param 'axes': integer 1844"),
+    "bare 1e400": (node_edit(PARAMS, "scale", '{"scale": 1e400}'),
+                   "param 'scale': number 1e400 is not a finite float"),
+    "bools as axes": (node_edit(PARAMS, "sum", '{"axes": [true, false], "keepdims": false}'),
+                      r"op sum\): the op rejects .*sum: axes must be a sequence of ints"),
+    "float axes": (node_edit(PARAMS, "sum", '{"axes": [0.0, 1], "keepdims": false}'),
+                   "sum: axes must be a sequence of ints"),
+    "0 as a bool": (node_edit(PARAMS, "sum", '{"axes": [0, 1], "keepdims": 0}'),
+                    "sum: keepdims must be True or False, got 0"),
+    "a bool as a float": (node_edit(PARAMS, "scale", '{"scale": true}'),
+                          "scale: parameter scale must be a number, got True"),
+    "undeclared param": (node_edit(PARAMS, "sum", '{"axes": [0, 1], "keepdims": false, '
+                                   '"x": 1}'), r"sum: takes parameters \['axes', 'keepdims'\]"),
+    "70 axes": (lambda t, m: m.update({"graph.node.ndim": [70, *m["graph.node.ndim"][1:]],
+                                       DIMS: [1] * 70 + m[DIMS][2:]}),
+                r"node 0 \('x'\) has 70 axes; at most 32"),
+    "bools as counts": (lambda t, m: m.update({"graph.node.nsrcs": [True] * 8}),
+                        "graph.node.nsrcs must be an array of int"),
+    "a string as an index": (set_key("graph.backward.loss", "2"), "must be of type int"),
 }
 
 
@@ -342,6 +400,80 @@ def test_malformed_graph_files_raise_naming_the_problem(case, small_file):
     rewrite(small_file, edit)
     with pytest.raises(GraphFileError, match=match):
         load_graph(small_file)
+
+
+def shaped_graph():
+    """x (param, [2, 3]) -> reshape [6] -> broadcast_to [4, 6] -> sum = loss."""
+    x = engine.param((2, 3), name="x")
+    x.set(np.arange(6).reshape(2, 3))
+    loss = ops.sum(ops.broadcast_to(ops.reshape(x, (6,)), (4, 6))).set_loss()
+    return engine.Graph([loss], name="shaped")
+
+
+def test_float_shape_in_a_file_is_refused_on_load_not_in_compute(tmp_path):
+    """{"shape": [6.0]} used to load (6.0 == 6) and raise TypeError in compute."""
+    path = tmp_path / "g.gguf"
+    save_graph(path, shaped_graph())
+    rewrite(path, node_edit(PARAMS, "reshape", '{"shape": [6.0]}'))
+    with pytest.raises(GraphFileError, match=r"g.gguf: node 1 \('reshape_\d+', op reshape\): "
+                                             r"the op rejects .*reshape: shape must be a "
+                                             r"sequence of ints .*6\.0"):
+        load_graph(path)
+
+
+def test_huge_inferred_shapes_are_refused(tmp_path):
+    """A [6] node broadcast to [2^33, 6] is a valid node, but computing it would take 200 GB:
+    the file's shapes together are bounded (MAX_GRAPH_ELEMENTS)."""
+    path = tmp_path / "g.gguf"
+    save_graph(path, shaped_graph())
+    rewrite(path, lambda t, m: (node_edit(PARAMS, "broadcast_to", '{"shape": [8589934592, 6]}')(
+        t, m), node_edit(DIMS, "broadcast_to", [2 ** 33, 6])(t, m)))
+    with pytest.raises(GraphFileError, match=r"node 2 \('broadcast_to_\d+'\) of shape "
+                                             r"\[8589934592, 6\] brings the graph past 4294967296"):
+        load_graph(path)
+
+
+def test_deep_params_never_recurse():
+    """Nesting far beyond the recursion limit is refused by a linear scan, not a
+    RecursionError; brackets inside strings do not count."""
+    with pytest.raises(GraphFileError, match="nest more than 8"):
+        decode_params('{"a": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    assert decode_params('{"a": "' + "[{" * 100 + '", "b": [[1], [2, "]]]]]]]]]"]]}') == \
+        {"a": "[{" * 100, "b": ((1,), (2, "]]]]]]]]]"))}
+
+
+@pytest.fixture(scope="module")
+def small_gguf(tmp_path_factory):
+    """The small graph's file, read once, for the metadata fuzzing below."""
+    graph, x, loss = small_graph()
+    path = tmp_path_factory.mktemp("fuzz") / "small.gguf"
+    save_graph(path, graph, roles={"x": x, "loss": loss})
+    return load_gguf(path)
+
+
+wrong_values = st.one_of(
+    st.integers(-2 ** 63, 2 ** 64 - 1), st.sampled_from([0, 1, -1, 2, 7, 8, 2 ** 40]),
+    st.booleans(), st.floats(), st.text(max_size=8),
+    st.lists(st.integers(-3, 2 ** 40) | st.booleans() | st.text(max_size=3), max_size=6))
+
+
+@given(data=st.data())
+def test_any_metadata_value_loads_or_raises_graph_file_error(small_gguf, data):
+    """One graph.* key (or one element of an array key) set to a value of a wrong type or out
+    of range: the file loads, or raises GraphFileError; never another exception."""
+    meta = dict(small_gguf.metadata)
+    key = data.draw(st.sampled_from(sorted(k for k in meta if k.startswith("graph."))))
+    value = data.draw(wrong_values)
+    if isinstance(meta[key], list) and data.draw(st.booleans()):
+        i = data.draw(st.integers(0, len(meta[key]) - 1))
+        value = [*meta[key][:i], value, *meta[key][i + 1:]]
+    meta[key] = value
+    gf = dataclasses.replace(small_gguf, metadata=meta,
+                             tensors={k: v.copy() for k, v in small_gguf.tensors.items()})
+    try:
+        graph_from_gguf(gf)
+    except GraphFileError:
+        pass
 
 
 def test_model_file_and_other_architectures_are_not_graphs(tmp_path, small_file):
