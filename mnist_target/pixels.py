@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -50,14 +49,6 @@ def pixels_to_float(pixels: np.ndarray) -> np.ndarray:
     """uint8 intensities k -> float32 k / 255 (the float32 division is correctly rounded, so
     this equals torchvision's ToTensor and float64 k / 255 rounded to float32)."""
     return pixels.astype(np.float32) / np.float32(255)
-
-
-def read_file(path: Path) -> bytes:
-    """The file's bytes; MnistDataError naming the file if it cannot be read."""
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise MnistDataError(f"{path}: cannot be read: {exc.strerror or exc}") from None
 
 
 def check_label_range(labels: np.ndarray, where: str, nclasses: int = NCLASSES) -> None:

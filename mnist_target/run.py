@@ -24,6 +24,8 @@ from engine.tensor import input_tensor
 from engine.train import Dataset, EpochResult, Trainer
 from mnist_target.models import GRAPH_ARCH_KEY, NCLASSES, Model
 
+MAX_SEED = 2**32 - 1  # seeds numpy's generators; the range every seed consumer accepts
+
 
 @dataclasses.dataclass
 class TrainConfig:
@@ -55,6 +57,10 @@ class TrainConfig:
                               f"the physical batch ({self.batch_physical})")
         if not 0.0 <= self.val_split < 1.0:
             raise EngineError(f"the validation split must lie in [0, 1), got {self.val_split}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                or not 0 <= self.seed <= MAX_SEED:
+            raise EngineError(f"the seed must be an integer in [0, {MAX_SEED}], got "
+                              f"{self.seed!r}")
         if ndata is None:
             return
         if self.training_split(ndata) < 1:
@@ -89,9 +95,21 @@ class EpochRecord:
         text = (f"epoch {self.epoch:3d}: train loss {self.train_loss:.5f} "
                 f"acc {100 * self.train_acc:6.2f}%")
         if not math.isnan(self.val_loss):
-            text += (f"  val loss {self.val_loss:.5f}+-{self.val_loss_unc:.5f} "
-                     f"acc {100 * self.val_acc:6.2f}+-{100 * self.val_acc_unc:.2f}%")
+            one_batch = " (one batch)" if math.isnan(self.val_loss_unc) else ""
+            text += (f"  val loss {estimate(self.val_loss, self.val_loss_unc, '.5f')}"
+                     f"{one_batch} acc "
+                     f"{estimate(self.val_acc, self.val_acc_unc, '6.2f', '.2f', 100)}%")
         return text + f"  ({self.seconds:.2f} s)"
+
+
+def estimate(value: float, unc: float, fmt: str, unc_fmt: str | None = None,
+             scale: float = 1.0) -> str:
+    """`value`+-`unc` formatted (each times `scale`); the value alone when the uncertainty is
+    NaN (one batch or one datapoint has no spread), rather than a made-up "+-nan"."""
+    text = format(scale * value, fmt)
+    if math.isnan(unc):
+        return text
+    return f"{text}+-{format(scale * unc, unc_fmt or fmt)}"
 
 
 @dataclasses.dataclass
@@ -183,7 +201,12 @@ def logits_of(model: Model, images: np.ndarray, batch: int = 1000,
 def evaluate(model: Model, images: np.ndarray, labels: np.ndarray, batch: int = 1000,
              backend: str = "cpu") -> tuple[float, float, float, float]:
     """(loss, its standard error, accuracy, its standard error) on a labelled set. Logits come
-    from the engine; the mean cross-entropy is taken in float64 from them."""
+    from the engine; the mean cross-entropy is taken in float64 from them. The standard
+    errors are NaN for one image. EngineError for no images."""
+    if len(images) == 0:
+        raise EngineError("no images to evaluate")
+    if len(images) != len(labels):
+        raise EngineError(f"{len(images)} images but {len(labels)} labels to evaluate")
     logits = logits_of(model, images, batch, backend).astype(np.float64)
     labels = np.asarray(labels).astype(np.int64)
     shifted = logits - logits.max(axis=1, keepdims=True)
