@@ -246,11 +246,15 @@ def test_crash_is_a_failure_with_its_own_word():
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_renders_a_crash(fmt):
-    text = render([*mixed_results(), CRASH], fmt, "gradcheck")
+    text = render([*mixed_results(), CRASH], fmt, "gradcheck", verbose=True)
     if fmt in ("plain", "github"):
         row = next(line for line in text.splitlines() if line.lstrip("| ").startswith("pool_2d"))
         assert "CRASH" in row and "gradcheck --engine ggml --op pool_2d" in row
         assert "1 crashed" in text
+        if fmt == "plain":  # compact: the repro command in the failures, not the row
+            compact = render([*mixed_results(), CRASH], fmt, "gradcheck")
+            assert "CRASH pool_2d(type=f32,x=[1,1,4,4])\n" in compact
+            assert "gradcheck --engine ggml --op pool_2d" in compact and "1 crashed" in compact
     elif fmt == "json":
         doc = load_json(text)
         assert doc["summary"]["crashed"] == 1 and doc["summary"]["total"] == 7
