@@ -13,7 +13,8 @@
     gradcheck --engine ggml --op pool_2d --random 50   generated cases in ggml, shrunk
     gradcheck --engine mypkg.adapter:MyAdapter --all     your engine (an Adapter)
 
-Exit status: 0 all pass, 1 any failure or error, 2 usage error.
+Exit status: 0 all pass, 1 any failure or error, 2 usage error, 130 interrupted (Ctrl-C;
+the rows finished so far are written to --output).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import os
 import sys
 
 from engine.backends import BACKENDS, get_backend
+from engine.backends.cpu.threads import environment_problem
 from engine.errors import BackendError, UnknownOpError
-from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, get_adapter
+from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, describe, get_adapter
 from gradcheck.cotangents import TIERS
 from gradcheck.injection import describe_injections, parse
+from gradcheck.interrupted import Interrupted, report_interrupted
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case
 from gradcheck.runner import (
@@ -38,13 +41,14 @@ from gradcheck.runner import (
     run_checks,
 )
 from gradcheck.selftest import run_self_test
+from gradcheck.usage import ArgumentParser
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 from reports import emit, first_unwritable
 from reports.output import FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="gradcheck",
         description="Compare each op's backprop gradients with float64 numerical gradients "
                     "and torch autograd on the registry's sample cases.",
@@ -105,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave out the torch autograd reference (starts faster: no torch "
                         "import)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="plain table: every column (default: the few a person reads, fitted "
+                        "to the terminal)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="run the cases as pytest items on N local processes (pytest-xdist; "
                         "the same report); across hosts: see pytest --gradcheck")
@@ -150,7 +157,7 @@ def make_adapter(args):
 
 def _distributed(args, parser, progress, backends):
     """The cases of --op/--all as the pytest plugin's items on --workers N processes."""
-    if args.self_test or args.repro:
+    if args.self_test or args.repro is not None:
         parser.error("--workers applies to --op and --all, not to --self-test or --repro")
     from gradcheck.pytest_plugin import SweepError, gradcheck_args, run_items  # pytest only here
     plugin_args = gradcheck_args(
@@ -164,18 +171,14 @@ def _distributed(args, parser, progress, backends):
         parser.exit(2, f"gradcheck: {exc}\n")
 
 
-def _results(args, parser, adapter):
+def _results(args, parser, adapter, case):
     progress = not args.no_progress and sys.stderr.isatty()
     backends = args.backend or ["cpu"]
     if args.workers is not None:
         return _distributed(args, parser, progress, backends)
     if args.self_test:
         return run_self_test(progress=progress)
-    if args.repro:
-        try:
-            case = parse_case(args.repro)
-        except ValueError as exc:
-            parser.error(f"--repro: {exc}")
+    if case is not None:
         return run_checks([case], args.inject, False, args.mode, backends, not args.no_torch,
                           adapter, args.case_timeout)
     return check_ops(None if args.all else args.op, args.dtype, args.filter,
@@ -186,8 +189,21 @@ def _results(args, parser, adapter):
 
 
 def main(argv=None) -> int:
+    """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
+    anywhere: one line and 130, a sweep's finished rows written to --output."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        return report_interrupted("gradcheck", exc, "plain")
+
+
+def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = environment_problem()
+    if problem:
+        print(f"gradcheck: {problem}", file=sys.stderr)
+        return 2
     if args.list:
         print(list_ops())
         return 0
@@ -202,6 +218,11 @@ def main(argv=None) -> int:
     problem = _engine_usage_error(args)
     if problem:
         parser.error(problem)
+    try:
+        case = None if args.repro is None else parse_case(args.repro)
+    except ValueError as exc:
+        print(f"gradcheck: --repro: {exc}", file=sys.stderr)
+        return 2
     problem = first_unwritable(args.output)
     if problem:
         print(f"gradcheck: {problem}", file=sys.stderr)
@@ -210,13 +231,18 @@ def main(argv=None) -> int:
         for name in args.backend or ["cpu"]:
             get_backend(name)
         adapter = make_adapter(args)
+        described = (describe_engines(None, args.backend or ["cpu"]) if adapter is None
+                     else describe(adapter, args.engine))
     except (BackendError, AdapterError) as exc:
         print(f"gradcheck: {exc}", file=sys.stderr)
         return 2
-    described = describe_engines(adapter, args.backend or ["cpu"])
     print(f"gradcheck: engine under test: {described}", file=sys.stderr)
     try:
-        results = _results(args, parser, adapter)
+        results = _results(args, parser, adapter, case)
+    except Interrupted as exc:
+        meta = {"argv": list(sys.argv[1:] if argv is None else argv), "engine": described}
+        return report_interrupted("gradcheck", exc, args.format, args.output, meta,
+                                  verbose=args.verbose)
     except (UnknownOpError, LookupError, AdapterError) as exc:
         print(f"gradcheck: {exc}", file=sys.stderr)
         return 2
@@ -224,7 +250,8 @@ def main(argv=None) -> int:
     if args.inject:
         meta["injected"] = args.inject
     return emit(results, tool="gradcheck", fmt=args.format, output=args.output, meta=meta,
-                footer=f"(injected: {args.inject})" if args.inject else None)
+                footer=f"(injected: {args.inject})" if args.inject else None,
+                verbose=args.verbose)
 
 
 if __name__ == "__main__":

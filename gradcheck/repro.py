@@ -10,10 +10,16 @@ evaluating anything.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 import shlex
+import warnings
 
+from engine.errors import UnknownOpError
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
+from engine.tensor import DTYPES as TENSOR_DTYPES
+from engine.tensor import input_tensor
 from gradcheck.adapters import spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.cotangents import tier_cases
@@ -23,6 +29,7 @@ OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml
                 "n_threads": "--ggml-threads"}
 _DEFAULT_OPTIONS = {"backend": "cpu"}
 FAILING = ("fail", "error", "crash")    # the statuses of rows that are not ok
+FLOAT_DTYPES = ("f32", "f64")            # the dtypes of the cases gradcheck runs
 
 
 def _is_registry_sample(case) -> bool:
@@ -80,28 +87,193 @@ def with_repro(result, case, adapter, mode: str, by_repr: bool = False,
     return result
 
 
+# the longest case text --repro takes (the registry's longest repr is under 600 characters)
+MAX_REPRO_CHARS = 10_000
+# elements of a parsed case's inputs together, and of its output, at most: the registry's
+# biggest case (scale tier) has some 4.5 million; more is a typo, not a case
+MAX_CASE_ELEMENTS = 1 << 26
+_EXPECTED = ("expected Sample(op='NAME', inputs=(InputSpec(name='x', shape=(3, 4)), ...), "
+             "params=(('key', value), ...), dtype='f32'), as a failing case prints it")
+# field -> (what it must be, in words; a check of a converted value)
+_FIELDS = {
+    Sample: {
+        "op": ("a string", lambda v: isinstance(v, str)),
+        "inputs": ("a tuple of InputSpec(...)",
+                   lambda v: isinstance(v, tuple) and all(isinstance(i, InputSpec) for i in v)),
+        "params": ("a tuple of ('name', value) pairs",
+                   lambda v: isinstance(v, tuple) and all(
+                       isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                       for p in v)),
+        "dtype": ("a dtype name such as 'f32'", lambda v: isinstance(v, str)),
+        "cotangent": ("a string", lambda v: isinstance(v, str)),
+        "tier": ("a string", lambda v: isinstance(v, str)),
+    },
+    InputSpec: {
+        "name": ("a string", lambda v: isinstance(v, str)),
+        "shape": ("a tuple of whole numbers >= 0", lambda v: _ints(v, 0)),
+        "kind": ("a string", lambda v: isinstance(v, str)),
+        "low": ("a number", lambda v: _number(v)),
+        "high": ("a number", lambda v: _number(v)),
+        "dtype": ("None or a dtype name such as 'f32'", lambda v: v is None or isinstance(v, str)),
+        "grad": ("True or False", lambda v: isinstance(v, bool)),
+        "permute": ("None or a tuple of axes", lambda v: v is None or _ints(v, 0)),
+        "slice": ("None or a tuple of (start, stop, step) triples",
+                  lambda v: v is None or (isinstance(v, tuple) and all(
+                      _ints(t, None) and len(t) == 3 for t in v))),
+        "expand": ("None or a tuple of axes", lambda v: v is None or _ints(v, 0)),
+        "show_range": ("True or False", lambda v: isinstance(v, bool)),
+    },
+}
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _ints(v, least: int | None) -> bool:
+    return isinstance(v, tuple) and all(
+        isinstance(d, int) and not isinstance(d, bool) and (least is None or d >= least)
+        for d in v)
+
+
+class _Refused(ValueError):
+    """What makes a case text unusable, in words."""
+
+
+def _literal(node, where: str):
+    """The value of a literal node (a string, number, True/False/None, tuple or list
+    of them, a negated number), or a Sample/InputSpec call; lists become tuples."""
+    if isinstance(node, ast.Call):
+        return _constructed(node, where)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_literal(e, where) for e in node.elts)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool,
+                                                                  type(None))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and \
+            isinstance(node.operand, ast.Constant) and _number(node.operand.value):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    raise _Refused(f"{where}: {ast.unparse(node)[:60]!r} is not a literal (a string, number, "
+                   "True, False, None or a tuple of them)")
+
+
+def _constructed(node: ast.Call, where: str):
+    """Sample(...) or InputSpec(...) from a call node, every field checked by name."""
+    cls = {"Sample": Sample, "InputSpec": InputSpec}.get(
+        node.func.id if isinstance(node.func, ast.Name) else None)
+    if cls is None:
+        raise _Refused(f"{where}: only Sample(...) and InputSpec(...) may be called, not "
+                       f"{ast.unparse(node.func)[:60]}(...)")
+    fields = _FIELDS[cls]
+    names = list(fields)
+    if len(node.args) > len(names):
+        raise _Refused(f"{cls.__name__} takes at most {len(names)} fields, got "
+                       f"{len(node.args)} positional values")
+    given = dict(zip(names, node.args, strict=False))
+    for keyword in node.keywords:
+        if keyword.arg is None:
+            raise _Refused(f"{cls.__name__}: **arguments are not taken; name each field")
+        if keyword.arg not in fields:
+            raise _Refused(f"{cls.__name__} has no field {keyword.arg!r} (its fields: "
+                           f"{', '.join(names)})")
+        if keyword.arg in given:
+            raise _Refused(f"{cls.__name__}: field {keyword.arg!r} is given twice")
+        given[keyword.arg] = keyword.value
+    values = {}
+    for name, value_node in given.items():
+        value = _literal(value_node, f"{cls.__name__} field {name!r}")
+        what, ok = fields[name]
+        if not ok(value):
+            raise _Refused(f"{cls.__name__} field {name!r} must be {what}, got "
+                           f"{ast.unparse(value_node)[:60]}")
+        values[name] = value
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.init]
+    missing = [n for n in required if n not in values]
+    if missing:
+        raise _Refused(f"{cls.__name__} needs {' and '.join(missing)}")
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as exc:       # InputSpec's messages name the input
+        raise _Refused(str(exc) if cls is InputSpec else f"{values['op']}: {exc}") from None
+
+
+def _checked(case: Sample) -> Sample:
+    """`case` if our engine can build it: its op is registered, its dtypes are known, its
+    inputs' and output's sizes are bounded, and building the op on symbolic inputs
+    (shapes and dtypes only, nothing computed) accepts its inputs and params."""
+    try:
+        get_op(case.op)
+    except UnknownOpError as exc:
+        raise _Refused(str(exc)) from None
+    if case.dtype not in FLOAT_DTYPES:
+        raise _Refused(f"{case.op}: dtype {case.dtype!r} is not one gradcheck runs; known: "
+                       f"{', '.join(FLOAT_DTYPES)}")
+    for spec in case.inputs:
+        if spec.dtype is not None and spec.dtype not in TENSOR_DTYPES:
+            raise _Refused(f"{case.op}: input {spec.name!r}: dtype {spec.dtype!r} is unknown; "
+                           f"known: "
+                           f"{', '.join(TENSOR_DTYPES)}")
+    elements = sum(math.prod(spec.leaf_shape) for spec in case.inputs)
+    if elements > MAX_CASE_ELEMENTS:
+        raise _Refused(f"{case.op}: the inputs hold {elements} elements; at most "
+                       f"{MAX_CASE_ELEMENTS} are checked")
+    leaves = [input_tensor(spec.leaf_shape, spec.dtype or case.dtype, name=spec.name)
+              for spec in case.inputs]
+    try:
+        out = case.build(*leaves)
+    except Exception as exc:  # noqa: BLE001  (an op's own check: ShapeError, TypeError, ...)
+        raise _Refused(_inputs_problem(case) or f"{case.op} refuses this case: {exc}") \
+            from None
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    size = sum(math.prod(t.shape) for t in outputs if hasattr(t, "shape"))
+    if size > MAX_CASE_ELEMENTS:
+        raise _Refused(f"{case.op}: the output would hold {size} elements; at most "
+                       f"{MAX_CASE_ELEMENTS} are checked")
+    return case
+
+
+def _inputs_problem(case: Sample) -> str | None:
+    """'relu takes 1 input (x), got 2' when the op's registry samples all take another
+    number of inputs than `case` (None when they agree with it, or among themselves not)."""
+    samples = get_op(case.op).samples
+    names = {tuple(i.name for i in s.inputs) for s in (samples() if samples else ())}
+    if len(names) != 1:
+        return None
+    (expected,) = names
+    if len(expected) == len(case.inputs):
+        return None
+    return (f"{case.op} takes {len(expected)} input{'s' * (len(expected) != 1)} "
+            f"({', '.join(expected)}), got {len(case.inputs)}")
+
+
 def parse_case(text: str) -> Sample:
-    """A Sample from its repr (as printed in a repro command); ValueError on anything else.
+    """A Sample from its repr (as printed in a repro command), checked in full (see
+    _checked); ValueError saying in words what is wrong with anything else.
 
     Only the constructors Sample and InputSpec with literal arguments are accepted: the text
-    is parsed, never evaluated."""
-    constructors = {"Sample": Sample, "InputSpec": InputSpec}
-
-    def build(node):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in constructors:
-            args = [build(a) for a in node.args]
-            kwargs = {k.arg: build(k.value) for k in node.keywords}
-            return constructors[node.func.id](*args, **kwargs)
-        if isinstance(node, (ast.Tuple, ast.List)):
-            return tuple(build(e) for e in node.elts)
-        return ast.literal_eval(node)
-
+    is parsed, never evaluated, and at most MAX_REPRO_CHARS of it."""
+    text = text.strip()
+    if not text:
+        raise ValueError(f"empty case: {_EXPECTED}")
+    if len(text) > MAX_REPRO_CHARS:
+        raise ValueError(f"the case text is {len(text)} characters long; at most "
+                         f"{MAX_REPRO_CHARS} are read ({_EXPECTED})")
     try:
-        case = build(ast.parse(text.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, TypeError) as exc:
-        raise ValueError(f"not a case: {exc}") from None
+        with warnings.catch_warnings():      # a SyntaxWarning would be a second line
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, mode="eval").body
+        case = _literal(tree, "the case")
+    except _Refused as exc:
+        raise ValueError(str(exc)) from None
+    except SyntaxError as exc:
+        raise ValueError(f"not Python syntax ({exc.msg.split(';')[0]}, column {exc.offset}): "
+                         f"{_EXPECTED}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError(f"the case text is nested too deeply to read: {_EXPECTED}") from None
     if not isinstance(case, Sample):
-        raise ValueError("not a case: expected Sample(...)")
-    get_op(case.op)   # an unknown op raises UnknownOpError
-    return case
+        raise ValueError(f"not a case: {_EXPECTED}")
+    try:
+        return _checked(case)
+    except _Refused as exc:
+        raise ValueError(str(exc)) from None

@@ -18,6 +18,7 @@ from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
 from gradcheck.cotangents import tier_cases
 from gradcheck.generated import generated_results
+from gradcheck.interrupted import interrupted_with
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.repro import with_repro
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
@@ -88,7 +89,8 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
     by default ours on every backend of `backends` with the mutation `inject` in place.
     An adapter with `isolated` set runs in one worker process shared by all cases (a fresh
     one after a crash); `case_timeout`: seconds an engine call may take there. A failing,
-    erroring or crashing row carries its repro command (gradcheck.repro.with_repro)."""
+    erroring or crashing row carries its repro command (gradcheck.repro.with_repro).
+    Ctrl-C raises gradcheck.interrupted.Interrupted with the rows finished before it."""
     if adapter is None:
         engines = [EngineAdapter(b, inject) for b in backends]
     elif inject or tuple(backends) != ("cpu",):
@@ -103,10 +105,17 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
             running[id(e)] = e
             if e.isolated and not isinstance(e, IsolatedAdapter):
                 running[id(e)] = stack.enter_context(IsolatedAdapter(e, case_timeout))
-        it = tqdm(jobs, desc="gradcheck", unit="case", disable=not progress, leave=False)
-        return [with_repro(check_sample(s, mode=mode, use_torch=use_torch,
-                                        adapter=running[id(e)]), s, e, mode)
-                for s, e in it]
+        results = []
+        try:
+            with tqdm(jobs, desc="gradcheck", unit="case", disable=not progress,
+                      leave=False) as it:
+                for s, e in it:
+                    results.append(with_repro(check_sample(s, mode=mode, use_torch=use_torch,
+                                                           adapter=running[id(e)]),
+                                              s, e, mode))
+        except KeyboardInterrupt as exc:   # Ctrl-C: the finished rows go with it
+            raise interrupted_with(results, exc) from None
+        return results
 
 
 def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,
@@ -133,13 +142,16 @@ def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,
                          case_timeout)
     if not random:
         return results
-    for name in names:
-        if adapter is not None:       # one engine, its cases in one worker if isolated
-            results += generated_results(name, random, seed, dtype, mode,
-                                         use_torch=use_torch, adapter=adapter,
-                                         case_timeout=case_timeout)
-            continue
-        for backend in backends:
-            results += generated_results(name, random, seed, dtype, mode, backend, inject,
-                                         use_torch)
+    try:
+        for name in names:
+            if adapter is not None:       # one engine, its cases in one worker if isolated
+                results += generated_results(name, random, seed, dtype, mode,
+                                             use_torch=use_torch, adapter=adapter,
+                                             case_timeout=case_timeout)
+                continue
+            for backend in backends:
+                results += generated_results(name, random, seed, dtype, mode, backend,
+                                             inject, use_torch)
+    except KeyboardInterrupt as exc:       # Ctrl-C: the finished rows go with it
+        raise interrupted_with(results, exc) from None
     return results

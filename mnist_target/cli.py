@@ -16,18 +16,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.backends import get_backend
-from engine.backends.cpu.threads import get_num_threads, set_num_threads
+from engine.backends.cpu.threads import environment_problem, get_num_threads, set_num_threads
 from engine.errors import EngineError
+from gradcheck.usage import ArgumentParser
 from mnist_target import regress
 from mnist_target.data import load_mnist, to_dataset
+from mnist_target.idx import regular_file_problem
 from mnist_target.models import Model, load_model_or_graph
-from mnist_target.run import TrainConfig, evaluate, export_training_graph, train_model
+from mnist_target.run import (
+    MAX_SEED,
+    TrainConfig,
+    estimate,
+    evaluate,
+    export_training_graph,
+    train_model,
+)
 from reports import OutputError, emit, first_unwritable, format_for_path
 
 TOOL = "mnist"  # the reports' tool name and the prefix of every message
@@ -112,6 +120,9 @@ def _regress_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("plain", "github", "html", "json", "junit"),
                    help="report format (default: from --output's extension, else plain)")
     p.add_argument("--output", metavar="FILE", help="write the report here (atomically)")
+    p.add_argument("--verbose", action="store_true",
+                   help="plain table: every column (default: the few a person reads, fitted "
+                        "to the terminal)")
     _add_training(p)
     _add_common(p)
 
@@ -140,6 +151,8 @@ def _prepare(args, *outputs):
     problem = first_unwritable(*outputs)
     if problem:
         raise EngineError(problem)
+    if args.limit is not None and args.limit < 1:
+        raise EngineError(f"--limit must be at least 1, got {args.limit}")
     config = _config(args)
     config.validate()
     _check_backend(config.backend)
@@ -170,14 +183,20 @@ def cmd_train(args) -> int:
     test_images, test_labels = data.test_images[:args.limit], data.test_labels[:args.limit]
     loss, loss_unc, acc, acc_unc = evaluate(model, test_images, test_labels,
                                             backend=config.backend)
-    print(f"test loss {loss:.6f}+-{loss_unc:.6f}, test accuracy "
-          f"{100 * acc:.2f}+-{100 * acc_unc:.2f}%")
+    print(_test_line(loss, loss_unc, acc, acc_unc, len(test_labels)))
     return 130 if run.interrupted else 0
 
 
+def _test_line(loss: float, loss_unc: float, acc: float, acc_unc: float, n: int) -> str:
+    """The test loss and accuracy with their standard errors (none for one image)."""
+    return (f"test loss {estimate(loss, loss_unc, '.6f')}, test accuracy "
+            f"{estimate(acc, acc_unc, '.2f', scale=100)}% ({n} image{'s' * (n != 1)})")
+
+
 def cmd_eval(args) -> int:
-    if not os.path.exists(args.file):
-        raise EngineError(f"{args.file}: no such file")
+    problem = regular_file_problem(args.file)   # a FIFO would block the read
+    if problem:
+        raise EngineError(f"{args.file}: {problem}")
     if args.limit is not None and args.limit < 1:
         raise EngineError(f"--limit must be at least 1, got {args.limit}")
     _check_backend(args.backend)
@@ -185,8 +204,7 @@ def cmd_eval(args) -> int:
     data = _load_data(args)
     images, labels = data.test_images[:args.limit], data.test_labels[:args.limit]
     loss, loss_unc, acc, acc_unc = evaluate(model, images, labels, backend=args.backend)
-    print(f"{model.arch}: test loss {loss:.6f}+-{loss_unc:.6f}, test accuracy "
-          f"{100 * acc:.2f}+-{100 * acc_unc:.2f}% ({len(labels)} images)")
+    print(f"{model.arch}: {_test_line(loss, loss_unc, acc, acc_unc, len(labels))}")
     return 0
 
 
@@ -196,6 +214,9 @@ MAX_SEEDS = 100
 def cmd_regress(args) -> int:
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise EngineError(f"--seeds must lie in [1, {MAX_SEEDS}], got {args.seeds}")
+    if 0 <= args.seed <= MAX_SEED < args.seed + args.seeds - 1:
+        raise EngineError(f"--seed {args.seed} with --seeds {args.seeds} passes the largest "
+                          f"seed, {MAX_SEED}")
     if args.ggml_lib is not None and "ggml" not in args.engine:
         raise EngineError("--ggml-lib applies to --engine ggml only")
     if "ggml" in args.engine:
@@ -224,7 +245,7 @@ def cmd_regress(args) -> int:
     meta = {"argv": args.argv, "data": data.source, "history": regress.history_meta(runs)}
     figures = regress.curves_html(runs) if fmt == "html" else None
     return emit(results, tool=TOOL, fmt=fmt, output=args.output, meta=meta, figures=figures,
-                echo_plain=True)
+                echo_plain=True, verbose=args.verbose)
 
 
 @dataclass(frozen=True)
@@ -249,7 +270,7 @@ COMMANDS = {
 
 def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
     """The parser of `python -m mnist_target COMMAND ...`, one subcommand per command."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
         command.add_arguments(sub.add_parser(name, help=command.help))
@@ -259,7 +280,7 @@ def build_parser(prog: str = MODULE_PROG) -> argparse.ArgumentParser:
 def build_command_parser(name: str, prog: str | None = None) -> argparse.ArgumentParser:
     """The parser of the console script `mnist-<name>` (the subcommand's options)."""
     command = COMMANDS[name]
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=prog or f"mnist-{name}",
         description=f"{command.help[0].upper()}{command.help[1:]}; the same as "
                     f"`{MODULE_PROG} {name}`.")
@@ -271,6 +292,10 @@ def build_command_parser(name: str, prog: str | None = None) -> argparse.Argumen
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the parsed command; messages go to stderr, the exit status comes back."""
     args.argv = list(argv)
+    problem = environment_problem()
+    if problem:
+        print(f"mnist: {problem}", file=sys.stderr)
+        return 2
     if args.threads is not None:
         if args.threads < 1:
             print(f"mnist: --threads must be at least 1, got {args.threads}", file=sys.stderr)

@@ -7,7 +7,8 @@
     optcheck --opt all --workers 4            # the same checks on 4 processes (pytest-xdist)
 
 Exit status: 0 every check passed, 1 some check failed, 2 usage error (bad hyperparameter,
-unwritable --output, ...).
+unwritable --output, ...), 130 interrupted (Ctrl-C; the rows finished so far are written to
+--output).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import argparse
 import sys
 
 from engine.backends import BACKENDS, get_backend
+from engine.backends.cpu.threads import environment_problem
 from engine.errors import EngineError, HyperparameterError
+from gradcheck.interrupted import interrupted_with, report_interrupted
+from gradcheck.usage import ArgumentParser
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES, engine_settings, refused_settings
 from optcheck.runner import FAMILIES, MAX_STEPS, run_checks, run_user_configs
 from optcheck.selftest import TOOL as SELF_TEST_TOOL
@@ -26,6 +30,8 @@ from reports.output import FORMATS, emit, first_unwritable
 HP_OPTIONS = {"lr": "lr", "eps": "eps", "weight_decay": "weight_decay",
               "momentum": "momentum", "dampening": "dampening"}
 FLAG_OPTIONS = ("nesterov", "amsgrad", "maximize")
+# seeds go to numpy's default_rng, which takes whole numbers >= 0; 64-bit ones at most here
+MAX_SEED = 2**63 - 1
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -38,7 +44,7 @@ def _betas(text: str) -> tuple[float, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="optcheck",
         description="Compare optimizer updates with closed-form trajectories, torch.optim "
                     "reference trajectories and invariants. Exit 0: all pass, 1: a check "
@@ -72,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE",
                    help="write the report to FILE (atomically) instead of standard output")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true",
+                   help="plain table: every column (default: the few a person reads, fitted "
+                        "to the terminal)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="run the checks as pytest items on N local processes (pytest-xdist; "
                         "the same report); across hosts: see pytest --optcheck")
@@ -113,12 +122,27 @@ def _selected(values, all_values):
 
 
 def main(argv=None) -> int:
+    """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
+    anywhere: one line and 130, the finished rows written to --output."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        return report_interrupted("optcheck", exc, "plain")
+
+
+def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    problem = environment_problem()
+    if problem:
+        print(f"optcheck: {problem}", file=sys.stderr)
+        return 2
     if not args.opt and not args.self_test:
         parser.error("say which optimizer to check: --opt sgd|adam|adamw|all (or --self-test)")
     if not 1 <= args.steps <= MAX_STEPS:
         parser.error(f"--steps must lie in [1, {MAX_STEPS}], got {args.steps}")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must lie in [0, {MAX_SEED}], got {args.seed}")
     if args.workers is not None and args.self_test:
         parser.error("--workers applies to --opt, not to --self-test")
     families = _selected(args.family, FAMILIES)
@@ -135,20 +159,26 @@ def main(argv=None) -> int:
     except EngineError as exc:
         print(f"optcheck: {exc}", file=sys.stderr)
         return 2
+    meta = {"argv": list(sys.argv[1:] if argv is None else argv)}
     if args.self_test:
         results = run_self_test(families, "f64", args.steps, args.seed, args.backend, progress)
         tool = SELF_TEST_TOOL
     else:
-        if args.workers is not None:
-            results = _distributed(args, parser, optimizers, families, dtypes, progress)
-        else:
-            results = run_checks(optimizers, families, dtypes, args.backend, args.steps,
-                                 args.seed, progress)
-        results += run_user_configs(configs, dtypes, args.backend, args.steps, args.seed)
+        try:
+            results = []
+            if args.workers is not None:
+                results = _distributed(args, parser, optimizers, families, dtypes, progress)
+            else:
+                results = run_checks(optimizers, families, dtypes, args.backend, args.steps,
+                                     args.seed, progress)
+            results += run_user_configs(configs, dtypes, args.backend, args.steps, args.seed)
+        except KeyboardInterrupt as exc:
+            return report_interrupted("optcheck", interrupted_with(results, exc),
+                                      args.format, args.output, meta, group_by="family",
+                                      verbose=args.verbose)
         tool = "optcheck"
-    meta = {"argv": list(sys.argv[1:] if argv is None else argv)}
     return emit(results, tool=tool, fmt=args.format, output=args.output, meta=meta,
-                group_by="family")
+                group_by="family", verbose=args.verbose)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tqdm import tqdm
 
+from gradcheck.interrupted import interrupted_with
 from optcheck import closed_form, invariants, torch_trajectories
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES
 from reports.record import Result
@@ -37,13 +38,18 @@ def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
 def run_checks(optimizers=OPTIMIZER_NAMES, families=tuple(FAMILIES), dtypes=DTYPES,
                backend: str = "cpu", steps: int = 100, seed: int = 0,
                progress: bool = False) -> list[Result]:
-    """Every family on every optimizer and dtype, grouped by family (a table per family)."""
+    """Every family on every optimizer and dtype, grouped by family (a table per family).
+    Ctrl-C raises gradcheck.interrupted.Interrupted with the rows finished before it."""
     jobs = [(f, o, d) for f in families for o in optimizers for d in dtypes]
     results = []
-    with tqdm(jobs, desc="optcheck", unit="run", disable=not progress, leave=False) as bar:
-        for family, optimizer, dtype in bar:
-            bar.set_postfix_str(f"{family} {optimizer} {dtype}")
-            results += run_family(family, optimizer, dtype, backend, steps, seed)
+    try:
+        with tqdm(jobs, desc="optcheck", unit="run", disable=not progress,
+                  leave=False) as bar:
+            for family, optimizer, dtype in bar:
+                bar.set_postfix_str(f"{family} {optimizer} {dtype}")
+                results += run_family(family, optimizer, dtype, backend, steps, seed)
+    except KeyboardInterrupt as exc:       # Ctrl-C: the finished rows go with it
+        raise interrupted_with(results, exc) from None
     return results
 
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from gradcheck.adapters.base import VJP, Adapter, AdapterError
 
-__all__ = ["ENGINES", "VJP", "Adapter", "AdapterError", "AdapterSpec", "get_adapter",
-           "spec_of"]
+__all__ = ["ENGINES", "VJP", "Adapter", "AdapterError", "AdapterSpec", "describe",
+           "get_adapter", "spec_of"]
 
 # ggml's GGML_MAX_N_THREADS: the most threads its compute takes (here, so that checking a
 # --ggml-threads value imports no ggml module)
@@ -83,6 +83,9 @@ def _factory(name: str):
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise AdapterError(f"engine {name!r}: cannot import {module_name}: {exc}") from exc
+    except (Exception, SystemExit) as exc:     # a user's module: any error, even sys.exit
+        raise AdapterError(f"engine {name!r}: importing {module_name} raised "
+                           f"{_described(exc)}") from exc
     obj = module
     for part in attribute.split("."):
         try:
@@ -90,6 +93,9 @@ def _factory(name: str):
         except AttributeError:
             raise AdapterError(f"engine {name!r}: {module_name} has no attribute "
                                f"{attribute!r}") from None
+        except Exception as exc:  # noqa: BLE001  (a module's __getattr__, a property)
+            raise AdapterError(f"engine {name!r}: getting {attribute!r} from {module_name} "
+                               f"raised {_described(exc)}") from exc
     return obj
 
 
@@ -103,24 +109,52 @@ def get_adapter(name: str, **options) -> Adapter:
             adapter = obj(**options)
         except AdapterError:
             raise
-        except (TypeError, ImportError, OSError) as exc:
-            raise AdapterError(f"engine {name!r}: cannot be set up with options "
-                               f"{options}: {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:    # a user's constructor: any error
+            with_options = f" with options {options}" if options else ""
+            raise AdapterError(f"engine {name!r}: cannot be set up{with_options}: "
+                               f"{_described(exc)}") from exc
     elif options:
         raise AdapterError(f"engine {name!r} is an adapter object: it takes no options, "
                            f"got {options}")
     else:
         adapter = obj
-    missing = [a for a in _REQUIRED if not hasattr(adapter, a)]
+    missing = [a for a in _REQUIRED if not _has(adapter, a)]
     if missing:
         raise AdapterError(f"engine {name!r} is not an adapter: {type(adapter).__name__} "
                            f"lacks {', '.join(missing)} (see gradcheck.adapters.base.Adapter)")
     if getattr(adapter, "spec", None) is None:
         try:
             adapter.spec = AdapterSpec.of(name, options)
-        except AttributeError:       # slots or a read-only property: spec_of falls back
+        except Exception:   # noqa: BLE001  (slots, a read-only property: spec_of falls back)
             pass
     return adapter
+
+
+def describe(adapter, name: str) -> str:
+    """adapter.describe() as a str; AdapterError naming engine `name` when it raises (a
+    user's adapter)."""
+    try:
+        return str(adapter.describe())
+    except (Exception, SystemExit) as exc:
+        raise AdapterError(f"engine {name!r}: describe() raised {_described(exc)}") from exc
+
+
+def _described(exc: BaseException) -> str:
+    """'TypeName: message' of an exception, on one line."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, SystemExit):
+        return f"SystemExit (sys.exit({exc.code!r}))"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _has(adapter, attribute: str) -> bool:
+    """hasattr that counts a property raising anything as missing (hasattr lets all but
+    AttributeError through)."""
+    try:
+        getattr(adapter, attribute)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 def spec_of(adapter) -> AdapterSpec:

@@ -81,9 +81,7 @@ def test_existing_output_survives_a_failed_run(tmp_path):
 
 @pytest.mark.parametrize("argv", [["--op", "relu", "--random", "-3"],
                                   ["--op", "relu", "--random", "many"],
-                                  ["--op", "relu", "--backend", "tpu"],
-                                  ["--repro", "Sample(op='relu', inputs=__import__('os'))"],
-                                  ["--repro", "not a case"]])
+                                  ["--op", "relu", "--backend", "tpu"]])
 def test_malformed_arguments_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -145,7 +143,7 @@ def test_a_crashing_engine_gives_a_crash_row_with_its_repro_and_goes_on(tmp_path
 def test_crash_row_in_the_table(capsys):
     from tests.gradcheck.abort_adapter import CRASH_CASE
     assert main(["--engine", ABORT, "--op", "relu", "--dtype", "f64", "-k", "x=[3,4]",
-                 "--no-progress"]) == 1
+                 "--no-progress", "--verbose"]) == 1
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith(CRASH_CASE))
     assert "CRASH" in row and f"gradcheck --engine {ABORT} --op relu -k" in row
@@ -197,3 +195,197 @@ def test_random_beyond_its_bounds_is_a_usage_error(n, capsys):
         main(["--op", "relu", "--random", n])
     assert exc.value.code == 2
     assert "--random must be a number of cases per op in [0, 10000]" in capsys.readouterr().err
+
+
+# --- bad input: one line on stderr, exit 2, never a traceback ------------------------------
+
+def _one_line_usage_error(argv, capsys) -> str:
+    """main(argv)'s one stderr line, asserting exit 2, nothing on stdout, no traceback."""
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith("gradcheck: ") and not captured.out
+    return lines[0]
+
+
+RELU_X = "Sample(op='relu', inputs=(InputSpec(name='x', shape={shape}),){rest})"
+
+
+BAD_REPROS = [
+    ("", "--repro: empty case: expected Sample(op='NAME', inputs="),
+    ("   ", "--repro: empty case"),
+    ("Sample(op='relu', inputs=5)", "Sample field 'inputs' must be a tuple of InputSpec(...), "
+                                    "got 5"),
+    ("Sample(op='relu', inputs=__import__('os'))", "only Sample(...) and InputSpec(...) may be "
+                                                   "called, not __import__(...)"),
+    ("not a case", "not Python syntax"),
+    ("1x", "not Python syntax"),
+    ("-" * 50_000 + "1", "at most 10000 are read"),
+    ("-" * 9_000 + "1", "nested too deeply"),
+    ("(" * 5_000 + ")" * 5_000, "too many nested parentheses"),
+    ("Sample(op='relu')", "Sample needs inputs"),
+    ("Sample(op='pool3d', inputs=())", "unknown op 'pool3d'"),
+    (RELU_X.format(shape="(4,)", rest=", dtype='f16'"),
+     "relu: dtype 'f16' is not one gradcheck runs; known: f32, f64"),
+    (RELU_X.format(shape="(-4,)", rest=""),
+     "InputSpec field 'shape' must be a tuple of whole numbers >= 0, got (-4,)"),
+    (RELU_X.format(shape="(10**9,)", rest=""), "'10 ** 9' is not a literal"),
+    (RELU_X.format(shape="(1000000000, 1000)", rest=""),
+     "relu: the inputs hold 1000000000000 elements; at most 67108864 are checked"),
+    ("Sample(op='relu', inputs=(InputSpec(name='x', shape=(4,)), InputSpec(name='y', "
+     "shape=(4,))))", "relu takes 1 input (x), got 2"),
+    (RELU_X.format(shape="(4,)", rest=", foo=1"), "Sample has no field 'foo'"),
+    ("Sample(op='pool_2d', inputs=(InputSpec(name='x', shape=(1, 1, 4, 4)),), params=(("
+     "'kernel', (0, 0)), ('mode', 'max'), ('padding', (0, 0)), ('stride', (1, 1))))",
+     "pool_2d refuses this case: pool_2d: kernel must be positive, got [0, 0]"),
+    ("Sample(op='repeat', inputs=(InputSpec(name='x', shape=(1,)),), params=(('shape', "
+     "(100000, 100000)),))", "repeat: the output would hold 10000000000 elements"),
+]
+
+
+@pytest.mark.parametrize("text, words", BAD_REPROS, ids=[w[:40] for _, w in BAD_REPROS])
+def test_a_bad_repro_is_one_clear_usage_line(text, words, capsys):
+    line = _one_line_usage_error([f"--repro={text}", "--no-progress"], capsys)
+    assert words in line and "<ast." not in line and "0x" not in line
+
+
+def _adapter_module(tmp_path, monkeypatch, name: str, body: str) -> str:
+    """A user's adapter module `name` written in tmp_path and importable; its engine name."""
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:A"
+
+
+ADAPTER = '''
+class A:
+    name = "mine"
+    isolated = False
+    def __init__(self):
+        {init}
+    def describe(self):
+        {describe}
+    def unsupported(self, case):
+        return None
+    def vjp(self, case, arrays, weights):
+        raise NotImplementedError
+'''
+
+
+@pytest.mark.parametrize("body, words", [
+    ("def broken(:\n", "importing gv_bad_0 raised SyntaxError: "),
+    ("raise RuntimeError('no GPU here')\n", "importing gv_bad_1 raised RuntimeError: no GPU here"),
+    ("1 / 0\n", "importing gv_bad_2 raised ZeroDivisionError: division by zero"),
+    ("import sys\nsys.exit(3)\n", "importing gv_bad_3 raised SystemExit (sys.exit(3))"),
+    (ADAPTER.format(init="raise OSError('no device')", describe="return 'x'"),
+     "cannot be set up: OSError: no device"),
+    (ADAPTER.format(init="raise SystemExit(4)", describe="return 'x'"),
+     "cannot be set up: SystemExit (sys.exit(4))"),
+    (ADAPTER.format(init="pass", describe="raise KeyError('version')"),
+     "describe() raised KeyError: 'version'"),
+    ("def __getattr__(name):\n    raise RuntimeError('lazy load failed')\n",
+     "getting 'A' from gv_bad_7 raised RuntimeError: lazy load failed"),
+])
+def test_a_broken_user_adapter_is_one_usage_line(body, words, tmp_path, monkeypatch,
+                                                 capsys, request):
+    index = request.node.callspec.indices["body"]
+    engine = _adapter_module(tmp_path, monkeypatch, f"gv_bad_{index}", body)
+    line = _one_line_usage_error(["--engine", engine, "--op", "relu", "--no-progress"],
+                                 capsys)
+    assert f"engine '{engine}'" in line and words in line
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1e3"])
+def test_a_bad_thread_setting_is_one_usage_line(value, monkeypatch, capsys):
+    monkeypatch.setenv("GRADVERIFY_THREADS", value)
+    line = _one_line_usage_error(["--op", "relu", "--no-progress"], capsys)
+    assert line == f"gradcheck: GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}"
+
+
+def test_a_bad_parallel_setting_is_one_usage_line(monkeypatch, capsys):
+    monkeypatch.setenv("GRADVERIFY_PARALLEL", "sometimes")
+    assert "GRADVERIFY_PARALLEL must be 1 or 0" in _one_line_usage_error(["--list"], capsys)
+
+
+def test_a_ggml_lib_that_is_a_file_says_so(tmp_path, capsys):
+    path = tmp_path / "libggml-base.so"
+    path.write_text("not a directory")
+    line = _one_line_usage_error(["--engine", "ggml", "--ggml-lib", str(path), "--op",
+                                  "relu"], capsys)
+    assert f"--ggml-lib {path} is a file, not a directory" in line
+    assert "does not exist" not in line
+
+
+def test_a_ggml_lib_directory_without_ggml_says_what_it_lacks(tmp_path, capsys):
+    line = _one_line_usage_error(["--engine", "ggml", "--ggml-lib", str(tmp_path), "--op",
+                                  "relu"], capsys)
+    assert "lacks libggml-base.so and libggml-cpu.so" in line
+
+
+def test_a_missing_ggml_lib_directory_says_it_does_not_exist(tmp_path, capsys):
+    line = _one_line_usage_error(["--engine", "ggml", "--ggml-lib", str(tmp_path / "no"),
+                                  "--op", "relu"], capsys)
+    assert "does not exist" in line
+
+
+# --- Ctrl-C: one line, exit 130, the finished rows kept ------------------------------------
+
+def _interrupt_after(monkeypatch, n: int):
+    """Ctrl-C (a KeyboardInterrupt) in the check of the (n+1)-th case."""
+    import gradcheck.runner as runner
+    real, calls = runner.check_sample, []
+
+    def check_sample(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(runner, "check_sample", check_sample)
+
+
+def test_ctrl_c_in_a_sweep_writes_the_finished_rows_and_exits_130(tmp_path, monkeypatch,
+                                                                  capsys):
+    from reports import load_json
+    path = tmp_path / "r.json"
+    _interrupt_after(monkeypatch, 2)
+    assert main(["--op", "relu", "--format", "json", "--output", str(path),
+                 "--no-progress"]) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"gradcheck: interrupted; wrote the 2 rows finished so far to {path}"
+    doc = load_json(path.read_text())
+    assert len(doc["results"]) == 2 and doc["meta"]["interrupted"] is True
+
+
+def test_ctrl_c_before_any_row_leaves_the_output_as_it_was(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "r.txt"
+    path.write_text("previous")
+    _interrupt_after(monkeypatch, 0)
+    assert main(["--op", "relu", "--output", str(path), "--no-progress"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gradcheck: interrupted before any row finished; {path} left as it was")
+    assert path.read_text() == "previous"
+
+
+def test_ctrl_c_in_generated_cases_keeps_the_registry_rows(tmp_path, monkeypatch, capsys):
+    import gradcheck.runner as runner
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runner, "generated_results", interrupted)
+    path = tmp_path / "r.json"
+    assert main(["--op", "relu", "--dtype", "f64", "-k", "x=[3,4]", "--random", "3",
+                 "--format", "json", "--output", str(path), "--no-progress"]) == 130
+    from reports import load_json
+    registry_rows = len(runner.select_samples(["relu"], "f64", "x=[3,4]"))
+    assert f"wrote the {registry_rows} rows finished so far" in capsys.readouterr().err
+    assert len(load_json(path.read_text())["results"]) == registry_rows
+
+
+def test_ctrl_c_anywhere_else_is_one_line(monkeypatch, capsys):
+    import gradcheck.cli as cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "make_adapter", interrupted)
+    assert main(["--op", "relu"]) == 130
+    assert capsys.readouterr().err == "gradcheck: interrupted\n"

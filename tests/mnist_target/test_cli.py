@@ -166,7 +166,8 @@ def test_regress_seeds_reports_mean_and_spread(tmp_path, capsys, mnist_subset):
 @pytest.mark.parametrize("args, message", [
     (["--engine", "tensorflow"], "unknown engine tensorflow; known: engine, ggml"),
     (["--seeds", "0"], "--seeds must lie in [1, 100]"),
-    (["--engine", "ggml", "--ggml-lib", "/nonexistent/ggml"], "ggml: library directory"),
+    (["--engine", "ggml", "--ggml-lib", "/nonexistent/ggml"],
+     "ggml: --ggml-lib /nonexistent/ggml does not exist"),
     (["--ggml-lib", "/nonexistent/ggml"], "--ggml-lib applies to --engine ggml only"),
 ])
 def test_regress_refuses_bad_options_in_one_line(tmp_path, capsys, args, message):

@@ -11,7 +11,7 @@ from optcheck.cli import main
 
 def test_closed_form_family_passes_and_prints_a_table_per_family(capsys):
     assert main(["--opt", "sgd", "--family", "closed-form", "--dtype", "f64",
-                 "--no-progress", "--steps", "20"]) == 0
+                 "--no-progress", "--steps", "20", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("closed-form (")
     assert "constant_gradient" in out and "toy" in out and "FAIL" not in out
@@ -90,3 +90,53 @@ def test_steps_beyond_the_bound_say_the_bound(capsys):
     with pytest.raises(SystemExit):
         main(["--opt", "adam", "--steps", "10001"])
     assert "--steps must lie in [1, 10000], got 10001" in capsys.readouterr().err
+
+
+# --- bad input: one line, exit 2; Ctrl-C: one line, exit 130 --------------------------------
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63)])
+def test_a_seed_numpy_cannot_take_is_a_usage_error(seed, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--opt", "sgd", "--seed", seed])
+    assert exc.value.code == 2
+    assert f"--seed must lie in [0, {2**63 - 1}], got {seed}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1e3"])
+def test_a_bad_thread_setting_is_one_usage_line(value, monkeypatch, capsys):
+    monkeypatch.setenv("GRADVERIFY_THREADS", value)
+    assert main(["--opt", "sgd", "--no-progress"]) == 2
+    assert capsys.readouterr().err == (
+        f"optcheck: GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}\n")
+
+
+def _interrupt_after(monkeypatch, n: int):
+    """Ctrl-C (a KeyboardInterrupt) in the (n+1)-th family run."""
+    import optcheck.runner as runner
+    real, calls = runner.run_family, []
+
+    def run_family(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(runner, "run_family", run_family)
+
+
+def test_ctrl_c_writes_the_finished_rows_and_exits_130(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "r.json"
+    _interrupt_after(monkeypatch, 1)
+    assert main(["--opt", "sgd", "--family", "closed-form", "--steps", "3", "--format",
+                 "json", "--output", str(path), "--no-progress"]) == 130
+    doc = json.loads(path.read_text())
+    rows = len(doc["results"])
+    assert rows > 0 and doc["meta"]["interrupted"] is True
+    assert capsys.readouterr().err == (
+        f"optcheck: interrupted; wrote the {rows} rows finished so far to {path}\n")
+
+
+def test_ctrl_c_without_output_is_one_line(monkeypatch, capsys):
+    _interrupt_after(monkeypatch, 0)
+    assert main(["--opt", "sgd", "--family", "closed-form", "--no-progress"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "optcheck: interrupted\n" and not captured.out

@@ -33,26 +33,54 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import types
 
-import numba
-import numpy as np
+from engine.backends.cpu import environment, paths
 
-from engine.backends.cpu import paths
+# before numba reads it (at import): an unwritable NUMBA_CACHE_DIR falls back, with a warning
+_GIVEN_CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR")
+if environment.usable_cache_dir() != _GIVEN_CACHE_DIR and "numba" in sys.modules:
+    # numba was imported before the engine: make it read the variable again
+    import numba.core.config
+    numba.core.config.reload_config()
+
+# numba's error messages without terminal colours: they end up in report rows, and its
+# colours (colorama) leave a stray reset sequence on a terminal at exit
+os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
 
 OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 
 
+def njit(fn, **options):
+    """numba.njit(**OPTIONS, **options)(fn); where numba finds no directory to cache it in
+    ("cannot cache function"), caching is turned off for every later kernel, with a
+    warning, instead of failing the import."""
+    try:
+        return numba.njit(**OPTIONS, **options)(fn)
+    except RuntimeError as exc:
+        if "cannot cache" not in str(exc) or not OPTIONS["cache"]:
+            raise
+        OPTIONS["cache"] = False
+        environment.warn_setting("numba finds no writable directory to cache compiled "
+                                 "kernels in (NUMBA_CACHE_DIR, the package's __pycache__, "
+                                 "the user's cache)", "no disk cache (each run compiles anew)")
+        return numba.njit(**OPTIONS, **options)(fn)
+
+
 def kernel(fn):
     """Compile a serial kernel."""
-    return numba.njit(**OPTIONS)(fn)
+    return njit(fn)
 
 
 def scalar_math(fn):
     """Compile a scalar function shared by CPU and CUDA kernels: numba inlines it into each
     caller at IR level (`inline="always"`). Called otherwise, numba-cuda would compile it
     as a device function for the current GPU, and cuda.compile_ptx would need one."""
-    return numba.njit(inline="always", **OPTIONS)(fn)
+    return njit(fn, inline="always")
 
 
 def parallel_kernel(fn):
@@ -68,20 +96,18 @@ prange = numba.prange
 PARALLEL_MIN_SIZE = 1 << 16
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    if value in ("", "default"):
-        return default
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be 1 or 0 (on or off), got {os.environ[name]!r}")
+def _parallel_from_env() -> bool:
+    """GRADVERIFY_PARALLEL; for a bad value off, with a SettingWarning (the command lines
+    refuse it first: environment.environment_problem)."""
+    on, problem = environment.read_parallel()
+    if problem:
+        environment.warn_setting(problem, "serial compilations only")
+    return on
 
 
 # Whether prange kernels run their parallel compilation at all (module doc: off by default,
 # numba's threads and BLAS's fight for the cores). Read when a kernel is called or bound.
-PARALLEL = _env_flag("GRADVERIFY_PARALLEL", default=False)
+PARALLEL = _parallel_from_env()
 
 
 class SizeDispatch:
@@ -98,7 +124,7 @@ class SizeDispatch:
                                        fn.__defaults__, fn.__closure__)
         serial_fn.__qualname__ = f"{fn.__qualname__}__serial"
         self.serial = kernel(serial_fn)
-        self.parallel = numba.njit(parallel=True, **OPTIONS)(fn)
+        self.parallel = njit(fn, parallel=True)
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 

@@ -13,6 +13,9 @@ too small to pay for the hand-over (about 100 microseconds) is not split.
     GRADVERIFY_THREADS=1     no splitting, BLAS left as it is (the engine before threads)
     GRADVERIFY_THREADS=N     N chunks (default: the cores this process may use)
 
+A bad value (`abc`, `0`) falls back to the default with a warning; the command lines call
+`environment_problem()` first and refuse it.
+
 Results: a chunk computes its elements exactly as the whole would, so elementwise kernels,
 im2col and pooling give the same bits split or not. A matmul chunk is a smaller product,
 which BLAS (or the sparse path's choice of lines) may sum in another order: float32 results
@@ -28,21 +31,19 @@ import queue
 import threading
 
 from engine.backends.cpu import paths
+from engine.backends.cpu.environment import (
+    environment_problem,  # noqa: F401  (the CLIs')
+    read_threads,
+    warn_setting,
+)
 
 
 def _threads_from_env() -> int:
-    value = os.environ.get("GRADVERIFY_THREADS", "").strip()
-    if value in ("", "default"):
-        try:
-            return max(1, len(os.sched_getaffinity(0)))
-        except AttributeError:               # not on Linux
-            return max(1, os.cpu_count() or 1)
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}")
+    """GRADVERIFY_THREADS's count; for a bad value the default, with a SettingWarning (the
+    command lines refuse it first: environment_problem)."""
+    n, problem = read_threads()
+    if problem:
+        warn_setting(problem, f"{n} threads")
     return n
 
 

@@ -209,6 +209,19 @@ def _check_layout(lib: GgmlLib) -> None:
 _LOADED: dict[str, GgmlLib] = {}
 
 
+def _not_a_directory(lib_dir: str | None, directory: str) -> str:
+    """Why `directory` (lib_dir resolved) is no library directory: what it is instead."""
+    what = f"--ggml-lib {lib_dir}" if lib_dir is not None else f"the libggml wheel's {directory}"
+    expected = f"a directory holding {BASE} and {CPU}"
+    if not os.path.exists(directory):
+        return f"ggml: {what} does not exist (expected {expected})"
+    if not os.path.isfile(directory):
+        return f"ggml: {what} is not a directory (expected {expected})"
+    if os.path.basename(directory) in (BASE, CPU):
+        expected = f"the directory that holds it, {os.path.dirname(directory)}"
+    return f"ggml: {what} is a file, not a directory (expected {expected})"
+
+
 def load(lib_dir: str | None = None) -> GgmlLib:
     """ggml's libraries from `lib_dir` (default: the libggml wheel's), loaded once per
     process and directory; AdapterError if missing, incomplete or of another version."""
@@ -216,7 +229,7 @@ def load(lib_dir: str | None = None) -> GgmlLib:
     if directory in _LOADED:
         return _LOADED[directory]
     if not os.path.isdir(directory):
-        raise AdapterError(f"ggml: library directory {directory} does not exist")
+        raise AdapterError(_not_a_directory(lib_dir, directory))
     missing = [name for name in (BASE, CPU) if not os.path.isfile(os.path.join(directory, name))]
     if missing:
         raise AdapterError(f"ggml: {directory} lacks {' and '.join(missing)} (a ggml build "

@@ -218,13 +218,42 @@ def test_thread_count_from_the_environment(monkeypatch, value, want):
     assert got == want if want is not None else got >= 1
 
 
-@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
-def test_a_bad_thread_count_is_a_clear_error(monkeypatch, value):
+@pytest.mark.parametrize("value", ["0", "-2", "-1", "two", "abc", "1.5", "1e3"])
+def test_a_bad_thread_count_falls_back_with_a_warning_and_is_the_tools_problem(
+        monkeypatch, value):
+    """A bad GRADVERIFY_THREADS never makes `import engine` raise: the default is used, a
+    library user is warned, and environment_problem() gives the CLIs their one line."""
+    from engine.backends.cpu.environment import SettingWarning, default_threads
     monkeypatch.setenv("GRADVERIFY_THREADS", value)
-    with pytest.raises(ValueError, match="GRADVERIFY_THREADS must be a whole number >= 1"):
-        threads._threads_from_env()
+    with pytest.warns(SettingWarning, match="GRADVERIFY_THREADS must be a whole number >= 1"):
+        assert threads._threads_from_env() == default_threads()
+    assert threads.environment_problem() == (
+        f"GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}")
     with pytest.raises(ValueError, match="number of threads must be >= 1"):
         threads.set_num_threads(0)
+
+
+def test_a_good_environment_has_no_problem(monkeypatch):
+    monkeypatch.setenv("GRADVERIFY_THREADS", "2")
+    monkeypatch.delenv("GRADVERIFY_PARALLEL", raising=False)
+    assert threads.environment_problem() is None
+
+
+@given(st.text(max_size=8))
+def test_reading_any_thread_count_never_raises(value):
+    from engine.backends.cpu.environment import read_threads
+    n, problem = read_threads({"GRADVERIFY_THREADS": value})
+    assert n >= 1
+    assert (problem is None) == (value.strip() in ("", "default") or (
+        _is_int(value) and int(value) >= 1))
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("shape", [(64, 48, 40), (2, 48, 40)])   # rows, or columns, split

@@ -49,5 +49,5 @@ def test_a_wrong_cuda_kernel_is_caught_by_the_cross_backend_column(capsys):
 
 def test_optcheck_on_cuda_passes_the_torch_family(capsys):
     assert optcheck(["--opt", "adamw", "--backend", "cuda", "--family", "torch",
-                     "--steps", "3", "--dtype", "f32", "--no-progress"]) == 0
-    assert " cuda " in capsys.readouterr().out
+                     "--steps", "3", "--dtype", "f32", "--no-progress", "--verbose"]) == 0
+    assert " cuda " in capsys.readouterr().out  # the backend column: --verbose only

@@ -1,0 +1,61 @@
+"""optcheck's plain report: its compact columns and a summary per family by default, the
+tables per family with --verbose; the progress bar only when stderr is a terminal. The
+checks are a stand-in (run_checks replaced), so these tests are fast."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+import optcheck.cli
+from optcheck.cli import main
+from reports.record import Result
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """run_checks replaced by a row per family and dtype; the progress flags it was given."""
+    calls = []
+
+    def run_checks(optimizers, families, dtypes, backend, steps, seed, progress):
+        calls.append(progress)
+        return [Result("optcheck", f"adam: {family}_check(lr=0.01)", "pass",
+                       {"max_abs_err": 1e-15, "max_rel_err": 2e-14, "first_step": None,
+                        "steps": steps},
+                       labels={"optimizer": "adam", "family": family, "check": "c",
+                               "backend": backend, "dtype": dtype})
+                for family in families for dtype in dtypes]
+
+    monkeypatch.setattr(optcheck.cli, "run_checks", run_checks)
+    return calls
+
+
+def test_default_is_compact_with_a_summary_per_family(checks, capsys):
+    assert main(["--opt", "adam", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["case", "family", "dtype", "status", "max_rel_err"]
+    assert "family       passed  failed  errors" in lines
+    assert any(line.split() == ["closed-form", "2", "0", "0"] for line in lines)
+    assert lines[-1] == "6 passed"
+
+
+def test_verbose_gives_a_table_per_family_with_every_column(checks, capsys):
+    assert main(["--opt", "adam", "--no-progress", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("closed-form (2 passed)\n\ncase ")
+    assert "first_step" in out.splitlines()[2] and "steps" in out
+
+
+def test_progress_only_when_stderr_is_a_terminal(checks, monkeypatch, capsys):
+    main(["--opt", "adam"])
+    monkeypatch.setattr(sys, "stderr", Tty())
+    main(["--opt", "adam"])
+    main(["--opt", "adam", "--no-progress"])
+    assert checks == [False, True, False]
