@@ -30,6 +30,7 @@ either kind of file.
 from __future__ import annotations
 
 import math
+import os
 import reprlib
 
 import numpy as np
@@ -150,31 +151,49 @@ def _strip_leading_ones(shape) -> tuple[int, ...]:
     return shape
 
 
-def _check_weights(arch: str, weights, where: str) -> None:
+def _check_layout(arch: str, layout, where: str) -> None:
+    """ModelFileError unless `layout` (name -> (shape, dtype)) is exactly `arch`'s tensors,
+    in F32, shapes compared after dropping leading 1s."""
     expected = SHAPES[arch]
-    missing = [n for n in expected if n not in weights]
-    extra = [n for n in weights if n not in expected]
+    missing = [n for n in expected if n not in layout]
+    extra = [n for n in layout if n not in expected]
     if missing or extra:
         raise ModelFileError(
             f"{where}: {arch} needs exactly the tensors {', '.join(expected)}"
             + (f"; missing {', '.join(missing)}" if missing else "")
             + (f"; unexpected {', '.join(extra)}" if extra else ""))
     for name, shape in expected.items():
-        got = np.shape(weights[name])
+        got, dtype = layout[name]
         if _strip_leading_ones(got) != _strip_leading_ones(shape):
             raise ModelFileError(f"{where}: tensor {name} has shape {list(got)}, expected "
                                  f"{list(shape)} for {arch}")
-        dtype = np.asarray(weights[name]).dtype
-        if dtype != np.float32:
-            raise ModelFileError(f"{where}: tensor {name} is {dtype}, expected float32 (F32), "
-                                 "as ggml's MNIST loader requires")
+        if np.dtype(dtype) != np.float32:
+            raise ModelFileError(f"{where}: tensor {name} is {np.dtype(dtype)}, expected "
+                                 "float32 (F32), as ggml's MNIST loader requires")
+
+
+def _check_weights(arch: str, weights, where: str) -> None:
+    _check_layout(arch, {name: (np.shape(w), np.asarray(w).dtype)
+                         for name, w in weights.items()}, where)
+    for name in SHAPES[arch]:
         if not np.all(np.isfinite(weights[name])):
             raise ModelFileError(f"{where}: tensor {name} holds NaN or infinite values")
 
 
+def _model_tensors(where: str):
+    """load_gguf's `expect` for a model or graph file: a model's header is checked against
+    its architecture before any data is read (an extra or oversized tensor is never read);
+    a graph file's tensors are all read (engine.graph_io checks them)."""
+    def select(arch, metadata, layout):
+        if arch in SHAPES:
+            _check_layout(arch, layout, where)
+        return layout
+    return select
+
+
 def read_model(path, arch: str | None = None) -> tuple[str, dict[str, np.ndarray]]:
     """(architecture, weights) of a GGUF model file, checked against ggml's layout."""
-    return _model_of(load_gguf(path), arch)
+    return _model_of(load_gguf(path, expect=_model_tensors(os.fsdecode(path))), arch)
 
 
 def load_model_or_graph(path) -> Model:
@@ -182,7 +201,7 @@ def load_model_or_graph(path) -> Model:
     model's params and names its architecture under GRAPH_ARCH_KEY. The file is read and
     parsed once. Raises GGUFFormatError (ModelFileError, engine.graph_io's GraphFileError)
     naming the file and the problem."""
-    gf = load_gguf(path)
+    gf = load_gguf(path, expect=_model_tensors(os.fsdecode(path)))
     if gf.arch in SHAPES:
         return Model(*_model_of(gf))
     loaded = graph_from_gguf(gf)

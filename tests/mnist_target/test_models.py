@@ -195,3 +195,24 @@ def test_model_or_graph_refuses_other_files(tmp_path):
     other = _save(tmp_path / "o.gguf", "llama", initial_weights("fc", seed=0))
     with pytest.raises(GraphFileError, match="'llama', expected 'gradverify-graph'"):
         load_model_or_graph(other)
+
+
+@pytest.mark.parametrize("load", [Model.load, load_model_or_graph])
+@pytest.mark.parametrize("change", ["extra tensor", "wrong shape", "wrong dtype"])
+def test_a_model_file_is_checked_from_its_header_before_any_tensor_is_read(
+        tmp_path, monkeypatch, load, change):
+    # a model with a huge extra tensor must cost nothing: its layout is refused first
+    weights = initial_weights("fc", seed=0)
+    if change == "extra tensor":
+        weights["extra"] = np.zeros(8, np.float32)
+    elif change == "wrong shape":
+        weights["fc1.bias"] = np.zeros(499, np.float32)
+    else:
+        weights["fc1.bias"] = weights["fc1.bias"].astype(np.float64)
+    path = _save(tmp_path / "m.gguf", "mnist-fc", weights)
+    reads = []
+    monkeypatch.setattr(gguf_io._BoundedReader, "read_tensor",
+                        lambda self, t: reads.append(t.name))
+    with pytest.raises(ModelFileError):
+        load(path)
+    assert reads == []
