@@ -4,7 +4,10 @@ import hypothesis
 
 hypothesis.settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True)
 hypothesis.settings.register_profile("dev", max_examples=30, deadline=None)
-hypothesis.settings.load_profile("ci" if os.environ.get("CI") else "dev")
+# tox -e fuzz: the fuzz suite's long run (tests/fuzz sizes each surface by this profile's name)
+hypothesis.settings.register_profile("fuzz", max_examples=30, deadline=None, print_blob=True)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
+                                 or ("ci" if os.environ.get("CI") else "dev"))
 
 # numba's disk cache is not safe across processes that compile the same function at once:
 # two xdist workers adding an overload each may both write its machine code to the same
