@@ -197,7 +197,18 @@ def main(argv=None) -> int:
         return report_interrupted("gradcheck", exc, "plain")
 
 
+def keep_hypothesis_out_of_cwd(environ=os.environ) -> None:
+    """--random draws its cases with hypothesis, which keeps what it learns (constants found in
+    the source, Unicode tables) in ./.hypothesis unless told otherwise: a command line must not
+    write into the user's working directory, so that goes to the user's cache directory
+    (HYPOTHESIS_STORAGE_DIRECTORY, when set, is kept)."""
+    if not environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        environ["HYPOTHESIS_STORAGE_DIRECTORY"] = os.path.join(cache, "gradverify", "hypothesis")
+
+
 def _main(argv) -> int:
+    keep_hypothesis_out_of_cwd()
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = environment_problem()

@@ -21,7 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.backends import get_backend
-from engine.backends.cpu.threads import environment_problem, get_num_threads, set_num_threads
+from engine.backends.cpu.threads import (
+    MAX_THREADS,
+    environment_problem,
+    get_num_threads,
+    set_num_threads,
+)
 from engine.errors import EngineError
 from gradcheck.usage import ArgumentParser
 from mnist_target import regress
@@ -297,8 +302,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"mnist: {problem}", file=sys.stderr)
         return 2
     if args.threads is not None:
-        if args.threads < 1:
-            print(f"mnist: --threads must be at least 1, got {args.threads}", file=sys.stderr)
+        if not 1 <= args.threads <= MAX_THREADS:
+            print(f"mnist: --threads must lie in [1, {MAX_THREADS}], got {args.threads}",
+                  file=sys.stderr)
             return 2
         set_num_threads(args.threads)
     try:

@@ -43,6 +43,7 @@ IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC = 0x00000803, 0x00000801  # unsigned bytes, 3
 MAX_ITEMS = 300_000  # images or labels in one file: 5 x MNIST's train set (EMNIST digits: 240,000)
 MAX_IDX_BYTES = 16 + MAX_ITEMS * NPIXELS  # the largest IDX file read
 MAX_GZ_BYTES = MAX_IDX_BYTES + MAX_IDX_BYTES // 100 + (1 << 20)  # more than gzip ever adds
+_PIECE = 1 << 20   # bytes gunzipped at a time
 _TRAILING_PROBE = 1 << 16  # bytes read past the declared end of a .gz file to count extra
 
 
@@ -229,7 +230,7 @@ def _gunzip_idx(content: bytes, path: str, images: bool) -> tuple[tuple[int, ...
             header = stream.read(_header_bytes(images))
             dims = _check_header(header, where, images)
             size = int(np.prod(dims))
-            data = stream.read(size + 1)  # at the end of the stream this also checks its CRC
+            data = _read_up_to(stream, size + 1)  # at the stream's end: its CRC checked too
             if len(data) > size:
                 extra = stream.read(_TRAILING_PROBE)
                 _check_length(len(header) + len(data) + len(extra), dims, where,
@@ -238,6 +239,19 @@ def _gunzip_idx(content: bytes, path: str, images: bool) -> tuple[tuple[int, ...
         raise MnistDataError(f"{path}: corrupt gzip data: {exc}") from None
     _check_length(len(header) + len(data), dims, where)
     return dims, data
+
+
+def _read_up_to(stream, limit: int) -> bytes:
+    """At most `limit` bytes of `stream`, read in pieces: a header that declares more data
+    than the stream holds costs only the data it holds, not an allocation of `limit`."""
+    pieces, got = [], 0
+    while got < limit:
+        piece = stream.read(min(_PIECE, limit - got))
+        if not piece:
+            break
+        pieces.append(piece)
+        got += len(piece)
+    return b"".join(pieces)
 
 
 def _decode_idx(content: bytes, where: str, images: bool) -> np.ndarray:

@@ -161,7 +161,7 @@ def _check_layout(arch: str, layout, where: str) -> None:
         raise ModelFileError(
             f"{where}: {arch} needs exactly the tensors {', '.join(expected)}"
             + (f"; missing {', '.join(missing)}" if missing else "")
-            + (f"; unexpected {', '.join(extra)}" if extra else ""))
+            + (f"; unexpected {', '.join(map(repr, extra))}" if extra else ""))  # any bytes
     for name, shape in expected.items():
         got, dtype = layout[name]
         if _strip_leading_ones(got) != _strip_leading_ones(shape):

@@ -93,8 +93,9 @@ def _checked_optimizer(metadata: dict, optimizer, where: str) -> dict:
     unknown = [k for k in metadata if k.startswith(PREFIX) and k != PREFIX + "name"
                and k not in flag_keys and k not in hp_keys]
     if unknown:
-        raise GGUFFormatError(f"{where}: unknown optimizer key(s) {', '.join(unknown)} for "
-                              f"optimizer {optimizer.name!r}")
+        keys = ", ".join(map(repr, unknown))   # a key may hold any character, "\n" too
+        raise GGUFFormatError(f"{where}: unknown optimizer key(s) {keys} for optimizer "
+                              f"{optimizer.name!r}")
     for key, k in flag_keys.items():
         got, want = metadata.get(key), optimizer.flags[k]
         if type(got) is not bool:

@@ -72,6 +72,14 @@ def test_unwritable_output_is_a_usage_error_and_runs_nothing(tmp_path, capsys):
     assert "cannot write" in capsys.readouterr().err
 
 
+def test_empty_output_is_a_usage_error_not_stdout(capsys):
+    """`--output ''` used to print the report to stdout and exit 0."""
+    assert main(["--op", "relu", "--output", "", "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        "gradcheck: cannot write '': an empty path"]
+
+
 def test_existing_output_survives_a_failed_run(tmp_path):
     path = tmp_path / "r.txt"
     path.write_text("previous")
@@ -299,7 +307,8 @@ def test_a_broken_user_adapter_is_one_usage_line(body, words, tmp_path, monkeypa
 def test_a_bad_thread_setting_is_one_usage_line(value, monkeypatch, capsys):
     monkeypatch.setenv("GRADVERIFY_THREADS", value)
     line = _one_line_usage_error(["--op", "relu", "--no-progress"], capsys)
-    assert line == f"gradcheck: GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}"
+    assert line == (
+        f"gradcheck: GRADVERIFY_THREADS must be a whole number in [1, 512], got {value!r}")
 
 
 def test_a_bad_parallel_setting_is_one_usage_line(monkeypatch, capsys):

@@ -90,7 +90,22 @@ def test_a_bad_thread_setting_is_one_line_from_the_console_script(script, argv, 
     done = subprocess.run([sys.executable, "-c", _script("import sys\n", script, argv)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr == f"{tool}: GRADVERIFY_THREADS must be a whole number >= 1, got 'abc'\n"
+    assert done.stderr == (
+        f"{tool}: GRADVERIFY_THREADS must be a whole number in [1, 512], got 'abc'\n")
+
+
+def test_random_cases_leave_nothing_in_the_working_directory(tmp_path):
+    """hypothesis, which draws --random's cases, used to create ./.hypothesis."""
+    cwd, cache = tmp_path / "work", tmp_path / "cache"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_STORAGE_DIRECTORY"}
+    env["XDG_CACHE_HOME"] = str(cache)
+    done = subprocess.run([sys.executable, "-c", _script("import sys\n", "gradcheck", [
+        "--op", "relu", "--dtype", "f64", "--random", "10", "--no-torch", "--no-progress"])],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert list(cwd.iterdir()) == []
+    assert (cache / "gradverify" / "hypothesis").is_dir()
 
 
 def test_an_unwritable_numba_cache_is_one_warning_line_and_the_tool_runs(tmp_path):

@@ -214,7 +214,10 @@ def test_train_refuses_bad_settings_before_work(tmp_path, capsys):
     assert "train-images-idx3-ubyte" in capsys.readouterr().err
     assert main(["train", "--arch", "fc", "--out", str(tmp_path / "x.gguf"), "--threads",
                  "0"]) == 2
-    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
+    assert "--threads must lie in [1, 512], got 0" in capsys.readouterr().err
+    # a huge count used to start threads until the process ran out of address space
+    assert main(["eval", str(tmp_path / "x.gguf"), "--threads", "9" * 100]) == 2
+    assert f"--threads must lie in [1, 512], got {'9' * 100}" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
 
 

@@ -74,6 +74,17 @@ def test_gzip_bomb_behind_a_huge_declared_count_is_refused_at_the_header(tmp_pat
     assert peak < 20 << 20
 
 
+def test_a_gz_header_that_declares_more_than_the_stream_holds_costs_only_the_data(tmp_path):
+    """MAX_ITEMS images declared (235 MB), 3 present: the stream is read in pieces, so the
+    reader never allocates what the header merely claims."""
+    path = tmp_path / f"{IMAGES}.gz"
+    content = idx_images(sample_pixels(3)[0])
+    path.write_bytes(gzip.compress(content[:4] + idx.MAX_ITEMS.to_bytes(4, "big") + content[8:]))
+    peak, error = _peak_bytes(lambda: idx.read_idx_images(path))
+    assert isinstance(error, MnistDataError) and "truncated" in str(error)
+    assert peak < 20 << 20, f"peak {peak / 2**20:.0f} MB"
+
+
 def test_plain_file_size_is_checked_against_the_header_before_reading(tmp_path):
     """A sparse file of 256 MB behind a header of 3 images is refused from its size alone."""
     path = tmp_path / IMAGES

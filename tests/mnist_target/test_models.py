@@ -126,7 +126,8 @@ def _save(path, arch, weights):
 
 @pytest.mark.parametrize("change, message", [
     (lambda w: w.pop("fc2.bias"), "missing fc2.bias"),
-    (lambda w: w.update(extra=np.zeros(3, np.float32)), "unexpected extra"),
+    (lambda w: w.update(extra=np.zeros(3, np.float32)), "unexpected 'extra'"),
+    (lambda w: w.update({"fc1\nbias": np.zeros(3, np.float32)}), "unexpected 'fc1\\nbias'"),
     (lambda w: w.update({"fc1.weight": np.zeros((784, 500), np.float32)}),
      "fc1.weight has shape [784, 500], expected [500, 784]"),
     (lambda w: w.update({"fc1.bias": np.zeros(500, np.float64)}), "expected float32"),

@@ -88,7 +88,7 @@ def test_scripts_exit_as_the_subcommands_do(tmp_path, capsys):
     assert err == [f"mnist: {missing}: no such file"] * 2
     assert cli.train_main(["--arch", "fc", "--out", str(tmp_path / "x.gguf"), "--threads",
                            "0"]) == 2
-    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
+    assert "--threads must lie in [1, 512], got 0" in capsys.readouterr().err
 
 
 def test_installed_mnist_train_is_ours():

@@ -86,6 +86,12 @@ def test_unwritable_output_is_refused_before_running(tmp_path, capsys):
     assert "cannot write" in capsys.readouterr().err
 
 
+def test_empty_output_is_a_usage_error_not_stdout(capsys):
+    assert main(["--opt", "sgd", "--output", "", "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "cannot write '': an empty path" in err
+
+
 def test_steps_beyond_the_bound_say_the_bound(capsys):
     with pytest.raises(SystemExit):
         main(["--opt", "adam", "--steps", "10001"])
@@ -107,7 +113,7 @@ def test_a_bad_thread_setting_is_one_usage_line(value, monkeypatch, capsys):
     monkeypatch.setenv("GRADVERIFY_THREADS", value)
     assert main(["--opt", "sgd", "--no-progress"]) == 2
     assert capsys.readouterr().err == (
-        f"optcheck: GRADVERIFY_THREADS must be a whole number >= 1, got {value!r}\n")
+        f"optcheck: GRADVERIFY_THREADS must be a whole number in [1, 512], got {value!r}\n")
 
 
 def _interrupt_after(monkeypatch, n: int):

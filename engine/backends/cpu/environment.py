@@ -21,6 +21,9 @@ import warnings
 THREADS_VARIABLE = "GRADVERIFY_THREADS"
 PARALLEL_VARIABLE = "GRADVERIFY_PARALLEL"
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+# the most threads a kernel splits into: far more than any machine's cores, and few enough
+# that their stacks (8 MiB of address space each) cannot exhaust a process
+MAX_THREADS = 512
 
 
 class SettingWarning(UserWarning):
@@ -46,9 +49,9 @@ def read_threads(environ=None) -> tuple[int, str | None]:
         n = int(value)
     except ValueError:
         n = 0
-    if n < 1:
-        return default_threads(), (f"{THREADS_VARIABLE} must be a whole number >= 1, "
-                                    f"got {raw!r}")
+    if not 1 <= n <= MAX_THREADS:
+        return default_threads(), (f"{THREADS_VARIABLE} must be a whole number in "
+                                    f"[1, {MAX_THREADS}], got {raw!r}")
     return n, None
 
 

@@ -32,6 +32,7 @@ import threading
 
 from engine.backends.cpu import paths
 from engine.backends.cpu.environment import (
+    MAX_THREADS,
     environment_problem,  # noqa: F401  (the CLIs')
     read_threads,
     warn_setting,
@@ -60,8 +61,8 @@ MIN_MACS = 1 << 23                # multiply-adds, for matmul
 def set_num_threads(n: int) -> None:
     """Split kernels bound from now on into `n` chunks (1: no splitting)."""
     global THREADS
-    if int(n) < 1:
-        raise ValueError(f"the number of threads must be >= 1, got {n!r}")
+    if not 1 <= int(n) <= MAX_THREADS:
+        raise ValueError(f"the number of threads must lie in [1, {MAX_THREADS}], got {n!r}")
     THREADS = int(n)
 
 

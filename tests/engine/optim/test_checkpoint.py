@@ -67,6 +67,7 @@ def refused(path, match, cls=AdamW, **kwargs):
         load_checkpoint(path, [y], opt)
     assert str(info.value).startswith(str(path))
     assert same(snapshot(y, opt), before)
+    return str(info.value)
 
 
 def test_a_good_checkpoint_restores_everything(ckpt):
@@ -101,7 +102,12 @@ def test_flags_must_be_bools_equal_to_the_optimizers(ckpt, value, match):
 
 def test_unknown_optimizer_keys_are_refused(ckpt):
     refused(rewrite(ckpt, {"optimizer.hp.momentum": 0.5}),
-            r"unknown optimizer key\(s\) optimizer\.hp\.momentum", amsgrad=True)
+            r"unknown optimizer key\(s\) 'optimizer\.hp\.momentum'", amsgrad=True)
+
+
+def test_an_unknown_key_with_a_newline_is_named_in_one_line(ckpt):
+    message = refused(rewrite(ckpt, {"optimizer.hp.b\neta": 0.5}), "unknown", amsgrad=True)
+    assert "\n" not in message and r"'optimizer.hp.b\neta'" in message
 
 
 def f32(value):
