@@ -131,7 +131,8 @@ def decode_params(text: str, where: str = "params") -> dict[str, Any]:
         value = json.loads(text, parse_constant=no_constant, parse_int=_parse_int,
                            parse_float=_parse_float)
     except (json.JSONDecodeError, RecursionError) as exc:
-        raise GraphFileError(f"{where}: params are not valid JSON ({exc}): {text:.200}") from None
+        raise GraphFileError(f"{where}: params are not valid JSON ({exc}): {text[:200]!r}") \
+            from None
     if not isinstance(value, dict):
         raise GraphFileError(f"{where}: params must be a JSON object, got {text[:200]!r}")
     return {k: _decode(v, f"{where}: param {k!r}") for k, v in value.items()}

@@ -156,7 +156,7 @@ def graph_from_gguf(gf: GGUFFile) -> LoadedGraph:
     registry = all_ops()
     entries: list[Tensor] = []
     for i in range(count):
-        at = f"{where}: node {i} ({names[i]!r}, op {ops_[i] or 'leaf'})"
+        at = f"{where}: node {i} ({names[i]!r}, {f'op {ops_[i]!r}' if ops_[i] else 'a leaf'})"
         if dtypes[i] not in DTYPES:
             raise GraphFileError(f"{at}: unknown dtype {dtypes[i]!r}; known: {sorted(DTYPES)}")
         flag = parse_flags(flags[i], at)

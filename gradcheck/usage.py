@@ -10,10 +10,25 @@ from __future__ import annotations
 import argparse
 
 
+def one_line(text: str) -> str:
+    """`text` with its unprintable characters (a newline, a tab, ESC) escaped as Python
+    writes them: a message that quotes what a user typed stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, except that a usage error is one line, `PROG: error: MESSAGE (see
     PROG --help)`, and exit status 2: argparse's own prints the whole usage block first,
     which for these tools is longer than the message."""
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+    def _get_values(self, action, arg_strings):
+        # Python 3.11's argparse drops the '--' of `--opt=--` and hands the option an empty
+        # list, which no choices check or type conversion sees: say what was given instead
+        if action.option_strings and action.nargs in (None, argparse.OPTIONAL) \
+                and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected one argument, "
+                       f"got '--'")
+        return super()._get_values(action, arg_strings)

@@ -138,10 +138,12 @@ def test_encoding_refuses_other_types(value):
 @pytest.mark.parametrize("text, match", [
     ("{", "not valid JSON"), ("[1]", "JSON object"), ('{"a": NaN}', "bare NaN"),
     ('{"a": {"float": "1.5"}}', "unknown tagged"), ('{"a": {"eval": "1"}}', "unknown tagged"),
+    ('\n"a": 1}', r"not valid JSON .*: '\\n\"a\": 1}'"),   # the text quoted: one line
 ])
 def test_decoding_refuses_malformed_text(text, match):
-    with pytest.raises(GraphFileError, match=match):
+    with pytest.raises(GraphFileError, match=match) as info:
         decode_params(text)
+    assert "\n" not in str(info.value)
 
 
 # --- registry round trip ---------------------------------------------------------------------
@@ -320,13 +322,15 @@ F32, F64 = np.float32, np.float64
 PARAMS, SRCS, DIMS = "graph.node.params", "graph.node.srcs", "graph.node.dims"
 MALFORMED = {   # case: (edit, the error message, a regex)
     "unknown op": (node_edit("graph.node.op", "scale", "os.system"), "unknown op 'os.system'"),
+    "op name with a newline": (node_edit("graph.node.op", "scale", "sc\nale"),
+                               r"op 'sc\\nale'\): unknown op 'sc\\nale'"),
     "composite op": (node_edit("graph.node.op", "scale", "mean"), "composite"),
     "source out of range": (node_edit(SRCS, "scale", 99), "source index 99"),
     "source not earlier": (node_edit(SRCS, "sum", 3), "index 3 is out of range or not earlier"),
     "negative source": (node_edit(SRCS, "scale", -1), r"node 1: graph.node.srcs gives it \[-1\]"),
     "negative dimension": (node_edit(DIMS, "", -2), r"node 0: graph.node.dims gives it \[-2, 3\]"),
     "params not JSON": (node_edit(PARAMS, "scale", "{'scale': 2.0"),
-                        r"node 1 \('scale_\d+', op scale\): params are not valid JSON"),
+                        r"node 1 \('scale_\d+', op 'scale'\): params are not valid JSON"),
     "params not an object": (node_edit(PARAMS, "scale", "[2.0]"), "JSON object"),
     "python code in params": (node_edit(PARAMS, "scale", '{"scale": "__import__(\'os\')"}'),
                               "scale: parameter scale must be a number"),
@@ -365,18 +369,18 @@ MALFORMED = {   # case: (edit, the error message, a regex)
     # and made compute raise TypeError
     "params nested 600 deep": (node_edit(PARAMS, "scale", '{"scale": ' + "[" * 600 +
                                          "]" * 600 + "}"),
-                               r"node 1 \('scale_\d+', op scale\): params nest more than 8"),
+                               r"node 1 \('scale_\d+', op 'scale'\): params nest more than 8"),
     "params too long": (node_edit(PARAMS, "scale", '{"scale": 2.0, "pad": "' + "x" * 70000 +
                                   '"}'), "params are 70025 characters long, more than 65536"),
     "5000-digit integer": (node_edit(PARAMS, "scale", '{"scale": ' + "9" * 5000 + "}"),
-                           r"op scale\): param 'scale': integer 9+\.\.\. \(5000 digits\) is "
+                           r"op 'scale'\): param 'scale': integer 9+\.\.\. \(5000 digits\) is "
                            "outside"),
     "integer beyond uint64": (node_edit(PARAMS, "sum", '{"axes": [18446744073709551616], '
                                         '"keepdims": false}'), "param 'axes': integer 1844"),
     "bare 1e400": (node_edit(PARAMS, "scale", '{"scale": 1e400}'),
                    "param 'scale': number 1e400 is not a finite float"),
     "bools as axes": (node_edit(PARAMS, "sum", '{"axes": [true, false], "keepdims": false}'),
-                      r"op sum\): the op rejects .*sum: axes must be a sequence of ints"),
+                      r"op 'sum'\): the op rejects .*sum: axes must be a sequence of ints"),
     "float axes": (node_edit(PARAMS, "sum", '{"axes": [0.0, 1], "keepdims": false}'),
                    "sum: axes must be a sequence of ints"),
     "0 as a bool": (node_edit(PARAMS, "sum", '{"axes": [0, 1], "keepdims": 0}'),
@@ -398,8 +402,9 @@ MALFORMED = {   # case: (edit, the error message, a regex)
 def test_malformed_graph_files_raise_naming_the_problem(case, small_file):
     edit, match = MALFORMED[case]
     rewrite(small_file, edit)
-    with pytest.raises(GraphFileError, match=match):
+    with pytest.raises(GraphFileError, match=match) as info:
         load_graph(small_file)
+    assert "\n" not in str(info.value)   # names from the file are quoted
 
 
 def shaped_graph():
@@ -415,7 +420,7 @@ def test_float_shape_in_a_file_is_refused_on_load_not_in_compute(tmp_path):
     path = tmp_path / "g.gguf"
     save_graph(path, shaped_graph())
     rewrite(path, node_edit(PARAMS, "reshape", '{"shape": [6.0]}'))
-    with pytest.raises(GraphFileError, match=r"g.gguf: node 1 \('reshape_\d+', op reshape\): "
+    with pytest.raises(GraphFileError, match=r"g.gguf: node 1 \('reshape_\d+', op 'reshape'\): "
                                              r"the op rejects .*reshape: shape must be a "
                                              r"sequence of ints .*6\.0"):
         load_graph(path)

@@ -35,6 +35,9 @@ class FuzzEnv:
     def __repr__(self) -> str:   # hypothesis prints it with every failing example
         return f"FuzzEnv(user={self.user!r}, scratch={self.scratch!r})"
 
+    def _repr_pretty_(self, printer, cycle) -> None:   # hypothesis's printer: not the files
+        printer.text(repr(self))
+
     def count(self, surface: str) -> None:
         self.counts[surface] += 1
 

@@ -13,8 +13,8 @@ from tests.fuzz.checks import check_cli, fuzz_settings
 pytestmark = pytest.mark.fuzz
 
 # examples per tool (short run, tox -e fuzz); a valid run costs 0.1 to 5 seconds
-BUDGET = {"gradcheck": (5, 800), "optcheck": (5, 800), "mnist-train": (4, 600),
-          "mnist-eval": (5, 800), "mnist-regress": (3, 400)}
+BUDGET = {"gradcheck": (5, 2400), "optcheck": (5, 2400), "mnist-train": (4, 1800),
+          "mnist-eval": (5, 2400), "mnist-regress": (3, 1200)}
 
 
 def _test(tool: str):

@@ -29,7 +29,7 @@ def _gguf_case(env, data, name: str, header_only: bool = False):
     return apply(original, changes), (name, changes)
 
 
-@fuzz_settings(short=12, long=3000)
+@fuzz_settings(short=12, long=8000)
 @given(data=st.data())
 def test_model_files(fuzz_env, data):
     name = data.draw(st.sampled_from(["model-cnn", "model-cnn", "model-fc"]), label="file")
@@ -37,7 +37,7 @@ def test_model_files(fuzz_env, data):
     check_load(fuzz_env, "model", mutated, shown)
 
 
-@fuzz_settings(short=12, long=3000)
+@fuzz_settings(short=12, long=8000)
 @given(data=st.data())
 def test_gguf_headers_that_lie(fuzz_env, data):
     """Counts, lengths, types, dims and offsets edited in the header only (any GGUF file)."""
@@ -46,7 +46,7 @@ def test_gguf_headers_that_lie(fuzz_env, data):
     check_load(fuzz_env, "gguf", mutated, shown)
 
 
-@fuzz_settings(short=12, long=3000)
+@fuzz_settings(short=12, long=8000)
 @given(data=st.data())
 def test_graph_files(fuzz_env, data):
     mutated, shown = _gguf_case(fuzz_env, data, "graph",
@@ -54,7 +54,7 @@ def test_graph_files(fuzz_env, data):
     check_load(fuzz_env, "graph", mutated, shown)
 
 
-@fuzz_settings(short=12, long=3000)
+@fuzz_settings(short=12, long=8000)
 @given(data=st.data())
 def test_checkpoints(fuzz_env, data):
     name = data.draw(st.sampled_from(sorted(CHECKPOINT_OPTIMIZERS)), label="saved with")
@@ -88,7 +88,7 @@ def idx_mutation(draw, images: bool):
     return packed, ".gz", (changes, storage)
 
 
-@fuzz_settings(short=12, long=3000)
+@fuzz_settings(short=12, long=8000)
 @given(images=st.booleans(), data=st.data())
 def test_idx_files(fuzz_env, images, data):
     stored, suffix, shown = data.draw(idx_mutation(images), label="idx")
@@ -96,7 +96,7 @@ def test_idx_files(fuzz_env, images, data):
                suffix=f"-idx{3 if images else 1}-ubyte{suffix}")
 
 
-@fuzz_settings(short=6, long=1000)
+@fuzz_settings(short=6, long=3000)
 @given(data=st.data())
 def test_idx_directories(fuzz_env, data):
     """The four files of a directory, one of them mutated (or replaced by a FIFO, a link

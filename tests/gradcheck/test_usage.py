@@ -15,6 +15,11 @@ from optcheck import cli as optcheck_cli
     (gradcheck_cli.main, [], "one of the arguments"),
     (optcheck_cli.main, ["--bogus"], "unrecognized arguments: --bogus"),
     (optcheck_cli.main, ["--steps", "many"], "invalid int value: 'many'"),
+    # Python 3.11's argparse used to hand `--opt=--` an empty list (a TypeError later)
+    (optcheck_cli.main, ["--opt=--"], "argument --opt: expected one argument, got '--'"),
+    (gradcheck_cli.main, ["--op=--"], "argument --op: expected one argument, got '--'"),
+    # what the user typed is quoted with its newline escaped
+    (optcheck_cli.main, ["--opt", "sgd", "--", "x\ny"], r"unrecognized arguments: -- x\ny"),
 ])
 def test_a_usage_error_is_one_line_naming_the_help(capsys, main, argv, says):
     with pytest.raises(SystemExit) as info:
