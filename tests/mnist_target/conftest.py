@@ -1,6 +1,8 @@
 """MNIST tests never write the user's cache: every test gets a cache directory of the
 session's own."""
 
+import signal
+
 import pytest
 
 
@@ -24,3 +26,16 @@ def mnist(_session_cache):
         return load_mnist(cache_dir=_session_cache)
     except MnistDataError as exc:
         pytest.skip(f"no MNIST source: {exc}")
+
+
+@pytest.fixture
+def no_hang():
+    """Fails the test, instead of hanging the run, if it blocks for 5 s (a FIFO or a
+    device opened and waited on)."""
+    def alarm(signum, frame):
+        raise TimeoutError("blocked: a FIFO or device was waited on")
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

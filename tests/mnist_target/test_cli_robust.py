@@ -5,7 +5,6 @@ uncertainties. In-process through the console scripts' main functions, on tiny I
 from __future__ import annotations
 
 import os
-import signal
 
 import numpy as np
 import pytest
@@ -20,18 +19,6 @@ from mnist_target.run import MAX_SEED, EpochRecord, TrainConfig, evaluate
 from tests.mnist_target.data_files import idx_images, idx_labels, write_idx_dir
 
 TINY = ["--epochs", "1", "--batch-logical", "4", "--batch-physical", "4", "--no-progress"]
-
-
-@pytest.fixture
-def no_hang():
-    """Fails the test, instead of hanging the run, if it blocks for 5 s (a FIFO opened)."""
-    def alarm(signum, frame):
-        raise TimeoutError("blocked: a FIFO was waited on")
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(5)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

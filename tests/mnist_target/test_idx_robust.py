@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import signal
 import tracemalloc
 import zlib
 
@@ -20,18 +19,6 @@ from mnist_target.data import MnistCacheWarning, MnistDataError, load_mnist
 from tests.mnist_target.data_files import idx_images, idx_labels, sample_pixels, write_idx_dir
 
 IMAGES = "t10k-images-idx3-ubyte"
-
-
-@pytest.fixture
-def no_hang():
-    """Fails the test, instead of hanging the run, if it blocks for 5 s (a FIFO opened)."""
-    def alarm(signum, frame):
-        raise TimeoutError("blocked: a FIFO or device was waited on")
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(5)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 def _peak_bytes(function) -> tuple[int, BaseException | None]:
