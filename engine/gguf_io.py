@@ -57,6 +57,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
@@ -85,8 +86,18 @@ _TENSOR_TYPES = {
     np.dtype(np.float64): GGMLQuantizationType.F64,
     np.dtype(np.int32): GGMLQuantizationType.I32,
     np.dtype(np.int8): GGMLQuantizationType.I8,
+    np.dtype(np.float16): GGMLQuantizationType.F16,
+    np.dtype(ml_dtypes.bfloat16): GGMLQuantizationType.BF16,
 }
 _NUMPY_DTYPES = {ggml_type: dtype for dtype, ggml_type in _TENSOR_TYPES.items()}
+# the 16-bit floats go through the file as their bit patterns (uint16 in the file's byte
+# order: ml_dtypes' bfloat16 has no byte order of its own)
+_HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _as_stored(array: np.ndarray) -> np.ndarray:
+    """`array` as the data section stores it: a 16-bit float's bit patterns, else itself."""
+    return array.view(np.uint16) if array.dtype in _HALF else array
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -214,7 +225,10 @@ def _write_file(raw, arch: str, entries: dict, arrays: dict[str, np.ndarray]) ->
     for key, (value, value_type, element_type) in entries.items():
         writer.add_key_value(key, value, value_type, element_type)
     for name, array in arrays.items():
-        writer.add_tensor(name, array)
+        if array.dtype in _HALF:
+            writer.add_tensor(name, _as_stored(array), raw_dtype=_TENSOR_TYPES[array.dtype])
+        else:
+            writer.add_tensor(name, array)
     writer.fout, writer.state = [out], WriterState.EMPTY   # our file, not one it opens
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -228,6 +242,7 @@ def _write_tensor_data(out: _CountingFile, arrays: Iterable[np.ndarray], alignme
     `alignment`, as ggml reads it."""
     for array in arrays:
         out.write(bytes(-out.tell() % alignment))
+        array = _as_stored(array)
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
         out.write(memoryview(little.reshape(-1)).cast("B"))
         out.write(bytes(-out.tell() % alignment))
@@ -288,7 +303,7 @@ def _tensor_for_writing(name: Any, array: Any) -> np.ndarray:
     dtype = next((d for d in _TENSOR_TYPES if native == d), None)
     if dtype is None:
         raise GGUFFormatError(f"tensor {name!r}: unsupported dtype {array.dtype}; GGUF files "
-                              "here hold float32, float64, int32 and int8")
+                              "here hold float16, bfloat16, float32, float64, int32 and int8")
     if array.ndim == 0:
         raise GGUFFormatError(f"tensor {name!r}: 0-d arrays are not stored; reshape it to (1,)")
     if array.ndim > MAX_DIMS:
@@ -353,6 +368,7 @@ class _TensorInfo:
     dtype: np.dtype          # in the file's byte order
     offset: int              # from the start of the data section
     nbytes: int
+    half: bool = False       # a 16-bit float, stored as uint16 patterns in the byte order
 
 
 class _BoundedReader:
@@ -530,10 +546,11 @@ class _BoundedReader:
             type_name = (GGMLQuantizationType(type_id).name
                          if type_id in GGMLQuantizationType._value2member_map_ else str(type_id))
             raise GGUFFormatError(f"{self.where}: tensor {name!r} has unsupported type "
-                                  f"{type_name}; only F32, F64, I32 and I8 are read")
+                                  f"{type_name}; only F16, BF16, F32, F64, I32 and I8 are "
+                                  "read")
         (offset,) = self._unpack("Q", at)
         return _TensorInfo(name, tuple(reversed(ne)), dtype.newbyteorder(self.order), offset,
-                           count * dtype.itemsize)
+                           count * dtype.itemsize, dtype in _HALF)
 
     def _check_layout(self) -> None:
         """Names unique; each tensor right after the one before, padded to the alignment (as
@@ -560,8 +577,9 @@ class _BoundedReader:
 
     def read_tensor(self, t: _TensorInfo) -> np.ndarray:
         """A native-endian C-contiguous copy of tensor `t`'s data, read straight into it."""
+        stored = np.dtype(np.uint16).newbyteorder(self.order) if t.half else t.dtype
         try:
-            array = np.empty(t.shape, t.dtype)
+            array = np.empty(t.shape, stored)
         except MemoryError:
             raise GGUFFormatError(f"{self.where}: tensor {t.name!r} needs {t.nbytes} bytes, more "
                                   "memory than there is") from None
@@ -571,7 +589,9 @@ class _BoundedReader:
             if got != t.nbytes:
                 raise GGUFFormatError(f"{self.where}: truncated GGUF file: tensor {t.name!r} "
                                       f"ended after {got} of its {t.nbytes} bytes")
-        return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+        if not array.dtype.isnative:
+            array = array.astype(array.dtype.newbyteorder("="))
+        return array.view(t.dtype.newbyteorder("=")) if t.half else array
 
 
 TensorSelect = Callable[[str, dict[str, Any], dict[str, tuple[tuple[int, ...], np.dtype]]],

@@ -19,7 +19,7 @@ import numpy as np
 from engine.errors import EngineError, ShapeError, StalePlanError
 from engine.planner import Plan
 from engine.registry import OPS
-from engine.tensor import Flag, Tensor
+from engine.tensor import Flag, Tensor, is_float
 
 
 def _topo(outputs, seen: set[int], order: list[Tensor]) -> None:
@@ -94,7 +94,7 @@ class Graph:
             loss = losses[0]
         if loss.id not in self._seen:
             self.expand(loss)
-        if loss.dtype.kind != "f":
+        if not is_float(loss.dtype):
             raise EngineError(f"build_backward: loss {loss.name!r} must be float, "
                               f"not {loss.dtype}")
         loss.set_flag(Flag.LOSS | Flag.OUTPUT)
@@ -197,9 +197,9 @@ def _needs_grad(nodes) -> dict[int, bool]:
     needs: dict[int, bool] = {}
     for t in nodes:
         if t.is_leaf:
-            needs[t.id] = t.is_param and t.dtype.kind == "f"
+            needs[t.id] = t.is_param and is_float(t.dtype)
         else:
-            needs[t.id] = t.dtype.kind == "f" and any(needs.get(s.id) for s in t.srcs)
+            needs[t.id] = is_float(t.dtype) and any(needs.get(s.id) for s in t.srcs)
     return needs
 
 

@@ -35,7 +35,7 @@ from engine.graph_format import (
     parse_flags,
 )
 from engine.registry import all_ops, make_node
-from engine.tensor import DTYPES, Flag, Tensor, dtype_name
+from engine.tensor import DTYPES, Flag, Tensor, dtype_name, is_float
 
 __all__ = ["GraphFileError", "LoadedGraph", "graph_from_gguf", "load_graph", "save_graph"]
 
@@ -234,7 +234,7 @@ def _restore_data(tensors: dict[str, np.ndarray], entries: list[Tensor], where: 
 def _restore_backward(graph: Graph, keys: _Keys, entries: list[Tensor], n: int):
     """Set the graph's loss_grad, grads and grad_accs; return its loss (None if unknown)."""
     seed = entries[keys.index("backward.loss_grad", len(entries))]
-    if not (seed.is_leaf and seed.persistent and seed.dtype.kind == "f"):
+    if not (seed.is_leaf and seed.persistent and is_float(seed.dtype)):
         raise GraphFileError(f"{keys.where}: backward.loss_grad {seed.name!r} must be a "
                              "persistent float leaf")
     pairs = {}

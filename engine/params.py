@@ -32,6 +32,7 @@ import numpy as np
 
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.registry import shapes_str
+from engine.tensor import is_float
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
@@ -190,7 +191,7 @@ def check_rows(op: str, *tensors) -> None:
     contiguous (the kernels read each row as contiguous memory)."""
     first = tensors[0]
     for t in tensors:
-        if t.dtype.kind != "f" or t.dtype != first.dtype:
+        if not is_float(t.dtype) or t.dtype != first.dtype:
             raise DTypeError(f"{op}: needs float inputs of one dtype, got "
                              f"{', '.join(str(u.dtype) for u in tensors)} for shapes "
                              f"{shapes_str(*tensors)}")

@@ -29,7 +29,7 @@ from engine.executor import (
     ViewStep,
 )
 from engine.registry import OPS
-from engine.tensor import Flag
+from engine.tensor import Flag, Tensor
 
 ALIGN = 64
 
@@ -86,6 +86,11 @@ def _last_readers(nodes) -> dict[int, int]:
     return last
 
 
+def _dtypes(t: Tensor) -> tuple:
+    """The dtypes a node's kernel meets: its output's and its sources'."""
+    return (t.dtype, *(s.dtype for s in t.srcs))
+
+
 class Plan:
     """Buffers, kernels and backend placement for one graph, at one version.
 
@@ -106,8 +111,8 @@ class Plan:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         nodes = graph.nodes
         self._place(nodes)
-        self.kernels = {t.id: self.placement[t.id].kernel(OPS[t.op]) for t in nodes
-                        if not t.is_leaf and OPS[t.op].kind != "view"}
+        self.kernels = {t.id: self.placement[t.id].kernel(OPS[t.op], _dtypes(t))
+                        for t in nodes if not t.is_leaf and OPS[t.op].kind != "view"}
         self._lay_out_arenas(nodes)
         self.persistent_bytes = sum(t.nbytes for t in nodes if t.persistent)
         backends = self._backends()
@@ -130,9 +135,10 @@ class Plan:
             if t.is_leaf:
                 continue
             op = OPS[t.op]
-            if op.kind == "view":
-                self.placement[t.id] = self.placement.get(t.srcs[0].id, self.backend)
-            elif self.backend.has_kernel(op):
+            if op.kind == "view":      # where its source is; a leaf's: the plan's backend
+                home = self.backend if self.backend.stores(t.dtype) else cpu
+                self.placement[t.id] = self.placement.get(t.srcs[0].id, home)
+            elif self.backend.has_kernel(op, _dtypes(t)):
                 self.placement[t.id] = self.backend
             else:
                 self.placement[t.id] = cpu

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from engine.registry import get_op
-from engine.tensor import as_dtype, dtype_name
+from engine.tensor import FLOAT_NAMES, HALF_DTYPES, as_dtype, dtype_name, is_float
 
 GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse", "sparse_cols")
 SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
@@ -174,7 +174,7 @@ class InputSpec:
         value = np.asarray(value)
         if self.slice is None:
             return np.ascontiguousarray(self._unexpanded(value))
-        border = VIEW_BORDER if value.dtype.kind == "f" else int(self.low)
+        border = VIEW_BORDER if is_float(value.dtype) else int(self.low)
         leaf = np.full(self.leaf_shape, border, value.dtype)
         leaf[self._slices()] = self._unexpanded(value)
         return leaf
@@ -227,6 +227,8 @@ class InputSpec:
         elif self.kind == "distinct":
             n = int(np.prod(shape))
             x = (lo + (hi - lo) * rng.permutation(n) / max(n - 1, 1)).reshape(shape)
+            if dt in HALF_DTYPES:
+                x = _distinct_in(dt, x, lo, hi)
         elif self.kind == "sparse":
             x = rng.uniform(lo, hi, shape) * (rng.random(shape) < SPARSE_DENSITY)
         elif self.kind == "sparse_cols":
@@ -239,6 +241,26 @@ class InputSpec:
         else:
             x = rng.integers(int(lo), int(hi), shape)
         return np.asarray(x).astype(dt)
+
+
+def _distinct_in(dt, x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Grid values `x` in [lo, hi] moved onto an evenly spaced grid of values of 16-bit
+    dtype `dt`, in the same order, where the range holds enough of them; else `x`. A grid
+    of 200 points over [-1, 1] rounds to ties in bfloat16 (2^-8 steps below 1); multiples
+    of the dtype's spacing at the range's largest magnitude are all exact in it."""
+    top = max(abs(lo), abs(hi))
+    if x.size < 2 or top == 0:
+        return x
+    # the spacing of values in [2^e, 2^(e+1)), the binade of the largest magnitude: 10
+    # fraction bits in float16, 7 in bfloat16
+    spacing = 2.0 ** (np.floor(np.log2(top)) - (10 if dt == np.float16 else 7))
+    first, last = np.ceil(lo / spacing), np.floor(hi / spacing)
+    count = int(last - first) + 1
+    if count < x.size:
+        return x
+    picks = first + np.round(np.linspace(0, count - 1, x.size))
+    order = np.argsort(np.argsort(x.reshape(-1), kind="stable"), kind="stable")
+    return (picks * spacing)[order].reshape(x.shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,19 +303,20 @@ class Sample:
         names = {self.dtype} | {i.dtype for i in self.inputs if i.dtype}
         if isinstance(self.kwargs.get("dtype"), str):
             names.add(self.kwargs["dtype"])
-        return names & {"f32", "f64"}
+        return names & set(FLOAT_NAMES)
 
     @property
     def precision(self) -> str:
-        """The least precise float dtype the case computes in: its tolerances follow it."""
-        return "f32" if "f32" in self.float_dtypes else "f64"
+        """The least precise float dtype the case computes in: its tolerances follow it
+        (of f16 and bf16 together, bf16: 8 significant bits against 11)."""
+        return least_precise(self.float_dtypes)
 
     def promoted(self, dtype: str = "f64") -> Sample:
         """The same case with every float dtype replaced by `dtype` (the float64 reference
         of a float32 case). The string form, and so the seed, stay the original's."""
-        inputs = tuple(dataclasses.replace(i, dtype=dtype) if i.dtype in ("f32", "f64")
+        inputs = tuple(dataclasses.replace(i, dtype=dtype) if i.dtype in FLOAT_NAMES
                        else i for i in self.inputs)
-        params = tuple((k, dtype if k == "dtype" and v in ("f32", "f64") else v)
+        params = tuple((k, dtype if k == "dtype" and v in FLOAT_NAMES else v)
                        for k, v in self.params)
         return _Promoted(self.op, inputs, params, dtype, self.cotangent, self.tier,
                          original=str(self))
@@ -370,11 +393,21 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def least_precise(names) -> str:
+    """The least precise of float dtype names `names` (bf16, then f16, f32, f64; f64 for
+    none)."""
+    for name in ("bf16", "f16", "f32"):
+        if name in names:
+            return name
+    return "f64"
+
+
 def both_dtypes(make_samples):
-    """Decorator: a samples() function written for one dtype yields f32 and f64 cases."""
+    """Decorator: a samples() function written for one dtype yields its cases in every
+    float dtype: f16, bf16, f32 and f64."""
     def samples():
         out = []
-        for dt in ("f32", "f64"):
+        for dt in FLOAT_NAMES:
             out.extend(make_samples(dt))
         return out
     samples.__doc__ = make_samples.__doc__

@@ -12,13 +12,27 @@ import itertools
 import math
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from engine.errors import DTypeError, EngineError
 
-DTYPES = {"f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "i32": np.dtype(np.int32)}
-FLOAT_DTYPES = (DTYPES["f32"], DTYPES["f64"])
+# The engine's dtypes. The 16-bit floats are stored in 16 bits and computed in float32
+# inside kernels (engine.backends.cpu.half: widened on load, rounded to nearest even on
+# store). bfloat16 arrays are ml_dtypes' (the package JAX uses): numpy arrays that print,
+# convert (astype) and compute as numbers, where plain uint16 patterns would need a wrapper
+# at every place a user or a reference reads a value. Their numpy kind is "V", not "f":
+# ask `is_float`, never `dtype.kind == "f"`.
+DTYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16),
+          "f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "i32": np.dtype(np.int32)}
+FLOAT_DTYPES = (DTYPES["f16"], DTYPES["bf16"], DTYPES["f32"], DTYPES["f64"])
+HALF_DTYPES = (DTYPES["f16"], DTYPES["bf16"])     # stored in 16 bits, computed in float32
+FLOAT_NAMES = ("f16", "bf16", "f32", "f64")       # from the least precise to the most
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+# torch's names of the float dtypes (torch is optional: its dtypes are looked up by name)
+TORCH_DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+# unit roundoff (half an ulp of 1: the largest relative error of one rounding) per dtype
+UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
 _ids = itertools.count()
 HOST, DEVICE, BOTH = 1, 2, 3   # where the current copy of a persistent tensor's data is
 
@@ -56,13 +70,26 @@ def as_dtype(dtype) -> np.dtype:
     except TypeError as exc:
         raise DTypeError(f"unknown dtype {dtype!r}; the engine has {sorted(DTYPES)}") from exc
     if dt not in _DTYPE_NAMES:
-        raise DTypeError(f"unsupported dtype {dt}; the engine has float32, float64 and int32")
+        raise DTypeError(f"unsupported dtype {dt}; the engine has float16, bfloat16, "
+                         "float32, float64 and int32")
     return dt
 
 
 def dtype_name(dtype) -> str:
-    """Short name of a dtype: 'f32', 'f64' or 'i32'."""
+    """Short name of a dtype: 'f16', 'bf16', 'f32', 'f64' or 'i32'."""
     return _DTYPE_NAMES[as_dtype(dtype)]
+
+
+def is_float(dtype) -> bool:
+    """Whether `dtype` (a numpy dtype, or anything np.dtype takes) is a floating-point one,
+    bfloat16 included (numpy's kind for it is "V")."""
+    dt = np.dtype(dtype)
+    return dt.kind == "f" or dt == DTYPES["bf16"]
+
+
+def is_half(dtype) -> bool:
+    """Whether `dtype` is one of the 16-bit floats (HALF_DTYPES)."""
+    return np.dtype(dtype) in HALF_DTYPES
 
 
 class Flag(enum.Flag):
@@ -297,9 +324,11 @@ def shared_leaf(t: Tensor, name=None) -> Tensor:
 def constant(value, dtype=None, name=None) -> Tensor:
     """An input leaf holding `value` (used for python scalars in binary ops)."""
     value = np.asarray(value)
+    floating = is_float(value.dtype)
     dt = as_dtype(dtype if dtype is not None else
-                  ("f32" if value.dtype.kind == "f" and value.dtype.itemsize <= 4 else
-                   "f64" if value.dtype.kind == "f" else "i32"))
+                  dtype_name(value.dtype) if value.dtype in HALF_DTYPES else
+                  ("f32" if floating and value.dtype.itemsize <= 4 else
+                   "f64" if floating else "i32"))
     t = Tensor(value.shape, dt, name=name, flags=Flag.INPUT)
     t.set(value)
     return t

@@ -40,7 +40,7 @@ import numpy as np
 
 from engine.errors import DTypeError
 from engine.samples import InputSpec
-from engine.tensor import dtype_name
+from engine.tensor import dtype_name, is_float
 from gradcheck.adapters.numpy_adapter import NumpyAdapter
 from gradcheck.adapters.torch_adapter import TorchAdapter
 from gradcheck.check import check_sample
@@ -167,13 +167,13 @@ def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
     arrays = tuple(np.asarray(a) for a in arrays)
     if not arrays:
         raise ValueError(f"{what} needs at least one input array")
-    floats = [a for a in arrays if a.dtype.kind == "f"]
+    floats = [a for a in arrays if is_float(a.dtype)]
     if not floats:
         raise ValueError(f"{what} needs a float input to differentiate")
     odd = sorted({str(a.dtype) for a in floats} - {"float32", "float64"})
     if odd:
         raise ValueError(f"{what}: float inputs must be float32 or float64, got {odd}")
-    grad = [a.dtype.kind == "f" for a in arrays] if grad is None else list(grad)
+    grad = [is_float(a.dtype) for a in arrays] if grad is None else list(grad)
     if len(grad) != len(arrays):
         raise ValueError(f"grad has {len(grad)} flags for {len(arrays)} inputs")
     label = dtype_name if engine_dtypes else _dtype_label

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.tensor import is_float
+
 
 class EngineResultError(Exception):
     """An engine returned something that is not an answer for the case (wrong shape, a
@@ -34,7 +36,7 @@ def same_bits(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
     a, b = np.asarray(a), np.asarray(b)
-    return np.array_equal(a, b, equal_nan=a.dtype.kind == "f" == b.dtype.kind)
+    return np.array_equal(a, b, equal_nan=is_float(a.dtype) and is_float(b.dtype))
 
 
 def _validated(vjp, case, output_shape):

@@ -54,7 +54,7 @@ import numpy as np
 
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
-from engine.tensor import dtype_name
+from engine.tensor import dtype_name, is_float
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, same_bits
 from gradcheck.cross_backend import compares_with_cpu, cpu_differences
@@ -91,7 +91,7 @@ def is_backward_op_case(case, differentiable: bool | None = None) -> bool:
 
 def _float64(a) -> np.ndarray:
     a = np.asarray(a)
-    return np.array(a, np.float64) if a.dtype.kind == "f" else a
+    return np.array(a, np.float64) if is_float(a.dtype) else a
 
 
 def forward_point(case, arrays) -> ForwardPoint:
@@ -105,7 +105,7 @@ def forward_point(case, arrays) -> ForwardPoint:
                          f"{relation.wrt!r}, which its primals do not give (they give "
                          f"{', '.join(names)})")
     values = [_float64(a) for a in inputs.values()]
-    specs = [InputSpec(n, a.shape, dtype="f64" if a.dtype.kind == "f" else dtype_name(a.dtype),
+    specs = [InputSpec(n, a.shape, dtype="f64" if is_float(a.dtype) else dtype_name(a.dtype),
                        grad=n == relation.wrt) for n, a in zip(names, values, strict=True)]
     return ForwardPoint(Sample.make(relation.op, specs, "f64", **params), values,
                         _float64(g), names.index(relation.wrt))

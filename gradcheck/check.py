@@ -40,6 +40,7 @@ import numpy as np
 
 import engine
 from engine.registry import get_op
+from engine.tensor import is_float
 from gradcheck.adapters.base import AdapterError
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
@@ -117,7 +118,7 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
 def _forward_comparison(out, f64_out, precision: str):
     """The engine's output against the float64 reference's: a Comparison for a float
     output, whether the two are equal for an integer one (see gradcheck.verdict)."""
-    if out.dtype.kind != "f":
+    if not is_float(out.dtype):
         return bool(np.array_equal(out, f64_out))
     return compare(out, f64_out, precision)
 
@@ -158,7 +159,7 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
         case, f64_ref, checked, mode, [backprop[i] for i in checked],
         None if torch_ref is None else [torch_ref.grads[i] for i in checked])
     forward_vs_torch = None
-    if torch_ref is not None and out.dtype.kind == "f":
+    if torch_ref is not None and is_float(out.dtype):
         forward_vs_torch = compare(out, torch_ref.output, case.precision)
     backend = getattr(adapter, "backend", "cpu")
     vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop)

@@ -1,6 +1,6 @@
 """`gradcheck`: check ops' backward passes against numerical gradients and torch autograd.
 
-    gradcheck --op pool_2d                    every sample case of pool_2d, f32 and f64
+    gradcheck --op pool_2d                    every sample case of pool_2d, every dtype
     gradcheck --op conv_2d --dtype f64 -k stride=[2,2]
     gradcheck --all --format json --output report.json
     gradcheck --op softmax --random 50 --seed 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.samples import Sample
+from engine.tensor import is_float
 
 LAYOUTS = ("permuted", "expanded", "sliced")
 
@@ -36,7 +37,7 @@ def cotangent_cases(samples) -> list[Sample]:
             continue
         y = _output(case)
         long_axes = sum(d > 1 for d in y.shape)
-        if y.dtype.kind == "f" and long_axes >= 2 and \
+        if is_float(y.dtype) and long_axes >= 2 and \
                 long_axes > best.get(case.dtype, (1, None))[0]:
             best[case.dtype] = (long_axes, case)
     return [dataclasses.replace(case, cotangent=layout)

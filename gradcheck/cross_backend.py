@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.tensor import is_float
 from gradcheck.backprop import engine_vjp
 from gradcheck.numeric import compare
 
@@ -25,7 +26,7 @@ def cpu_differences(case, pairs) -> list[str]:
     tolerance, e.g. 'grad x (3/12, max abs err 0.01)'; empty when all agree."""
     off = []
     for what, got, want in pairs:
-        if np.asarray(got).dtype.kind != "f":
+        if not is_float(np.asarray(got).dtype):
             if not np.array_equal(got, want):
                 off.append(what)
             continue

@@ -25,7 +25,10 @@ import dataclasses
 import numpy as np
 
 import engine
-from gradcheck.adapters.engine_adapter import weighted_graph
+from engine.backends.cpu import paths
+from engine.tensor import is_float
+from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.adapters.torch_adapter import as_torch
 
 
 class Float64Reference:
@@ -67,7 +70,7 @@ class EngineReference(Float64Reference):
         self._graph = engine.Graph([self._loss], name=f"{case}.numeric")
         self._run = self._loss_flat = None
         self.output_shape = tuple(self._out.shape)
-        self.leaves = [t.buffer() if spec.grad and t.dtype.kind == "f" else None
+        self.leaves = [t.buffer() if spec.grad and is_float(t.dtype) else None
                        for spec, t in zip(case.inputs, leaves, strict=True)]
 
     def set_weights(self, weights):
@@ -98,9 +101,9 @@ class FunctionReference(Float64Reference):
     def __init__(self, case, arrays, forward):
         self._forward = forward
         self._specs = case.inputs
-        self._values = [np.array(a, np.float64) if a.dtype.kind == "f" else np.asarray(a)
+        self._values = [np.array(a, np.float64) if is_float(a.dtype) else np.asarray(a)
                         for a in case.leaf_arrays(arrays)]
-        self.leaves = [v if spec.grad and v.dtype.kind == "f" else None
+        self.leaves = [v if spec.grad and is_float(v.dtype) else None
                        for spec, v in zip(case.inputs, self._values, strict=True)]
         self.output_shape = self.output().shape
         self.weights = None
@@ -111,13 +114,21 @@ class FunctionReference(Float64Reference):
     def output(self) -> np.ndarray:
         out = np.asarray(self._forward(*(spec.from_leaf(v) for spec, v
                                          in zip(self._specs, self._values, strict=True))))
-        if out.dtype.kind != "f":
+        if not is_float(out.dtype):
             raise TypeError(f"the reference forward returned {out.dtype}, not a float: no "
                             "gradient to check")
         return out.astype(np.float64)
 
     def loss(self) -> float:
         return float(np.sum(self.output() * self.weights))
+
+
+def plain_vjp(case, arrays, weights):
+    """(output, gradients) of the case in float64, our engine in plain mode."""
+    with paths.plain():
+        vjp = EngineAdapter("cpu").vjp(case.promoted("f64"), arrays, weights)
+    return np.asarray(vjp.output, np.float64), [
+        None if g is None else np.asarray(g, np.float64) for g in vjp.grads]
 
 
 def float64_reference(case, arrays) -> Float64Reference:
@@ -159,8 +170,8 @@ def torch_reference(case, arrays, weights, native: bool = False) -> TorchReferen
     import torch
     tens = []
     for spec, a in zip(case.inputs, arrays, strict=True):
-        t = torch.tensor(a if native or a.dtype.kind != "f" else np.asarray(a, np.float64))
-        if spec.grad and a.dtype.kind == "f":
+        t = as_torch(a if native or not is_float(a.dtype) else np.asarray(a, np.float64))
+        if spec.grad and is_float(a.dtype):
             t.requires_grad_(True)
         tens.append(t)
     out = fn(*tens, **(case.kwargs if native else case.torch_kwargs))

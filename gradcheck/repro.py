@@ -19,7 +19,7 @@ from engine.errors import UnknownOpError
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from engine.tensor import DTYPES as TENSOR_DTYPES
-from engine.tensor import input_tensor
+from engine.tensor import FLOAT_NAMES, input_tensor
 from gradcheck.adapters import spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.cotangents import tier_cases
@@ -29,7 +29,7 @@ OPTION_FLAGS = {"backend": "--backend", "inject": "--inject", "lib_dir": "--ggml
                 "n_threads": "--ggml-threads"}
 _DEFAULT_OPTIONS = {"backend": "cpu"}
 FAILING = ("fail", "error", "crash")    # the statuses of rows that are not ok
-FLOAT_DTYPES = ("f32", "f64")            # the dtypes of the cases gradcheck runs
+FLOAT_DTYPES = FLOAT_NAMES               # the dtypes of the cases gradcheck runs
 
 
 def _is_registry_sample(case) -> bool:

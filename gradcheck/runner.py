@@ -14,6 +14,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from engine.registry import all_ops, get_op
+from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
 from gradcheck.cotangents import tier_cases
@@ -23,7 +24,7 @@ from gradcheck.isolated import IsolatedAdapter
 from gradcheck.repro import with_repro
 from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 
-DTYPES = ("f32", "f64")
+DTYPES = FLOAT_NAMES      # f16, bf16, f32, f64
 # generated cases per op at most (--random): 200 per op over every op take two minutes on
 # two cores; 10,000 take hours, and more is a typo, not a sweep
 MAX_RANDOM = 10_000

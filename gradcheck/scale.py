@@ -46,7 +46,7 @@ from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import declined_inputs, engine_vjp, loss_weights, same_bits
 from gradcheck.modes import project, random_directions, single_thread
 from gradcheck.numeric import compare, directional_derivatives
-from gradcheck.reference import EngineReference, torch_available, torch_reference
+from gradcheck.reference import EngineReference, plain_vjp, torch_available, torch_reference
 from reports import Result
 
 DIRECTIONS = 3             # random directions of the numerical check
@@ -102,14 +102,6 @@ class PlainReference(EngineReference):
     def holds(self, op: str) -> bool:
         """Whether the case's graph holds a node of op `op`."""
         return any(t.op == op for t in self._graph.nodes)
-
-
-def plain_vjp(case, arrays, weights):
-    """(output, gradients) of the case in float64, our engine in plain mode."""
-    with paths.plain():
-        vjp = EngineAdapter("cpu").vjp(case.promoted("f64"), arrays, weights)
-    return np.asarray(vjp.output, np.float64), [
-        None if g is None else np.asarray(g, np.float64) for g in vjp.grads]
 
 
 def _worst(name: str, c) -> str:

@@ -3,8 +3,13 @@
 A backend is an object with a `name` and these methods, which the planner and the executor
 call (engine/backends/cpu and engine/backends/cuda are the two there are):
 
-- `has_kernel(opdef)`, `kernel(opdef)`: its kernel for an op (from `opdef.kernels[name]`),
-  or BackendError; a node whose op has no kernel here is placed on the CPU instead;
+- `has_kernel(opdef, dtypes)`, `kernel(opdef, dtypes)`: its kernel for an op (from
+  `opdef.kernels[name]`) on a node whose output and sources have `dtypes`, or
+  BackendError; a node whose op has no kernel here (for those dtypes) is placed on the CPU
+  instead. The CPU's kernel for a node with a 16-bit float widens it to float32
+  (engine.backends.cpu.half.widened);
+- `stores(dtype)`: whether its buffers hold that dtype (a view of a leaf is placed on the
+  plan's backend when it does, else on the CPU);
 - `alloc(nbytes)` (an arena) and `view(arena, offset, shape, dtype)` (a buffer in it);
 - `persistent(tensor, write)`: a persistent tensor's buffer on this backend, made current;
 - `device_view(opdef, ins, params)`: a view op applied to its arrays;

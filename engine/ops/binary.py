@@ -28,7 +28,7 @@ from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
 from engine.strategies import SIGNED, broadcast_pair, draw_input, sample_strategy
-from engine.tensor import Tensor, constant
+from engine.tensor import Tensor, constant, is_float
 
 __all__ = ["mul"]    # mul by a python number is scale; the other builders are the ops'
 
@@ -38,7 +38,7 @@ def _infer(name):
         if a.dtype != b.dtype:
             raise DTypeError(f"{name}: dtypes differ ({a.dtype} and {b.dtype}) for shapes "
                              f"{list(a.shape)} and {list(b.shape)}; convert one explicitly")
-        if a.dtype.kind != "f":
+        if not is_float(a.dtype):
             raise DTypeError(f"{name}: needs float inputs, got {a.dtype}")
         return broadcast_shapes(name, a.shape, b.shape), a.dtype
     return infer
@@ -133,7 +133,7 @@ def _strategy(row: Binary):
 # --- dedicated backward ops of (g, x) of one shape: relu_back ---------------------------------
 def _back_infer(name):
     def infer(g, x):
-        if g.shape != x.shape or g.dtype != x.dtype or x.dtype.kind != "f":
+        if g.shape != x.shape or g.dtype != x.dtype or not is_float(x.dtype):
             raise DTypeError(f"{name}: needs a gradient and an input of one float dtype and "
                              f"shape, got {g.dtype} {list(g.shape)} and {x.dtype} "
                              f"{list(x.shape)}")

@@ -18,6 +18,7 @@ from engine.params import int_tuple, ints
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def check_block(op: str, outer, offset, shape) -> None:
@@ -35,7 +36,7 @@ def block_slices(offset, shape) -> tuple[slice, ...]:
 
 
 def _block_infer(x, offset, shape):
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"block: needs a float input, got {x.dtype} of shape "
                          f"{list(x.shape)}")
     check_block("block", x.shape, offset, shape)

@@ -20,10 +20,11 @@ from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def _concat_infer(a, b, axis):
-    if a.dtype != b.dtype or a.dtype.kind != "f":
+    if a.dtype != b.dtype or not is_float(a.dtype):
         raise DTypeError(f"concat: needs float inputs of one dtype, got {a.dtype} and "
                          f"{b.dtype} for shapes {shapes_str(a, b)}")
     if a.ndim != b.ndim or any(da != db for i, (da, db)

@@ -41,6 +41,7 @@ from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
+from engine.tensor import is_float
 
 
 def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
@@ -48,7 +49,7 @@ def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
     if x.ndim != 4 or w.ndim != 4:
         raise ShapeError(f"conv_2d: needs an NCHW input and an OIHW kernel (4 axes each), "
                          f"got shapes {list(x.shape)} and {list(w.shape)}")
-    if x.dtype.kind != "f" or w.dtype.kind != "f":
+    if not is_float(x.dtype) or not is_float(w.dtype):
         raise DTypeError(f"conv_2d: needs float input and kernel, got {x.dtype} and "
                          f"{w.dtype} for shapes {list(x.shape)} and {list(w.shape)}")
     if x.shape[1] != w.shape[1]:

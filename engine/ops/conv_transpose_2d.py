@@ -30,6 +30,7 @@ from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def _check(x, w, stride) -> tuple[int, int]:
@@ -38,7 +39,7 @@ def _check(x, w, stride) -> tuple[int, int]:
         raise ShapeError(f"conv_transpose_2d: needs an NCHW input and a (C_in, C_out, KH, KW) "
                          f"kernel (4 axes each), got shapes {list(x.shape)} and "
                          f"{list(w.shape)}")
-    if x.dtype.kind != "f" or x.dtype != w.dtype:
+    if not is_float(x.dtype) or x.dtype != w.dtype:
         raise DTypeError(f"conv_transpose_2d: needs float input and kernel of one dtype, got "
                          f"{x.dtype} and {w.dtype} for shapes {list(x.shape)} and "
                          f"{list(w.shape)}")

@@ -26,12 +26,13 @@ from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 MAX_SEED = 2 ** 64
 
 
 def _dropout_infer(x, p, seed):
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"dropout: needs a float input, got {x.dtype} of shape "
                          f"{list(x.shape)}")
     _check_params(x, p, seed)
@@ -57,7 +58,7 @@ def dropout(x, p, seed):
 def _torch_dropout(x, p, seed):
     import torch
     scaled = np.where(keep_mask(seed, tuple(x.shape), p), 1.0 / (1.0 - p), 0.0)
-    return x * torch.from_numpy(scaled.astype(str(x.dtype).removeprefix("torch.")))
+    return x * torch.from_numpy(scaled).to(x.dtype)
 
 
 # --- samples and registration ---------------------------------------------------------------

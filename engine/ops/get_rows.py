@@ -32,6 +32,7 @@ from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, draw_layout, sample_strategy
+from engine.tensor import is_float
 
 INDEX_DTYPE = np.dtype(np.int32)
 
@@ -46,7 +47,7 @@ def _check_idx(op, idx, other):
 
 
 def _get_rows_infer(table, idx):
-    if table.dtype.kind != "f":
+    if not is_float(table.dtype):
         raise DTypeError(f"get_rows: the table must be float, got {table.dtype} (shapes "
                          f"{shapes_str(table, idx)})")
     if table.ndim != 2:
@@ -63,7 +64,7 @@ def get_rows(table, idx):
 
 
 def _get_rows_back_infer(g, idx, nrows):
-    if g.dtype.kind != "f":
+    if not is_float(g.dtype):
         raise DTypeError(f"get_rows_back: the gradient must be float, got {g.dtype}")
     _check_idx("get_rows_back", idx, g)
     if g.ndim != idx.ndim + 1 or g.shape[:-1] != idx.shape:

@@ -24,21 +24,22 @@ from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
-from engine.tensor import DTYPES, as_dtype, dtype_name
+from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
 
-TORCH_DTYPES = {"f32": "float32", "f64": "float64"}
+TORCH_DTYPES = TORCH_DTYPE_NAMES
 
 
 def _check_image(op: str, x) -> None:
     if x.ndim != 4:
         raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
 
 
 def _float_dtype(op: str, dtype) -> None:
-    if as_dtype(dtype).kind != "f":
-        raise DTypeError(f"{op}: dtype must be f32 or f64, got {dtype!r}")
+    if not is_float(as_dtype(dtype)):
+        raise DTypeError(f"{op}: dtype must be a float dtype (f16, bf16, f32, f64), got "
+                         f"{dtype!r}")
 
 
 # --- im2col ------------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def _torch_im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dty
 # --- im2col_back ----------------------------------------------------------------------------------
 def _im2col_back_infer(g, x_shape, kh, kw, stride, padding, dilation, dtype):
     _float_dtype("im2col_back", dtype)
-    if g.dtype.kind != "f":
+    if not is_float(g.dtype):
         raise DTypeError(f"im2col_back: needs a float gradient, got {g.dtype}")
     if len(x_shape) != 4:
         raise ShapeError(f"im2col_back: x_shape must be NCHW (4 axes), got {list(x_shape)}")
@@ -209,7 +210,7 @@ def _im2col_scale():
 
 
 _PARAMS = dict(kh=integer, kw=integer, stride=pair, padding=pair, dilation=pair,
-               dtype=choice(*DTYPES))   # f32 or f64: infer says so (a DTypeError)
+               dtype=choice(*DTYPES))   # a float one: infer says so (a DTypeError)
 register(OpDef("im2col", params=_PARAMS,
                scale=_im2col_scale, infer=_im2col_infer, backward=_im2col_backward,
                kernels={"cpu": cpu_im2col, "cuda": "engine.backends.cuda.im2col:cuda_im2col"},

@@ -29,20 +29,21 @@ from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
-from engine.tensor import DTYPES, as_dtype, dtype_name
+from engine.tensor import DTYPES, as_dtype, dtype_name, is_float
 
 
 def check_signal(op: str, x) -> None:
     """An NCL float input."""
     if x.ndim != 3:
         raise ShapeError(f"{op}: needs an NCL input (3 axes), got shape {list(x.shape)}")
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
 
 
 def _float_dtype(op: str, dtype) -> None:
-    if as_dtype(dtype).kind != "f":
-        raise DTypeError(f"{op}: dtype must be f32 or f64, got {dtype!r}")
+    if not is_float(as_dtype(dtype)):
+        raise DTypeError(f"{op}: dtype must be a float dtype (f16, bf16, f32, f64), got "
+                         f"{dtype!r}")
 
 
 def _params(op, k, stride, padding, dilation) -> dict:
@@ -90,7 +91,7 @@ def _torch_im2col_1d(x, k, stride=1, padding=0, dilation=1, dtype=None):
 # --- im2col_1d_back ---------------------------------------------------------------------------
 def _back_infer(g, x_shape, k, stride, padding, dilation, dtype):
     _float_dtype("im2col_1d_back", dtype)
-    if g.dtype.kind != "f":
+    if not is_float(g.dtype):
         raise DTypeError(f"im2col_1d_back: needs a float gradient, got {g.dtype} of shape "
                          f"{list(g.shape)}")
     if len(x_shape) != 3:
@@ -222,7 +223,7 @@ def _im2col_1d_scale():
 
 
 _PARAMS = dict(k=integer, stride=integer, padding=integer, dilation=integer,
-               dtype=choice(*DTYPES))   # f32 or f64: infer says so (a DTypeError)
+               dtype=choice(*DTYPES))   # a float one: infer says so (a DTypeError)
 register(OpDef("im2col_1d", params=_PARAMS,
                scale=_im2col_1d_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_im2col_1d,

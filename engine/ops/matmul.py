@@ -20,13 +20,14 @@ from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import broadcast_source, draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def _infer(a, b):
     if a.dtype != b.dtype:
         raise DTypeError(f"matmul: dtypes differ ({a.dtype} and {b.dtype}) for shapes "
                          f"{shapes_str(a, b)}; convert one explicitly")
-    if a.dtype.kind != "f":
+    if not is_float(a.dtype):
         raise DTypeError(f"matmul: needs float inputs, got {a.dtype} for shapes "
                          f"{shapes_str(a, b)}")
     if a.ndim < 2 or b.ndim < 2:

@@ -18,11 +18,12 @@ from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def mse_loss(a, b):
     """mean((a - b)^2) over every element, a 0-d tensor; a and b of one shape and dtype."""
-    if a.dtype.kind != "f" or a.dtype != b.dtype:
+    if not is_float(a.dtype) or a.dtype != b.dtype:
         raise DTypeError(f"mse_loss: needs float inputs of one dtype, got {a.dtype} and "
                          f"{b.dtype} for shapes {shapes_str(a, b)}")
     if a.shape != b.shape:

@@ -22,13 +22,13 @@ from engine.errors import DTypeError, ShapeError
 from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
 from engine.params import boolean
 from engine.registry import OpDef, register
-from engine.tensor import DTYPES
+from engine.tensor import DTYPES, is_float
 
 NO_GRAD = "an optimizer step updates its parameter in place; it is not differentiated"
 
 
 def _check_common(op, param, grad, step, hp, n_hp, states):
-    if param.dtype.kind != "f":
+    if not is_float(param.dtype):
         raise DTypeError(f"{op}: the parameter {param.name!r} must be float, not {param.dtype}")
     for t in (grad, *states):
         if t.shape != param.shape or t.dtype != param.dtype:

@@ -20,6 +20,7 @@ from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def normalize_pads(op: str, pads, ndim: int) -> tuple[tuple[int, int], ...]:
@@ -36,7 +37,7 @@ def normalize_pads(op: str, pads, ndim: int) -> tuple[tuple[int, int], ...]:
 
 
 def _pad_infer(x, pads):
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"pad: needs a float input, got {x.dtype} of shape {list(x.shape)}")
     if len(pads) != x.ndim:
         raise ParamError(f"pad: {len(pads)} (before, after) pairs for shape {list(x.shape)}")

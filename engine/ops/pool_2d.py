@@ -38,6 +38,7 @@ from engine.strategies import (
     shapes,
     window_axis,
 )
+from engine.tensor import is_float
 
 # engine.ops.pool_2d_back is pool_2d_back(g, x, y, mode, kernel, ...), not the registry's
 # builder (y optional)
@@ -50,7 +51,7 @@ def _check(op, x, mode, kernel, stride, padding) -> tuple[int, int]:
     """Validate an NCHW float input and pooling params; return (OH, OW)."""
     if x.ndim != 4:
         raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
     if mode not in MODES:
         raise ParamError(f"{op}: mode must be one of {MODES}, got {mode!r}")

@@ -13,6 +13,7 @@ from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def normalize_axes(op: str, shape, axis) -> tuple[int, ...]:
@@ -38,7 +39,7 @@ def reduced_shape(shape, axes, keepdims) -> tuple[int, ...]:
 
 
 def _sum_infer(x, axes, keepdims):
-    if x.dtype.kind != "f":
+    if not is_float(x.dtype):
         raise DTypeError(f"sum: needs a float input, got {x.dtype}")
     if not isinstance(keepdims, bool):
         raise ParamError(f"sum: keepdims must be True or False, got {keepdims!r}")

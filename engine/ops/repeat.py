@@ -25,6 +25,7 @@ from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, SQUARE, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 
 def repeats(op: str, small, big) -> tuple[int, ...]:
@@ -42,7 +43,7 @@ def repeats(op: str, small, big) -> tuple[int, ...]:
 
 
 def _check_float(op, t):
-    if t.dtype.kind != "f":
+    if not is_float(t.dtype):
         raise DTypeError(f"{op}: needs a float input, got {t.dtype} of shape {list(t.shape)}")
 
 

@@ -24,12 +24,12 @@ from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
-from engine.tensor import constant
+from engine.tensor import constant, is_float
 
 
 def _infer(name):
     def infer(a, b, offset):
-        if a.dtype != b.dtype or a.dtype.kind != "f":
+        if a.dtype != b.dtype or not is_float(a.dtype):
             raise DTypeError(f"{name}: needs float inputs of one dtype, got {a.dtype} and "
                              f"{b.dtype} for shapes {shapes_str(a, b)}")
         if a.ndim != b.ndim:

@@ -62,6 +62,7 @@ from engine.registry import (
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import is_float
 
 __all__ = ["activation_back"]     # the ops themselves: engine.ops exports their builders
 
@@ -85,7 +86,7 @@ def _check_params(op, row: Unary, params) -> None:
 
 def _infer(row: Unary):
     def infer(x, **params):
-        if x.dtype.kind != "f":
+        if not is_float(x.dtype):
             raise DTypeError(f"{row.name}: needs a float input, got {x.dtype} of shape "
                              f"{list(x.shape)}")
         _check_params(row.name, row, params)
@@ -179,7 +180,7 @@ def _back_infer(row: Unary):
     name = row.back_name
 
     def infer(g, x, **params):
-        if g.shape != x.shape or g.dtype != x.dtype or x.dtype.kind != "f":
+        if g.shape != x.shape or g.dtype != x.dtype or not is_float(x.dtype):
             raise DTypeError(f"{name}: needs a gradient and an input of one float dtype and "
                              f"shape, got {g.dtype} and {x.dtype} of shapes {shapes_str(g, x)}")
         if not g.contiguous:

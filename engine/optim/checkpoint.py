@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.errors import EngineError, HyperparameterError
 from engine.gguf_io import GGUFFormatError, check_tensors, load_gguf, save_gguf
+from engine.tensor import is_float
 
 PREFIX = "optimizer."
 
@@ -117,7 +118,7 @@ def _checked_optimizer(metadata: dict, optimizer, where: str) -> dict:
 def _check_values(tensors: dict, optimizer, where: str) -> None:
     """Every value finite; step counters whole, >= 0 and equal; second moments >= 0."""
     for name, array in tensors.items():
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
+        if is_float(array.dtype) and not np.isfinite(array).all():
             raise GGUFFormatError(f"{where}: tensor {name!r} holds NaN or infinite values")
     if optimizer is None:
         return

@@ -28,7 +28,7 @@ from engine.errors import EngineError, HyperparameterError
 from engine.graph import Graph
 from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
 from engine.registry import OPS
-from engine.tensor import Flag, Tensor, shared_leaf
+from engine.tensor import Flag, Tensor, is_float, shared_leaf
 
 
 def _finite(name, value):
@@ -97,7 +97,7 @@ class Optimizer:
         if not ps:
             raise EngineError(f"{self.name}: no parameters to optimize")
         for p in ps:
-            if not isinstance(p, Tensor) or not p.is_param or p.dtype.kind != "f":
+            if not isinstance(p, Tensor) or not p.is_param or not is_float(p.dtype):
                 raise EngineError(f"{self.name}: {p!r} is not a float param tensor")
         if len({p.name for p in ps}) != len(ps):
             raise EngineError(f"{self.name}: parameter names must be unique (state is saved "

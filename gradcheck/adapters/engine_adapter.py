@@ -25,7 +25,7 @@ import engine
 from engine import ops
 from engine.backends.cpu import paths
 from engine.registry import OPS
-from engine.tensor import as_dtype, constant
+from engine.tensor import as_dtype, constant, is_float
 from gradcheck.adapters import AdapterSpec
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 from gradcheck.injection import injected, parse
@@ -45,15 +45,15 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
     sliced_weights, so the op gets an offset view of the larger gradient."""
     leaves = []
     for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
-        if a.dtype.kind == "f":
+        if is_float(a.dtype):
             a = a.astype(as_dtype(spec.dtype or case.dtype))
-        checked = spec.grad and a.dtype.kind == "f"
+        checked = spec.grad and is_float(a.dtype)
         t = (engine.param if as_params and checked else engine.input_tensor)(
             a.shape, a.dtype, name=spec.name)
         t.set(a)
         leaves.append(t)
     out = case.build(*leaves)
-    if out.dtype.kind != "f":
+    if not is_float(out.dtype):
         return leaves, out, None, None
     out.set_output()
     read = out
@@ -76,7 +76,7 @@ def poison_outputs(graph) -> None:
     element a kernel leaves unwritten stays NaN instead of a lucky zero."""
     for t in graph.nodes:
         if (not t.is_leaf and t.persistent and t.shares is None and t.view_of is None
-                and t.dtype.kind == "f" and OPS[t.op].kind not in ("view", "update")):
+                and is_float(t.dtype) and OPS[t.op].kind not in ("view", "update")):
             t.buffer().fill(np.nan)
 
 

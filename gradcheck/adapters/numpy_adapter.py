@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.tensor import is_float
 from gradcheck.adapters.base import VJP, cotangent_view
 
 
@@ -43,7 +44,7 @@ class NumpyAdapter:
                                                                   strict=True)]
         out = np.asarray(self.forward(*arrays))
         cotangent = np.asarray(weights).reshape(out.shape)
-        if out.dtype.kind == "f":
+        if is_float(out.dtype):
             cotangent = cotangent.astype(out.dtype)
         # the case's layout: a transposed or a read-only stride-0 view (engine.samples)
         cotangent = cotangent_view(cotangent, getattr(case, "cotangent", "contiguous"))

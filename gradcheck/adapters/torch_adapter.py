@@ -17,7 +17,27 @@ from collections.abc import Callable
 
 import numpy as np
 
+from engine.tensor import DTYPES
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
+
+
+def as_torch(a: np.ndarray):
+    """A torch tensor of numpy array `a`, bfloat16 (ml_dtypes') included, which torch.tensor
+    refuses: its bit patterns, reinterpreted."""
+    import torch
+    if a.dtype == DTYPES["bf16"]:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(
+            torch.bfloat16)
+    return torch.tensor(a)
+
+
+def from_torch(t) -> np.ndarray:
+    """A numpy array of torch tensor `t` (detached), bfloat16 as ml_dtypes' bfloat16."""
+    import torch
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(DTYPES["bf16"])
+    return t.numpy()
 
 
 def upstream_gradient(torch, weights: np.ndarray, cotangent: str, dtype):
@@ -79,7 +99,7 @@ class TorchAdapter:
         fn, kwargs = self._function(case)
         leaves, views = [], []
         for spec, a in zip(case.inputs, arrays, strict=True):
-            leaf = torch.from_numpy(np.array(spec.to_leaf(np.asarray(a)), copy=True))
+            leaf = as_torch(np.array(spec.to_leaf(np.asarray(a)), copy=True))
             if spec.grad and leaf.dtype.is_floating_point:
                 leaf.requires_grad_(True)
             leaves.append(leaf)
@@ -97,7 +117,7 @@ class TorchAdapter:
             else:                 # the upstream gradient as a strided or stride-0 view
                 out.backward(gradient=upstream_gradient(torch, w, cotangent, out.dtype))
             grads = [None if not t.requires_grad else spec.from_leaf(
-                        t.grad.numpy() if t.grad is not None else np.zeros(tuple(t.shape),
-                                                                           t.numpy().dtype))
+                        from_torch(t.grad) if t.grad is not None else np.zeros(
+                            tuple(t.shape), from_torch(t).dtype))
                      for spec, t in zip(case.inputs, leaves, strict=True)]
-        return VJP(out.detach().numpy().copy(), grads)
+        return VJP(from_torch(out).copy(), grads)

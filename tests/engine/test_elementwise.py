@@ -49,8 +49,8 @@ def test_a_toy_activation_is_one_row(toy, dtype, tol):
     taking the parameter by position, name or default; forward and backward on the CPU
     match the row's torch reference."""
     assert OPS[toy.name].kind == "primitive" and OPS[f"{toy.name}_back"].kind == "backward"
-    # two dtypes of: two parameter sets on four shapes, the input views on the first set
-    assert len(OPS[toy.name].samples()) == 2 * (2 * 4 + len(VIEW_SHAPES))
+    # four dtypes of: two parameter sets on four shapes, the input views on the first set
+    assert len(OPS[toy.name].samples()) == 4 * (2 * 4 + len(VIEW_SHAPES))
     assert OPS[toy.name].strategy
     rng = np.random.default_rng(0)
     a = rng.uniform(-3, 3, (4, 5)).astype(np.float32 if dtype == "f32" else np.float64)

@@ -339,7 +339,7 @@ MALFORMED = {   # case: (edit, the error message, a regex)
                                r"stored as \[3, 2\] f32, but the op infers \[2, 3\] f32"),
     "stored dtype disagrees": (node_edit("graph.node.dtype", "scale", "f64"),
                                r"stored as \[2, 3\] f64, but the op infers \[2, 3\] f32"),
-    "unknown dtype": (node_edit("graph.node.dtype", "scale", "f16"), "unknown dtype 'f16'"),
+    "unknown dtype": (node_edit("graph.node.dtype", "scale", "f8"), "unknown dtype 'f8'"),
     "unknown flag": (node_edit("graph.node.flags", "scale", "OUTPUT|ROOT"), "unknown flag"),
     "param flag on an op node": (node_edit("graph.node.flags", "scale", "PARAM"),
                                  "only leaves may be flagged PARAM"),

@@ -36,10 +36,11 @@ TOY_OP = '''
     from engine.registry import OpDef, make_node, register
     from engine.samples import InputSpec, Sample, both_dtypes
     from engine.strategies import sample_strategy, shapes
+    from engine.tensor import is_float
 
 
     def _infer(x):
-        if x.dtype.kind != "f":
+        if not is_float(x.dtype):
             raise DTypeError(f"double: needs a float input, got {x.dtype}")
         return x.shape, x.dtype
 

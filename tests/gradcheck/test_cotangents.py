@@ -22,8 +22,8 @@ from gradcheck.runner import select_samples
 def test_each_dtype_gets_one_case_per_layout_from_its_richest_sample():
     extra = cotangent_cases(get_op("pool_2d").samples())
     assert [(c.dtype, c.cotangent) for c in extra] == [
-        (dtype, layout) for dtype in ("f32", "f64") for layout in ("permuted", "expanded",
-                                                                    "sliced")]
+        (dtype, layout) for dtype in ("f16", "bf16", "f32", "f64")
+        for layout in ("permuted", "expanded", "sliced")]
     base = dataclasses.replace(extra[0], cotangent="contiguous")
     assert base in get_op("pool_2d").samples()
     assert str(extra[0]) == str(base)[:-1] + ",cotangent=permuted)"

@@ -259,8 +259,8 @@ def test_optcheck_items_give_the_cli_document(tmp_path):
 
 # --- usage errors ----------------------------------------------------------------------------
 @pytest.mark.parametrize("args, message", [
-    (["--gradcheck", "--gradcheck-dtype", "f16"],
-     "--gradcheck-dtype must be one of f32, f64, all, got 'f16'"),
+    (["--gradcheck", "--gradcheck-dtype", "f8"],
+     "--gradcheck-dtype must be one of f16, bf16, f32, f64, all, got 'f8'"),
     (["--gradcheck", "--gradcheck-op", "no_such_op"], "no_such_op"),
     (["--gradcheck", "--gradcheck-random", "-1"],
      "--gradcheck-random must be a number of cases per op in [0, 10000]"),

@@ -6,9 +6,10 @@ import contextlib
 
 import numpy as np
 
-from engine.backends.cpu import paths
+from engine.backends.cpu import half, paths
 from engine.backends.cpu.threads import engine_threads
 from engine.errors import BackendError
+from engine.tensor import is_half
 
 BLAS_OPS = frozenset({"matmul"})     # ops whose cpu kernels call BLAS
 
@@ -26,11 +27,17 @@ class CpuBackend:
             return contextlib.nullcontext()
         return engine_threads()
 
-    def kernel(self, op):
+    def kernel(self, op, dtypes=()):
+        """Op `op`'s CPU kernel for a node whose output and sources have `dtypes`: where one
+        is a 16-bit float, the float32 kernel widened (half.widened: inputs widened to
+        float32, the output rounded to nearest even on store)."""
         try:
-            return op.kernels["cpu"]
+            k = op.kernels["cpu"]
         except KeyError:
             raise BackendError(f"op {op.name} has no cpu kernel") from None
+        if any(is_half(d) for d in dtypes):
+            return half.widened(k, is_half, update=op.kind == "update")
+        return k
 
     def alloc(self, nbytes: int) -> np.ndarray:
         arena = np.empty(nbytes, np.uint8)
@@ -41,7 +48,10 @@ class CpuBackend:
     def view(self, arena, offset: int, shape, dtype) -> np.ndarray:
         return np.ndarray(shape, dtype, buffer=arena, offset=offset)
 
-    def has_kernel(self, op) -> bool:
+    def stores(self, dtype) -> bool:
+        return True
+
+    def has_kernel(self, op, dtypes=()) -> bool:
         return "cpu" in op.kernels
 
     def persistent(self, tensor, write: bool = True) -> np.ndarray:

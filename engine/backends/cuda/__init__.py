@@ -17,6 +17,7 @@ import importlib
 import os
 
 from engine.errors import BackendError
+from engine.tensor import is_half
 
 ENABLE_HINT = ("run on a machine with an NVIDIA GPU and numba-cuda installed "
                "(pip install 'gradverify[cuda]'), or set NUMBA_ENABLE_CUDASIM=1 before "
@@ -66,10 +67,19 @@ class CudaBackend:
         """The context a plan runs in: nothing to set up for the device."""
         return contextlib.nullcontext()
 
-    def has_kernel(self, op) -> bool:
-        return "cuda" in op.kernels
+    def has_kernel(self, op, dtypes=()) -> bool:
+        """Whether op `op` has a CUDA kernel for a node of `dtypes` (its output's and its
+        sources'): none yet for the 16-bit floats, which run on the CPU (a fallback)."""
+        return "cuda" in op.kernels and not any(is_half(d) for d in dtypes)
 
-    def kernel(self, op):
+    def stores(self, dtype) -> bool:
+        """Whether its buffers hold `dtype`: not the 16-bit floats yet (their nodes, views
+        of their leaves included, are placed on the CPU)."""
+        return not is_half(dtype)
+
+    def kernel(self, op, dtypes=()):
+        if any(is_half(d) for d in dtypes):
+            raise BackendError(f"op {op.name} has no cuda kernel for 16-bit floats")
         k = resolve_kernel(op)
         if k is None:
             raise BackendError(f"op {op.name} has no cuda kernel")

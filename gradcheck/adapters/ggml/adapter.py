@@ -26,6 +26,7 @@ import os
 
 import numpy as np
 
+from engine.tensor import is_float
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.coverage import DECLINED, NO_BACKWARD
@@ -186,7 +187,7 @@ def _inputs(g: Context, case, arrays, declined=()):
     leaves, views = [], []
     for spec, a in zip(case.inputs, arrays, strict=True):
         a = np.asarray(a)
-        if a.dtype.kind != "f":
+        if not is_float(a.dtype):
             leaves.append(None)
             views.append(g.from_numpy(a, GGML_TYPE_I32))
             continue

@@ -18,7 +18,11 @@ from gradcheck.api import FunctionCase
 from gradcheck.backprop import loss_weights as gradcheck_loss_weights
 
 # forward/backward agreement with torch, per dtype (the engine and torch round differently)
-TOL = {"f64": dict(rtol=1e-10, atol=1e-12), "f32": dict(rtol=2e-5, atol=2e-6)}
+# ours against torch in the same dtype; the 16-bit ones: both round every stored result,
+# not always at the same places (a composite op of ours rounds between its nodes), so a few
+# of their units in the last place apart
+TOL = {"f64": dict(rtol=1e-10, atol=1e-12), "f32": dict(rtol=2e-5, atol=2e-6),
+       "f16": dict(rtol=8e-3, atol=8e-3), "bf16": dict(rtol=6e-2, atol=6e-2)}
 
 ENGINE = EngineAdapter("cpu")
 

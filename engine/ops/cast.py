@@ -1,0 +1,100 @@
+"""cast: a tensor's values in another float dtype (ggml's CPY and DUP with a type change).
+
+    cast(x, dtype)[i] = x[i] rounded to `dtype` (to nearest, ties to even); exact when
+    `dtype` holds every value of x's (f16 or bf16 to f32 or f64, f32 to f64).
+
+The gradient of a rounding is taken as the identity (the rounding's derivative almost
+everywhere, as every autograd engine takes it): grad_x = cast(g, x's dtype).
+
+A cast to or from a 16-bit float runs through the CPU backend's widening
+(engine.backends.cpu.half.widened): the 16-bit input widened to float32 (exact), the output
+rounded from float32 on store. float64 to a 16-bit float is thus rounded twice, through
+float32, which gives the correctly rounded result: float32's 24 significant bits are at
+least 2p + 2 for float16's p = 11 and bfloat16's p = 8.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import DTypeError
+from engine.params import choice
+from engine.registry import OpDef, make_node, register
+from engine.samples import InputSpec, Sample
+from engine.scale_cases import SIDE, scale_case
+from engine.strategies import draw_input, sample_strategy, shapes
+from engine.tensor import FLOAT_NAMES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
+
+__all__ = ["cast"]
+
+
+def _cast_infer(x, dtype):
+    if not is_float(x.dtype):
+        raise DTypeError(f"cast: needs a float input, got {x.dtype} of shape {list(x.shape)}")
+    return x.shape, as_dtype(dtype)
+
+
+def cast(x, dtype):
+    """x's values in float dtype `dtype` ("f16", "bf16", "f32", "f64" or a numpy dtype),
+    rounded to nearest even where it holds fewer of them."""
+    return make_node("cast", (x,), dtype=_dtype_param(dtype))
+
+
+def _dtype_param(dtype) -> str:
+    """A dtype name for the parameter (numpy dtypes as their engine names); anything else
+    is left for the parameter's check to refuse."""
+    try:
+        return dtype_name(dtype)
+    except Exception:          # not a dtype: the check names it
+        return dtype
+
+
+def _cast_backward(g, out, x, dtype):
+    return (cast(g, x.dtype),)
+
+
+def cpu_cast(out, ins, dtype):
+    """out = ins[0] in out's dtype (float32 or float64 here: the 16-bit ones reach this
+    kernel widened, see the module doc)."""
+    np.copyto(out, ins[0], casting="unsafe")
+
+
+def _torch_cast(x, dtype):
+    import torch
+    return x.to(getattr(torch, TORCH_DTYPE_NAMES[dtype]))
+
+
+# --- samples and registration ---------------------------------------------------------------
+def _cast_samples():
+    """Every pair of float dtypes, on a plain and a permuted input, in a range that every
+    one of them holds (float16 ends at 65504)."""
+    out = []
+    for source in FLOAT_NAMES:
+        for target in FLOAT_NAMES:
+            out.append(Sample.make("cast", [InputSpec("x", (3, 4), low=-3.0, high=3.0)],
+                                   source, dtype=target))
+            out.append(Sample.make("cast", [InputSpec("x", (2, 3, 4), permute=(2, 0, 1),
+                                                      low=-300.0, high=300.0)],
+                                   source, dtype=target))
+    return out
+
+
+@sample_strategy
+def _cast_strategy(draw, dtype):
+    from hypothesis import strategies as st
+    target = draw(st.sampled_from(FLOAT_NAMES))
+    return Sample.make("cast", [draw_input(draw, "x", draw(shapes()))], dtype, dtype=target)
+
+
+def _cast_scale():
+    """Scale cases: a (1031, 1031) float32 image to each 16-bit float and back."""
+    return [scale_case("cast", [InputSpec("x", (SIDE, SIDE))], dtype=target)
+            for target in ("f16", "bf16", "f64")]
+
+
+register(OpDef("cast", params=dict(dtype=choice(*FLOAT_NAMES)), infer=_cast_infer,
+               backward=_cast_backward, kernels={"cpu": cpu_cast,
+                                 "cuda": "engine.backends.cuda.elementwise:cuda_cast"}, build=cast,
+               torch=_torch_cast, samples=_cast_samples, strategy=_cast_strategy,
+               scale=_cast_scale,
+               doc="x rounded to another float dtype; gradient: g cast back"))

@@ -1,0 +1,136 @@
+"""The 16-bit conversions of the CPU kernels (engine.backends.cpu.half) against numpy's
+float16 and ml_dtypes' bfloat16: every one of the 65,536 patterns each way, the midpoints
+between neighbours (ties to even), the edges of the ranges, and random float32 values."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.backends.cpu import half
+
+FORMATS = {"f16": (half.F16, np.dtype(np.float16)),
+           "bf16": (half.BF16, np.dtype(ml_dtypes.bfloat16))}
+ALL_PATTERNS = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+
+
+def widen(bits: np.ndarray, fmt: int) -> np.ndarray:
+    out = np.empty(bits.size, np.float32)
+    half.widen_array(np.ascontiguousarray(bits).ravel(), out, fmt)
+    return out
+
+
+def narrow(values: np.ndarray, fmt: int) -> np.ndarray:
+    values = np.ascontiguousarray(values).ravel()
+    out = np.empty(values.size, np.uint16)
+    half.narrow_array(values, out, fmt)
+    return out
+
+
+def reference_narrow(values: np.ndarray, dtype) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return values.astype(dtype).view(np.uint16)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_pattern_widens_exactly(name):
+    fmt, dtype = FORMATS[name]
+    ours = widen(ALL_PATTERNS, fmt)
+    want = ALL_PATTERNS.view(dtype).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(ours), nan)
+    assert np.array_equal(ours[~nan].view(np.uint32), want[~nan].view(np.uint32))  # -0 too
+    assert np.array_equal(np.signbit(ours[nan]), np.signbit(want[nan]))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_pattern_comes_back_from_its_float32(name):
+    fmt, dtype = FORMATS[name]
+    back = narrow(widen(ALL_PATTERNS, fmt), fmt)
+    values = ALL_PATTERNS.view(dtype)
+    finite = ~np.isnan(values.astype(np.float32))
+    assert np.array_equal(back[finite], ALL_PATTERNS[finite])
+    # a NaN stays a NaN of its sign (bfloat16: quiet), never an infinity
+    nan_back = back[~finite].view(dtype).astype(np.float32)
+    assert np.isnan(nan_back).all()
+    assert np.array_equal(np.signbit(nan_back), np.signbit(values[~finite].astype(np.float32)))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_midpoints_round_to_even_and_their_neighbours_to_nearest(name):
+    """Between each pair of adjacent finite patterns of one sign: the exact midpoint (a tie,
+    which goes to the pattern with an even last bit) and the float32 values just beside it."""
+    fmt, dtype = FORMATS[name]
+    values = ALL_PATTERNS.view(dtype).astype(np.float64)
+    positive = ALL_PATTERNS[(values > 0) & np.isfinite(values)]
+    low, high = positive[:-1], positive[1:]
+    lo, hi = widen(low, fmt).astype(np.float64), widen(high, fmt).astype(np.float64)
+    middle = ((lo + hi) / 2).astype(np.float32)       # exact: float32 holds the midpoints
+    assert np.array_equal(middle.astype(np.float64), (lo + hi) / 2)
+    tie = narrow(middle, fmt)
+    assert np.array_equal(tie, np.where(low % 2 == 0, low, high))
+    below = np.nextafter(middle, np.float32(0))
+    above = np.nextafter(middle, np.float32(np.inf))
+    assert np.array_equal(narrow(below, fmt), low)
+    assert np.array_equal(narrow(above, fmt), high)
+    assert np.array_equal(narrow(-middle, fmt), tie | np.uint16(0x8000))
+    for probe in (middle, below, above, -middle):
+        assert np.array_equal(narrow(probe, fmt), reference_narrow(probe, dtype))
+
+
+@pytest.mark.parametrize("name, value, pattern", [
+    ("f16", 65504.0, 0x7BFF),                  # the largest finite
+    ("f16", 65519.99, 0x7BFF),                 # below the midpoint to infinity
+    ("f16", 65520.0, 0x7C00),                  # the midpoint: ties to even, the infinity
+    ("f16", 1e6, 0x7C00), ("f16", -1e6, 0xFC00),
+    ("f16", 2.0 ** -24, 0x0001),               # the smallest subnormal
+    ("f16", 2.0 ** -25, 0x0000),               # half of it: a tie, to even (zero)
+    ("f16", 1.5 * 2.0 ** -25, 0x0001),
+    ("f16", 2.0 ** -14, 0x0400),               # the smallest normal
+    ("f16", 2.0 ** -14 - 2.0 ** -25, 0x0400),  # a subnormal that rounds up into it
+    ("f16", -0.0, 0x8000), ("f16", 1e-30, 0x0000),
+    ("f16", float("inf"), 0x7C00), ("f16", float("-inf"), 0xFC00),
+    ("bf16", 3.3895313892515355e38, 0x7F7F),   # the largest finite
+    ("bf16", 3.4e38, 0x7F80),                  # rounds past it: the infinity
+    ("bf16", 1.0 + 2.0 ** -8, 0x3F80),         # a tie below an even pattern
+    ("bf16", 1.0 + 3 * 2.0 ** -8, 0x3F82),     # a tie above an odd one
+    ("bf16", float("-inf"), 0xFF80), ("bf16", -0.0, 0x8000),
+    ("bf16", 1e-45, 0x0000),                   # float32's smallest subnormal, rounded
+])
+def test_range_edges(name, value, pattern):
+    fmt, dtype = FORMATS[name]
+    got = narrow(np.array([value], np.float32), fmt)[0]
+    assert got == pattern, f"{got:#06x}"
+    assert got == reference_narrow(np.array([value], np.float32), dtype)[0]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_nan_payloads_stay_nan(name):
+    fmt, dtype = FORMATS[name]
+    payloads = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F801FFF, 0xFFBFFFFF,
+                         0x7FA00000], np.uint32).view(np.float32)
+    out = narrow(payloads, fmt).view(dtype).astype(np.float32)
+    assert np.isnan(out).all()
+    assert np.array_equal(np.signbit(out), np.signbit(payloads))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(width=32, allow_nan=False), min_size=1, max_size=64),
+       st.sampled_from(sorted(FORMATS)))
+def test_random_float32_values_round_as_the_references_do(values, name):
+    fmt, dtype = FORMATS[name]
+    x = np.array(values, np.float32)
+    assert np.array_equal(narrow(x, fmt), reference_narrow(x, dtype))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(allow_nan=False), min_size=1, max_size=32),
+       st.sampled_from(sorted(FORMATS)))
+def test_float64_values_round_once_correctly(values, name):
+    """Through float32 and then 16 bits: still the correctly rounded pattern (2p + 2 rule)."""
+    fmt, dtype = FORMATS[name]
+    x = np.array(values, np.float64)
+    assert np.array_equal(narrow(x, fmt), reference_narrow(x, dtype))
