@@ -41,6 +41,7 @@ import numpy as np
 import engine
 from engine.registry import get_op
 from engine.tensor import is_float
+from gradcheck import precision
 from gradcheck.adapters.base import AdapterError
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
@@ -164,9 +165,12 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     backend = getattr(adapter, "backend", "cpu")
     vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop)
               if compares_with_cpu(adapter) else None)
+    held = precision.check_case(case, arrays, weights, out, backprop, checked,
+                                f64_ref.output(),
+                                None if torch_ref is None else torch_ref.grads, use_torch)
     v = judge(Outcomes(forward, compared.outcomes(case.precision),
                        torch_ref is not None, forward_vs_torch, differs, backend, vs_cpu,
-                       declined_note))
+                       declined_note, held))
     metrics = v.metrics(compared.fraction)
     if declined:
         metrics["declined"] = declined_note

@@ -145,6 +145,7 @@ class TorchReference:
 
     output: np.ndarray
     grads: list[np.ndarray | None]    # per input, in the layout the op sees
+    dtype: str = "float64"            # torch's output dtype, as torch names it ("float16")
 
 
 def torch_available() -> bool:
@@ -174,7 +175,9 @@ def torch_reference(case, arrays, weights, native: bool = False) -> TorchReferen
         if spec.grad and is_float(a.dtype):
             t.requires_grad_(True)
         tens.append(t)
-    out = fn(*tens, **(case.kwargs if native else case.torch_kwargs))
+    # native: the case's own parameters (a user's function case has only torch_kwargs)
+    out = fn(*tens, **(case.kwargs if native and hasattr(case, "kwargs")
+                       else case.torch_kwargs))
     grads: list[np.ndarray | None] = [None] * len(tens)
     if out.dtype.is_floating_point and any(t.requires_grad for t in tens):
         w = torch.tensor(np.asarray(weights, np.float64).reshape(tuple(out.shape)))
@@ -189,4 +192,5 @@ def torch_reference(case, arrays, weights, native: bool = False) -> TorchReferen
                  if t.requires_grad else None for spec, t in zip(case.inputs, tens,
                                                                   strict=True)]
     return TorchReference(out.detach().to(torch.float64).numpy()
-                       if out.dtype.is_floating_point else out.detach().numpy(), grads)
+                          if out.dtype.is_floating_point else out.detach().numpy(), grads,
+                          str(out.dtype).removeprefix("torch."))

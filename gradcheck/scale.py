@@ -15,11 +15,10 @@ says which fast paths the engine under test took (`paths`). It is judged by:
 2. numerical directional derivatives of the float64 loss (our float64 graph in plain mode)
    along DIRECTIONS random directions, against backprop's projections on them: each costs
    four evaluations of the graph, whatever its size;
-3. precision, for a float32 case of an op with a torch equivalent: the error of each
-   result against the float64 reference (`err_vs_f64`, the largest absolute error) at most
-   PRECISION_RATIO times that of torch computing in float32 (`ref_err`) plus FLOOR_ULPS
-   float32 ulps of the result's largest magnitude (`ratio`: the worst, scaled so that 8
-   is the bound).
+3. precision, for a float32 (float16, bfloat16) case of an op with a torch equivalent:
+   gradcheck.precision's verdict, each result's error against the float64 reference
+   (`err_vs_f64`) at most PRECISION_RATIO times that of torch computing in the case's
+   dtype (`ref_err`) plus a floor of a few ulps (`ratio`: the worst, 8 the bar).
    The fixed float32 tolerance cannot see a sum accumulated in float32 over millions of
    elements (a relative error of 4e-4 against 1e-3); a good float32 implementation at the
    same size errs 10^4 times less;
@@ -42,6 +41,7 @@ import contextlib
 import numpy as np
 
 from engine.backends.cpu import paths, threads
+from gradcheck import precision
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import declined_inputs, engine_vjp, loss_weights, same_bits
 from gradcheck.modes import project, random_directions, single_thread
@@ -50,9 +50,6 @@ from gradcheck.reference import EngineReference, plain_vjp, torch_available, tor
 from reports import Result
 
 DIRECTIONS = 3             # random directions of the numerical check
-PRECISION_RATIO = 8.0      # a float32 result may err this many times torch's float32 one
-FLOOR_ULPS = 4.0           # ... or this many float32 ulps of its largest magnitude
-EPS32 = float(np.finfo(np.float32).eps)
 ENGINE_THREADS = (1, 2, 3, 7)
 
 
@@ -133,22 +130,6 @@ def _thread_problem(runs, exact: bool, precision: str, checked) -> tuple[str, st
     return f"{','.join(map(str, counts))}: {how}", None
 
 
-def precision(value, f64, native) -> tuple[float, float, float]:
-    """(err_vs_f64, ref_err, ratio) of a result `value` against its float64 reference
-    `f64`, with `native` the same result by torch in the case's dtype (module doc, 3).
-    ratio = err / (PRECISION_RATIO * ref_err + floor) * PRECISION_RATIO: at most
-    PRECISION_RATIO exactly when err <= PRECISION_RATIO * ref_err + floor (a multiple of
-    torch's error plus a floor of FLOOR_ULPS ulps, not a multiple of the floor)."""
-    ref = np.asarray(f64, np.float64)
-    err = float(np.max(np.abs(np.asarray(value, np.float64) - ref), initial=0.0))
-    ref_err = float(np.max(np.abs(np.asarray(native, np.float64) - ref), initial=0.0))
-    floor = FLOOR_ULPS * EPS32 * float(np.max(np.abs(ref), initial=0.0))
-    if not np.isfinite(err):
-        return err, ref_err, float("inf")
-    allowed = max(PRECISION_RATIO * ref_err + floor, np.finfo(np.float64).tiny)
-    return err, ref_err, err / allowed * PRECISION_RATIO
-
-
 def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> Result:
     """Judge one scale case (see the module doc) in `adapter`'s engine; `labels`: the row's
     (gradcheck.check.case_labels). Raises for an engine error (check_sample makes it a
@@ -204,17 +185,11 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
                             f"along {c.failures}/{c.checked} directions, worst "
                             f"num {c.worst_expected:.6g}, bp {c.worst_value:.6g}")
     held = None
-    if ref is not None and precision_dtype == "f32":
-        native = torch_reference(case, arrays, weights, native=True)
-        pairs = [("output", out, ref_out, native.output)] + [
-            (case.inputs[i].name, grads[i], ref_grads[i], native.grads[i]) for i in checked]
-        for what, value, f64_value, native_value in pairs:
-            err, ref_err, ratio = precision(value, f64_value, native_value)
-            if held is None or ratio > held[3]:
-                held = (what, err, ref_err, ratio)
-        if held[3] > PRECISION_RATIO:
-            problems.append(f"precision: {held[0]} errs {held[1]:.3g} against float64, "
-                            f"{held[3]:.3g} times torch's float32 ({held[2]:.3g})")
+    if ref is not None and precision_dtype in precision.JUDGED:
+        held = precision.check_case(case, arrays, weights, out, grads, checked, ref_out,
+                                    ref_grads, use_torch)
+        if held is not None and held.problem:
+            problems.append(held.problem)
     if differs:
         problems.append("nondeterministic: two runs gave different bits")
     runs = {}
@@ -240,7 +215,7 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
                "directions": directions, "threads": threads_metric,
                "paths": ", ".join(sorted(taken)) or "none"}
     if held is not None:
-        metrics |= {"err_vs_f64": held[1], "ref_err": held[2], "ratio": round(held[3], 3)}
+        metrics |= held.metrics()
     if declined:
         metrics["declined"] = "; ".join(f"{case.inputs[i].name}: {why}"
                                         for i, why in declined.items())

@@ -30,6 +30,7 @@ than KINK_DOMINATED of the judged points fails: its sample generator needs fixin
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from gradcheck.numeric import Comparison
 
@@ -142,6 +143,7 @@ class Outcomes:
     backend: str = "cpu"
     vs_cpu: tuple[str, ...] | None = None    # None: not compared; else what differs
     declined: str = ""                       # "input: why; ..." of the declined inputs
+    precision: Any = None                    # gradcheck.precision.Verdict (None: not judged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +162,7 @@ class Verdict:
     forward: str                              # "agree" or "off"
     torch: str                                # "agree", "off" or "n/a"
     vs_cpu: str | None                        # "agree", "off" or None (not compared)
+    precision: dict = dataclasses.field(default_factory=dict)   # its metrics, if judged
 
     @property
     def message(self) -> str:
@@ -174,7 +177,7 @@ class Verdict:
                    "torch": self.torch}
         if self.vs_cpu is not None:
             metrics["vs_cpu"] = self.vs_cpu
-        return metrics
+        return metrics | self.precision
 
 
 def judge(o: Outcomes) -> Verdict:
@@ -205,7 +208,8 @@ def judge(o: Outcomes) -> Verdict:
     if torch_forward:
         problems.append(torch_forward)
         torch_off = True
-    for problem in (kink_problem(checked, kinks),
+    for problem in (None if o.precision is None else o.precision.problem,
+                    kink_problem(checked, kinks),
                     "determinism: two backward runs gave different bits" if o.differs
                     else None,
                     None if o.vs_cpu is None else cpu_problem(o.backend, o.vs_cpu)):
@@ -215,4 +219,5 @@ def judge(o: Outcomes) -> Verdict:
     return Verdict("fail" if problems else "pass", tuple(problems),
                    (f"declined (not checked): {o.declined}",) if o.declined else (),
                    checked, kinks, max_abs, max_rel, worst, "off" if forward else "agree",
-                   "n/a" if not o.torch_ran else "off" if torch_off else "agree", vs_cpu)
+                   "n/a" if not o.torch_ran else "off" if torch_off else "agree", vs_cpu,
+                   {} if o.precision is None else o.precision.metrics())

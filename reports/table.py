@@ -132,8 +132,8 @@ def _cols(*keys: str) -> tuple[Column, ...]:
 
 # Per tool (Result.tool): what a person needs to read a row; the rest is in --verbose.
 COMPACT = {
-    "gradcheck": CompactSpec(_cols("engine~", "backend~", "status", "max_rel_err", "kinks?",
-                                   "forward?", "torch?", "vs_cpu?"), "op"),
+    "gradcheck": CompactSpec(_cols("engine~", "backend~", "status", "max_rel_err", "ratio?",
+                                   "kinks?", "forward?", "torch?", "vs_cpu?"), "op"),
     "gradcheck-selftest": CompactSpec(_cols("kind~", "tier~", "status", "cases?", "caught?",
                                             "check?"), "kind"),
     "optcheck": CompactSpec(_cols("family~", "dtype~", "backend~", "status", "max_rel_err?",

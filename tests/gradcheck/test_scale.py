@@ -9,7 +9,7 @@ import pytest
 
 from engine.backends.cpu import threads
 from engine.registry import all_ops, get_op
-from gradcheck import cotangents, kernel_mutants, scale
+from gradcheck import cotangents, kernel_mutants, precision, scale
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
 from gradcheck.cli import main
@@ -60,7 +60,7 @@ def test_scale_rows_pass_with_their_metrics(op, text):
     assert r.metrics["directions"] == f"{scale.DIRECTIONS}/{scale.DIRECTIONS} agree"
     assert r.metrics["threads"].startswith("1,2,3,7: ")
     assert r.metrics["paths"] != "none"
-    assert r.metrics["ratio"] <= scale.PRECISION_RATIO
+    assert r.metrics["ratio"] <= precision.PRECISION_RATIO
 
 
 def test_without_torch_the_reference_is_the_plain_float64_engine():
@@ -84,7 +84,7 @@ def test_a_float32_accumulator_is_caught_by_the_precision_verdict():
     with prepare_replaced("sum", kernel_mutants.sum_rows_float32_accumulator):
         r = check_sample(case)
     assert r.status == "fail", r.metrics
-    assert "precision" in r.message and r.metrics["ratio"] > scale.PRECISION_RATIO
+    assert "precision" in r.message and r.metrics["ratio"] > precision.PRECISION_RATIO
     # the fixed float32 tolerance alone would have let it pass
     assert "forward:" not in r.message
 
@@ -122,15 +122,6 @@ def test_thread_problem_exact_and_rounded():
     assert problem is None and metric == "1,2: agree within rounding"
 
 
-def test_precision_ratio():
-    ref = np.array([1.0, 2.0, 3.0])
-    err, ref_err, ratio = scale.precision(ref + [1e-3, 0, 0], ref, ref + [1e-4, 0, 0])
-    assert err == pytest.approx(1e-3) and ref_err == pytest.approx(1e-4)
-    floor = scale.FLOOR_ULPS * scale.EPS32 * 3.0          # 4 ulps of the largest value
-    assert ratio == pytest.approx(1e-3 / (8 * 1e-4 + floor) * 8) and 9.9 < ratio < 10
-    # both exact: the floor of a few ulps decides, no division by zero
-    assert scale.precision(ref, ref, ref)[2] == 0.0
-    assert scale.precision(ref + [np.inf, 0, 0], ref, ref)[2] == np.inf
 
 
 def test_simulated_cuda_rows_are_unsupported(monkeypatch):

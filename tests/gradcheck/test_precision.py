@@ -1,0 +1,120 @@
+"""The precision verdict (gradcheck.precision): its arithmetic, its error model, and the rows
+it judges."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from engine.registry import get_op
+from engine.samples import InputSpec, Sample
+from gradcheck import precision
+from gradcheck.check import check_sample
+from gradcheck.patches import kernel_replaced
+
+
+def test_ratio_is_the_error_over_the_bound_scaled_to_the_bar():
+    truth = np.array([1.0, 2.0, 3.0])
+    r = precision.judge("output", truth + [1e-3, 0, 0], truth, 1e-4, "f32", "torch f32")
+    floor = precision.FLOOR_ULPS * 2 * 2.0 ** -24 * 3.0       # 4 float32 ulps of 3
+    assert r.err == pytest.approx(1e-3) and r.ref_err == 1e-4
+    assert r.ratio == pytest.approx(1e-3 / (8 * 1e-4 + floor) * 8) and not r.ok
+    # exact results: the floor decides, no division by zero; a NaN is infinitely off
+    assert precision.judge("output", truth, truth, 0.0, "f16", "model").ratio == 0.0
+    nan = precision.judge("output", truth + [np.nan, 0, 0], truth, 0.0, "f16", "model")
+    assert nan.ratio == np.inf and not nan.ok
+
+
+def test_the_floor_is_a_few_ulps_of_the_dtype_at_the_cases_magnitude():
+    truth = np.zeros(3)                   # a result that vanishes by cancellation ...
+    off = np.array([2e-3, 0.0, 0.0])
+    alone = precision.judge("mask", off, truth, 0.0, "f16", "torch f16")
+    assert alone.ratio == np.inf or alone.ratio > 1e6
+    # ... judged at the scale of the terms that cancel: 4 float16 ulps of 1 is 3.9e-3
+    beside = precision.judge("mask", off, truth, 0.0, "f16", "torch f16", size=1.0)
+    assert beside.ok and beside.ratio == pytest.approx(2e-3 / (4 * 2 ** -10) * 8)
+
+
+def test_the_verdict_names_the_worst_result_and_its_reference():
+    truth = np.ones(4)
+    results = [precision.judge("output", truth, truth, 1e-3, "bf16", "torch bf16"),
+               precision.judge("x", truth + 0.5, truth, 1e-3, "bf16", "torch bf16")]
+    v = precision.worst_of(results, "bf16")
+    assert not v.ok and v.worst.what == "x"
+    assert v.problem.startswith("precision: x errs 0.5 against float64")
+    assert "torch bf16 in bf16" in v.problem
+    assert set(v.metrics()) == {"err_vs_f64", "ref_err", "ratio", "precision_ref"}
+    assert precision.worst_of([], "f16").ok and precision.worst_of([], "f16").metrics() == {}
+
+
+def test_the_error_model_of_a_sum_is_a_rounding_and_the_move_of_its_inputs():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 1.5, 10_000)
+    draws = precision.perturbed([x, np.arange(3)], "f16", seed=1)
+    assert len(draws) == precision.MODEL_DRAWS
+    moved, ints = draws[0]
+    assert np.array_equal(ints, np.arange(3))                   # integers stay
+    assert np.allclose(np.abs(moved / x - 1), 2.0 ** -11)       # one unit roundoff each
+    (err,) = precision.model_errors([np.array([x.sum()])],
+                                    [[np.array([d[0].sum()])] for d in draws], "f16")
+    u = 2.0 ** -11
+    # one rounding of the sum, plus u times a norm of the terms: far below the n u sum|x|
+    # of a sum accumulated in float16
+    assert u * x.sum() < err < u * x.sum() + 4 * u * np.sqrt(np.sum(x * x))
+    assert err < 0.01 * len(x) * u * x.sum()
+
+
+def test_a_row_of_each_low_precision_dtype_reports_the_verdict():
+    for dtype in ("f16", "bf16", "f32"):
+        case = next(c for c in get_op("softmax").samples() if c.dtype == dtype)
+        r = check_sample(case)
+        assert r.status == "pass", r.message
+        assert r.metrics["precision_ref"] == f"torch {dtype}"
+        assert 0 <= r.metrics["ratio"] <= precision.PRECISION_RATIO
+        assert r.metrics["err_vs_f64"] >= 0 and r.metrics["ref_err"] >= 0
+    f64 = next(c for c in get_op("softmax").samples() if c.dtype == "f64")
+    assert "ratio" not in check_sample(f64).metrics
+
+
+def test_without_torch_the_error_model_stands_in():
+    case = next(c for c in get_op("sum").samples() if c.dtype == "bf16")
+    r = check_sample(case, use_torch=False)
+    assert r.status == "pass", r.message
+    assert r.metrics["precision_ref"] == "model"
+
+
+def _through_float16(kernel):
+    """A float32 kernel that rounds its result through float16 on the way out (as ggml's
+    conv_2d computes its im2col in float16 for a float32 kernel): a relative error of up
+    to 2^-11, inside float32's fixed tolerance of 1e-3."""
+    def mutant(out, ins, **params):
+        kernel(out, ins, **params)
+        if out.dtype == np.float32:      # the float64 reference keeps the real kernel
+            out[...] = out.astype(np.float16)
+    return mutant
+
+
+def test_a_float32_kernel_rounding_through_float16_passes_the_tolerance_not_the_ratio():
+    case = Sample.make("sin", [InputSpec("x", (64,), low=-1.0, high=1.0)], "f32")
+    assert check_sample(case).status == "pass"
+    with kernel_replaced("sin", _through_float16):
+        r = check_sample(case)
+    assert r.status == "fail"
+    assert r.message.startswith("precision: output") and r.metrics["ratio"] > 100
+    # the fixed float32 tolerance alone would have let it pass
+    assert r.metrics["forward"] == "agree" and r.metrics["torch"] == "agree"
+
+
+def test_a_case_whose_torch_lacks_the_dtype_falls_back_to_the_model(monkeypatch):
+    case = next(c for c in get_op("relu").samples() if c.dtype == "f16")
+
+    def refuses(*tensors, **params):
+        if tensors[0].dtype.is_floating_point and tensors[0].dtype.itemsize == 2:
+            raise RuntimeError('"relu" not implemented for \'Half\'')
+        return get_op("relu").torch(*tensors, **params)
+    monkeypatch.setattr(type(case), "torch_fn", property(lambda self: refuses))
+    r = check_sample(dataclasses.replace(case))
+    assert r.status == "pass", r.message
+    assert r.metrics["precision_ref"] == "model" and r.metrics["torch"] == "agree"
