@@ -107,3 +107,12 @@ def replay(sample, op_names=None) -> list[str]:
                                    err_msg=f"{t.op} in {sample}")
         checked.append(t.op)
     return checked
+
+
+CUDA_DTYPES = ("f32", "f64")    # the dtypes the CUDA backend has kernels for
+
+
+def cuda_cases(samples) -> list:
+    """The registry cases the CUDA kernels run: float32 and float64 (the 16-bit floats'
+    nodes are placed on the CPU, tests/engine/backends/cuda/test_backend.py)."""
+    return [s for s in samples if s.dtype in CUDA_DTYPES]

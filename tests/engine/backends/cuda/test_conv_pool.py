@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.registry import OPS
-from tests.engine.backends.cuda.kernel_harness import cuda, needs_cuda, replay
+from tests.engine.backends.cuda.kernel_harness import cuda, cuda_cases, needs_cuda, replay
 
 pytestmark = [pytest.mark.cudasim]
 
@@ -37,7 +37,7 @@ POOL_EXTRA_CASES = 4     # the cases after the grid, per dtype and mode (see eng
 def _pool_2d_samples():
     """Every fifth grid case and every extra case, per dtype and mode."""
     groups: dict[tuple, list] = {}
-    for s in OPS["pool_2d"].samples():
+    for s in cuda_cases(OPS["pool_2d"].samples()):
         groups.setdefault((s.dtype, s.kwargs["mode"]), []).append(s)
     return [s for group in groups.values()
             for s in group[:-POOL_EXTRA_CASES:5] + group[-POOL_EXTRA_CASES:]]
@@ -47,14 +47,14 @@ def _composite_samples(name, per_dtype):
     """The permuted samples of a composite, then its first others, `per_dtype` per dtype."""
     out = []
     for dtype in ("f32", "f64"):
-        mine = [s for s in OPS[name].samples() if s.dtype == dtype]
+        mine = [s for s in cuda_cases(OPS[name].samples()) if s.dtype == dtype]
         permuted = [s for s in mine if any(i.permute for i in s.inputs)]
         out += (permuted + [s for s in mine if s not in permuted])[:per_dtype]
     return out
 
 
-SAMPLES = (OPS["im2col"].samples() + OPS["im2col_1d"].samples()
-           + OPS["im2col_1d_back"].samples() + _pool_2d_samples()
+SAMPLES = (cuda_cases(OPS["im2col"].samples()) + cuda_cases(OPS["im2col_1d"].samples())
+           + cuda_cases(OPS["im2col_1d_back"].samples()) + _pool_2d_samples()
            + _composite_samples("conv_2d", 3) + _composite_samples("conv_transpose_2d", 3)
            + _composite_samples("pool_1d", 4))
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.registry import OPS
-from tests.engine.backends.cuda.kernel_harness import cuda, needs_cuda, replay
+from tests.engine.backends.cuda.kernel_harness import cuda, cuda_cases, needs_cuda, replay
 
 pytestmark = [pytest.mark.cudasim]
 
@@ -53,7 +53,7 @@ def _selected(samples) -> list:
             or len({i.shape for i in s.inputs}) > 1]
 
 
-SAMPLES = [s for name in sorted(FAMILY) for s in _selected(OPS[name].samples())]
+SAMPLES = [s for name in sorted(FAMILY) for s in _selected(cuda_cases(OPS[name].samples()))]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -71,7 +71,7 @@ def test_the_selection_keeps_both_dtypes_and_a_strided_case_per_op():
     for name in FAMILY:
         chosen = [s for s in SAMPLES if s.op == name]
         assert {s.dtype for s in chosen} == {"f32", "f64"}, name
-        if any(i.permute for s in OPS[name].samples() for i in s.inputs):
+        if any(i.permute for s in cuda_cases(OPS[name].samples()) for i in s.inputs):
             assert any(i.permute for s in chosen for i in s.inputs), name
 
 

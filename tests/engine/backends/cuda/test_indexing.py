@@ -12,7 +12,7 @@ import pytest
 
 from engine.errors import BackendError
 from engine.registry import OPS
-from tests.engine.backends.cuda.kernel_harness import cuda, needs_cuda, replay
+from tests.engine.backends.cuda.kernel_harness import cuda, cuda_cases, needs_cuda, replay
 
 pytestmark = [pytest.mark.cudasim]
 
@@ -23,7 +23,7 @@ EXPECTED = {"concat": {"concat"}, "pad": {"pad"}, "set": {"set"}, "acc": {"acc"}
             "repeat": {"repeat", "repeat_back"}, "repeat_back": {"repeat_back", "repeat"},
             "block": {"pad"}}
 
-SAMPLES = [s for name in EXPECTED for s in OPS[name].samples()]
+SAMPLES = [s for name in EXPECTED for s in cuda_cases(OPS[name].samples())]
 
 
 @pytest.fixture(autouse=True, scope="module")

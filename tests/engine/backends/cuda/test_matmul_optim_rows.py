@@ -18,7 +18,7 @@ import pytest
 
 from engine.errors import BackendError
 from engine.registry import OPS
-from tests.engine.backends.cuda.kernel_harness import cuda, needs_cuda, replay
+from tests.engine.backends.cuda.kernel_harness import cuda, cuda_cases, needs_cuda, replay
 from tests.engine.ops.op_harness import TOL
 
 # the simulator runs the dropout hash on numpy uint64 scalars, which warn when they wrap
@@ -30,7 +30,7 @@ FAMILY = {"matmul", "dropout", "get_rows", "get_rows_back"}
 EXPECTED = {"matmul": {"matmul"}, "dropout": {"dropout"},
             "get_rows": {"get_rows", "get_rows_back"},
             "get_rows_back": {"get_rows_back", "get_rows"}}
-SAMPLES = [s for name in EXPECTED for s in OPS[name].samples()]
+SAMPLES = [s for name in EXPECTED for s in cuda_cases(OPS[name].samples())]
 DTYPES = [np.float32, np.float64]
 
 

@@ -17,7 +17,7 @@ import struct
 import numpy as np
 import pytest
 
-from tests.engine.backends.cuda.kernel_harness import cuda, needs_cuda, to_device
+from tests.engine.backends.cuda.kernel_harness import cuda, cuda_cases, needs_cuda, to_device
 
 pytestmark = pytest.mark.cudasim
 
@@ -151,9 +151,9 @@ def test_registry_samples_run_the_gpu_kernels_under_the_simulator():
     from engine.backends.cuda.matmul import SIM_TILED_MAX_WORK
     from engine.backends.cuda.reduce import SIM_TREE_MAX_WORK
     from engine.registry import OPS
-    for sample in OPS["matmul"].samples():
+    for sample in cuda_cases(OPS["matmul"].samples()):
         a, b = (np.zeros(s.shape) for s in sample.inputs)
         assert np.matmul(a, b).size * a.shape[-1] <= SIM_TILED_MAX_WORK, sample
     for op in ("sum", "mean", "sum_rows"):
-        for sample in OPS[op].samples():
+        for sample in cuda_cases(OPS[op].samples()):
             assert math.prod(sample.inputs[0].shape) <= SIM_TREE_MAX_WORK, sample

@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 
 from engine.registry import OPS
-from tests.engine.backends.cuda.kernel_harness import cuda, needs_cuda, replay, to_device
+from tests.engine.backends.cuda.kernel_harness import (
+    cuda,
+    cuda_cases,
+    needs_cuda,
+    replay,
+    to_device,
+)
 from tests.engine.ops.op_harness import TOL
 
 pytestmark = [pytest.mark.cudasim]
@@ -50,7 +56,7 @@ def _forward_only(sample):
 
 def _cases():
     for op in CHECKED:
-        samples = OPS[op].samples()
+        samples = cuda_cases(OPS[op].samples())
         if op in ("mean", "sum_rows"):
             samples = [s for s in samples if s.dtype == "f32"][:MEAN_CASES] + \
                 [s for s in samples if s.dtype == "f64" and _strided(s)][:MEAN_CASES]
