@@ -66,13 +66,21 @@ def _gradient_column(op) -> str:
 
 def list_ops() -> str:
     """Every registered op as a table: kind, whether it has a backward rule, its number of
-    sample cases, whether it has a strategy for generated cases, its description."""
+    sample cases and the dtypes they come in, whether it has a strategy for generated
+    cases, its description."""
     rows = []
     for name, op in all_ops().items():
-        rows.append([name, op.kind, _gradient_column(op), len(op.samples()) if op.samples else 0,
+        samples = op.samples() if op.samples else []
+        rows.append([name, op.kind, _gradient_column(op), len(samples), _dtypes(samples),
                      "yes" if op.strategy else "", op.doc])
-    return tabulate(rows, headers=["op", "kind", "backward", "cases", "generated",
+    return tabulate(rows, headers=["op", "kind", "backward", "cases", "dtypes", "generated",
                                    "description"])
+
+
+def _dtypes(samples) -> str:
+    """The float dtypes an op's cases come in, least precise first ("f16,bf16,f32,f64")."""
+    have = {s.dtype for s in samples}
+    return ",".join(d for d in FLOAT_NAMES if d in have)
 
 
 def describe_engines(adapter, backends) -> str:

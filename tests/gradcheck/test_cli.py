@@ -46,6 +46,9 @@ def test_list(capsys):
     out = capsys.readouterr().out
     for name in ("pool_2d", "conv_2d", "cross_entropy_loss", "argmax", "im2col_back"):
         assert name in out
+    # which dtypes each op's cases come in
+    cast = next(line for line in out.splitlines() if line.startswith("cast "))
+    assert "f16,bf16,f32,f64" in cast
 
 
 def test_filter_and_dtype(capsys):
