@@ -29,10 +29,11 @@ import dataclasses
 import hashlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from engine.registry import get_op
-from engine.tensor import FLOAT_NAMES, HALF_DTYPES, as_dtype, dtype_name, is_float
+from engine.tensor import FLOAT_NAMES, HALF_DTYPES, UNIT_ROUNDOFF, as_dtype, dtype_name, is_float
 
 GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse", "sparse_cols")
 SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
@@ -251,9 +252,9 @@ def _distinct_in(dt, x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     top = max(abs(lo), abs(hi))
     if x.size < 2 or top == 0:
         return x
-    # the spacing of values in [2^e, 2^(e+1)), the binade of the largest magnitude: 10
-    # fraction bits in float16, 7 in bfloat16
-    spacing = 2.0 ** (np.floor(np.log2(top)) - (10 if dt == np.float16 else 7))
+    # the spacing of values in [2^e, 2^(e+1)), the binade of the largest magnitude: 2^e
+    # over the dtype's fraction bits (10 in float16, 7 in bfloat16)
+    spacing = 2.0 ** (np.floor(np.log2(top)) - ml_dtypes.finfo(dt).nmant)
     first, last = np.ceil(lo / spacing), np.floor(hi / spacing)
     count = int(last - first) + 1
     if count < x.size:
@@ -394,12 +395,10 @@ def _fmt(v) -> str:
 
 
 def least_precise(names) -> str:
-    """The least precise of float dtype names `names` (bf16, then f16, f32, f64; f64 for
-    none)."""
-    for name in ("bf16", "f16", "f32"):
-        if name in names:
-            return name
-    return "f64"
+    """The least precise of float dtype names `names`, by unit roundoff (bf16, then f16,
+    f32, f64; f64 for none)."""
+    return max((n for n in names if n in UNIT_ROUNDOFF), key=UNIT_ROUNDOFF.get,
+               default="f64")
 
 
 def both_dtypes(make_samples):

@@ -27,12 +27,12 @@ DTYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16),
           "f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "i32": np.dtype(np.int32)}
 FLOAT_DTYPES = (DTYPES["f16"], DTYPES["bf16"], DTYPES["f32"], DTYPES["f64"])
 HALF_DTYPES = (DTYPES["f16"], DTYPES["bf16"])     # stored in 16 bits, computed in float32
-FLOAT_NAMES = ("f16", "bf16", "f32", "f64")       # from the least precise to the most
+FLOAT_NAMES = ("f16", "bf16", "f32", "f64")       # the 16-bit ones first, then by width
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 # torch's names of the float dtypes (torch is optional: its dtypes are looked up by name)
 TORCH_DTYPE_NAMES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
 # unit roundoff (half an ulp of 1: the largest relative error of one rounding) per dtype
-UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
+UNIT_ROUNDOFF = {name: float(ml_dtypes.finfo(DTYPES[name]).eps) / 2 for name in FLOAT_NAMES}
 _ids = itertools.count()
 HOST, DEVICE, BOTH = 1, 2, 3   # where the current copy of a persistent tensor's data is
 

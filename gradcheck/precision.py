@@ -232,21 +232,25 @@ def check_case(case, arrays, weights, out, grads, checked, truth_out, truth_grad
     native = native_reference(case, arrays, weights) if use_torch else None
     if native is None and not _ours(case):
         return None
-    if truth_grads is None:
-        truth_grads = plain_vjp(case, arrays, weights)[1]
+
+    def results(at_x):
+        """The output and the checked gradients of our float64 graph at inputs `at_x`."""
+        o, g = plain_vjp(case, at_x, weights)
+        return [o] + [g[i] for i in checked]
+    # our float64 results at the inputs: the gradients' truth when none is given, the error
+    # model's base without torch; computed once for both
+    ours = results(arrays) if truth_grads is None or native is None else None
     names = ["output"] + [case.inputs[i].name for i in checked]
     values = [out] + [grads[i] for i in checked]
-    truths = [truth_out] + [truth_grads[i] for i in checked]
+    truths = [truth_out] + (ours[1:] if truth_grads is None
+                            else [truth_grads[i] for i in checked])
     if native is not None:
         refs = [native.output] + [native.grads[i] for i in checked]
         ref_errs = [max_abs_error(r, t) for r, t in zip(refs, truths, strict=True)]
         reference = f"torch {dtype}"
     else:
-        def results(at):
-            o, g = plain_vjp(case, at, weights)
-            return [o] + [g[i] for i in checked]
         draws = [results(d) for d in perturbed(arrays, dtype, case.seed())]
-        ref_errs = model_errors(results(arrays), draws, dtype)
+        ref_errs = model_errors(ours, draws, dtype)
         reference = "model"
     size = magnitude(*truths)
     return worst_of([judge(n, v, t, e, dtype, reference, size) for n, v, t, e

@@ -45,7 +45,7 @@ def _dtype_param(dtype) -> str:
     is left for the parameter's check to refuse."""
     try:
         return dtype_name(dtype)
-    except Exception:          # not a dtype: the check names it
+    except DTypeError:         # not a dtype: the check names it
         return dtype
 
 
@@ -87,14 +87,14 @@ def _cast_strategy(draw, dtype):
 
 
 def _cast_scale():
-    """Scale cases: a (1031, 1031) float32 image to each 16-bit float and back."""
+    """Scale cases: a (1031, 1031) float32 image to float16, bfloat16 and float64."""
     return [scale_case("cast", [InputSpec("x", (SIDE, SIDE))], dtype=target)
             for target in ("f16", "bf16", "f64")]
 
 
 register(OpDef("cast", params=dict(dtype=choice(*FLOAT_NAMES)), infer=_cast_infer,
-               backward=_cast_backward, kernels={"cpu": cpu_cast,
-                                 "cuda": "engine.backends.cuda.elementwise:cuda_cast"}, build=cast,
-               torch=_torch_cast, samples=_cast_samples, strategy=_cast_strategy,
+               backward=_cast_backward,
+               kernels={"cpu": cpu_cast, "cuda": "engine.backends.cuda.elementwise:cuda_cast"},
+               build=cast, torch=_torch_cast, samples=_cast_samples, strategy=_cast_strategy,
                scale=_cast_scale,
                doc="x rounded to another float dtype; gradient: g cast back"))

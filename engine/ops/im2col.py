@@ -26,8 +26,6 @@ from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
 
-TORCH_DTYPES = TORCH_DTYPE_NAMES
-
 
 def _check_image(op: str, x) -> None:
     if x.ndim != 4:
@@ -77,7 +75,7 @@ def _torch_im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dty
                                       stride=stride)               # (N, C*KH*KW, OH*OW)
     cols = cols.transpose(1, 2).reshape(x.shape[0], oh, ow, -1)
     if dtype is not None:
-        cols = cols.to(getattr(torch, TORCH_DTYPES[dtype_name(dtype)]))
+        cols = cols.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
     return cols
 
 
@@ -120,7 +118,7 @@ def _torch_im2col_back(g, x_shape, kh, kw, stride, padding, dilation, dtype):
     dx = torch.nn.functional.fold(g.reshape(g.shape[0], oh_ow, -1).transpose(1, 2),
                                   tuple(x_shape[2:]), (kh, kw), dilation=dilation,
                                   padding=padding, stride=stride)
-    return dx.to(getattr(torch, TORCH_DTYPES[dtype_name(dtype)]))
+    return dx.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
 
 
 def _im2col_back_primals(g, x_shape, kh, kw, stride, padding, dilation, dtype):

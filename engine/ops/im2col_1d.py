@@ -23,13 +23,12 @@ import numpy as np
 
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
-from engine.ops.im2col import TORCH_DTYPES
 from engine.params import choice, int_tuple, integer, ints, window_output_size
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
-from engine.tensor import DTYPES, as_dtype, dtype_name, is_float
+from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
 
 
 def check_signal(op: str, x) -> None:
@@ -84,7 +83,7 @@ def _torch_im2col_1d(x, k, stride=1, padding=0, dilation=1, dtype=None):
     cols = F.unfold(x.unsqueeze(2), (1, k), dilation=(1, dilation), padding=(0, padding),
                     stride=(1, stride)).transpose(1, 2)          # (N, OL, C*K)
     if dtype is not None:
-        cols = cols.to(getattr(torch, TORCH_DTYPES[dtype_name(dtype)]))
+        cols = cols.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
     return cols
 
 
@@ -131,7 +130,7 @@ def _torch_im2col_1d_back(g, x_shape, k, stride=1, padding=0, dilation=1, dtype=
     dx = F.fold(g.transpose(1, 2), (1, x_shape[-1]), (1, k), dilation=(1, dilation),
                 padding=(0, padding), stride=(1, stride))[:, :, 0]
     if dtype is not None:
-        dx = dx.to(getattr(torch, TORCH_DTYPES[dtype_name(dtype)]))
+        dx = dx.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
     return dx
 
 

@@ -23,7 +23,7 @@ from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 
 def as_torch(a: np.ndarray):
     """A torch tensor of numpy array `a`, bfloat16 (ml_dtypes') included, which torch.tensor
-    refuses: its bit patterns, reinterpreted."""
+    refuses: its bit patterns, reinterpreted. Always a copy."""
     import torch
     if a.dtype == DTYPES["bf16"]:
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(
@@ -99,7 +99,7 @@ class TorchAdapter:
         fn, kwargs = self._function(case)
         leaves, views = [], []
         for spec, a in zip(case.inputs, arrays, strict=True):
-            leaf = as_torch(np.array(spec.to_leaf(np.asarray(a)), copy=True))
+            leaf = as_torch(spec.to_leaf(np.asarray(a)))   # a copy
             if spec.grad and leaf.dtype.is_floating_point:
                 leaf.requires_grad_(True)
             leaves.append(leaf)

@@ -36,7 +36,7 @@ class CpuBackend:
         except KeyError:
             raise BackendError(f"op {op.name} has no cpu kernel") from None
         if any(is_half(d) for d in dtypes):
-            return half.widened(k, is_half, update=op.kind == "update")
+            return half.widened(k, update=op.kind == "update")
         return k
 
     def alloc(self, nbytes: int) -> np.ndarray:

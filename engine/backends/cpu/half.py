@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
+from engine.tensor import is_half
 
 F16, BF16 = 0, 1          # the formats' codes (fmt arguments), as compiled constants
 
@@ -151,9 +152,9 @@ def store(dst: np.ndarray, values: np.ndarray) -> None:
                  _format(dst.dtype))
 
 
-def widened(kernel, is_half, update: bool = False):
+def widened(kernel, update: bool = False):
     """The float32 `kernel(out, ins, **params)` as a kernel on arrays of which some are
-    16-bit (`is_half(dtype)` says which): each call widens the 16-bit inputs into float32
+    16-bit (engine.tensor.is_half): each call widens the 16-bit inputs into float32
     temporaries, runs `kernel` on them (bound anew, so temporaries live only while the call
     runs: a plan of 16-bit tensors holds 16-bit buffers between calls), and rounds a 16-bit
     output to nearest even on store. An input that is the output's own buffer (an update op
