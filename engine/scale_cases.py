@@ -6,7 +6,9 @@ threads from threads.MIN_ELEMENTS (2^20) elements or threads.MIN_MACS (2^23) mul
 so the shapes here are just above those, with sides that are multiples of no thread count
 (1031 is prime: chunks of 2, 3 and 7 threads are ragged) nor of the 8 x 8 tiles of the
 transposed copy. Scale cases are float32: the fast paths are the same code for float64,
-and float32 is where an accumulator's precision shows.
+and float32 is where an accumulator's precision shows; the ops that accumulate (sum,
+matmul, softmax) have float16 and bfloat16 cases too (HALF_SCALE_DTYPES), where an
+accumulation in the 16-bit type instead of float32 shows (gradcheck.precision).
 
     scale_case("relu", [InputSpec("x", SQUARE)])       # relu(type=f32,x=[1031,1031])
 """
@@ -21,6 +23,12 @@ SIDE = 1031                    # prime: ragged chunks for every thread count, ra
 SQUARE = (SIDE, SIDE)          # 1,062,961 elements: above the 2^20 of a threaded split
 TRANSPOSED = (1, 0)            # InputSpec.permute of a transposed view (the tiled copy)
 SCALE_DTYPE = "f32"
+HALF_SCALE_DTYPES = ("f16", "bf16")
+# a sum over the rows of positive activations (post-ReLU values, probabilities): 320 rows
+# of 3277 columns (ragged for 2, 3 and 7 threads), 1,048,640 elements, just above a threaded
+# split; accumulated in float16 it errs some 14 times (bar 8) what torch does, within
+# float16's fixed tolerance (0.75 of it)
+HALF_ROWS = (320, 3277)
 
 
 def scale_case(op: str, inputs, dtype: str = SCALE_DTYPE, /, **params) -> Sample:

@@ -20,7 +20,12 @@ scale) is softmax's VJP at x = log(y) / scale). For one case of B, `check_backwa
   2. torch t: autograd's VJP of F's torch equivalent at x for g, in float64;
   and, as its `forward`, against B's own float64 reference (our engine's float64 graph of B
   on the same inputs), and B's own torch equivalent where it has one;
-- off the CPU, B's output against the same engine's on the CPU (`vs_cpu`).
+- off the CPU, B's output against the same engine's on the CPU (`vs_cpu`);
+- in float16, bfloat16 and float32, B's output by gradcheck.precision's verdict: its error
+  against B's float64 truth (torch's in float64 where B has a torch equivalent, else our
+  float64 graph of B) at most PRECISION_RATIO times that of torch computing B in the
+  case's dtype, or of the error model (the row's ratio, err_vs_f64, ref_err, precision_ref
+  and, as B is one kernel, its rounding bias).
 
 B's samples live in its module, with inputs F's VJP is taken at (rows of y on the simplex
 for softmax_back; pool_2d_back's registry builder makes y = pool_2d(x) itself): g
@@ -55,6 +60,7 @@ import numpy as np
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from engine.tensor import dtype_name, is_float
+from gradcheck import precision
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, same_bits
 from gradcheck.cross_backend import compares_with_cpu, cpu_differences
@@ -177,11 +183,16 @@ def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = 
     if compares_with_cpu(adapter):
         cpu_out = run_backward_op(adapter.on_cpu(), case, arrays, out.shape)
         vs_cpu = tuple(cpu_differences(case, [("forward", out, cpu_out)]))
+    held = None
+    if case.precision in precision.JUDGED:
+        held = precision.check_case(_unchecked(case), arrays, np.zeros(out.shape), out, [],
+                                    [], f64_own if torch_own is None else torch_own, [],
+                                    use_torch)
     v = judge(Outcomes(
         compare(out, f64_own, case.precision), compared.outcomes(case.precision),
         torch_vjp is not None,
         None if torch_own is None else compare(out, torch_own, case.precision), differs,
-        getattr(adapter, "backend", "cpu"), vs_cpu))
+        getattr(adapter, "backend", "cpu"), vs_cpu, precision=held))
     metrics = v.metrics(compared.fraction) | {"vjp_of": relation.op}
     return Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
 

@@ -25,6 +25,7 @@ import functools
 import numpy as np
 
 from engine.backends.cpu import layout, paths, threads
+from engine.tensor import is_half
 
 # --- helpers --------------------------------------------------------------------------------
 
@@ -295,6 +296,50 @@ def hardswish_back_middle_slope_beyond_3(prepare):
             out[beyond] = (g * (x / 3.0 + 0.5))[beyond]
         return call
     return mutated
+
+
+# --- the 16-bit floats (engine.backends.cpu.half) ---------------------------------------------
+def sum_accumulated_in_half(widened_sum):
+    """sum on 16-bit nodes accumulated serially in the 16-bit type (each partial sum rounded
+    to nearest in it) instead of in float32: over 256 rows of values in [0.5, 1] the
+    partial sums reach 256, where float16's spacing is 0.25."""
+    def mutated(out, ins, axes, keepdims):
+        (x,) = ins
+        if not is_half(out.dtype):
+            return widened_sum(out, ins, axes=axes, keepdims=keepdims)
+        reduced = [a % x.ndim for a in axes]
+        kept = [a for a in range(x.ndim) if a not in reduced]
+        rows = np.transpose(x, reduced + kept).reshape(-1, *[x.shape[a] for a in kept])
+        out[...] = np.add.accumulate(rows, axis=0, dtype=out.dtype)[-1].reshape(out.shape)
+    return mutated
+
+
+def store_truncated(store):
+    """half.store rounding toward zero (the float32's low bits dropped) instead of to
+    nearest, ties to even: at most one ulp off, never more than twice a correct store."""
+    def truncating(dst, values):
+        v = np.ascontiguousarray(values, np.float32)
+        if dst.dtype == np.float16:
+            r = v.astype(np.float16)                     # to nearest; then one step back
+            over = np.abs(r.astype(np.float32)) > np.abs(v)   # where it rounded away
+            r[over] = np.nextafter(r[over], np.float16(0))
+            dst[...] = r.reshape(dst.shape)
+        else:
+            dst.view(np.uint16)[...] = (v.view(np.uint32) >> 16).astype(np.uint16).reshape(
+                dst.shape)
+    return truncating
+
+
+def bf16_widened_wrong_shift(widened_copy):
+    """bfloat16 widened as (h >> 1) << 17 instead of h << 16 (a packed pair unpacked with
+    its shifts one bit apart): the mantissa's last bit is lost, so every input whose last
+    bit is set reads one bfloat16 ulp nearer zero; float16 widens right."""
+    def wrong(a):
+        if a.dtype == np.float16:
+            return widened_copy(a)
+        h = np.ascontiguousarray(a).view(np.uint16).astype(np.uint32)
+        return ((h >> 1) << 17).view(np.float32).reshape(a.shape)
+    return wrong
 
 
 def identity(real):

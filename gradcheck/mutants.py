@@ -40,6 +40,8 @@ from gradcheck.patches import (
     all_of,
     backward_replaced,
     chunks_replaced,
+    half_function_replaced,
+    half_kernel_replaced,
     kernel_replaced,
     prepare_replaced,
     scaled_backward,
@@ -59,6 +61,10 @@ KINDS = {
     "permuted stride": "a permuted (strided) input read in memory order, as if contiguous",
     "broadcast split": "a thread split that slices a broadcast operand with the output",
     "unwritten edge": "part of the output never written: right only on a zeroed buffer",
+    "16-bit accumulator": "a sum accumulated in float16 or bfloat16 where the kernel "
+                          "promises float32",
+    "rounding mode": "16-bit results rounded toward zero instead of to nearest even",
+    "16-bit widening": "16-bit values widened to float32 wrongly on load",
     "control": "no bug: the patching machinery alone, which must not be flagged",
 }
 TIERS = ("fast", "scale")
@@ -77,6 +83,7 @@ class Mutant:
     kind: str = ""                          # one of KINDS
     tier: str = "fast"                      # TIERS: the cases it runs on (module doc)
     control: bool = False                   # no bug: passes when no case flags it
+    dtypes: tuple[str, ...] | None = None   # a fast-tier mutant's dtypes (None: the run's)
 
 
 def scaled(op_name: str, factor: float) -> Callable:
@@ -218,6 +225,12 @@ def _contiguous(case) -> bool:
 
 def _axis(axis):
     return lambda case: case.kwargs.get("axis") == axis and _contiguous(case)
+
+
+def _biased_enough(case) -> bool:
+    """Whether a case's output may have enough elements for the bias test (twice the 16
+    inexact ones of gradcheck.precision.BIAS_MIN_ELEMENTS)."""
+    return min(math.prod(spec.shape) for spec in case.inputs) >= 32
 
 
 def _add_square_case(dtype):
@@ -378,6 +391,26 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
            lambda: prepare_replaced("matmul", km.sparse_product_drops_last_nonzero),
            where=lambda case: case.inputs[0].kind == "sparse", tier="scale", max_cases=1,
            kind="dropped tail"),
+    # --- 16-bit floats: what the fixed tolerance lets through, the precision verdict not ----
+    Mutant("sum_f16_accumulated_in_f16", ("sum",),
+           "sum on float16 nodes accumulates serially in float16 (every partial sum rounded) "
+           "instead of float32: over 320 rows of values in [0.5, 1] the sums err some 14 "
+           "times (bar 8) what torch does, within float16's fixed tolerance",
+           lambda: half_kernel_replaced("sum", km.sum_accumulated_in_half),
+           where=lambda case: case.dtype == "f16" and case.kwargs.get("axis") == 0,
+           tier="scale", max_cases=1, kind="16-bit accumulator"),
+    Mutant("store_truncates", ("exp", "add", "matmul"),
+           "every 16-bit result rounded toward zero on store instead of to nearest even: "
+           "one ulp at most, inside every tolerance and ratio, but biased (-0.5 ulp on "
+           "average), which the precision verdict's bias test sees",
+           lambda: half_function_replaced("store", km.store_truncated),
+           where=_biased_enough, dtypes=("f16", "bf16"), max_cases=1, kind="rounding mode"),
+    Mutant("bf16_widened_wrong_shift", ("relu", "abs", "mul"),
+           "bfloat16 widened as (h >> 1) << 17 instead of h << 16: inputs whose mantissa's "
+           "last bit is set read one bfloat16 ulp nearer zero (a relative 2^-8, a tenth of "
+           "bfloat16's fixed tolerance); the outputs' bias shows it",
+           lambda: half_function_replaced("widened_copy", km.bf16_widened_wrong_shift),
+           where=_biased_enough, dtypes=("bf16",), max_cases=1, kind="16-bit widening"),
     Mutant("get_rows_back_lost_updates", ("get_rows",),
            "get_rows_back's scatter-add, once big enough to split, split among the engine's "
            "threads by ranges of indices instead of column bands: a table row indexed from "

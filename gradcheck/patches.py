@@ -12,6 +12,11 @@ A CPU kernel can be replaced whole (`kernel_replaced`), or in one of its two par
 - its chunking (`chunks_replaced`): a kernel split over the engine's threads
   (engine.backends.cpu.threads.split) is made again from the same preparation with other
   chunks, made from the real chunking function.
+
+The 16-bit floats' machinery (engine.backends.cpu.half) is patched the same way: the kernel
+an op's 16-bit nodes run (`half_kernel_replaced`: its float32 kernel widened), or one of the
+conversions every widened kernel calls (`half_function_replaced`: `store`, the rounding on
+store; `widened_copy`, the widening on load).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import types
 from collections.abc import Callable
 
 from engine import ops
-from engine.backends.cpu import threads
+from engine.backends.cpu import half, threads
 from engine.backends.cpu.jit import bindable
 from engine.registry import get_op
 
@@ -85,6 +90,31 @@ def chunks_replaced(op_name: str, make_chunks: Callable):
     """Within the block, op `op_name`'s split cpu kernel is split by
     `make_chunks(real_chunks)` (see `resplit`)."""
     return kernel_replaced(op_name, lambda real: resplit(real, make_chunks))
+
+
+@contextlib.contextmanager
+def half_function_replaced(name: str, make: Callable):
+    """Within the block, engine.backends.cpu.half's function `name` is `make(real)`."""
+    real = getattr(half, name)
+    setattr(half, name, make(real))
+    try:
+        yield
+    finally:
+        setattr(half, name, real)
+
+
+def half_kernel_replaced(op_name: str, make: Callable):
+    """Within the block, the kernel the CPU backend gives op `op_name`'s 16-bit nodes (its
+    float32 kernel widened, half.widened) is `make(real_widened_kernel)`; other ops' and
+    other dtypes' kernels are the real ones."""
+    target = get_op(op_name).kernels["cpu"]
+
+    def make_widened(real_widened):
+        def widened(kernel, update: bool = False):
+            k = real_widened(kernel, update=update)
+            return make(k) if kernel is target else k
+        return widened
+    return half_function_replaced("widened", make_widened)
 
 
 @contextlib.contextmanager

@@ -40,6 +40,32 @@ float32, so 8 leaves a margin of 4 and more; a float32 kernel that rounds throug
 (tests/gradcheck/test_precision.py). Errors of an ulp or two are below this bar by design:
 it is there for accuracy lost by accumulation and by computing in too narrow a type.
 
+The rounding bias (float16 and bfloat16 only). Below the bar of the ratio sit errors of an
+ulp or two, and one of them matters: the direction of the rounding. A kernel that truncates
+on store (rounds toward zero) instead of rounding to nearest even errs at most one ulp per
+element, twice a correct one, and no ratio of largest errors can tell; but its errors all
+point the same way, and a sum of many such values (a finetuning run's gradient
+accumulation) drifts by n/2 ulps where a correct one wanders by sqrt(n). A 16-bit kernel
+computes in float32 from its (exact) 16-bit inputs and rounds once on store, so its error
+against the float64 truth is that one rounding, 2^13 (float16) or 2^16 (bfloat16) times
+coarser than what its float32 arithmetic adds: under rounding to nearest, uniform on
+[-1/2, 1/2] ulp and unbiased. So for the forward output of a case whose op is one kernel
+(not composite: a composite stores intermediates, whose shared roundings, such as one
+rounded normaliser for a whole row, bias its elements alike), over the distinct pairs
+(truth, value) of its inexact elements within one ulp of their truth (beyond, float32's
+error has met cancellation),
+
+    e_i  = (r_engine,i - r_f64,i) sign(r_f64,i) / ulp_d(r_f64,i)     (ulps at each element)
+    bias = mean e_i                       (truncation toward zero: about -1/2)
+    pass when |bias| <= BIAS_ULPS + BIAS_SIGMAS * std(e) / sqrt(n), or within twice the
+         reference's own |bias| (torch's, where it ran); n >= BIAS_MIN_ELEMENTS, else none
+
+The row reports the output's `bias` (in ulps). Measured on every fast-tier case of the
+registry (`gradcheck --all --dtype f16` and bf16, each row's `bias`): a correct kernel's
+largest |bias| is 0.23 in float16 and 0.16 in bfloat16, none beyond its allowance;
+truncation on store gives -0.5 and fails (gradcheck --self-test). float32 results have no
+bias verdict: a float32 kernel's error is its arithmetic's, not one rounding.
+
 float64 cases have no such verdict: their truth is themselves.
 """
 
@@ -47,15 +73,21 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 
-from engine.tensor import TORCH_DTYPE_NAMES, UNIT_ROUNDOFF, is_float
-from gradcheck.reference import plain_vjp, torch_available, torch_reference
+from engine.registry import get_op
+from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, UNIT_ROUNDOFF, dtype_name, is_float
+from gradcheck.reference import plain_forward, plain_vjp, torch_available, torch_reference
 
 PRECISION_RATIO = 8.0     # an engine may err this many times the reference ...
 FLOOR_ULPS = 4.0          # ... plus this many of its dtype's ulps of the result's magnitude
 JUDGED = ("f16", "bf16", "f32")   # the dtypes judged (float64 is the truth)
 MODEL_DRAWS = 2           # random perturbations of the error model
+BIASED = ("f16", "bf16")  # the dtypes whose rounding bias is judged
+BIAS_ULPS = 0.1           # a result's mean signed error may be this many ulps ...
+BIAS_SIGMAS = 5.0         # ... plus this many standard errors of the mean
+BIAS_MIN_ELEMENTS = 16    # fewer inexact elements than this: no bias judged
 
 
 def ulp(dtype: str) -> float:
@@ -103,63 +135,132 @@ def ratio(err: float, ref_err: float, size: float, dtype: str) -> float:
     return err / bound(ref_err, size, dtype) * PRECISION_RATIO
 
 
+def ulps_at(truth, dtype: str) -> np.ndarray:
+    """The spacing of dtype `dtype`'s values at each |truth| (float64; the subnormals'
+    spacing below the smallest normal)."""
+    info = ml_dtypes.finfo(DTYPES[dtype])
+    t = np.abs(np.asarray(truth, np.float64))
+    with np.errstate(divide="ignore"):
+        exponent = np.maximum(np.floor(np.log2(t)), info.minexp)
+    return np.ldexp(1.0, (exponent - info.nmant).astype(np.int64))
+
+
+def signed_ulps(value, truth, dtype: str) -> np.ndarray:
+    """The inexact elements' errors in ulps of `dtype` at each truth, positive away from
+    zero (module doc: e_i): elements with a finite value and a finite non-zero truth that
+    differ."""
+    v = np.asarray(value, np.float64).reshape(-1)
+    t = np.asarray(truth, np.float64).reshape(-1)
+    keep = np.isfinite(v) & np.isfinite(t) & (t != 0) & (v != t)
+    v, t = v[keep], t[keep]
+    return (v - t) * np.sign(t) / ulps_at(t, dtype)
+
+
+def bias(value, truth, dtype: str) -> tuple[float, float] | None:
+    """(the mean signed error in ulps, the allowance BIAS_ULPS + BIAS_SIGMAS standard
+    errors) of `value` against `truth` over the distinct inexact elements within one ulp of
+    their truth (module doc); None for fewer than BIAS_MIN_ELEMENTS of them."""
+    v = np.asarray(value, np.float64).reshape(-1)
+    t = np.asarray(truth, np.float64).reshape(-1)
+    pairs = np.unique(np.stack([t, v]), axis=1) if t.size else np.zeros((2, 0))
+    e = signed_ulps(pairs[1], pairs[0], dtype)
+    e = e[np.abs(e) <= 1.0]
+    if e.size < BIAS_MIN_ELEMENTS:
+        return None
+    return float(np.mean(e)), BIAS_ULPS + BIAS_SIGMAS * float(np.std(e)) / np.sqrt(e.size)
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """One result judged: what it is ("output" or an input's name), its error against the
-    float64 truth, the reference's error, the ratio and the reference's name."""
+    float64 truth, the reference's error, the ratio and the reference's name; for a 16-bit
+    result, its rounding bias in ulps and the bias allowed (None, inf: not judged)."""
 
     what: str
     err: float
     ref_err: float
     ratio: float
     reference: str
+    bias: float | None = None
+    bias_bar: float = float("inf")
+    dtype: str = ""                         # the dtype it was judged in ("": the case's)
+
+    @property
+    def unbiased(self) -> bool:
+        return self.bias is None or abs(self.bias) <= self.bias_bar
 
     @property
     def ok(self) -> bool:
-        return self.ratio <= PRECISION_RATIO
+        return self.ratio <= PRECISION_RATIO and self.unbiased
 
 
 def judge(what: str, value, truth, ref_err: float, dtype: str, reference: str,
-          size: float | None = None) -> Result:
+          size: float | None = None, ref_value=None, rounded_once: bool = False) -> Result:
     """Result `value` (named `what`) of dtype `dtype` against its float64 `truth`, given the
-    reference's error `ref_err`; the floor at magnitude `size` (None: the truth's)."""
+    reference's error `ref_err`; the floor at magnitude `size` (None: the truth's).
+    `rounded_once`: the result is one kernel's store, whose rounding bias is judged too
+    (16-bit dtypes; the reference's result `ref_value`, if given, widens the bias
+    allowed by its own)."""
     err = max_abs_error(value, truth)
     size = magnitude(truth) if size is None else size
-    return Result(what, err, ref_err, ratio(err, ref_err, size, dtype), reference)
+    r = ratio(err, ref_err, size, dtype)
+    held = bias(value, truth, dtype) if rounded_once and dtype in BIASED else None
+    if held is None:
+        return Result(what, err, ref_err, r, reference, dtype=dtype)
+    mean, bar = held
+    theirs = None if ref_value is None else bias(ref_value, truth, dtype)
+    if theirs is not None:
+        bar = max(bar, 2.0 * abs(theirs[0]))
+    return Result(what, err, ref_err, r, reference, mean, bar, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """The precision verdict of a case: its worst result (None: nothing judged)."""
+    """The precision verdict of a case: its result of the largest ratio (`worst`, None:
+    nothing judged) and its most biased one, relative to the bias allowed (`biased`, None:
+    no bias judged)."""
 
     worst: Result | None
     dtype: str
+    biased: Result | None = None
 
     @property
     def ok(self) -> bool:
-        return self.worst is None or self.worst.ok
+        return ((self.worst is None or self.worst.ratio <= PRECISION_RATIO)
+                and (self.biased is None or self.biased.unbiased))
 
     @property
     def problem(self) -> str | None:
-        w = self.worst
-        if w is None or w.ok:
-            return None
-        return (f"precision: {w.what} errs {w.err:.3g} against float64, {w.ratio:.3g} "
-                f"(bar {PRECISION_RATIO:g}) times as far as {w.reference} in {self.dtype} "
-                f"({w.ref_err:.3g}) allows")
+        w, b = self.worst, self.biased
+        if w is not None and w.ratio > PRECISION_RATIO:
+            return (f"precision: {w.what} errs {w.err:.3g} against float64, {w.ratio:.3g} "
+                    f"(bar {PRECISION_RATIO:g}) times as far as {w.reference} in "
+                    f"{w.dtype or self.dtype} ({w.ref_err:.3g}) allows")
+        if b is not None and not b.unbiased:
+            way = "toward zero" if b.bias < 0 else "away from zero"
+            return (f"precision: {b.what} is biased {way}: its errors average "
+                    f"{b.bias:+.3g} ulps of {b.dtype or self.dtype}, beyond the {b.bias_bar:.2g} "
+                    "allowed (rounding to nearest is unbiased; truncation gives -0.5)")
+        return None
 
     def metrics(self) -> dict:
-        w = self.worst
+        w, b = self.worst, self.biased
         if w is None:
             return {}
-        return {"err_vs_f64": w.err, "ref_err": w.ref_err, "ratio": round(w.ratio, 3),
-                "precision_ref": w.reference}
+        m = {"err_vs_f64": w.err, "ref_err": w.ref_err, "ratio": round(w.ratio, 3),
+             "precision_ref": w.reference}
+        if b is not None:
+            m["bias"] = round(b.bias, 3)
+        return m
 
 
 def worst_of(results, dtype: str) -> Verdict:
-    """The verdict of results `results` (Result records): the one of the largest ratio."""
+    """The verdict of results `results` (Result records): the one of the largest ratio, and
+    the one whose bias takes the largest share of its allowance."""
     results = list(results)
-    return Verdict(max(results, key=lambda r: r.ratio) if results else None, dtype)
+    judged = [r for r in results if r.bias is not None]
+    return Verdict(max(results, key=lambda r: r.ratio) if results else None, dtype,
+                   max(judged, key=lambda r: abs(r.bias) / r.bias_bar) if judged else None)
 
 
 def perturbed(arrays, dtype: str, seed: int) -> list[list[np.ndarray]]:
@@ -219,6 +320,17 @@ def _ours(case) -> bool:
                                                          None) is None
 
 
+def _one_kernel(case) -> bool:
+    """Whether `case`'s output is one kernel's store: a registry case of an op that is not
+    composite (its input views round nothing)."""
+    if not _ours(case):
+        return False
+    try:
+        return get_op(case.op).kind != "composite"
+    except Exception:         # not a registered op: no claim about its kernels
+        return False
+
+
 def check_case(case, arrays, weights, out, grads, checked, truth_out, truth_grads=None,
                use_torch: bool = True) -> Verdict | None:
     """The precision verdict of a case (module doc): its engine output `out` and gradients
@@ -235,6 +347,8 @@ def check_case(case, arrays, weights, out, grads, checked, truth_out, truth_grad
 
     def results(at_x):
         """The output and the checked gradients of our float64 graph at inputs `at_x`."""
+        if not checked:
+            return [plain_forward(case, at_x)]
         o, g = plain_vjp(case, at_x, weights)
         return [o] + [g[i] for i in checked]
     # our float64 results at the inputs: the gradients' truth when none is given, the error
@@ -249,9 +363,22 @@ def check_case(case, arrays, weights, out, grads, checked, truth_out, truth_grad
         ref_errs = [max_abs_error(r, t) for r, t in zip(refs, truths, strict=True)]
         reference = f"torch {dtype}"
     else:
+        refs = [None] * len(truths)
         draws = [results(d) for d in perturbed(arrays, dtype, case.seed())]
         ref_errs = model_errors(ours, draws, dtype)
         reference = "model"
+    references = [reference] * len(truths)
+    dtypes = [dtype] * len(truths)
+    out_dtype = dtype_name(np.asarray(out).dtype)
+    if out_dtype in JUDGED and UNIT_ROUNDOFF[out_dtype] < UNIT_ROUNDOFF[dtype] and _ours(case):
+        # an output finer than the case's least precise input (float32 from 16-bit weights,
+        # a widening cast) is judged in its own dtype: its inputs are exact in it
+        base = ours if ours is not None else results(arrays)
+        moved = [[results(d)[0]] for d in perturbed(arrays, out_dtype, case.seed())]
+        ref_errs[0] = model_errors(base[:1], moved, out_dtype)[0]
+        refs[0], references[0], dtypes[0] = None, "model", out_dtype
     size = magnitude(*truths)
-    return worst_of([judge(n, v, t, e, dtype, reference, size) for n, v, t, e
-                     in zip(names, values, truths, ref_errs, strict=True)], dtype)
+    once = _one_kernel(case)
+    return worst_of([judge(n, v, t, e, d, ref, size, r, once and n == "output")
+                     for n, v, t, e, d, ref, r in zip(names, values, truths, ref_errs, dtypes,
+                                                      references, refs, strict=True)], dtype)

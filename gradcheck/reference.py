@@ -131,6 +131,14 @@ def plain_vjp(case, arrays, weights):
         None if g is None else np.asarray(g, np.float64) for g in vjp.grads]
 
 
+def plain_forward(case, arrays) -> np.ndarray:
+    """The case's output in float64, our engine in plain mode (no gradient asked: a case
+    with nothing to differentiate runs too)."""
+    with paths.plain():
+        return np.asarray(EngineAdapter("cpu").forward(case.promoted("f64"), arrays),
+                          np.float64)
+
+
 def float64_reference(case, arrays) -> Float64Reference:
     """The float64 reference of `case` on input values `arrays` (see the module doc)."""
     forward = getattr(case, "reference_forward", None)

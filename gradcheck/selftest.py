@@ -11,7 +11,11 @@ says the mutant's kind and tier, the case that caught it first (`caught_in`) and
 that did (`check`), read from the failing case's message: numerical (backprop vs finite
 differences), torch (vs torch autograd), NaN/Inf, shape check (a ShapeError while building
 the backward graph), error (any other raised error), and the scale tier's forward, vjp,
-directions, precision, threads and nondeterministic (see gradcheck.scale).
+directions, precision, threads and nondeterministic (see gradcheck.scale). Two columns
+set the precision verdict (gradcheck.precision) beside the rest: `fixed`, whether any check
+but it flagged a case (the fixed tolerances, torch, the numerical gradient, ...), and
+`precision`, whether it did ("-" when no case is of a dtype it judges). The 16-bit mutants
+and the float32 accumulator are there to show the second catching what the first misses.
 
 The control (gradcheck.mutants.CONTROL: the patching machinery with no bug) runs first,
 with the verdict inverted: its row passes when no case flagged it, and fails when one did
@@ -31,6 +35,7 @@ from engine.registry import get_op
 from gradcheck.check import check_sample
 from gradcheck.cotangents import registry_cases
 from gradcheck.mutants import CONTROL, MUTANTS, Mutant
+from gradcheck.precision import JUDGED
 from reports import Result
 
 TOOL = "gradcheck-selftest"
@@ -61,7 +66,7 @@ def mutant_cases(mutant: Mutant, dtypes=DTYPES, max_cases: int | None = None) ->
             cases += [s for s in (op.scale() if op.scale else []) if mutant.where(s)][:limit]
             continue
         samples = registry_cases(op) if mutant.cotangents else (op.samples() or [])
-        for dtype in dtypes:
+        for dtype in mutant.dtypes or dtypes:
             fits = [s for s in samples if s.dtype == dtype and mutant.where(s)]
             cases += sorted(fits, key=_size)[:limit]
     for dtype in dtypes:
@@ -114,7 +119,11 @@ def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
             kinds.update(found)
             first = first or (case, found, result.message)
     missed = "not flagged" if mutant.control else "-"
+    judged = any(getattr(c, "precision", None) in JUDGED for c in cases)
+    unseen = "not flagged" if mutant.control else "missed"
     metrics = {"cases": len(cases), "caught": caught,
+               "fixed": "caught" if set(kinds) - {"precision"} else unseen,
+               "precision": "caught" if kinds["precision"] else unseen if judged else "-",
                "caught_in": str(first[0]) if first else missed,
                "check": ", ".join(first[1]) if first else missed,
                "caught_by": ", ".join(f"{k} {n}" for k, n in kinds.most_common()),

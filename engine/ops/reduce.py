@@ -11,7 +11,7 @@ from engine.ops.shape import broadcast_to, cont_if_strided, reshape
 from engine.params import boolean, int_tuple, ints
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import HALF_ROWS, HALF_SCALE_DTYPES, SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -158,12 +158,18 @@ def _sum_scale():
     """Scale cases (engine.scale_cases): a whole-tensor sum (chunked, each chunk's
     accumulators private), a sum over 1.5 million rows (float32 data, float64 accumulator
     rows: a float32 accumulator errs 10^4 times more there), a sum of contiguous runs
-    (kept elements as ranges on the engine's threads), a transposed input."""
+    (kept elements as ranges on the engine's threads), a transposed input; in float16 and
+    bfloat16 a whole-tensor sum and a sum over the rows of positive values (HALF_ROWS)."""
+    positive = dict(kind="uniform", low=0.5, high=1.0, show_range=True)
     return [scale_case("sum", [InputSpec("x", SQUARE)], axis=None, keepdims=False),
             scale_case("sum", [InputSpec("x", (1500007, 3))], axis=0, keepdims=False),
             scale_case("sum", [InputSpec("x", SQUARE)], axis=1, keepdims=True),
             scale_case("sum", [InputSpec("x", SQUARE, permute=TRANSPOSED)], axis=0,
-                       keepdims=False)]
+                       keepdims=False)] + [
+        case for dtype in HALF_SCALE_DTYPES for case in (
+            scale_case("sum", [InputSpec("x", SQUARE)], dtype, axis=None, keepdims=False),
+            scale_case("sum", [InputSpec("x", HALF_ROWS, **positive)], dtype, axis=0,
+                       keepdims=False))]
 
 
 register(OpDef("sum", params=dict(axes=ints, keepdims=boolean),

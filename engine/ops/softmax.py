@@ -34,7 +34,7 @@ from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows, number
 from engine.registry import OpDef, VJPOf, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import HALF_SCALE_DTYPES, SIDE, SQUARE, TRANSPOSED, scale_case
 from engine.strategies import (
     SIGNED,
     broadcast_source,
@@ -246,14 +246,16 @@ def _softmax_back_primals(g, y, scale):
 
 def _softmax_scale():
     """Scale cases: SQUARE rows on the engine's threads, with a mask broadcast along the
-    rows, and a transposed view."""
+    rows, and a transposed view; the plain rows in float16 and bfloat16."""
     x = dict(kind="uniform", low=-3.0, high=3.0)
     return [scale_case("softmax", [InputSpec("x", SQUARE, **x)], scale=1.0),
             scale_case("softmax", [InputSpec("x", SQUARE, **x),
                                    InputSpec("mask", (1, SIDE), "uniform", -5.0, 0.0)],
                        scale=0.5),
             scale_case("softmax", [InputSpec("x", SQUARE, permute=TRANSPOSED, **x)],
-                       scale=1.0)]
+                       scale=1.0)] + [
+        scale_case("softmax", [InputSpec("x", SQUARE, **x)], dtype, scale=1.0)
+        for dtype in HALF_SCALE_DTYPES]
 
 
 register(OpDef("softmax", params=dict(scale=number),

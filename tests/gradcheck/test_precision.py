@@ -118,3 +118,85 @@ def test_a_case_whose_torch_lacks_the_dtype_falls_back_to_the_model(monkeypatch)
     r = check_sample(dataclasses.replace(case))
     assert r.status == "pass", r.message
     assert r.metrics["precision_ref"] == "model" and r.metrics["torch"] == "agree"
+
+
+# --- the rounding bias ----------------------------------------------------------------------
+HALF = {"f16": np.float16, "bf16": precision.DTYPES["bf16"]}
+
+
+def _rounded(truth, dtype, toward_zero=False):
+    """`truth` rounded to `dtype`: to nearest even (numpy, ml_dtypes), or toward zero."""
+    wide = truth.astype(HALF[dtype]).astype(np.float64)
+    if toward_zero:                   # one step back where it rounded away from zero (the
+        below = precision.ulps_at(wide * (1 - 2.0 ** -30), dtype)   # spacing just below)
+        wide = np.where(np.abs(wide) > np.abs(truth), wide - np.sign(wide) * below, wide)
+    return wide
+
+
+def test_ulps_at_is_the_spacing_of_the_dtype_at_each_value():
+    t = np.array([1.0, 1.5, 2.0, 1000.0, -3.0, 2.0 ** -20])
+    assert np.array_equal(precision.ulps_at(t, "f16"),
+                          [2 ** -10, 2 ** -10, 2 ** -9, 0.5, 2 ** -9, 2 ** -24])
+    assert np.array_equal(precision.ulps_at(t[:5], "bf16"),
+                          [2 ** -7, 2 ** -7, 2 ** -6, 4.0, 2 ** -6])
+    for dtype, np_type in HALF.items():
+        x = np.random.default_rng(0).uniform(-50, 50, 200).astype(np_type)
+        up = np.nextafter(x, np_type(np.inf)) if dtype == "f16" else None
+        if up is not None:
+            nonneg = x >= 0
+            assert np.array_equal(precision.ulps_at(x.astype(np.float64), dtype)[nonneg],
+                                  (up.astype(np.float64) - x.astype(np.float64))[nonneg])
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("seed", range(5))
+def test_rounding_to_nearest_is_unbiased_and_truncation_is_not(dtype, seed):
+    truth = np.random.default_rng(seed).uniform(-4, 4, 60)
+    mean, bar = precision.bias(_rounded(truth, dtype), truth, dtype)
+    assert abs(mean) <= bar
+    mean, bar = precision.bias(_rounded(truth, dtype, toward_zero=True), truth, dtype)
+    assert mean < -0.3 and abs(mean) > bar
+
+
+def test_the_bias_counts_distinct_inexact_elements_within_an_ulp():
+    truth = np.linspace(1.0, 2.0, 40) + 1e-4
+    low = truth - 5e-4                             # all about half a float16 ulp low
+    # one value broadcast 40 times is one rounding event: too few for a verdict
+    assert precision.bias(np.full(40, low[0]), np.full(40, truth[0]), "f16") is None
+    # exact elements and elements off by more than an ulp (float32 met cancellation) left out
+    assert precision.bias(truth, truth, "f16") is None
+    assert precision.bias(truth + 1.0, truth, "f16") is None
+    mean, _ = precision.bias(low, truth, "f16")
+    assert mean == pytest.approx(np.mean(-5e-4 / precision.ulps_at(truth, "f16")))
+
+
+def test_a_biased_output_fails_the_verdict_and_the_row_says_so():
+    truth = np.random.default_rng(1).uniform(0.5, 1.0, 64)
+    good = precision.judge("output", _rounded(truth, "bf16"), truth, 2 ** -9, "bf16",
+                           "torch bf16", rounded_once=True)
+    bad = precision.judge("output", _rounded(truth, "bf16", toward_zero=True), truth,
+                          2 ** -9, "bf16", "torch bf16", rounded_once=True)
+    assert good.ok and good.bias is not None
+    assert bad.ratio <= precision.PRECISION_RATIO and not bad.ok      # the ratio cannot see it
+    verdict = precision.worst_of([good, bad], "bf16")
+    assert not verdict.ok and "biased toward zero" in verdict.problem
+    assert verdict.metrics()["bias"] == pytest.approx(bad.bias, abs=1e-3)
+    # a reference as biased as the engine widens what is allowed
+    same = precision.judge("output", _rounded(truth, "bf16", toward_zero=True), truth,
+                           2 ** -9, "bf16", "torch bf16",
+                           ref_value=_rounded(truth, "bf16", toward_zero=True),
+                           rounded_once=True)
+    assert same.ok
+    # float32, or a result not stored by one kernel: no bias judged
+    assert precision.judge("output", truth, truth, 0.0, "f32", "torch f32",
+                           rounded_once=True).bias is None
+    assert precision.judge("output", _rounded(truth, "bf16", toward_zero=True), truth,
+                           2 ** -9, "bf16", "torch bf16").bias is None
+
+
+def test_only_one_kernels_output_has_its_bias_judged():
+    exp = next(c for c in get_op("exp").samples() if c.dtype == "bf16" and
+               np.prod(c.inputs[0].shape) >= 32)
+    mean = next(c for c in get_op("mean").samples() if c.dtype == "bf16")   # composite
+    assert "bias" in check_sample(exp).metrics
+    assert "bias" not in check_sample(mean).metrics

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from engine.backends.cpu import half
 from engine.registry import all_ops, get_op
 from gradcheck import kernel_mutants
 from gradcheck.check import check_sample
@@ -26,9 +27,17 @@ TOOTHLESS = Mutant("relu_grad_scaled_by_1", ("relu",), "relu's gradient times 1.
                    scaled("relu", 1.0))
 
 
+HALF_FUNCTIONS = ("widened", "store", "widened_copy")   # what the 16-bit mutants patch
+
+
 def registry_state():
-    """Every op's backward rule, kernels dict and kernels, as objects."""
-    return {name: (op.backward, op.kernels, dict(op.kernels)) for name, op in all_ops().items()}
+    """Every op's backward rule, kernels dict and kernels, as objects; and the 16-bit
+    machinery's functions (engine.backends.cpu.half), under the name "half"."""
+    state = {name: (op.backward, op.kernels, dict(op.kernels))
+             for name, op in all_ops().items()}
+    functions = {f: getattr(half, f) for f in HALF_FUNCTIONS}
+    state["half"] = (None, None, functions)
+    return state
 
 
 def assert_same_objects(before, after):
@@ -54,6 +63,41 @@ def test_every_mutant_is_caught(name):
     assert result.metrics["caught"] >= 1 and result.metrics["caught_by"]
     assert result.metrics["caught_in"] != "-" and result.metrics["check"] != "-"
     assert result.labels["tier"] == MUTANTS[name].tier
+
+
+PRECISION_ONLY = ["store_truncates", "bf16_widened_wrong_shift",
+                  pytest.param("sum_f16_accumulated_in_f16", marks=pytest.mark.slow),
+                  pytest.param("sum_rows_float32_accumulator", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("name", PRECISION_ONLY)
+def test_the_precision_verdict_catches_what_the_fixed_tolerance_misses(name):
+    """The 16-bit mutants (and the float32 accumulator): every case passes the fixed
+    tolerances, torch and the numerical gradient; the precision verdict fails one."""
+    result = run_mutant(MUTANTS[name])
+    assert result.status == "pass", result.message
+    assert result.metrics["fixed"] == "missed" and result.metrics["precision"] == "caught"
+    assert result.metrics["check"] == "precision"
+
+
+def test_the_16_bit_patches_touch_16_bit_nodes_only():
+    """With sum's 16-bit kernel replaced, a float32 sum is the real one; a float16 sum
+    over positive rows accumulates in float16 (it differs from the real one)."""
+    case = next(c for c in get_op("sum").samples() if c.dtype == "f32")
+    with MUTANTS["sum_f16_accumulated_in_f16"].patch():
+        assert check_sample(case).status == "pass"
+    x = np.random.default_rng(0).uniform(0.5, 1.0, (320, 8)).astype(np.float16)
+    real = get_op("sum").kernels["cpu"]
+    widened = half.widened(real)
+    with MUTANTS["sum_f16_accumulated_in_f16"].patch():
+        mutated = half.widened(real)
+        assert half.widened(get_op("exp").kernels["cpu"]).__name__ != "mutated"
+    good, bad = np.empty(8, np.float16), np.empty(8, np.float16)
+    widened(good, [x], axes=(0,), keepdims=False)
+    mutated(bad, [x], axes=(0,), keepdims=False)
+    truth = x.astype(np.float64).sum(axis=0)
+    assert np.abs(good - truth).max() < np.abs(bad - truth).max()
+    assert np.array_equal(bad, np.add.accumulate(x, axis=0, dtype=np.float16)[-1])
 
 
 def test_a_scale_mutant_is_caught_by_a_scale_case():
@@ -141,7 +185,8 @@ def test_mutant_patches_and_restores_the_registry(name):
     before = registry_state()
     with mutant.patch():
         during = registry_state()
-        assert any(during[op][:2] != before[op][:2] for op in before), "patch changed nothing"
+        assert any(during[op][:2] != before[op][:2] for op in before) or \
+            during["half"][2] != before["half"][2], "patch changed nothing"
     assert_same_objects(before, registry_state())
 
 
