@@ -292,7 +292,8 @@ class Sample:
 
     def __str__(self) -> str:
         parts = [f"type={self.dtype}"]
-        parts += [str(i) for i in self.inputs]
+        parts += [str(i).replace("=", f":{i.dtype}=", 1) if i.dtype in FLOAT_NAMES and
+                  i.dtype != self.dtype else str(i) for i in self.inputs]
         parts += [f"{k}={_fmt(v)}" for k, v in self.params]
         if self.cotangent != "contiguous":
             parts.append(f"cotangent={self.cotangent}")

@@ -6,27 +6,44 @@ The batch axes (all but the last two) broadcast as in numpy. Backward, with the 
 transpose T of the last two axes and `sum_to` undoing the batch broadcast:
 
     grad_a = sum_to(g @ b^T, a.shape)      grad_b = sum_to(a^T @ g, b.shape)
+
+Both operands have one dtype, or one is float32 and the other float16 or bfloat16: a
+language model's linear layer on 16-bit weights (ggml's mul_mat of F16 or BF16 weights and
+F32 activations). That product is float32: the 16-bit operand widened (exact), accumulated
+in float32; the 16-bit operand's gradient is rounded to its dtype (a cast).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from engine.backends.cpu.matmul import cpu_matmul
 from engine.errors import DTypeError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.ops.cast import cast
 from engine.ops.shape import transpose
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import HALF_SCALE_DTYPES, scale_case
 from engine.strategies import broadcast_source, draw_input, sample_strategy, shapes
-from engine.tensor import is_float
+from engine.tensor import HALF_DTYPES, dtype_name, is_float
+
+HALF_NAMES = ("f16", "bf16")
+
+
+def _mixed(a, b) -> bool:
+    """Whether the operands are float32 and a 16-bit float (either way round)."""
+    return {np.dtype(a.dtype), np.dtype(b.dtype)} in ({np.dtype(np.float32), h}
+                                                      for h in HALF_DTYPES)
 
 
 def _infer(a, b):
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not _mixed(a, b):
         raise DTypeError(f"matmul: dtypes differ ({a.dtype} and {b.dtype}) for shapes "
-                         f"{shapes_str(a, b)}; convert one explicitly")
+                         f"{shapes_str(a, b)}; only float32 with float16 or bfloat16 mix; "
+                         "convert one explicitly (cast)")
     if not is_float(a.dtype):
         raise DTypeError(f"matmul: needs float inputs, got {a.dtype} for shapes "
                          f"{shapes_str(a, b)}")
@@ -41,7 +58,7 @@ def _infer(a, b):
     except ShapeError:
         raise ShapeError(f"matmul: batch axes {list(a.shape[:-2])} and {list(b.shape[:-2])} "
                          f"do not broadcast, for shapes {shapes_str(a, b)}") from None
-    return batch + (a.shape[-2], b.shape[-1]), a.dtype
+    return batch + (a.shape[-2], b.shape[-1]), np.float32 if _mixed(a, b) else a.dtype
 
 
 def matmul(a, b):
@@ -50,8 +67,10 @@ def matmul(a, b):
 
 
 def _backward(g, out, a, b):
-    return (sum_to(matmul(g, transpose(b)), a.shape),
-            sum_to(matmul(transpose(a), g), b.shape))
+    def like(grad, x):            # a mixed product's 16-bit operand: its gradient rounded
+        return grad if grad.dtype == x.dtype else cast(grad, dtype_name(x.dtype))
+    return (like(sum_to(matmul(g, transpose(b)), a.shape), a),
+            like(sum_to(matmul(transpose(a), g), b.shape), b))
 
 
 VIEW_PAIRS = [(((3, 4), {"slice": ((1, 4, 1), (0, 8, 2))}),
@@ -76,7 +95,17 @@ def _samples(dtype):
                                InputSpec("b", (2, 4, 5), permute=(0, 2, 1))], dtype)] + [
         # sliced (an offset and steps) and expanded (stride 0) operands
         Sample.make("matmul", [InputSpec("a", sa, **va), InputSpec("b", sb, **vb)], dtype)
-        for (sa, va), (sb, vb) in VIEW_PAIRS]
+        for (sa, va), (sb, vb) in VIEW_PAIRS] + (MIXED if dtype == "f32" else [])
+
+
+# float32 activations a (m, k) times 16-bit weights b (k, n) stored as ggml stores weights
+# (the leaf (n, k), b its transposed view), and the other way round once; (m, k, n): a
+# single row, a small layer, and k long enough that the accumulation matters
+MIXED = [Sample.make("matmul", [InputSpec("a", (m, k)),
+                                InputSpec("b", (k, n), dtype=w, permute=(1, 0))], "f32")
+         for w in HALF_NAMES for m, k, n in ((1, 16, 4), (3, 8, 6), (4, 64, 5))] + [
+    Sample.make("matmul", [InputSpec("a", (3, 4), dtype=w), InputSpec("b", (4, 5))], "f32")
+    for w in HALF_NAMES]
 
 
 def _operand(draw, name, shape):
@@ -110,7 +139,8 @@ def _matmul_scale():
     whose zeros fill whole columns, as images' borders (the column split); dense products
     big enough for BLAS on the engine's threads, in ragged row ranges, one with a
     transposed operand;
-    a batched product split along its batch axis."""
+    a batched product split along its batch axis; the dense product in float16 and
+    bfloat16 (float32 accumulation)."""
     sparse = dict(kind="sparse", low=0.0, high=1.0)
     return [scale_case("matmul", [InputSpec("a", (1000, 784), **sparse),
                                   InputSpec("b", (784, 500))]),
@@ -121,10 +151,21 @@ def _matmul_scale():
             scale_case("matmul", [InputSpec("a", (257, 263)), InputSpec("b", (263, 251))]),
             scale_case("matmul", [InputSpec("a", (257, 263)),
                                   InputSpec("b", (263, 251), permute=(1, 0))]),
-            scale_case("matmul", [InputSpec("a", (7, 129, 131)), InputSpec("b", (7, 131, 127))])]
+            scale_case("matmul", [InputSpec("a", (7, 129, 131)), InputSpec("b", (7, 131, 127))])
+            ] + [scale_case("matmul", [InputSpec("a", (257, 263)), InputSpec("b", (263, 251))],
+                            dtype) for dtype in HALF_SCALE_DTYPES]
+
+
+def _torch_matmul(a, b):
+    """torch's product; a mixed one (which torch refuses) in the wider dtype, as ours."""
+    if a.dtype != b.dtype:
+        import torch
+        wide = torch.promote_types(a.dtype, b.dtype)
+        a, b = a.to(wide), b.to(wide)
+    return a @ b
 
 
 register(OpDef("matmul", params={}, scale=_matmul_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_matmul, "cuda": "engine.backends.cuda.matmul:cuda_matmul"},
-               build=matmul, torch=lambda a, b: a @ b, samples=_samples, strategy=_strategy,
+               build=matmul, torch=_torch_matmul, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))

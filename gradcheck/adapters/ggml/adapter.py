@@ -16,8 +16,18 @@ reaches a leaf, as for sgn and step), put into the layout the op sees. The graph
 twice; `differs` says whether the two runs gave different bits. Inputs whose gradient ggml
 does not compute (coverage.DECLINED: soft_max's mask) are declined (`declined`) and not params.
 
-ggml computes these ops in float32: f64 cases are unsupported. A failed GGML_ASSERT aborts
-the process, so the adapter is `isolated`: gradcheck runs its cases in worker processes.
+ggml has no float64: f64 cases are unsupported. 16-bit inputs are GGML_TYPE_F16 and
+GGML_TYPE_BF16 tensors holding the case's values bit for bit (graph.py); the op's output, of
+whatever type ggml gives it (F32 for mul_mat and get_rows of F16, F16 for an F16 unary op),
+is read through ggml_cast to F32 (exact) into the loss, and the gradients are read back in
+the type ggml computes them (F32 for most: coverage.py). ggml differentiates through F16
+tensors only (coverage.F16_OPS says which ops have F16 kernels in both passes, F16_NO_KERNEL
+which abort); bf16 cases are unsupported (coverage.BF16_NO_BACKWARD) and `forward_only`
+runs them forward. ggml's own mixed case, mul_mat of 16-bit weights and float32 activations,
+is the registry's matmul with b in 16 bits (`b:f16=[K,N]perm[1,0]`, ggml's weight layout).
+
+A failed GGML_ASSERT aborts the process, so the adapter is `isolated`: gradcheck runs its
+cases in worker processes.
 """
 
 from __future__ import annotations
@@ -29,12 +39,13 @@ import numpy as np
 from engine.tensor import is_float
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 from gradcheck.adapters.ggml import lib as ggml_lib
-from gradcheck.adapters.ggml.coverage import DECLINED, NO_BACKWARD
+from gradcheck.adapters.ggml.coverage import DECLINED, F16_OPS, NO_BACKWARD, half_unsupported
 from gradcheck.adapters.ggml.graph import (
     GRAPH_SIZE,
     Context,
     byte_offset,
     contiguous_nb,
+    ggml_type,
     ne_of,
     same_layout,
 )
@@ -109,7 +120,8 @@ class GgmlAdapter:
             if len(spec.shape) > MAX_DIMS:
                 return (f"ggml tensors have at most {MAX_DIMS} dimensions; input "
                         f"{spec.name} has shape {list(spec.shape)}")
-        return view_unsupported(case, self.declined(case)) or op.why_not(case)
+        return (half_unsupported(case) or view_unsupported(case, self.declined(case))
+                or op.why_not(case))
 
     def declined(self, case) -> dict[str, str]:
         """Inputs of `case` whose gradient ggml does not compute, with the reason (see
@@ -117,14 +129,45 @@ class GgmlAdapter:
         reasons = DECLINED.get(case.op, {})
         return {spec.name: reasons[spec.name] for spec in case.inputs if spec.name in reasons}
 
+    def _memory(self, case, weights_size: int) -> int:
+        return (BASE_MEMORY + self.lib.ggml_graph_overhead_custom(GRAPH_SIZE, True)
+                + 4 * GRAPH_SIZE * self.lib.ggml_tensor_overhead()
+                + MEMORY_PER_BYTE * _case_bytes(case, weights_size))
+
+    def forward_unsupported(self, case) -> str | None:
+        """Why ggml cannot run `case` forward (its backward may still be missing: bf16)."""
+        if "f64" in case.float_dtypes:
+            return "ggml computes in f32; the case is f64"
+        if case.op not in OPS or (case.float_dtypes & {"f16", "bf16"}
+                                  and case.op not in F16_OPS):
+            return self.unsupported(case)
+        return None
+
+    def forward_only(self, case, arrays, shape) -> np.ndarray:
+        """The case's output (of numpy `shape`) computed by ggml's forward pass alone (no
+        params, no backward graph), in the type ggml gives it: the one way to see ggml's
+        bf16 kernels, which have no backward (coverage.BF16_NO_BACKWARD). For tests; the
+        caller must know that the case does not abort (it runs in this process)."""
+        why = self.forward_unsupported(case)
+        if why:
+            raise ValueError(f"ggml cannot run {case} forward: {why}")
+        with Context(self.lib, self._memory(case, 0)) as g:
+            _, views = _inputs(g, case, arrays, [spec.name for spec in case.inputs])
+            out = OPS[case.op].build(g, case, views)
+            g.lib.ggml_set_output(out)
+            graph = g.lib.ggml_new_graph_custom(g.ctx, GRAPH_SIZE, False)
+            g.lib.ggml_build_forward_expand(graph, out)
+            status = g.lib.ggml_graph_compute_with_ctx(g.ctx, graph, self.n_threads)
+            if status != 0:
+                raise RuntimeError(f"ggml_graph_compute_with_ctx returned status {status}")
+            return g.to_numpy(out, shape)
+
     def vjp(self, case, arrays, weights) -> VJP:
         why = self.unsupported(case)
         if why:
             raise ValueError(f"ggml cannot run {case}: {why}")
         weights = np.asarray(weights)
-        mem = (BASE_MEMORY + self.lib.ggml_graph_overhead_custom(GRAPH_SIZE, True)
-               + 4 * GRAPH_SIZE * self.lib.ggml_tensor_overhead()
-               + MEMORY_PER_BYTE * _case_bytes(case, weights.size))
+        mem = self._memory(case, weights.size)
         leaf_shapes = [spec.to_leaf(np.asarray(a)).shape
                        for spec, a in zip(case.inputs, arrays, strict=True)]
         with Context(self.lib, mem) as g:
@@ -161,11 +204,15 @@ def _weighted(g: Context, out, weights: np.ndarray, cotangent: str):
     the op a permuted gradient, as the MNIST CNN's flatten does); for "expanded",
     ggml_sum_rows of it (sum over the last numpy axis: the op gets the weights repeated); for
     "sliced", ggml_acc of it into the middle of a zero tensor one larger on each side (ACC's
-    backward hands the op a ggml_view of the larger gradient, at an offset)."""
+    backward hands the op a ggml_view of the larger gradient, at an offset).
+    A 16-bit y is read through ggml_cast to F32 (exact), after the permute's cont (CPY's
+    backward reshapes its gradient, which asserts a contiguous one) and before the rest (no
+    F16 kernel for sum_rows or acc); the cast's backward hands y its F32 gradient."""
     if cotangent == "permuted" and weights.ndim >= 2:
         axes = cotangent_axes(weights.ndim)
         return g.mul(g.from_numpy(weights.transpose(axes), GGML_TYPE_F32),
-                     g.cont(g.permuted(out, axes)))
+                     g.as_f32(g.cont(g.permuted(out, axes))))
+    out = g.as_f32(out)
     if cotangent == "expanded" and weights.ndim >= 1:
         return g.mul(g.from_numpy(weights[..., :1], GGML_TYPE_F32),
                      g.sum_rows(g.contiguous(out)))
@@ -191,13 +238,14 @@ def _inputs(g: Context, case, arrays, declined=()):
             leaves.append(None)
             views.append(g.from_numpy(a, GGML_TYPE_I32))
             continue
-        leaf = g.from_numpy(spec.to_leaf(a), GGML_TYPE_F32)
+        leaf = g.from_numpy(spec.to_leaf(a), ggml_type(a.dtype))
         param = spec.grad and spec.name not in declined
         if param:
             g.lib.ggml_set_param(leaf)
         leaves.append(leaf if param else None)
         no_view = not param and _no_view(spec)
-        views.append(g.from_numpy(a, GGML_TYPE_F32) if no_view else _view(g, spec, leaf))
+        views.append(g.from_numpy(a, ggml_type(a.dtype)) if no_view
+                     else _view(g, spec, leaf))
     return leaves, views
 
 
@@ -210,7 +258,8 @@ def _view(g: Context, spec, leaf):
     if not spec.slice:
         return leaf
     leaf_shape = spec.leaf_shape
-    nb = (4, *contiguous_nb(leaf_shape))
+    size = g.itemsize(leaf)
+    nb = (size, *contiguous_nb(leaf_shape, size))
     k = len(leaf_shape)
     steps = [t[2] for t in reversed(spec.slice)] + [1] * (MAX_DIMS - k)   # ggml order
     view_nb = [nb[i] * steps[i] for i in range(1, MAX_DIMS)]
@@ -225,7 +274,7 @@ def _no_view(spec) -> str | None:
                 "view's contiguous size fits its source, so ggml has no stride-0 views")
     if getattr(spec, "slice", None) and spec.slice[-1][2] != 1:
         return (f"input {spec.name} is sliced with a step along its last axis: "
-                "ggml_view_4d gives a view unit element stride (nb[0] = 4)")
+                "ggml_view_4d gives a view unit element stride (nb[0] = the type's size)")
     return None
 
 

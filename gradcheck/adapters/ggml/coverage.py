@@ -37,3 +37,75 @@ NO_BACKWARD = {
     "im2col_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
     "im2col_1d_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
 }
+
+
+# --- 16-bit cases ---------------------------------------------------------------------------
+# The 16-bit inputs of a case become GGML_TYPE_F16 / GGML_TYPE_BF16 tensors. ggml 0.20.2 can
+# differentiate through F16 tensors only: ggml_build_backward_expand asserts that every
+# source on the gradient path is F32 or F16 (ggml.c:7277). Its gradients of F16 tensors come
+# out F32 where the backward rule makes them with F32 ops (out_prod, get_rows_back,
+# im2col_back, the F32 gradient reshaped for CPY) and F16 where it multiplies by an F16
+# tensor (unary ops: ggml_mul(F16, F32) -> F16). Registry ops whose ggml counterpart has F16
+# kernels forward and backward (ggml-cpu/ops.cpp, unary-ops.cpp, binary-ops.cpp):
+F16_OPS = {
+    "cast": "ggml_cast (GGML_OP_CPY, ops.cpp ggml_compute_forward_dup: F32, F16 and BF16 to "
+            "each other); backward: the F32 gradient reshaped (ggml.c, GGML_OP_CPY)",
+    "get_rows": "ggml_get_rows of an F16 table gives F32 rows (ggml.c: 'TODO: implement non "
+                "F32 return'); backward ggml_get_rows_back, F32",
+    "matmul": "ggml_mul_mat of F16 weights converts its second operand to F16, its "
+              "vec_dot_type (ggml-cpu.c type_traits_cpu), and returns F32; backward "
+              "ggml_out_prod (ops.cpp ggml_compute_forward_out_prod_f16_f32), F32",
+    "conv_2d": "ggml_conv_2d of an F16 kernel: im2col columns in F16, then ggml_mul_mat, F32 "
+               "out; backward im2col_back and out_prod, F32",
+    "pool_2d": "ggml_pool_2d of an F16 input (ops.cpp: F16 source, F32 output); backward "
+               "ggml_pool_2d_back",
+    **{name: f"ggml_{name} (unary-ops.cpp, F16 in and out); backward: ggml_mul by an F16 "
+             "tensor (binary-ops.cpp F16 x F32 -> F16)"
+       for name in ("abs", "sgn", "neg", "step", "relu", "exp", "silu")},
+    **{name: f"ggml_{name} (binary-ops.cpp, F16 and F16 or F32)" for name in ("add", "sub")},
+    **{name: "a view or copy of the F16 tensor (layout only)"
+       for name in ("permute", "transpose", "reshape", "cont", "block", "repeat",
+                    "broadcast_to")},
+}
+# registry ops that ggml runs forward in F16 but whose forward or backward pass reaches a
+# kernel without an F16 case (a GGML_ABORT in the type switch, or an F32 assert)
+F16_NO_KERNEL = {
+    "sum": "ggml_sum_rows (ops.cpp:1506, F32 only)",
+    "sum_rows": "ggml_sum_rows (ops.cpp:1506, F32 only)",
+    "mean": "ggml_mean (ops.cpp:1563, F32 only)",
+    "scale": "ggml_scale (ops.cpp:4633, F32 only)",
+    "sqr": "ggml_scale in SQR's backward (ops.cpp:4633, F32 only)",
+    "rms_norm": "ggml_rms_norm (ops.cpp:3873, F32 only)",
+    "softmax": "ggml_soft_max (ops.cpp:5580, F32 only)",
+    "cross_entropy_loss": "ggml_cross_entropy_loss (ops.cpp:11607, F32 only)",
+    "repeat_back": "ggml_repeat_back (ops.cpp:1893, F32 only)",
+    "set": "ggml_set (ops.cpp:4827, F32 only)",
+    "acc": "ggml_acc (ggml.c:2187 asserts F32)",
+    "im2col": "ggml_im2col into F32 columns (ops.cpp:6357 asserts an F32 image)",
+    "im2col_1d": "ggml_im2col into F32 columns (ops.cpp:6357 asserts an F32 image)",
+    **{name: f"the backward's ggml_mul(F32 gradient, F16 {name}') (binary-ops.cpp:135: no "
+             "F32 x F16 kernel)" for name in ("sqrt", "log", "sin", "cos", "softplus")},
+    "mul": "its backward's ggml_mul(F32 gradient, F16 operand) (binary-ops.cpp:135: no "
+           "F32 x F16 kernel)",
+    "div": "its backward's ggml_div(F32 gradient, F16 operand) (binary-ops.cpp:135: no "
+           "F32 x F16 kernel)",
+}
+BF16_NO_BACKWARD = (
+    "ggml has no backward through BF16 tensors: ggml_build_backward_expand asserts that every "
+    "tensor on the gradient path is F32 or F16 (ggml.c:7277, 'node->src[j]->type == "
+    "GGML_TYPE_F32 || node->src[j]->type == GGML_TYPE_F16'), and ggml_out_prod, MUL_MAT's "
+    "backward, has no BF16 kernel (ops.cpp ggml_compute_forward_out_prod: GGML_ABORT); ggml "
+    "runs bf16 forward only (GgmlAdapter.forward_only)")
+
+
+def half_unsupported(case) -> str | None:
+    """Why ggml cannot run the 16-bit case `case` forward and backward, or None (also for
+    a case without 16-bit dtypes)."""
+    dtypes = case.float_dtypes
+    if "bf16" in dtypes:
+        return BF16_NO_BACKWARD
+    if "f16" in dtypes and case.op not in F16_OPS:
+        if case.op in F16_NO_KERNEL:
+            return f"ggml has no F16 kernel for {F16_NO_KERNEL[case.op]}; it aborts"
+        return f"ggml has no F16 case of {case.op} in this adapter"
+    return None

@@ -4,9 +4,13 @@ Shapes: numpy's shape (d_0, ..., d_{k-1}) (last axis fastest) is ggml's ne rever
 ne = (d_{k-1}, ..., d_0), padded with 1s to four dimensions; a 0-d array is ne (1, 1, 1, 1).
 Strides likewise: numpy's strides are nb reversed.
 
-Strides of a contiguous float32 tensor: nb = (4, 4 ne_0, 4 ne_0 ne_1, 4 ne_0 ne_1 ne_2), and
-the element at numpy index (o_0, ..., o_{k-1}) lies sum_m o_m nb[k-1-m] bytes from its
-start.
+Strides of a contiguous tensor of s-byte elements (4 for F32 and I32, 2 for F16 and BF16):
+nb = (s, s ne_0, s ne_0 ne_1, s ne_0 ne_1 ne_2), and the element at numpy index
+(o_0, ..., o_{k-1}) lies sum_m o_m nb[k-1-m] bytes from its start.
+
+Types: GGML_TYPE_F32, F16 and BF16 hold numpy's float32, float16 and ml_dtypes' bfloat16
+arrays bit for bit (ggml_fp16_t is IEEE binary16, ggml_bf16_t the upper half of a float32,
+as ml_dtypes' bfloat16); I32 holds int32.
 
 Permutes: the view v = x.transpose(p) (numpy axis m of v is axis p[m] of x) is, in ggml,
 ggml_permute(x, axis_0, ..., axis_3), where ggml dimension i of x becomes dimension axis_i
@@ -18,10 +22,13 @@ from __future__ import annotations
 
 import ctypes
 
+import ml_dtypes
 import numpy as np
 
 from gradcheck.adapters.ggml.lib import (
     GGML_STATUS_SUCCESS,
+    GGML_TYPE_BF16,
+    GGML_TYPE_F16,
     GGML_TYPE_F32,
     GGML_TYPE_I32,
     MAX_DIMS,
@@ -30,7 +37,16 @@ from gradcheck.adapters.ggml.lib import (
 )
 
 GRAPH_SIZE = 4096          # nodes per graph: forward, backward and gradient accumulation
-NUMPY_TYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_I32: np.int32}
+NUMPY_TYPES = {GGML_TYPE_F32: np.dtype(np.float32), GGML_TYPE_F16: np.dtype(np.float16),
+               GGML_TYPE_BF16: np.dtype(ml_dtypes.bfloat16), GGML_TYPE_I32: np.dtype(np.int32)}
+GGML_TYPES = {dtype: t for t, dtype in NUMPY_TYPES.items()}   # numpy dtype -> ggml type
+TYPE_NAMES = {GGML_TYPE_F32: "f32", GGML_TYPE_F16: "f16", GGML_TYPE_BF16: "bf16",
+              GGML_TYPE_I32: "i32"}
+
+
+def ggml_type(dtype) -> int:
+    """The ggml type holding numpy dtype `dtype` bit for bit (KeyError for float64)."""
+    return GGML_TYPES[np.dtype(dtype)]
 
 
 def ne_of(shape) -> tuple[int, int, int, int]:
@@ -49,10 +65,11 @@ def permute_axes(p) -> tuple[int, int, int, int]:
     return tuple(k - 1 - int(inverse[k - 1 - i]) if i < k else i for i in range(MAX_DIMS))
 
 
-def contiguous_nb(shape) -> tuple[int, int, int]:
-    """(nb1, nb2, nb3) of a contiguous f32 tensor of numpy `shape`."""
+def contiguous_nb(shape, itemsize: int = 4) -> tuple[int, int, int]:
+    """(nb1, nb2, nb3) of a contiguous tensor of numpy `shape` and `itemsize`-byte elements
+    (4: f32)."""
     ne = ne_of(shape)
-    return tuple(4 * int(np.prod(ne[:i])) for i in range(1, 4))
+    return tuple(itemsize * int(np.prod(ne[:i])) for i in range(1, 4))
 
 
 def byte_offset(strides_nb, shape, offset) -> int:
@@ -118,7 +135,7 @@ class Context:
         ne, nb = list(s.ne), list(s.nb)
         if not same_layout(ne, shape):
             raise ValueError(f"ggml tensor of ne {ne} cannot be read as shape {list(shape)}")
-        dtype = np.dtype(NUMPY_TYPES[s.type])
+        dtype = NUMPY_TYPES[s.type]
         span = sum((n - 1) * b for n, b in zip(ne, nb, strict=True)) + dtype.itemsize
         raw = (ctypes.c_char * span).from_address(s.data)
         view = np.lib.stride_tricks.as_strided(np.frombuffer(raw, dtype),
@@ -128,6 +145,20 @@ class Context:
 
     def ne(self, t) -> tuple[int, ...]:
         return tuple(self.lib.tensor(t).ne)
+
+    def type(self, t) -> int:
+        """Tensor t's ggml type."""
+        return self.lib.tensor(t).type
+
+    def itemsize(self, t) -> int:
+        """Bytes per element of tensor t."""
+        return NUMPY_TYPES[self.type(t)].itemsize
+
+    def as_f32(self, t):
+        """t itself if of type F32, else ggml_cast(t, F32) (exact from F16 and BF16); the
+        cast's backward hands t the F32 gradient unchanged (ggml.c, GGML_OP_CPY)."""
+        return t if self.type(t) == GGML_TYPE_F32 else self.lib.ggml_cast(self.ctx, t,
+                                                                           GGML_TYPE_F32)
 
     def permuted(self, t, p):
         """The view x.transpose(p) of tensor t (numpy's axes order p)."""
@@ -142,12 +173,14 @@ class Context:
         """t, or ggml_cont(t) when its rows are strided (ggml_unary_impl asserts
         ggml_is_contiguous_rows)."""
         s = self.lib.tensor(t)
-        return self.lib.ggml_cont(self.ctx, t) if s.ne[0] != 1 and s.nb[0] != 4 else t
+        strided = s.ne[0] != 1 and s.nb[0] != self.itemsize(t)
+        return self.lib.ggml_cont(self.ctx, t) if strided else t
 
     def padded_1d(self, t):
         """t, or ggml_cont(t) unless ggml_is_padded_1d(t) (asserted by ggml_scale)."""
         s = self.lib.tensor(t)
-        ok = s.nb[0] == 4 and s.nb[2] == s.nb[1] * s.ne[1] and s.nb[3] == s.nb[2] * s.ne[2]
+        ok = (s.nb[0] == self.itemsize(t) and s.nb[2] == s.nb[1] * s.ne[1]
+              and s.nb[3] == s.nb[2] * s.ne[2])
         return t if ok else self.lib.ggml_cont(self.ctx, t)
 
     def not_transposed(self, t):

@@ -40,7 +40,7 @@ from gradcheck.adapters.base import AdapterError
 
 SUPPORTED = ((0, 20),)          # ggml major.minor releases whose C API this adapter matches
 BASE, CPU = "libggml-base.so", "libggml-cpu.so"
-GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26        # enum ggml_type
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_I32, GGML_TYPE_BF16 = 0, 1, 26, 30   # enum ggml_type
 GGML_OP_POOL_MAX, GGML_OP_POOL_AVG = 0, 1   # enum ggml_op_pool
 GGML_STATUS_SUCCESS = 0
 MAX_DIMS = 4
@@ -92,6 +92,7 @@ SIGNATURES: dict[str, dict[str, tuple]] = {
         **{f"ggml_{name}": (P, [P, P, P]) for name in ("add", "sub", "mul", "div", "mul_mat",
                                                       "get_rows", "repeat_back",
                                                       "cross_entropy_loss")},
+        "ggml_cast": (P, [P, P, c_int]),
         "ggml_scale": (P, [P, P, c_float]),
         "ggml_rms_norm": (P, [P, P, c_float]),
         "ggml_soft_max_ext": (P, [P, P, P, c_float, c_float]),

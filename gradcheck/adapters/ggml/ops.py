@@ -31,7 +31,8 @@ import numpy as np
 
 from engine.ops.reduce import normalize_axes
 from engine.params import pair
-from gradcheck.adapters.ggml.graph import byte_offset, contiguous_nb, ne_of
+from engine.tensor import as_dtype
+from gradcheck.adapters.ggml.graph import byte_offset, contiguous_nb, ggml_type, ne_of
 from gradcheck.adapters.ggml.lib import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX, GGML_TYPE_F32
 
 
@@ -124,16 +125,26 @@ def _get_rows(g, case, xs):
 
 def _matmul_order(case):
     """1: ggml_mul_mat(b^T, a) (b's batch broadcasts); 2: its transpose ggml_mul_mat(a, b^T)^T
-    (a's batch broadcasts); None: neither operand's batch is the output's."""
+    (a's batch broadcasts); None: neither operand's batch is the output's. ggml takes a
+    16-bit operand as its first (the weights, src0) only, its second being F32: with a
+    16-bit `a` and a float32 `b`, order 2 or none."""
     sa, sb = _shapes(case)
     out = np.broadcast_shapes(sa[:-2], sb[:-2])
     if len(out) > 2:
         return None
+    da, db = (spec.dtype or case.dtype for spec in case.inputs)
+    if da != db and da in ("f16", "bf16"):
+        return 2 if _fits(sb[:-2], out) else None
     return 1 if _fits(sa[:-2], out) else 2 if _fits(sb[:-2], out) else None
 
 
 def _matmul_why_not(case):
     if _matmul_order(case) is None:
+        da, db = (spec.dtype or case.dtype for spec in case.inputs)
+        if da != db and da in ("f16", "bf16"):
+            return ("ggml_mul_mat takes a 16-bit operand first only (its weights, src0; "
+                    "the second must be F32, ggml-cpu.c:1331), and a's batch is not the "
+                    "output's")
         sa, sb = _shapes(case)
         return (f"ggml_mul_mat broadcasts the batch of its first operand only; neither "
                 f"{list(sa[:-2])} nor {list(sb[:-2])} is the output's batch")
@@ -240,6 +251,12 @@ def _transpose(g, case, xs):
     return g.permuted(xs[0], axes)
 
 
+def _cast(g, case, xs):
+    """ggml_cast(x, type): a CPY into a new contiguous tensor of the target type (x may be a
+    strided view: the copy walks its strides)."""
+    return g.cast(xs[0], ggml_type(as_dtype(case.kwargs["dtype"])))
+
+
 def _shape_tensor(g, shape):
     return g.from_numpy(np.zeros(shape))
 
@@ -281,6 +298,7 @@ OPS: dict[str, GgmlOp] = {
         xs[0], [a % len(case.inputs[0].shape) for a in case.kwargs["axes"]])),
     "transpose": GgmlOp("ggml_transpose (last two axes), else ggml_permute", _transpose),
     "cont": GgmlOp("ggml_cont", lambda g, case, xs: g.cont(xs[0])),
+    "cast": GgmlOp("ggml_cast (GGML_OP_CPY)", _cast),
     "acc": GgmlOp("ggml_acc(cont(a), b, nb1, nb2, nb3, offset)", _acc_set("acc")),
     "set": GgmlOp("ggml_set(a, b, nb1, nb2, nb3, offset)", _acc_set("set")),
     "block": GgmlOp("ggml_view_4d", _block, _block_why_not),

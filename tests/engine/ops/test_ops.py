@@ -34,7 +34,7 @@ def test_forward_matches_torch(sample):
     want, _ = run_torch(sample, arrays, with_grad=False)
     assert got.shape == want.shape
     assert got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, **TOL[sample.dtype])
+    np.testing.assert_allclose(got, want, **TOL[sample.precision])
 
 
 @pytest.mark.parametrize("sample", [s for s in SAMPLES if OPS[s.op].differentiable], ids=str)
@@ -46,4 +46,4 @@ def test_backward_matches_torch(sample):
         if w is None:
             continue
         assert g is not None, f"no gradient for input {spec.name}"
-        np.testing.assert_allclose(g, w, **TOL[sample.dtype], err_msg=f"input {spec.name}")
+        np.testing.assert_allclose(g, w, **TOL[sample.precision], err_msg=f"input {spec.name}")
