@@ -10,8 +10,11 @@
 #
 #   cuda-probe   a tiny numba.cuda kernel launch (every later step needs it)
 #   cuda-tests   pytest -q -n 8 -m cudasim on the CUDA tests, NUMBA_ENABLE_CUDASIM unset
-#   gradcheck    gradcheck --all --backend cuda
-#   optcheck     optcheck --opt all --backend cuda
+#                (float16 and bfloat16 included: every conversion pattern, and a selection
+#                of each op's 16-bit cases replayed against the CPU)
+#   gradcheck    gradcheck --all --backend cuda (every dtype; float16 and bfloat16 nodes
+#                run on the device, widened to float32 inside the kernels)
+#   optcheck     optcheck --opt all --backend cuda (every dtype, 16-bit params included)
 #   mnist-fc     one MNIST FC epoch on cuda (all 60,000 images)
 #   mnist-cnn    one MNIST CNN epoch on cuda (the first 10,000 images)
 #   bench        bench/bench_gpu.py: a 4096^3 matmul and an MNIST FC step against torch CUDA
@@ -19,7 +22,10 @@
 # The limits add up to 495 s (GPU_CHECK_TIMEOUT_<STEP>, for example
 # GPU_CHECK_TIMEOUT_CUDA_TESTS=300, overrides one, in seconds), and the whole run, installs
 # included, stops at 500 s (GPU_CHECK_BUDGET): a step is cut to the time left, and skipped
-# when less than 5 s are left, so that the summary is always written within 8 minutes.
+# when less than 5 s are left, so that the summary is always written within 9 minutes.
+# The 16-bit cases add little device time to gradcheck and optcheck: their numerical
+# gradients and references are float64 (as for every dtype), and a 16-bit node costs the
+# float32 kernel plus one widening launch per 16-bit input and one rounding launch.
 # An install that fails (no package index, as on machines that reach none) is a line in the
 # log and the summary; the steps that need what is missing are marked skipped, the others
 # run. --wheels DIR installs from a directory of wheels first (see --help). The summary (default ./gpu-check-summary.md) is written atomically; every step's log

@@ -6,6 +6,12 @@ engine neither imports numba.cuda nor fixes the simulator setting before the use
 A CUDA kernel has the CPU kernel's signature, `kernel(out, ins, **params)`, over device
 arrays: `out` C-contiguous, `ins` possibly strided views (stride 0 for broadcast axes).
 
+16-bit floats (float16, bfloat16) are stored in 16 bits on the device (float16 as numba
+float16 arrays, bfloat16 as uint16 arrays of its bit patterns: engine.backends.cuda.arrays
+and .half say why) and computed in float32: every kernel is the float32 one, widened
+(half.widened: inputs widened into float32 temporaries per call, the output rounded to
+nearest even on store).
+
 Without a GPU, NUMBA_ENABLE_CUDASIM=1 (set before numba.cuda is first imported) runs the
 same kernels in numba's simulator, on small shapes.
 """
@@ -60,8 +66,8 @@ class CudaBackend:
 
     def __init__(self):
         self.cuda = cuda_module()
-        from engine.backends.cuda import arrays, transfer
-        self.arrays, self.transfer = arrays, transfer
+        from engine.backends.cuda import arrays, half, transfer
+        self.arrays, self.half, self.transfer = arrays, half, transfer
 
     def running(self, ops=None):
         """The context a plan runs in: nothing to set up for the device."""
@@ -69,28 +75,30 @@ class CudaBackend:
 
     def has_kernel(self, op, dtypes=()) -> bool:
         """Whether op `op` has a CUDA kernel for a node of `dtypes` (its output's and its
-        sources'): none yet for the 16-bit floats, which run on the CPU (a fallback)."""
-        return "cuda" in op.kernels and not any(is_half(d) for d in dtypes)
+        sources'): every op with one has it for every dtype, the 16-bit floats through
+        the float32 kernel widened."""
+        return "cuda" in op.kernels
 
     def stores(self, dtype) -> bool:
-        """Whether its buffers hold `dtype`: not the 16-bit floats yet (their nodes, views
-        of their leaves included, are placed on the CPU)."""
-        return not is_half(dtype)
+        """Whether its buffers hold `dtype`: every engine dtype (bfloat16 as uint16 bit
+        patterns)."""
+        return True
 
     def kernel(self, op, dtypes=()):
-        if any(is_half(d) for d in dtypes):
-            raise BackendError(f"op {op.name} has no cuda kernel for 16-bit floats")
+        """Op `op`'s CUDA kernel for a node whose output and sources have `dtypes`: where
+        one is a 16-bit float, the float32 kernel widened (half.widened)."""
         k = resolve_kernel(op)
         if k is None:
             raise BackendError(f"op {op.name} has no cuda kernel")
+        if any(is_half(d) for d in dtypes):
+            return self.half.widened(k, update=op.kind == "update")
         return k
 
     def alloc(self, nbytes: int):
         return self.cuda.device_array(max(nbytes, 1), "u1")
 
     def view(self, arena, offset: int, shape, dtype):
-        import numpy as np
-        dtype = np.dtype(dtype)
+        dtype = self.arrays.storage_dtype(dtype)
         strides, acc = [], dtype.itemsize
         for n in reversed(shape):
             strides.append(acc)
@@ -102,7 +110,7 @@ class CudaBackend:
         from engine.tensor import BOTH, DEVICE, HOST
         o = tensor.owner()
         if o.device is None:
-            o.device = self.cuda.to_device(o.host_view())
+            o.device = self.arrays.upload(self.cuda, o.host_view())
             o._fresh = BOTH
         elif o._fresh == HOST:
             o.device.copy_to_device(o.host_view())
@@ -132,7 +140,10 @@ class CudaBackend:
         self.transfer.accumulate(dst, src)
 
     def to_host(self, src, host_dst) -> None:
-        """Copy a device array (any strides) into the contiguous numpy array `host_dst`."""
+        """Copy a device array (any strides) into the contiguous numpy array `host_dst`
+        (16-bit floats: their bit patterns)."""
+        if self.arrays.half_format(src) is not None:
+            src, host_dst = self.arrays.bits(src), self.arrays.host_bits(host_dst)
         if src.is_c_contiguous():
             src.copy_to_host(host_dst)
         else:
@@ -141,8 +152,13 @@ class CudaBackend:
             tmp.copy_to_host(host_dst)
 
     def to_device(self, host_src, dst) -> None:
+        """Copy numpy array `host_src` (any strides) into the contiguous device array `dst`
+        (16-bit floats: their bit patterns)."""
         import numpy as np
-        dst.copy_to_device(np.ascontiguousarray(host_src))
+        host_src = np.ascontiguousarray(host_src)
+        if self.arrays.half_format(dst) is not None:
+            dst, host_src = self.arrays.bits(dst), self.arrays.host_bits(host_src)
+        dst.copy_to_device(host_src)
 
 
 _BACKEND = None

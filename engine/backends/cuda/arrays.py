@@ -6,6 +6,13 @@ unit axes added to reach a fixed rank, the arena's typed blocks). `strided` buil
 (shape, strides in bytes, byte offset) alike on a real device (a DeviceNDArray over the same
 device memory) and under NUMBA_ENABLE_CUDASIM=1 (a simulator array over a numpy view).
 
+16-bit floats (engine.tensor.is_half) are stored in 16 bits: float16 as numba float16
+arrays, bfloat16 as uint16 arrays of its bit patterns (`storage_dtype`; engine.backends.cuda.half
+says why). The engine has no uint16 dtype, so a device array's dtype names its format
+(`half_format`); `bits` views either as uint16 patterns, which the conversion kernels read
+and write and the copies move. A persistent bfloat16 tensor's device copy (`upload`) also
+takes and gives host arrays of ml_dtypes' bfloat16 (Tensor.host_view copies into one).
+
 Launch shapes under the simulator: it runs every CUDA thread of a block as a Python thread
 (starting one costs about as much as a few hundred loop steps) and each syncthreads as a
 barrier that a polling thread releases (milliseconds each, whatever the work between). A
@@ -18,6 +25,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
+from engine.backends.cpu.half import BF16, F16
+from engine.tensor import DTYPES, is_half
 
 SIMULATED = bool(numba.config.ENABLE_CUDASIM)
 SIM_THREADS = 32    # threads per block of a grid-stride launch under the simulator
@@ -32,6 +42,96 @@ def grid_stride_shape(n: int, threads: int, max_blocks: int) -> tuple[int, int]:
     if SIMULATED:
         threads, max_blocks = min(threads, SIM_THREADS), min(max_blocks, SIM_BLOCKS)
     return max(1, min(-(-n // threads), max_blocks)), threads
+
+
+_STORAGE = {DTYPES["f16"]: np.dtype(np.float16), DTYPES["bf16"]: np.dtype(np.uint16)}
+_FORMATS = {np.dtype(np.float16): F16, np.dtype(np.uint16): BF16}
+
+
+def storage_dtype(dtype) -> np.dtype:
+    """The dtype of a device array holding engine dtype `dtype`: uint16 for bfloat16 (its
+    bit patterns), the dtype itself otherwise."""
+    dtype = np.dtype(dtype)
+    return _STORAGE.get(dtype, dtype)
+
+
+def half_format(arr) -> int | None:
+    """F16 or BF16 for a device (or host) array holding a 16-bit float, else None: a float16
+    array holds float16, a uint16 one bfloat16's patterns (a host array of ml_dtypes'
+    bfloat16 is one too)."""
+    dtype = getattr(arr, "dtype", None)
+    if dtype is None:
+        return None
+    if dtype == DTYPES["bf16"]:
+        return BF16
+    return _FORMATS.get(np.dtype(dtype))
+
+
+def bits(arr):
+    """The uint16 bit patterns of 16-bit device array `arr`: a view of the same memory with
+    its shape and strides."""
+    return strided(arr, arr.shape, arr.strides, 0, np.uint16)
+
+
+def host_bits(a: np.ndarray) -> np.ndarray:
+    """The uint16 view of a host array of a 16-bit float (float16 or ml_dtypes' bfloat16),
+    else `a` itself."""
+    return a.view(np.uint16) if is_half(a.dtype) else a
+
+
+def _host_bf16_type(base: type) -> type:
+    """A subclass of device array type `base` whose copies to and from host arrays of
+    ml_dtypes' bfloat16 go through their uint16 view (numba's copies refuse a dtype other
+    than the device array's)."""
+    def copy_to_host(self, ary=None, stream=0):
+        if ary is not None and ary.dtype == DTYPES["bf16"]:
+            base.copy_to_host(self, ary.view(np.uint16), stream)
+            return ary
+        return base.copy_to_host(self, ary, stream)
+
+    def copy_to_device(self, ary, stream=0):
+        if isinstance(ary, np.ndarray):
+            ary = host_bits(ary)
+        return base.copy_to_device(self, ary, stream)
+
+    return type(f"Bf16{base.__name__}", (base,),
+                {"copy_to_host": copy_to_host, "copy_to_device": copy_to_device,
+                 "__doc__": _host_bf16_type.__doc__})
+
+
+_HOST_BF16_TYPES: dict[type, type] = {}
+
+
+def upload(cuda, host: np.ndarray):
+    """A new device array holding host array `host` (C-contiguous), in its storage dtype; a
+    bfloat16 one also copies to and from bfloat16 host arrays (the device copy of a
+    persistent tensor: Tensor.host_view copies it into the host buffer)."""
+    dev = cuda.to_device(np.ascontiguousarray(host).view(storage_dtype(host.dtype)))
+    if host.dtype == DTYPES["bf16"]:
+        base = type(dev)
+        if base not in _HOST_BF16_TYPES:
+            _HOST_BF16_TYPES[base] = _host_bf16_type(base)
+        dev.__class__ = _HOST_BF16_TYPES[base]
+    return dev
+
+
+def _address_range(arr) -> tuple[int, int]:
+    """[first, last) byte addresses that device array `arr`'s elements occupy."""
+    if _is_fake(arr):
+        start = arr._ary.__array_interface__["data"][0]
+    else:
+        start = arr.device_ctypes_pointer.value or 0
+    lo = sum(min(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides, strict=True))
+    hi = sum(max(0, (n - 1) * s) for n, s in zip(arr.shape, arr.strides, strict=True))
+    return start + lo, start + hi + arr.dtype.itemsize
+
+
+def overlap(a, b) -> bool:
+    """Whether device arrays `a` and `b` may share memory (their address ranges meet)."""
+    if a.size == 0 or b.size == 0:
+        return False
+    (a0, a1), (b0, b1) = _address_range(a), _address_range(b)
+    return a0 < b1 and b0 < a1
 
 
 def _is_fake(arr) -> bool:

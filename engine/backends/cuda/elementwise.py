@@ -205,6 +205,10 @@ def _signatures():
         for t in ("float32", "float64"):
             flat_sig, strided_sig = k.signatures(t)
             sigs += [(k.flat, flat_sig), (k.strided, strided_sig)]
+    copy = kernels("copy")       # cast's conversions: the copy from one dtype into the other
+    for src, dst in (("float32", "float64"), ("float64", "float32")):
+        sigs += [(copy.flat, f"void({src}[::1], {dst}[::1], Tuple(()))"),
+                 (copy.strided, f"void({src}[:, :, :, :], {dst}[::1], Tuple(()))")]
     return sigs
 
 
@@ -284,8 +288,9 @@ def cuda_cont(out, ins):
 
 def cuda_cast(out, ins, dtype):
     """out = ins[0] in out's dtype (float32 and float64: the copy kernel compiled for the
-    pair converts, rounding to nearest even; the 16-bit floats have no CUDA kernels yet, and
-    their casts run on the CPU)."""
+    pair converts, rounding to nearest even). A 16-bit side reaches this kernel widened to
+    float32 (engine.backends.cuda.half.widened): the input widened exactly, the output
+    rounded from float32 on store, as on the CPU."""
     _launch(kernels("copy"), out, ins, ())
 
 

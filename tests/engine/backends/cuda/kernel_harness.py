@@ -5,6 +5,12 @@ node by node on the CPU into fresh numpy arrays (views as numpy views, so stride
 stay strided). Then each kernel node whose op has a CUDA kernel runs that kernel on device
 copies of exactly the same inputs, with the same strides, and its output is compared with
 the CPU kernel's. So every CUDA kernel is checked on the inputs the real graphs give it.
+
+16-bit floats: both sides run the float32 kernel widened (engine.backends.cpu.half.widened
+on the CPU, engine.backends.cuda.half.widened on the device: the backends' `kernel(op,
+dtypes)`), and the outputs, 16-bit patterns rounded to nearest even, are compared within the
+op harness's tolerance of the dtype (they are equal bit for bit wherever the two float32
+kernels give the same float32 value, which is most nodes: `replay` reports how many).
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import pytest
 
 import engine
 from engine import ops
+from engine.backends.cpu import CPU
 from engine.registry import OPS
+from engine.tensor import is_float, is_half
 from tests.engine.ops.op_harness import TOL, loss_weights
 
 cuda = pytest.importorskip("numba.cuda")
@@ -31,12 +39,12 @@ def needs_cuda():
 def sample_graph(sample):
     """(graph, leaves, arrays) of the sample's op with a weighted loss and its backward."""
     arrays = sample.leaf_arrays(sample.generate_inputs())
-    leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and a.dtype.kind == "f"
+    leaves = [engine.param(a.shape, a.dtype, name=s.name) if s.grad and is_float(a.dtype)
               else engine.input_tensor(a.shape, a.dtype, name=s.name)
               for s, a in zip(sample.inputs, arrays, strict=True)]
     out = sample.build(*leaves)
     graph = engine.Graph([out.set_output()], name=str(sample))
-    if OPS[sample.op].differentiable and out.dtype.kind == "f" and \
+    if OPS[sample.op].differentiable and is_float(out.dtype) and \
             any(t.is_param for t in leaves):
         w = engine.constant(loss_weights(out.shape).astype(out.dtype), out.dtype)
         loss = ops.sum(ops.mul(out, w)).set_loss()
@@ -47,8 +55,14 @@ def sample_graph(sample):
     return graph
 
 
+def dtypes(t) -> tuple:
+    """The dtypes a node's kernel meets (the planner's): its output's and its sources'."""
+    return (t.dtype, *(s.dtype for s in t.srcs))
+
+
 def cpu_values(graph) -> dict[int, np.ndarray]:
-    """Every node's value, computed kernel by kernel on the CPU without an arena."""
+    """Every node's value, computed kernel by kernel on the CPU without an arena (16-bit
+    nodes through the CPU backend's widened kernels)."""
     values = {}
     for t in graph.nodes:
         if t.is_leaf:
@@ -62,14 +76,27 @@ def cpu_values(graph) -> dict[int, np.ndarray]:
             continue
         else:
             out = np.empty(t.shape, t.dtype)
-            op.kernels["cpu"](out, ins, **t.params)
+            CPU.kernel(op, dtypes(t))(out, ins, **t.params)
             values[t.id] = out
     return values
 
 
+def device_array(shape, dtype):
+    """A new device array for engine dtype `dtype` (bfloat16 as uint16 patterns)."""
+    from engine.backends.cuda.arrays import storage_dtype
+    return cuda.device_array(shape, storage_dtype(dtype))
+
+
+def to_host(dev, dtype) -> np.ndarray:
+    """Device array `dev`'s values as a host array of engine dtype `dtype`."""
+    return dev.copy_to_host().view(dtype)
+
+
 def to_device(a: np.ndarray):
-    """A device array with `a`'s values and strides (stride-0 axes stay stride 0)."""
-    from engine.backends.cuda.arrays import strided
+    """A device array with `a`'s values and strides (stride-0 axes stay stride 0); a 16-bit
+    float in its storage dtype (bfloat16: uint16 patterns)."""
+    from engine.backends.cuda.arrays import storage_dtype, strided
+    a = a.view(storage_dtype(a.dtype))
     if a.size == 0 or a.flags.c_contiguous:
         return cuda.to_device(np.ascontiguousarray(a))
     # upload the smallest block of memory the view spans, then view it with its strides
@@ -83,10 +110,25 @@ def to_device(a: np.ndarray):
     return strided(dev, a.shape, a.strides)
 
 
+def tolerance(dtype) -> dict:
+    """The op harness's tolerance for a node of numpy dtype `dtype` (integers: exact)."""
+    from engine.tensor import dtype_name
+    return TOL.get(dtype_name(dtype), {}) if np.dtype(dtype).kind in "fV" else {}
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+BIT_EQUAL: dict[str, list[int]] = {}   # op -> [16-bit nodes replayed, of them bit-equal]
+
+
 def replay(sample, op_names=None) -> list[str]:
     """Run the CUDA kernel of every kernel node (of `op_names`, default all) of the sample's
-    graph on the CPU's inputs; returns the op names checked. Fails on any mismatch."""
-    from engine.backends.cuda import resolve_kernel
+    graph on the CPU's inputs; returns the op names checked. Fails on any mismatch beyond
+    the dtype's tolerance; counts the 16-bit nodes equal bit for bit in BIT_EQUAL."""
+    from engine.backends.cuda import get_cuda_backend
+    backend = get_cuda_backend()
     graph = sample_graph(sample)
     values = cpu_values(graph)
     checked = []
@@ -95,24 +137,49 @@ def replay(sample, op_names=None) -> list[str]:
             continue
         if op_names is not None and t.op not in op_names:
             continue
-        kernel = resolve_kernel(OPS[t.op])
-        if kernel is None:
+        if not backend.has_kernel(OPS[t.op], dtypes(t)):
             continue
+        kernel = backend.kernel(OPS[t.op], dtypes(t))
         ins = [to_device(values[s.id]) for s in t.srcs]
-        out = cuda.device_array(t.shape, t.dtype)
+        out = device_array(t.shape, t.dtype)
         kernel(out, ins, **t.params)
-        got = out.copy_to_host()
-        dtype = "f64" if t.dtype == np.float64 else "f32"
-        np.testing.assert_allclose(got, values[t.id], **TOL.get(dtype, {}),
-                                   err_msg=f"{t.op} in {sample}")
+        got, want = to_host(out, t.dtype), values[t.id]
+        if any(is_half(d) for d in dtypes(t)):
+            np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                       **tolerance(t.dtype), err_msg=f"{t.op} in {sample}")
+            counts = BIT_EQUAL.setdefault(t.op, [0, 0])
+            counts[0] += 1
+            counts[1] += same_bits(got, want)
+        else:
+            np.testing.assert_allclose(got, want, **tolerance(t.dtype),
+                                       err_msg=f"{t.op} in {sample}")
         checked.append(t.op)
     return checked
 
 
-CUDA_DTYPES = ("f32", "f64")    # the dtypes the CUDA backend has kernels for
+CUDA_DTYPES = ("f32", "f64", "f16", "bf16")    # the dtypes the CUDA kernels run
+HALF_NAMES = ("f16", "bf16")
+
+
+def _strided_input(sample) -> bool:
+    return any(i.permute or i.slice or i.expand for i in sample.inputs)
+
+
+def half_selection(samples) -> list:
+    """Of each 16-bit dtype's cases, the first and the first with a permuted, sliced or
+    expanded input: the float32 kernels they run widened are checked on every case in
+    float32, so these check the widening, layouts included, per op and format."""
+    out = []
+    for name in HALF_NAMES:
+        mine = [s for s in samples if s.dtype == name]
+        out += mine[:1] + [s for s in mine[1:] if _strided_input(s)][:1]
+    return out
 
 
 def cuda_cases(samples) -> list:
-    """The registry cases the CUDA kernels run: float32 and float64 (the 16-bit floats'
-    nodes are placed on the CPU, tests/engine/backends/cuda/test_backend.py)."""
-    return [s for s in samples if s.dtype in CUDA_DTYPES]
+    """The registry cases the CUDA kernels run here: every float32 and float64 case, and a
+    selection of the float16 and bfloat16 ones (half_selection), which run the same
+    kernels widened and would otherwise more than double the simulator's time."""
+    samples = list(samples)
+    half = set(map(id, half_selection(samples)))
+    return [s for s in samples if s.dtype in ("f32", "f64") or id(s) in half]

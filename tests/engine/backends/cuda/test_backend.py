@@ -1,5 +1,6 @@
 """The CUDA backend through the engine: plans across backends, device-resident persistent
-tensors, CPU fallback, and ggml's train/evaluate failure, under the simulator."""
+tensors (16-bit ones included), CPU fallback, and ggml's train/evaluate failure, under the
+simulator."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _small_samples(per_op=1):
     for op in all_ops().values():
         if not op.samples or op.kind == "backward":
             continue
-        for dtype in ("f32", "f64"):
+        for dtype in ("f32", "f64", "f16", "bf16"):
             fits = [s for s in op.samples() if s.dtype == dtype]
             out += sorted(fits, key=lambda s: sum(np.prod(i.shape) for i in s.inputs))[:per_op]
     return out
@@ -47,9 +48,11 @@ def test_graph_on_cuda_equals_cpu(sample):
     want = _values(graph, "cpu")
     got = _values(graph, "cuda")
     assert set(got) == set(want)
-    tol = TOL["f64" if sample.dtype == "f64" else "f32"]
+    assert not graph.plan.fallbacks          # 16-bit nodes included: all on the device
+    tol = TOL[sample.dtype]
     for name, w in want.items():
-        np.testing.assert_allclose(got[name], w, **tol, err_msg=f"{name} in {sample}")
+        np.testing.assert_allclose(got[name].astype(np.float64), w.astype(np.float64), **tol,
+                                   err_msg=f"{name} in {sample}")
 
 
 def test_ops_without_a_cuda_kernel_fall_back_to_the_cpu_and_are_reported():

@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 
 from engine.registry import OPS
-from tests.engine.backends.cuda.kernel_harness import cuda, cuda_cases, needs_cuda, replay
+from tests.engine.backends.cuda.kernel_harness import (
+    CUDA_DTYPES,
+    cuda,
+    cuda_cases,
+    needs_cuda,
+    replay,
+)
 
 pytestmark = [pytest.mark.cudasim]
 
@@ -46,7 +52,7 @@ def _pool_2d_samples():
 def _composite_samples(name, per_dtype):
     """The permuted samples of a composite, then its first others, `per_dtype` per dtype."""
     out = []
-    for dtype in ("f32", "f64"):
+    for dtype in CUDA_DTYPES:
         mine = [s for s in cuda_cases(OPS[name].samples()) if s.dtype == dtype]
         permuted = [s for s in mine if any(i.permute for i in s.inputs)]
         out += (permuted + [s for s in mine if s not in permuted])[:per_dtype]

@@ -5,9 +5,9 @@ argmax, norm(_back), rms_norm(_back).
 Every registry sample's graph is replayed kernel by kernel (kernel_harness.replay). Under
 the simulator every barrier costs milliseconds, so float64 keeps only the cases with a
 strided input (a permuted view or a broadcast mask) and the first case of each op; float32
-keeps all. Further tests reach what the samples do not: rows longer than a block, more
-rows than the grid has row segments (and the same bits whatever the grid), argmax ties and
-NaNs.
+keeps all; float16 and bfloat16 the harness's selection (kernel_harness.half_selection).
+Further tests reach what the samples do not: rows longer than a block, more rows than the
+grid has row segments (and the same bits whatever the grid), argmax ties and NaNs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from engine.registry import OPS
 from tests.engine.backends.cuda.kernel_harness import (
+    HALF_NAMES,
     cuda,
     cuda_cases,
     needs_cuda,
@@ -59,10 +60,11 @@ def _cases():
         samples = cuda_cases(OPS[op].samples())
         if op in ("mean", "sum_rows"):
             samples = [s for s in samples if s.dtype == "f32"][:MEAN_CASES] + \
-                [s for s in samples if s.dtype == "f64" and _strided(s)][:MEAN_CASES]
+                [s for s in samples if s.dtype == "f64" and _strided(s)][:MEAN_CASES] + \
+                [s for s in samples if s.dtype in HALF_NAMES][:MEAN_CASES]
         else:
             first_f64 = next(s for s in samples if s.dtype == "f64")
-            samples = [s for s in samples if s.dtype == "f32" or _strided(s)
+            samples = [s for s in samples if s.dtype in ("f32", *HALF_NAMES) or _strided(s)
                        or s is first_f64]
         for s in samples:
             yield pytest.param(s, id=str(s))

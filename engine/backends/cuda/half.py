@@ -1,0 +1,289 @@
+"""16-bit floats on the CUDA backend: conversion kernels and widened kernels.
+
+Storage (engine.backends.cuda.arrays): a float16 tensor is a numba float16 device array, a
+bfloat16 tensor a uint16 device array of its bit patterns. bfloat16 has no array dtype numba
+knows: ml_dtypes' is a numpy "V" dtype that numba cannot type, and numba-cuda 0.30's
+`numba.cuda.bf16` offers a scalar type (nv_bfloat16) and intrinsics on GPUs of compute
+capability 8.0 and up only, nothing under the simulator (there `numba.cuda.bf16.bfloat16` is
+None). float16 keeps numba's own float16 arrays (numba-cuda types, copies and prints them,
+and numpy float16 host arrays copy to them directly), so that a device array's dtype alone
+names its format: float16 is float16, uint16 bfloat16 (the engine has no uint16 dtype).
+
+The kernels here never use numba's float16 arithmetic: both formats are read and written as
+uint16 patterns (arrays.bits) and converted with the CPU backend's arithmetic
+(engine.backends.cpu.half, same conventions: round to nearest even, subnormals, infinities,
+NaN keeping sign and payload), so the two backends convert to the same bits on a GPU and
+under the simulator alike. `widen_f16`, `widen_bf16` and `narrow_bf16` are the CPU's own
+scalar functions (scalar_math: inlined into CUDA kernels, called compiled under the
+simulator); `narrow_f16` is a twin of the CPU's, because the CPU's rounds float16's
+subnormals with np.rint, which numba-cuda 0.30 cannot lower (its CUDA ufunc table has no
+rint). The twin rounds them with integers; tests compare both over every pattern.
+
+`widened(kernel, update)` runs a float32 CUDA kernel on nodes of which some are 16-bit, as
+engine.backends.cpu.half.widened does on the CPU: per call, the 16-bit inputs are widened
+into new float32 device arrays (contiguous), the kernel runs on them, and a 16-bit output is
+rounded to nearest even on store; an update op's 16-bit inputs are stored back too.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from numba import cuda
+
+from engine.backends.cpu.half import F16, narrow_bf16, widen_bf16, widen_f16
+from engine.backends.cpu.jit import scalar_math
+from engine.backends.cuda.arrays import (
+    bits,
+    grid_stride_shape,
+    half_format,
+    overlap,
+    strided,
+)
+
+THREADS = 128
+MAX_BLOCKS = 1024
+RANK = 4                  # the conversion kernels read and write strided views of 4 axes
+
+_SIGN32 = np.uint32(0x80000000)
+_ABS32 = np.uint32(0x7FFFFFFF)
+_INF32 = np.uint32(0x7F800000)
+_INF16 = np.uint16(0x7C00)
+_MIN_NORMAL16 = np.uint32(0x38800000)  # 2^-14 as float32 bits: float16's smallest normal
+_OVERFLOW16 = np.uint32(0x47800000)    # 2^16 as float32 bits: beyond float16's range
+_HIDDEN32 = np.uint32(0x00800000)      # float32's implicit leading significand bit
+
+
+@scalar_math
+def narrow_f16(x):
+    """float16 pattern of float32 `x`, rounded to nearest, ties to even (the CPU's
+    narrow_f16, with float16's subnormals rounded in integers)."""
+    xbits = np.float32(x).view(np.uint32)
+    sign = np.uint16((xbits & _SIGN32) >> np.uint32(16))
+    magnitude = xbits & _ABS32
+    if magnitude > _INF32:                             # NaN: the payload's top 10 bits
+        payload = np.uint16((magnitude >> np.uint32(13)) & np.uint32(0x3FF))
+        return sign | _INF16 | (payload if payload else np.uint16(1))
+    if magnitude >= _OVERFLOW16:                       # infinity, or beyond 65504 and 65520
+        return sign | _INF16
+    if magnitude < _MIN_NORMAL16:
+        # a subnormal (or zero) result, |x| * 2^24 rounded to an integer: |x| = M 2^(E-150)
+        # with M the significand with its implicit bit, so |x| 2^24 = M / 2^(126 - E); the
+        # quotient rounded to even is the pattern (1024, the smallest normal, included)
+        exponent = magnitude >> np.uint32(23)
+        if exponent < np.uint32(102):                  # |x| < 2^-25: rounds to zero
+            return sign
+        significand = (magnitude & np.uint32(0x7FFFFF)) | _HIDDEN32
+        shift = np.uint32(126) - exponent              # 14 to 24
+        q = significand >> shift
+        rest = significand & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rest > half or (rest == half and (q & np.uint32(1))):
+            q += np.uint32(1)
+        return sign | np.uint16(q)
+    # a normal result: drop 13 mantissa bits, rounding to even; a carry out of the mantissa
+    # increments the exponent, and out of the largest exponent gives the infinity 0x7C00
+    h = (magnitude - np.uint32(0x38000000)) >> np.uint32(13)
+    rest = magnitude & np.uint32(0x1FFF)
+    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (h & np.uint32(1))):
+        h += np.uint32(1)
+    return sign | np.uint16(h)
+
+
+@scalar_math
+def widen(h, fmt):
+    """The float32 of pattern `h` of format `fmt` (F16 or BF16), exact."""
+    return widen_f16(h) if fmt == F16 else widen_bf16(h)
+
+
+@scalar_math
+def narrow(x, fmt):
+    """The pattern of format `fmt` nearest float32 `x` (ties to even)."""
+    return narrow_f16(x) if fmt == F16 else narrow_bf16(x)
+
+
+@scalar_math
+def widen_bits(h, fmt):
+    """The float32 bit pattern (uint32) of pattern `h` of format `fmt`. The widening kernel
+    stores these bits: under the simulator a float returned to the kernel's Python is a
+    double, and a signalling NaN would come back quieted."""
+    return np.float32(widen(h, fmt)).view(np.uint32)
+
+
+@scalar_math
+def narrow_bits(b, fmt):
+    """The pattern of format `fmt` nearest the float32 whose bits (uint32) are `b`. The
+    rounding kernel reads bits for the same reason: a float handed from the simulator's
+    Python to a compiled function passes through a double."""
+    return narrow(np.uint32(b).view(np.float32), fmt)
+
+
+@scalar_math
+def add(a, b, fmt):
+    """The pattern of widen(a) + widen(b), the float32 sum rounded to nearest even."""
+    return narrow(widen(a, fmt) + widen(b, fmt), fmt)
+
+
+# --- kernels: grid-stride loops, a flat contiguous array against a 4-axis strided view -------
+@cuda.jit(device=True, inline="always")
+def _index(i, d1, d2, d3):
+    """The 4-D index of C-order position i in a shape (d0, d1, d2, d3)."""
+    i3 = i % d3
+    i //= d3
+    i2 = i % d2
+    i //= d2
+    return i // d1, i % d1, i2, i3
+
+
+@cuda.jit
+def _widen_4d(dst, src, fmt):
+    """dst[i] = float32 bits of pattern src[j] (j: the 4-D index of C-order position i);
+    dst a flat uint32 view of a float32 array, src a uint16 view of any strides."""
+    _, d1, d2, d3 = src.shape
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        dst[i] = widen_bits(src[i0, i1, i2, i3], fmt)
+
+
+@cuda.jit
+def _narrow_4d(dst, src, fmt):
+    """dst[j] = pattern of src[i] rounded to nearest even (j: the 4-D index of C-order
+    position i); src a flat uint32 view of a float32 array, dst a uint16 view of any
+    strides."""
+    _, d1, d2, d3 = dst.shape
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
+        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        dst[i0, i1, i2, i3] = narrow_bits(src[i], fmt)
+
+
+@cuda.jit
+def _add(dst, src, fmt):
+    """dst[i] = pattern of widen(dst[i]) + widen(src[i]) (float32 sum rounded to nearest
+    even); both flat uint16."""
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        dst[i] = add(dst[i], src[i], fmt)
+
+
+def _shape(n: int) -> tuple[int, int]:
+    return grid_stride_shape(n, THREADS, MAX_BLOCKS)
+
+
+def _pieces(arr):
+    """(4-axis view, first C-order position) pieces covering device array `arr` in C
+    order: adjacent axes merged where the strides allow, unit axes dropped; more than four
+    left: one piece per index of the leading ones."""
+    shape: list[int] = []
+    strides: list[int] = []
+    for n, s in zip(arr.shape, arr.strides, strict=True):
+        if n == 1:
+            continue
+        if shape and strides[-1] == s * n:
+            shape[-1] *= int(n)
+            strides[-1] = int(s)
+        else:
+            shape.append(int(n))
+            strides.append(int(s))
+    lead, inner = len(shape) - RANK, RANK
+    if lead <= 0:
+        pad = RANK - len(shape)
+        yield strided(arr, [1] * pad + shape, [0] * pad + strides), 0
+        return
+    block = int(np.prod(shape[lead:]))
+    for k, index in enumerate(itertools.product(*(range(n) for n in shape[:lead]))):
+        offset = sum(i * s for i, s in zip(index, strides[:lead], strict=True))
+        yield strided(arr, shape[lead:lead + inner], strides[lead:], offset), k * block
+
+
+def _format_of(arr) -> int:
+    fmt = half_format(arr)
+    if fmt is None:
+        raise TypeError(f"not a 16-bit float device array: {arr.dtype}")
+    return fmt
+
+
+def widen_into(dst, src) -> None:
+    """dst[...] = 16-bit device array `src` (any strides) widened to float32; dst a
+    C-contiguous float32 device array of src's shape."""
+    fmt = _format_of(src)
+    flat = strided(dst, (dst.size,), (4,), 0, np.uint32)
+    for view, start in _pieces(bits(src)):
+        n = view.size
+        if n:
+            _widen_4d[_shape(n)](flat[start:start + n], view, np.int64(fmt))
+
+
+def narrow_into(dst, src) -> None:
+    """16-bit device array `dst` (any strides) = float32 device array `src` (C-contiguous,
+    dst's shape) rounded to nearest even."""
+    fmt = _format_of(dst)
+    flat = strided(src, (src.size,), (4,), 0, np.uint32)
+    for view, start in _pieces(bits(dst)):
+        n = view.size
+        if n:
+            _narrow_4d[_shape(n)](view, flat[start:start + n], np.int64(fmt))
+
+
+def widened_copy(a):
+    """A new C-contiguous float32 device array of 16-bit device array `a`'s values."""
+    out = cuda.device_array(a.shape, np.float32)
+    if a.size:
+        widen_into(out, a)
+    return out
+
+
+def accumulate(dst, src) -> None:
+    """dst += src for 16-bit device arrays of one format, both C-contiguous: the float32
+    sum of each pair, rounded to nearest even (what numpy's float16 and ml_dtypes'
+    bfloat16 additions give)."""
+    if dst.size:
+        _add[_shape(dst.size)](bits(dst).reshape(dst.size), bits(src).reshape(src.size),
+                               np.int64(_format_of(dst)))
+
+
+def widened(kernel, update: bool = False):
+    """The float32 CUDA `kernel(out, ins, **params)` as a kernel on device arrays of which
+    some are 16-bit (arrays.half_format): each call widens the 16-bit inputs into float32
+    temporaries, runs `kernel` on them, and rounds a 16-bit output to nearest even on
+    store, so a plan's 16-bit buffers stay 16-bit between calls. An input that is the
+    output's own buffer (an update op writing its param in place) gets the output's
+    temporary, which starts from the output's values; `update`: the kernel also writes its
+    other inputs in place (optimizer state), so the 16-bit ones are stored back too."""
+    def call(out, ins, **params):
+        half_out = half_format(out) is not None
+        if not half_out:
+            wide_out = out
+        elif update:
+            wide_out = widened_copy(out)
+        else:
+            wide_out = cuda.device_array(out.shape, np.float32)
+        wide_ins = []
+        for a in ins:
+            if half_format(a) is None:
+                wide_ins.append(a)
+            elif half_out and overlap(a, out):
+                wide_ins.append(wide_out)
+            else:
+                wide_ins.append(widened_copy(a))
+        kernel(wide_out, wide_ins, **params)
+        if half_out:
+            narrow_into(out, wide_out)
+        if update:
+            for a, w in zip(ins, wide_ins, strict=True):
+                if w is not a and w is not wide_out:
+                    narrow_into(a, w)
+    call.__name__ = f"widened_{getattr(kernel, '__name__', 'kernel')}"
+    call.__doc__ = kernel.__doc__
+    return call
+
+
+def _signatures():
+    """The conversions over flat float32 and strided 4-axis uint16 views (layout "A"), and
+    the addition over flat uint16 arrays."""
+    view = "uint16[:, :, :, :]"
+    return [(_widen_4d, f"void(uint32[::1], {view}, int64)"),
+            (_narrow_4d, f"void({view}, uint32[::1], int64)"),
+            (_add, "void(uint16[::1], uint16[::1], int64)")]
+
+
+PTX_SIGNATURES = _signatures()
