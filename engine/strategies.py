@@ -30,12 +30,13 @@ hypothesis is imported inside each function, so importing the engine does not im
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
 
 from engine.samples import InputSpec
-from engine.tensor import dtype_name
+from engine.tensor import FLOAT_NAMES, dtype_name
 
 # Input elements per case: the finite-difference check costs 4 graph evaluations each.
 MAX_ELEMENTS = 300
@@ -55,20 +56,42 @@ MAGNITUDES: tuple[Range, ...] = (("uniform", -3.0, 3.0), ("uniform", -1e-3, 1e-3
 DISTINCT: tuple[Range, ...] = (("distinct", -1.0, 1.0), ("distinct", -1e3, 1e3),
                                ("distinct", 2.0, 4.0))
 NARROWINGS = 8   # a drawn part of a range: from one of its 8 equal parts to the next
+# a 16-bit case's ranges are scaled so that their largest bound lies in this span: float16
+# overflows at 65504 (exp(11), a square of 256) and has 11 bits, so that a thousand's
+# products overflow and a thousandth's squares are subnormal; bfloat16 keeps 8 bits
+HALF_SPAN = (1.0 / 16, 8.0)
 
 
 def sample_strategy(build):
     """Decorator: `build(draw, dtype) -> Sample`, drawing with hypothesis' `draw`, becomes
-    `strategy(dtype)` (dtype "f32" or "f64"), which returns a hypothesis strategy of the
-    op's Samples; the form OpDef.strategy takes."""
+    `strategy(dtype)` (dtype a float dtype: f16, bf16, f32, f64), which returns a hypothesis
+    strategy of the op's Samples; the form OpDef.strategy takes."""
     @functools.wraps(build)
     def strategy(dtype="f32"):
         from hypothesis import strategies as st
         name = dtype_name(dtype)
-        if name not in ("f32", "f64"):
-            raise ValueError(f"{build.__qualname__}: dtype must be f32 or f64, got {dtype!r}")
+        if name not in FLOAT_NAMES:
+            raise ValueError(f"{build.__qualname__}: dtype must be one of "
+                             f"{', '.join(FLOAT_NAMES)}, got {dtype!r}")
+        if name in ("f16", "bf16"):
+            return st.composite(lambda draw: half_ranged(build(draw, name)))()
         return st.composite(lambda draw: build(draw, name))()
     return strategy
+
+
+def half_ranged(sample):
+    """`sample` with its float inputs' ranges scaled into HALF_SPAN (their largest bound
+    there, the range's shape kept; integer inputs as they are)."""
+    lo, hi = HALF_SPAN
+
+    def fit(spec):
+        top = max(abs(spec.low), abs(spec.high))
+        if spec.kind == "int" or (spec.dtype is not None and spec.dtype not in FLOAT_NAMES) \
+                or top == 0 or lo <= top <= hi:
+            return spec
+        k = min(max(top, lo), hi) / top
+        return dataclasses.replace(spec, low=spec.low * k, high=spec.high * k)
+    return dataclasses.replace(sample, inputs=tuple(fit(s) for s in sample.inputs))
 
 
 def shapes(min_dims=1, max_dims=3, min_side=1, max_side=5, max_size=MAX_ELEMENTS):

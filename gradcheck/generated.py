@@ -28,6 +28,7 @@ import copy
 import time
 
 from engine.registry import get_op
+from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample, op_labels
 from gradcheck.isolated import IsolatedAdapter
@@ -160,7 +161,7 @@ def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_
     from hypothesis import strategies as st
     from hypothesis.errors import Unsatisfiable
 
-    dtypes = ["f32", "f64"] if dtype == "all" else [dtype]
+    dtypes = list(FLOAT_NAMES) if dtype == "all" else [dtype]
     search = _Search(adapter, mode, use_torch, shrink_checks, shrink_seconds)
 
     @hseed(seed)

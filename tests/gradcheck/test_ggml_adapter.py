@@ -387,7 +387,7 @@ def test_f16_rows_pass_with_the_precision_verdict():
                                                                           "model"), r.name
 
 
-def _mixed_matmul(weights: str, k: int = 64):
+def _mixed_matmul(weights: str, k: int = 48):
     """The registry's matmul of float32 activations and `weights`-dtype weights stored as
     ggml stores them (b=[K,N]perm[1,0]), of inner length `k`."""
     return next(c for c in get_op("matmul").samples() if c.inputs[1].dtype == weights

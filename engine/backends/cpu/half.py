@@ -30,9 +30,9 @@ _ABS32 = np.uint32(0x7FFFFFFF)
 _INF32 = np.uint32(0x7F800000)
 _INF16 = np.uint16(0x7C00)
 _TWO_M24 = np.float32(2.0 ** -24)     # float16's smallest subnormal
-_TWO_P24 = np.float32(2.0 ** 24)
 _MIN_NORMAL16 = np.uint32(0x38800000)  # 2^-14 as float32 bits: float16's smallest normal
 _OVERFLOW16 = np.uint32(0x47800000)    # 2^16 as float32 bits: beyond float16's range
+_HIDDEN32 = np.uint32(0x00800000)      # float32's implicit leading significand bit
 
 
 @scalar_math
@@ -77,27 +77,39 @@ def widen_f16(h):
 
 @scalar_math
 def narrow_f16(x):
-    """float16 pattern of float32 `x`, rounded to nearest, ties to even."""
-    bits = np.float32(x).view(np.uint32)
-    sign = np.uint16((bits & _SIGN32) >> np.uint32(16))
-    magnitude = bits & _ABS32
+    """float16 pattern of float32 `x`, rounded to nearest, ties to even (in integers
+    throughout, float16's subnormals too: numba-cuda has no rint, and the CUDA backend
+    compiles this same function into its kernels)."""
+    xbits = np.float32(x).view(np.uint32)
+    sign = np.uint16((xbits & _SIGN32) >> np.uint32(16))
+    magnitude = xbits & _ABS32
     if magnitude > _INF32:                             # NaN: the payload's top 10 bits
         payload = np.uint16((magnitude >> np.uint32(13)) & np.uint32(0x3FF))
         return sign | _INF16 | (payload if payload else np.uint16(1))
     if magnitude >= _OVERFLOW16:                       # infinity, or beyond 65504 and 65520
         return sign | _INF16
-    if magnitude < _MIN_NORMAL16:                      # a subnormal (or zero) result:
-        # |x| * 2^24 is exact in float32 (a power of two), and its integer part, rounded
-        # to even, is the pattern; 1024 (the smallest normal) comes out right as well
-        scaled = _as_f32(magnitude) * _TWO_P24
-        return sign | np.uint16(np.rint(scaled))
+    if magnitude < _MIN_NORMAL16:
+        # a subnormal (or zero) result, |x| * 2^24 rounded to an integer: |x| = M 2^(E-150)
+        # with M the significand with its implicit bit, so |x| 2^24 = M / 2^(126 - E); the
+        # quotient rounded to even is the pattern (1024, the smallest normal, included)
+        exponent = magnitude >> np.uint32(23)
+        if exponent < np.uint32(102):                  # |x| < 2^-25: rounds to zero
+            return sign
+        significand = (magnitude & np.uint32(0x7FFFFF)) | _HIDDEN32
+        shift = np.uint32(126) - exponent              # 14 to 24
+        q = significand >> shift
+        rest = significand & ((np.uint32(1) << shift) - np.uint32(1))
+        half = np.uint32(1) << (shift - np.uint32(1))
+        if rest > half or (rest == half and (q & np.uint32(1))):
+            q += np.uint32(1)
+        return sign | np.uint16(q)
     # a normal result: drop 13 mantissa bits, rounding to even; a carry out of the mantissa
     # increments the exponent, and out of the largest exponent gives the infinity 0x7C00
-    half = ((magnitude - np.uint32(0x38000000)) >> np.uint32(13))
+    h = (magnitude - np.uint32(0x38000000)) >> np.uint32(13)
     rest = magnitude & np.uint32(0x1FFF)
-    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (half & np.uint32(1))):
-        half += np.uint32(1)
-    return sign | np.uint16(half)
+    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (h & np.uint32(1))):
+        h += np.uint32(1)
+    return sign | np.uint16(h)
 
 
 @scalar_math

@@ -13,11 +13,9 @@ The kernels here never use numba's float16 arithmetic: both formats are read and
 uint16 patterns (arrays.bits) and converted with the CPU backend's arithmetic
 (engine.backends.cpu.half, same conventions: round to nearest even, subnormals, infinities,
 NaN keeping sign and payload), so the two backends convert to the same bits on a GPU and
-under the simulator alike. `widen_f16`, `widen_bf16` and `narrow_bf16` are the CPU's own
-scalar functions (scalar_math: inlined into CUDA kernels, called compiled under the
-simulator); `narrow_f16` is a twin of the CPU's, because the CPU's rounds float16's
-subnormals with np.rint, which numba-cuda 0.30 cannot lower (its CUDA ufunc table has no
-rint). The twin rounds them with integers; tests compare both over every pattern.
+under the simulator alike: `widen` and `narrow` are the CPU's own scalar functions
+(scalar_math: inlined into CUDA kernels, called compiled under the simulator), in integer
+arithmetic throughout (numba-cuda 0.30 cannot lower np.rint).
 
 `widened(kernel, update)` runs a float32 CUDA kernel on nodes of which some are 16-bit, as
 engine.backends.cpu.half.widened does on the CPU: per call, the 16-bit inputs are widened
@@ -32,7 +30,7 @@ import itertools
 import numpy as np
 from numba import cuda
 
-from engine.backends.cpu.half import F16, narrow_bf16, widen_bf16, widen_f16
+from engine.backends.cpu.half import narrow, widen
 from engine.backends.cpu.jit import scalar_math
 from engine.backends.cuda.arrays import (
     bits,
@@ -46,61 +44,6 @@ THREADS = 128
 MAX_BLOCKS = 1024
 RANK = 4                  # the conversion kernels read and write strided views of 4 axes
 
-_SIGN32 = np.uint32(0x80000000)
-_ABS32 = np.uint32(0x7FFFFFFF)
-_INF32 = np.uint32(0x7F800000)
-_INF16 = np.uint16(0x7C00)
-_MIN_NORMAL16 = np.uint32(0x38800000)  # 2^-14 as float32 bits: float16's smallest normal
-_OVERFLOW16 = np.uint32(0x47800000)    # 2^16 as float32 bits: beyond float16's range
-_HIDDEN32 = np.uint32(0x00800000)      # float32's implicit leading significand bit
-
-
-@scalar_math
-def narrow_f16(x):
-    """float16 pattern of float32 `x`, rounded to nearest, ties to even (the CPU's
-    narrow_f16, with float16's subnormals rounded in integers)."""
-    xbits = np.float32(x).view(np.uint32)
-    sign = np.uint16((xbits & _SIGN32) >> np.uint32(16))
-    magnitude = xbits & _ABS32
-    if magnitude > _INF32:                             # NaN: the payload's top 10 bits
-        payload = np.uint16((magnitude >> np.uint32(13)) & np.uint32(0x3FF))
-        return sign | _INF16 | (payload if payload else np.uint16(1))
-    if magnitude >= _OVERFLOW16:                       # infinity, or beyond 65504 and 65520
-        return sign | _INF16
-    if magnitude < _MIN_NORMAL16:
-        # a subnormal (or zero) result, |x| * 2^24 rounded to an integer: |x| = M 2^(E-150)
-        # with M the significand with its implicit bit, so |x| 2^24 = M / 2^(126 - E); the
-        # quotient rounded to even is the pattern (1024, the smallest normal, included)
-        exponent = magnitude >> np.uint32(23)
-        if exponent < np.uint32(102):                  # |x| < 2^-25: rounds to zero
-            return sign
-        significand = (magnitude & np.uint32(0x7FFFFF)) | _HIDDEN32
-        shift = np.uint32(126) - exponent              # 14 to 24
-        q = significand >> shift
-        rest = significand & ((np.uint32(1) << shift) - np.uint32(1))
-        half = np.uint32(1) << (shift - np.uint32(1))
-        if rest > half or (rest == half and (q & np.uint32(1))):
-            q += np.uint32(1)
-        return sign | np.uint16(q)
-    # a normal result: drop 13 mantissa bits, rounding to even; a carry out of the mantissa
-    # increments the exponent, and out of the largest exponent gives the infinity 0x7C00
-    h = (magnitude - np.uint32(0x38000000)) >> np.uint32(13)
-    rest = magnitude & np.uint32(0x1FFF)
-    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (h & np.uint32(1))):
-        h += np.uint32(1)
-    return sign | np.uint16(h)
-
-
-@scalar_math
-def widen(h, fmt):
-    """The float32 of pattern `h` of format `fmt` (F16 or BF16), exact."""
-    return widen_f16(h) if fmt == F16 else widen_bf16(h)
-
-
-@scalar_math
-def narrow(x, fmt):
-    """The pattern of format `fmt` nearest float32 `x` (ties to even)."""
-    return narrow_f16(x) if fmt == F16 else narrow_bf16(x)
 
 
 @scalar_math

@@ -134,3 +134,15 @@ def test_float64_values_round_once_correctly(values, name):
     fmt, dtype = FORMATS[name]
     x = np.array(values, np.float64)
     assert np.array_equal(narrow(x, fmt), reference_narrow(x, dtype))
+
+
+def test_every_float32_with_a_subnormal_float16_rounds_as_numpy_does():
+    """Every positive float32 from 2^-26 (below half the smallest subnormal) up to float16's
+    smallest normal, 96 million of them: the integer rounding of the subnormal branch,
+    its ties and its carry into the smallest normal, against numpy (the sign only sets
+    the sign bit, checked by the tests above)."""
+    lo, hi = 101 << 23, 0x38800000 + 1
+    step = 1 << 23
+    for start in range(lo, hi, step):
+        values = np.arange(start, min(start + step, hi), dtype=np.uint32).view(np.float32)
+        assert np.array_equal(narrow(values, half.F16), reference_narrow(values, np.float16))
