@@ -4,7 +4,10 @@ Each mutant replaces the CPU kernel of some step ops by a numpy implementation o
 update with exactly one mistake (the correct rule is in engine/backends/cpu/optim.py); the
 kernel layout is the engine's: `kernel(out, ins, **flags)`, `out` the parameter's buffer,
 `ins` = param, grad, step, hp, *state. `optcheck --self-test` runs every family against each
-mutant and reports which caught it.
+mutant and reports which caught it. A mutant for 16-bit parameters names its dtype: the
+backend runs its numpy kernel on float32 copies and rounds the parameter to nearest even on
+store, so the kernel's bug is what it does to those float32 values (rounding the state to
+16 bits; rounding the parameter toward zero first, which the store then keeps).
 """
 
 from __future__ import annotations
@@ -15,9 +18,39 @@ import dataclasses
 import numpy as np
 
 from engine.registry import get_op
+from engine.tensor import DTYPES
 
 
-def _sgd(bug):
+def _to_half(x, half):
+    """float32 array `x` rounded to 16-bit dtype `half` ('f16', 'bf16'), to nearest even,
+    kept in float32 (what storing it in 16 bits keeps)."""
+    return x.astype(DTYPES[half]).astype(x.dtype)
+
+
+def _truncated(x, half):
+    """float32 array `x` rounded toward zero to 16-bit dtype `half`, kept in float32: where
+    rounding to nearest went away from zero, one ulp less in magnitude (the 16-bit pattern
+    minus 1: sign and magnitude, so this holds across binades and subnormals)."""
+    near = x.astype(DTYPES[half])
+    away = np.abs(near.astype(x.dtype)) > np.abs(x)
+    bits = near.view(np.uint16)
+    bits[away] -= np.uint16(1)
+    return bits.view(DTYPES[half]).astype(x.dtype)
+
+
+def _stored(bug, half):
+    """What the kernel does to a new parameter `p` (in place) before the backend stores it:
+    nothing, or, for "param_truncated", rounding toward zero in 16 bits (the backend's
+    rounding to nearest of a value already in 16 bits changes nothing)."""
+    def store(p):
+        if bug == "param_truncated":
+            p[...] = _truncated(p, half)
+    return store
+
+
+def _sgd(bug, half=None):
+    store, rounded = _stored(bug, half), bug == "state_rounded"
+
     def kernel(out, ins, nesterov=False, maximize=False):
         p, g, step, hp, buf = out, ins[1], ins[2], ins[3], ins[4]
         step[0] += 1
@@ -32,12 +65,17 @@ def _sgd(bug):
                 buf[...] = mu * buf + d
             else:
                 buf[...] = mu * buf + (1 - damp) * d
+            if rounded:
+                buf[...] = _to_half(buf, half)
             d = d + mu * buf if nesterov and bug != "nesterov_term_missing" else buf
         p -= lr * d
+        store(p)
     return kernel
 
 
-def _adam(bug, decoupled):
+def _adam(bug, decoupled, half=None):
+    store, rounded = _stored(bug, half), bug == "state_rounded"
+
     def kernel(out, ins, amsgrad=False, maximize=False):
         p, g, step, hp, m, v = out, ins[1], ins[2], ins[3], ins[4], ins[5]
         step[0] += 1
@@ -46,10 +84,14 @@ def _adam(bug, decoupled):
         d = -g if maximize else g.copy()
         if decoupled and bug != "decay_coupled":
             p *= 1 - lr * wd
+            if bug == "decay_rounded_apart":     # decay and update rounded one by one
+                p[...] = _to_half(p, half)
         elif wd:
             d = d + wd * p
         m[...] = b1 * m + (1 - b1) * d
         v[...] = b2 * v + (1 - b2) * d * d
+        if rounded:
+            m[...], v[...] = _to_half(m, half), _to_half(v, half)
         vv = v
         if amsgrad:
             vmax = ins[6]
@@ -64,6 +106,7 @@ def _adam(bug, decoupled):
         else:
             denom = np.sqrt(vv) / np.sqrt(bc2) + eps
         p -= (lr / bc1) * m / denom
+        store(p)
     return kernel
 
 
@@ -73,10 +116,15 @@ class Mutant:
     description: str
     kernels: dict            # op name -> mutated kernel
     optimizers: tuple[str, ...]
+    dtype: str | None = None     # the parameter dtype it is run in (None: the self-test's)
 
 
-def _adam_pair(bug):
-    return {"adam_step": _adam(bug, False), "adamw_step": _adam(bug, True)}
+def _adam_pair(bug, half=None):
+    return {"adam_step": _adam(bug, False, half), "adamw_step": _adam(bug, True, half)}
+
+
+def _all_three(bug, half=None):
+    return {"sgd_step": _sgd(bug, half), **_adam_pair(bug, half)}
 
 
 MUTANTS = {m.name: m for m in [
@@ -92,13 +140,27 @@ MUTANTS = {m.name: m for m in [
            {"sgd_step": _sgd("dampening_ignored")}, ("sgd",)),
     Mutant("amsgrad_max_not_kept", "AMSGrad overwrites max(v) with the current v",
            _adam_pair("amsgrad_max_not_kept"), ("adam", "adamw")),
+    # 16-bit parameters (their kernels run widened to float32 by the backend, which rounds
+    # the new parameter to nearest even on store): what the precision family is for
+    Mutant("state_in_bf16", "moments and momentum buffer rounded to bfloat16 every step "
+           "(torch.optim's state for a bfloat16 parameter) instead of kept in float32",
+           _all_three("state_rounded", "bf16"), ("sgd", "adam", "adamw"), "bf16"),
+    Mutant("param_truncated_f16", "the new float16 parameter rounded toward zero "
+           "(truncated) on store instead of to nearest even",
+           _all_three("param_truncated", "f16"), ("sgd", "adam", "adamw"), "f16"),
 ]}
 
 
 # The same numpy kernels without a bug: the self-test's control, which every family must
 # pass, so that a caught mutant is caught for its bug and not for the numpy rewrite.
 CONTROL = Mutant("control", "the mutants' numpy kernels without any bug",
-                 {"sgd_step": _sgd(None), **_adam_pair(None)}, ("sgd", "adam", "adamw"))
+                 _all_three(None), ("sgd", "adam", "adamw"))
+
+
+def control(dtype: str) -> Mutant:
+    """The control in parameter dtype `dtype` (the self-test runs one per dtype that its
+    mutants run in): CONTROL itself, run in that dtype."""
+    return dataclasses.replace(CONTROL, name=f"control_{dtype}", dtype=dtype)
 
 
 @contextlib.contextmanager

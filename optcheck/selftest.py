@@ -5,14 +5,15 @@ kernels in place. One Result per mutant: "pass" when at least one row failed or 
 (caught; `caught_by` lists the families that caught it), "fail" when every row passed (the
 checker missed a known bug). A control row runs the same numpy kernels without a bug and
 must pass every family: otherwise a "caught" mutant might have been caught for the rewrite,
-not for its bug. Power = share of mutants caught.
+not for its bug. A mutant for 16-bit parameters runs in its dtype, beside a control in that
+dtype. Power = share of mutants caught.
 """
 
 from __future__ import annotations
 
 from tqdm import tqdm
 
-from optcheck.mutants import CONTROL, MUTANTS, Mutant, mutated
+from optcheck.mutants import CONTROL, MUTANTS, Mutant, control, mutated
 from optcheck.runner import FAMILIES, run_family
 from reports.record import Result
 
@@ -34,17 +35,31 @@ def _run_mutant(mutant: Mutant, families, dtype, steps, seed, backend):
     return caught, rows, first
 
 
+def plan(dtype: str = "f64", mutants=None) -> list[tuple[Mutant, str, bool]]:
+    """(mutant, the dtype it runs in, whether it is a control) in the self-test's order: the
+    control in `dtype`, then a control in each other dtype a mutant names, then the
+    mutants (`mutants`: names, None for all)."""
+    chosen = [m for m in MUTANTS.values() if mutants is None or m.name in mutants]
+    dtypes = list(dict.fromkeys([dtype] + [m.dtype for m in chosen if m.dtype]))
+    controls = [(CONTROL if d == dtype else control(d), d, True) for d in dtypes]
+    return controls + [(m, m.dtype or dtype, False) for m in chosen]
+
+
 def run_self_test(families=tuple(FAMILIES), dtype: str = "f64", steps: int = 100,
-                  seed: int = 0, backend: str = "cpu", progress: bool = False) -> list[Result]:
+                  seed: int = 0, backend: str = "cpu", progress: bool = False,
+                  mutants=None) -> list[Result]:
+    """One Result per control and mutant (module doc); `mutants`: the names to run (None:
+    all). A mutant that names a dtype runs in it, the others in `dtype`."""
     results = []
-    labels = {"backend": backend, "dtype": dtype}
-    for mutant in tqdm([CONTROL, *MUTANTS.values()], desc="optcheck self-test",
-                       unit="mutant", disable=not progress, leave=False):
-        caught, rows, first = _run_mutant(mutant, families, dtype, steps, seed, backend)
+    for mutant, run_dtype, is_control in tqdm(plan(dtype, mutants), desc="optcheck self-test",
+                                              unit="mutant", disable=not progress,
+                                              leave=False):
+        caught, rows, first = _run_mutant(mutant, families, run_dtype, steps, seed, backend)
         by = ", ".join(f"{f} ({n})" for f, n in caught.items())
         metrics = {"rows": rows, "failed_rows": sum(caught.values()), "caught_by": by}
-        opt_labels = {"optimizer": ",".join(mutant.optimizers), **labels}
-        if mutant is CONTROL:
+        opt_labels = {"optimizer": ",".join(mutant.optimizers), "backend": backend,
+                      "dtype": run_dtype}
+        if is_control:
             ok = not caught
             msg = "" if ok else f"the bug-free numpy kernels fail: {first}"
         else:
@@ -58,5 +73,5 @@ def run_self_test(families=tuple(FAMILIES), dtype: str = "f64", steps: int = 100
 
 def power(results) -> tuple[int, int]:
     """(mutants caught, mutants) from run_self_test's results, the control left out."""
-    rows = [r for r in results if not r.name.startswith(CONTROL.name + ":")]
+    rows = [r for r in results if not r.name.startswith(CONTROL.name)]
     return sum(r.status == "pass" for r in rows), len(rows)

@@ -4,7 +4,14 @@ the torch side of the torch family, as `harness.EngineStepper` is the engine sid
     side = TorchStepper("adam", init, hp, flags, ("cosine", {"t_max": 50, "min_factor": 0.1}))
     side.step(grads); side.snapshot(("step", "exp_avg", "exp_avg_sq"))
 
-torch.optim runs its single-tensor implementation (foreach=False) in the dtype of `init`.
+torch.optim runs its single-tensor implementation (foreach=False) in the dtype of `init`,
+or in `dtype` ("f16", "bf16", "f32", "f64") where given; `round_to` (a 16-bit dtype) keeps
+each parameter's values in that dtype: after every step the parameter is rounded to it, to
+nearest even by torch's own conversion, and kept in its own dtype. With `dtype="f32",
+round_to="bf16"` that is a bfloat16 parameter whose step and state are float32, the update
+rounded once, on store, which torch.optim cannot be told to do: given a bfloat16 parameter it
+keeps the state in bfloat16 too (torch 2.13: exp_avg, exp_avg_sq and momentum_buffer take the
+parameter's dtype; only Adam's `step` is float32).
 The engine's schedules map onto torch's lr_scheduler: `step_decay` -> StepLR, `cosine` ->
 CosineAnnealingLR (eta_min = min_factor lr), `linear_warmup` -> LinearLR (end_factor 1).
 """
@@ -15,6 +22,8 @@ import warnings
 
 import numpy as np
 
+from engine.tensor import TORCH_DTYPE_NAMES, dtype_name
+
 
 class TorchStepper:
     """torch.optim (foreach=False) over tensors initialised from `init` (name -> array), with
@@ -23,11 +32,18 @@ class TorchStepper:
     every optimizer step; snapshots use the engine's names."""
 
     def __init__(self, optimizer: str, init: dict, hp: dict, flags: dict,
-                 schedule: tuple[str, dict] | None = None):
+                 schedule: tuple[str, dict] | None = None, dtype: str | None = None,
+                 round_to: str | None = None):
         import torch
 
         self.torch = torch
-        self.params = {k: torch.tensor(v, requires_grad=True) for k, v in init.items()}
+        self.round_to = None if round_to is None else _torch_dtype(torch, round_to)
+        self.params = {}
+        for k, v in init.items():
+            # through float64 (exact for every float dtype): torch takes no ml_dtypes array
+            t = torch.tensor(np.asarray(v, np.float64))
+            t = t.to(_torch_dtype(torch, dtype) if dtype else _numpy_torch_dtype(torch, v))
+            self.params[k] = t.requires_grad_(True)
         if optimizer == "sgd":
             cls, kw = torch.optim.SGD, dict(momentum=hp["momentum"], dampening=hp["dampening"],
                                              nesterov=flags["nesterov"])
@@ -47,12 +63,17 @@ class TorchStepper:
         return float(self.opt.param_groups[0]["lr"])
 
     def numpy_params(self) -> dict:
-        return {k: p.detach().numpy().astype(np.float64) for k, p in self.params.items()}
+        return {k: _float64(p) for k, p in self.params.items()}
 
     def step(self, grads: dict) -> None:
         for k, p in self.params.items():
-            p.grad = self.torch.from_numpy(np.array(grads[k]))
+            g = self.torch.from_numpy(np.array(grads[k], np.float64))
+            p.grad = g.to(p.dtype)
         self.opt.step()
+        if self.round_to is not None:
+            with self.torch.no_grad():
+                for p in self.params.values():
+                    p.copy_(p.to(self.round_to).to(p.dtype))
         if self.scheduler is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
@@ -74,11 +95,26 @@ class TorchStepper:
                 elif state.get(name) is None:
                     snap[f"{k}.{name}"] = np.zeros(p.shape)
                 else:
-                    snap[f"{k}.{name}"] = state[name].numpy().astype(np.float64)
+                    snap[f"{k}.{name}"] = _float64(state[name])
             extra = sorted(set(state) - set(state_names))
             if extra:
                 raise RuntimeError(f"torch keeps state {extra} for {k} that the engine lacks")
         return snap
+
+
+def _torch_dtype(torch, name: str):
+    """torch's dtype of the engine's float dtype `name` ('f16', 'bf16', 'f32', 'f64')."""
+    return getattr(torch, TORCH_DTYPE_NAMES[name])
+
+
+def _numpy_torch_dtype(torch, array):
+    """torch's dtype of numpy array `array`'s float dtype (ml_dtypes' bfloat16 included)."""
+    return _torch_dtype(torch, dtype_name(np.asarray(array).dtype))
+
+
+def _float64(t) -> np.ndarray:
+    """A float64 numpy copy of torch tensor `t`, of any float dtype (exact)."""
+    return t.detach().double().numpy().copy()
 
 
 def _torch_scheduler(torch, opt, lr: float, name: str, args: dict):

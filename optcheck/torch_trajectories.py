@@ -80,6 +80,18 @@ INSTALL_HINT = ("torch is not importable; install the CPU build with `pip instal
                 "--index-url https://download.pytorch.org/whl/cpu`")
 
 
+
+
+def skip_reason(dtype: str) -> str | None:
+    """Why this family does not run in `dtype` (None: it does)."""
+    if dtype in harness.TOLERANCES:
+        return None
+    return (f"torch.optim keeps a {dtype} parameter's state in {dtype}, the engine in "
+            f"float32: different rounding, not comparable step for step within a tolerance; "
+            f"the precision family compares both with the float64 trajectory, the engine "
+            f"bounded by torch stepping the {dtype} parameters with float32 state")
+
+
 # --------------------------------------------------------------------------- the grid
 
 def _sgd_valid(row: dict) -> bool:

@@ -13,6 +13,15 @@ their layout is engine.hyperparams'):
 `step` is a float64 tensor of shape (1,) counting the steps taken (bias corrections read
 it). The update rules are those of torch.optim.SGD, Adam and AdamW; the kernels' docstrings
 (engine/backends/cpu/optim.py) state them. Steps have no gradient.
+
+The gradient has the parameter's dtype; the state (moments, momentum buffer) has
+`state_dtype(param.dtype)`: the parameter's own for float32 and float64, float32 for the
+16-bit floats. A 16-bit parameter's step then runs in float32 on the CPU (its kernel widened,
+engine.backends.cpu.half.widened with update=True): the parameter and gradient widened
+exactly, the state read and written in float32 as it is, and the new parameter rounded to
+nearest even once, on store. The moments are never rounded to 16 bits: an exp_avg_sq kept in
+bfloat16 loses all but 8 bits of every update (torch.optim's default for a bfloat16
+parameter, which keeps its state in the parameter's dtype).
 """
 
 from __future__ import annotations
@@ -22,18 +31,27 @@ from engine.errors import DTypeError, ShapeError
 from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
 from engine.params import boolean
 from engine.registry import OpDef, register
-from engine.tensor import DTYPES, is_float
+from engine.tensor import DTYPES, is_float, is_half
 
 NO_GRAD = "an optimizer step updates its parameter in place; it is not differentiated"
+
+
+def state_dtype(param_dtype):
+    """The dtype of an optimizer's state for a parameter of `param_dtype`: float32 for the
+    16-bit floats (their moments would lose most of each update in 16 bits), else the
+    parameter's own."""
+    return DTYPES["f32"] if is_half(param_dtype) else param_dtype
 
 
 def _check_common(op, param, grad, step, hp, n_hp, states):
     if not is_float(param.dtype):
         raise DTypeError(f"{op}: the parameter {param.name!r} must be float, not {param.dtype}")
-    for t in (grad, *states):
-        if t.shape != param.shape or t.dtype != param.dtype:
+    want_state = state_dtype(param.dtype)
+    for t, dtype in ((grad, param.dtype), *((s, want_state) for s in states)):
+        if t.shape != param.shape or t.dtype != dtype:
             raise ShapeError(f"{op}: {t.name!r} ({list(t.shape)}, {t.dtype}) must match the "
-                             f"parameter {param.name!r} ({list(param.shape)}, {param.dtype})")
+                             f"shape of the parameter {param.name!r} ({list(param.shape)}) "
+                             f"and have dtype {dtype}")
     if step.shape != (1,) or step.dtype != DTYPES["f64"]:
         raise ShapeError(f"{op}: the step counter {step.name!r} must be float64 of shape [1], "
                          f"got {list(step.shape)} {step.dtype}")

@@ -12,6 +12,11 @@ training graph's gradient buffer, see `engine.tensor.shared_leaf`), the step cou
 moments (flag STATE) and the hyperparameter tensor. Stepping computes that graph with its
 own plan; the training graph's plan is untouched.
 
+State has the parameter's dtype, but float32 for a float16 or bfloat16 parameter
+(engine.ops.optimizer_steps.state_dtype): the parameter is rounded once per step, on store,
+and the moments keep float32's precision (as mixed-precision training keeps them; unlike
+torch.optim, whose state takes the parameter's dtype).
+
 Numeric hyperparameters live in `opt.hp`, a float64 tensor, so `opt.set(lr=...)` and
 schedules change them between steps without rebuilding anything. Structural options
 (nesterov, amsgrad, maximize) are fixed at construction. Every value is validated when the
@@ -27,6 +32,7 @@ import numpy as np
 from engine.errors import EngineError, HyperparameterError
 from engine.graph import Graph
 from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
+from engine.ops.optimizer_steps import state_dtype
 from engine.registry import OPS
 from engine.tensor import Flag, Tensor, is_float, shared_leaf
 
@@ -75,7 +81,8 @@ class Optimizer:
         for p in self.params:
             state = {"step": Tensor((1,), "f64", name=f"{p.name}.step", flags=Flag.STATE)}
             for s in self.state_names():
-                state[s] = Tensor(p.shape, p.dtype, name=f"{p.name}.{s}", flags=Flag.STATE)
+                state[s] = Tensor(p.shape, state_dtype(p.dtype), name=f"{p.name}.{s}",
+                                  flags=Flag.STATE)
             self.state[p] = state
             g = shared_leaf(self.grads[p], name=f"{self.grads[p].name}@{self.name}")
             moments = [state[s] for s in self.state_names()]

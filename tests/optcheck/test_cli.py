@@ -49,13 +49,15 @@ def test_the_first_option_an_optimizer_does_not_take_is_named(argv, line, capsys
     assert capsys.readouterr().err == f"optcheck: {line}\n"
 
 
-def test_your_settings_add_one_torch_row_per_dtype(capsys):
+def test_your_settings_add_one_row_per_dtype(capsys):
+    """torch's row in float32 and float64, the precision family's in float16 and bfloat16."""
     pytest.importorskip("torch")
     assert main(["--opt", "sgd", "--family", "closed-form", "--steps", "3", "--momentum",
-                 "0.9", "--nesterov", "--no-progress"]) == 0
+                 "0.9", "--nesterov", "--no-progress", "--verbose"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines()
             if line.startswith("sgd: user(")]
-    assert len(rows) == 2 and all("PASS" in row for row in rows)
+    assert len(rows) == 4 and all("PASS" in row for row in rows)
+    assert sum(" precision " in row for row in rows) == 2
     assert rows[0].startswith("sgd: user(lr=0.001,momentum=0.9,dampening=0,weight_decay=0,"
                               "nesterov)")
 
@@ -138,7 +140,8 @@ def test_ctrl_c_writes_the_finished_rows_and_exits_130(tmp_path, monkeypatch, ca
     rows = len(doc["results"])
     assert rows > 0 and doc["meta"]["interrupted"] is True
     assert capsys.readouterr().err == (
-        f"optcheck: interrupted; wrote the {rows} rows finished so far to {path}\n")
+        f"optcheck: interrupted; wrote the {rows} row{'s' * (rows != 1)} finished so far to "
+        f"{path}\n")
 
 
 def test_ctrl_c_without_output_is_one_line(monkeypatch, capsys):

@@ -42,14 +42,15 @@ def test_default_is_compact_with_a_summary_per_family(checks, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["case", "family", "dtype", "status", "max_rel_err"]
     assert "family       passed  failed  errors" in lines
-    assert any(line.split() == ["closed-form", "2", "0", "0"] for line in lines)
-    assert lines[-1] == "6 passed"
+    # a row per family (4) and dtype (4: f16, bf16, f32, f64)
+    assert any(line.split() == ["closed-form", "4", "0", "0"] for line in lines)
+    assert lines[-1] == "16 passed"
 
 
 def test_verbose_gives_a_table_per_family_with_every_column(checks, capsys):
     assert main(["--opt", "adam", "--no-progress", "--verbose"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("closed-form (2 passed)\n\ncase ")
+    assert out.startswith("closed-form (4 passed)\n\ncase ")
     assert "first_step" in out.splitlines()[2] and "steps" in out
 
 

@@ -13,11 +13,16 @@ from optcheck.selftest import power, run_self_test
 def test_every_mutant_is_caught_and_the_control_passes():
     results = run_self_test(steps=30)
     by_name = {r.name.split(":")[0]: r for r in results}
-    assert set(by_name) == {CONTROL.name, *MUTANTS}
+    controls = {CONTROL.name} | {f"control_{m.dtype}" for m in MUTANTS.values() if m.dtype}
+    assert controls == {"control", "control_bf16", "control_f16"}
+    assert set(by_name) == controls | set(MUTANTS)
     for name, r in by_name.items():
         assert r.status == "pass", (name, r.message)
-        if name != CONTROL.name:
+        if name not in controls:
             assert r.metrics["caught_by"], name
+        if MUTANTS.get(name) is not None and MUTANTS[name].dtype:
+            assert r.labels["dtype"] == MUTANTS[name].dtype
+            assert r.metrics["caught_by"].startswith("precision"), name
     assert power(results) == (len(MUTANTS), len(MUTANTS))
 
 

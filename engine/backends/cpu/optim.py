@@ -7,6 +7,13 @@ The scalars derived from the hyperparameters and the per-element update are the 
 kernels' too (engine.backends.optim_math): the scalars are computed once per step in float64
 and rounded to the parameter's dtype, and the per-element arithmetic runs in that dtype in
 torch.optim's operation order.
+
+A float16 or bfloat16 parameter (with its gradient in its dtype and its state in float32,
+engine.ops.optimizer_steps.state_dtype) runs these same float32 kernels through the
+backend's widening (engine.backends.cpu.half.widened, update=True): parameter and gradient
+widened exactly into float32 temporaries, the float32 state updated in place as it is, and
+the new parameter rounded to nearest even once, when stored back. Nothing of the state is
+rounded to 16 bits.
 """
 
 from __future__ import annotations
