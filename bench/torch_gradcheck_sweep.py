@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine.registry import all_ops
+from engine.tensor import is_float
 from gradcheck.cotangents import registry_cases
 from gradcheck.runner import checkable_ops
 
@@ -37,8 +38,8 @@ def gradcheck_case(sample) -> bool | None:
     arrays = sample.generate_inputs()
     tens, grad_index = [], []
     for i, (spec, a) in enumerate(zip(sample.inputs, arrays, strict=True)):
-        t = torch.tensor(np.asarray(a, np.float64) if a.dtype.kind == "f" else a)
-        if spec.grad and a.dtype.kind == "f":
+        t = torch.tensor(np.asarray(a, np.float64) if is_float(a.dtype) else a)
+        if spec.grad and is_float(a.dtype):
             t.requires_grad_(True)
             grad_index.append(i)
         tens.append(t)

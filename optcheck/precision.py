@@ -35,7 +35,6 @@ import dataclasses
 import numpy as np
 
 from engine.ops.optimizer_steps import state_dtype
-from engine.optim import schedules
 from engine.tensor import dtype_name
 from gradcheck.precision import FLOOR_ULPS, PRECISION_RATIO, magnitude, max_abs_error, ratio
 from optcheck import harness
@@ -44,6 +43,7 @@ from optcheck.torch_stepper import TorchStepper
 from optcheck.torch_trajectories import (
     INSTALL_HINT,
     Scenario,
+    engine_schedule,
     initial_params,
     objective_grad,
     scenarios,
@@ -106,10 +106,7 @@ def measure(optimizer: str, scenario: Scenario, dtype: str, backend: str = "cpu"
     truth = {k: np.asarray(v, np.float64) for k, v in init.items()}
     init_fn, update_fn = NUMPY_OPTIMIZERS[optimizer]
     truth_state = {k: init_fn(p, scenario.hp, scenario.flags) for k, p in truth.items()}
-    schedule = None
-    if scenario.schedule is not None:
-        name, args = scenario.schedule
-        schedule = getattr(schedules, name)(**args)
+    schedule = engine_schedule(scenario)
     engine_side = harness.EngineStepper(optimizer, init, scenario.hp, scenario.flags, dtype,
                                         backend, schedule)
     ref = TorchStepper(optimizer, init, scenario.hp, scenario.flags, scenario.schedule,

@@ -202,14 +202,19 @@ class Trajectories:
     torch: list
 
 
+def engine_schedule(scenario: Scenario):
+    """The engine's schedule of `scenario` (engine.optim.schedules), or None."""
+    if scenario.schedule is None:
+        return None
+    name, args = scenario.schedule
+    return getattr(schedules, name)(**args)
+
+
 def compare_trajectories(optimizer: str, scenario: Scenario, dtype: str, backend: str,
                          steps: int, seed: int) -> Trajectories:
     """Step the engine and torch side by side for `steps` steps; compare after each."""
     init, offsets = initial_params(seed, dtype)
-    schedule = None
-    if scenario.schedule is not None:
-        name, args = scenario.schedule
-        schedule = getattr(schedules, name)(**args)
+    schedule = engine_schedule(scenario)
     engine_side = harness.EngineStepper(optimizer, init, scenario.hp, scenario.flags, dtype,
                                         backend, schedule)
     torch_side = TorchStepper(optimizer, init, scenario.hp, scenario.flags, scenario.schedule)

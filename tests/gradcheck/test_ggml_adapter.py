@@ -227,7 +227,9 @@ GENERATED = [
 ]
 
 
-def assert_agrees(adapter, case):
+def assert_agrees(adapter, case, precision: str = "f32"):
+    """ggml's output and gradients of `case` against our engine's, within `precision`'s
+    tolerance (the case's 16-bit leaves are F16 tensors in ggml)."""
     assert adapter.unsupported(case) is None
     arrays = case.generate_inputs()
     _, out, _, _ = weighted_graph(case, arrays, as_params=True)
@@ -235,13 +237,13 @@ def assert_agrees(adapter, case):
     ours = EngineAdapter("cpu").vjp(case, arrays, weights)
     theirs = adapter.vjp(case, arrays, weights)
     assert theirs.output.shape == ours.output.shape
-    assert compare(theirs.output, ours.output, "f32").ok
+    assert compare(theirs.output, ours.output, precision).ok
     for spec, mine, got in zip(case.inputs, ours.grads, theirs.grads, strict=True):
         if mine is None:
             assert got is None, spec.name
             continue
         assert got.shape == spec.shape
-        cmp = compare(got, mine, "f32")
+        cmp = compare(got, mine, precision)
         assert cmp.ok and not cmp.nonfinite, (spec.name, cmp)
     assert not theirs.differs
 
@@ -363,18 +365,7 @@ F16_PASSING = [
 def test_f16_rows_agree_with_our_engine(adapter, op, text):
     """ggml's f16 results (F32 outputs and gradients, where ggml computes them so) agree
     with ours within float16's tolerance; the 16-bit leaves are F16 tensors."""
-    case = sample(op, text)
-    assert adapter.unsupported(case) is None
-    arrays = case.generate_inputs()
-    _, out, _, _ = weighted_graph(case, arrays, as_params=True)
-    weights = loss_weights(out.shape, case.seed())
-    ours = EngineAdapter("cpu").vjp(case, arrays, weights)
-    theirs = adapter.vjp(case, arrays, weights)
-    assert compare(theirs.output, ours.output, "f16").ok
-    for spec, mine, got in zip(case.inputs, ours.grads, theirs.grads, strict=True):
-        if mine is not None:
-            assert got.shape == spec.shape and compare(got, mine, "f16").ok, spec.name
-    assert not theirs.differs
+    assert_agrees(adapter, sample(op, text), "f16")
 
 
 def test_f16_rows_pass_with_the_precision_verdict():

@@ -57,7 +57,7 @@ def scalar(fn):
 
 
 @cuda.jit(device=True, inline="always")
-def _index(i, d1, d2, d3):
+def index_4d(i, d1, d2, d3):
     """The 4-D index (i0, i1, i2, i3) of C-order position i in a shape (d0, d1, d2, d3)."""
     i3 = i % d3
     i //= d3
@@ -77,7 +77,7 @@ def _map_strided(x, out, params):
     """out[i] = forward(widen(x[j]), *params), j the 4-D index of position i in x's shape."""
     _, d1, d2, d3 = x.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
         out[i] = forward(widen(x[i0, i1, i2, i3]), *params)  # noqa: F821
 
 
@@ -91,7 +91,7 @@ def _gradient_strided(g, x, out, params):
     """out[i] = gradient(g[j], float(x[j]), *params), j the 4-D index of position i."""
     _, d1, d2, d3 = x.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
         out[i] = gradient(g[i0, i1, i2, i3], float(x[i0, i1, i2, i3]), *params)  # noqa: F821
 
 
@@ -105,7 +105,7 @@ def _binary_strided(a, b, out):
     """out[i] = forward(a[j], b[j]), j the 4-D index of position i (broadcast views)."""
     _, d1, d2, d3 = a.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
         out[i] = forward(a[i0, i1, i2, i3], b[i0, i1, i2, i3])  # noqa: F821
 
 

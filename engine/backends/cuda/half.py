@@ -39,6 +39,7 @@ from engine.backends.cuda.arrays import (
     overlap,
     strided,
 )
+from engine.backends.cuda.elementwise import index_4d
 
 THREADS = 128
 MAX_BLOCKS = 1024
@@ -69,23 +70,13 @@ def add(a, b, fmt):
 
 
 # --- kernels: grid-stride loops, a flat contiguous array against a 4-axis strided view -------
-@cuda.jit(device=True, inline="always")
-def _index(i, d1, d2, d3):
-    """The 4-D index of C-order position i in a shape (d0, d1, d2, d3)."""
-    i3 = i % d3
-    i //= d3
-    i2 = i % d2
-    i //= d2
-    return i // d1, i % d1, i2, i3
-
-
 @cuda.jit
 def _widen_4d(dst, src, fmt):
     """dst[i] = float32 bits of pattern src[j] (j: the 4-D index of C-order position i);
     dst a flat uint32 view of a float32 array, src a uint16 view of any strides."""
     _, d1, d2, d3 = src.shape
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
         dst[i] = widen_bits(src[i0, i1, i2, i3], fmt)
 
 
@@ -96,7 +87,7 @@ def _narrow_4d(dst, src, fmt):
     strides."""
     _, d1, d2, d3 = dst.shape
     for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = _index(i, d1, d2, d3)
+        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
         dst[i0, i1, i2, i3] = narrow_bits(src[i], fmt)
 
 
