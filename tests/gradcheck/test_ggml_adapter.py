@@ -316,9 +316,11 @@ def test_generated_ggml_cases_are_shrunk_and_reproducible(tmp_path):
     doc = load_json((tmp_path / "r.json").read_text())
     rows = doc["results"]
     (minimal,) = [r for r in rows if r.get("generated") == "minimal"]
-    assert minimal["status"] in ("fail", "crash") and "perm[" in minimal["case"]
+    # ggml's pool_2d bugs: a permuted input (f32), or max pooling's backward in f16
+    assert minimal["status"] in ("fail", "crash") and (
+        "perm[" in minimal["case"] or "type=f16" in minimal["case"]), minimal["case"]
     assert minimal["repro"].startswith("gradcheck --engine ggml --repro \"Sample(")
-    assert rows[-1]["status"] == "unsupported" and "the case is f64" in rows[-1]["message"]
+    assert rows[-1]["status"] == "unsupported" and "ggml" in rows[-1]["message"]
 
 
 # --- aborts ----------------------------------------------------------------------------------
