@@ -373,9 +373,9 @@ def check_case(case, arrays, weights, out, grads, checked, truth_out, truth_grad
     if out_dtype in JUDGED and UNIT_ROUNDOFF[out_dtype] < UNIT_ROUNDOFF[dtype] and _ours(case):
         # an output finer than the case's least precise input (float32 from 16-bit weights,
         # a widening cast) is judged in its own dtype: its inputs are exact in it
-        base = ours if ours is not None else results(arrays)
-        moved = [[results(d)[0]] for d in perturbed(arrays, out_dtype, case.seed())]
-        ref_errs[0] = model_errors(base[:1], moved, out_dtype)[0]
+        base = ours[0] if ours is not None else plain_forward(case, arrays)
+        moved = [[plain_forward(case, d)] for d in perturbed(arrays, out_dtype, case.seed())]
+        ref_errs[0] = model_errors([base], moved, out_dtype)[0]
         refs[0], references[0], dtypes[0] = None, "model", out_dtype
     size = magnitude(*truths)
     once = _one_kernel(case)

@@ -26,6 +26,7 @@ import numpy as np
 from numba import cuda
 
 from engine.backends.cpu.dropout import GAMMA, MIX1, MIX2, ONE, S11, S27, S30, S31, threshold
+from engine.backends.cpu.layout import coalesce
 from engine.backends.cuda.arrays import SIMULATED, strided
 from engine.errors import BackendError
 
@@ -46,17 +47,9 @@ def c_order_rank4(arr, what: str = "array"):
     """A 4-axis view of device array `arr` whose C-order traversal is arr's: unit axes
     dropped, adjacent axes (i, i+1) merged where stride[i] = stride[i+1] * shape[i+1], unit
     axes put in front. BackendError (naming `what`) if more than four axes remain."""
-    shape: list[int] = []
-    strides: list[int] = []
-    for n, s in zip(arr.shape, arr.strides, strict=True):
-        if n == 1:
-            continue
-        if shape and strides[-1] == s * n:
-            shape[-1] *= n
-            strides[-1] = s
-        else:
-            shape.append(int(n))
-            strides.append(int(s))
+    dims = coalesce(arr.shape, arr.strides)
+    shape = [int(n) for n, _ in dims]
+    strides = [int(st[0]) for _, st in dims]
     if len(shape) > RANK:
         raise BackendError(f"the cuda kernels read strided arrays of at most {RANK} "
                            f"non-mergeable axes; {what} has shape {list(arr.shape)} and byte "

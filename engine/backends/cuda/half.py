@@ -32,6 +32,7 @@ from numba import cuda
 
 from engine.backends.cpu.half import narrow, widen
 from engine.backends.cpu.jit import scalar_math
+from engine.backends.cpu.layout import coalesce
 from engine.backends.cuda.arrays import (
     bits,
     grid_stride_shape,
@@ -107,17 +108,9 @@ def _pieces(arr):
     """(4-axis view, first C-order position) pieces covering device array `arr` in C
     order: adjacent axes merged where the strides allow, unit axes dropped; more than four
     left: one piece per index of the leading ones."""
-    shape: list[int] = []
-    strides: list[int] = []
-    for n, s in zip(arr.shape, arr.strides, strict=True):
-        if n == 1:
-            continue
-        if shape and strides[-1] == s * n:
-            shape[-1] *= int(n)
-            strides[-1] = int(s)
-        else:
-            shape.append(int(n))
-            strides.append(int(s))
+    dims = coalesce(arr.shape, arr.strides)
+    shape = [int(n) for n, _ in dims]
+    strides = [int(st[0]) for _, st in dims]
     lead, inner = len(shape) - RANK, RANK
     if lead <= 0:
         pad = RANK - len(shape)
