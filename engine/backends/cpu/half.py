@@ -25,13 +25,12 @@ from engine.tensor import is_half
 
 F16, BF16 = 0, 1          # the formats' codes (fmt arguments), as compiled constants
 
-_SIGN32 = np.uint32(0x80000000)
 _ABS32 = np.uint32(0x7FFFFFFF)
 _INF32 = np.uint32(0x7F800000)
-_INF16 = np.uint16(0x7C00)
-_TWO_M24 = np.float32(2.0 ** -24)     # float16's smallest subnormal
+_INF16 = np.uint32(0x7C00)             # float16's infinity
+_INF16_AT32 = np.uint32(0x7C00 << 13)  # its exponent bits in float32's places
 _MIN_NORMAL16 = np.uint32(0x38800000)  # 2^-14 as float32 bits: float16's smallest normal
-_OVERFLOW16 = np.uint32(0x47800000)    # 2^16 as float32 bits: beyond float16's range
+_MIN_NORMAL16_F = np.float32(2.0 ** -14)
 _HIDDEN32 = np.uint32(0x00800000)      # float32's implicit leading significand bit
 
 
@@ -60,56 +59,56 @@ def narrow_bf16(x):
 
 @scalar_math
 def widen_f16(h):
-    """The float32 of float16 pattern `h` (exact, subnormals, infinities and NaN included)."""
+    """The float32 of float16 pattern `h` (exact, subnormals, infinities and NaN included).
+    Branchless, so that loops over it vectorise: each case's pattern is computed and one
+    selected, in 32-bit operations (numba widens unsigned arithmetic to 64 bits: np.uint32
+    narrows each result back, or the vectors would hold half as many lanes)."""
     bits = np.uint32(h)
-    sign = (bits & np.uint32(0x8000)) << np.uint32(16)
-    exponent = (bits >> np.uint32(10)) & np.uint32(0x1F)
-    mantissa = bits & np.uint32(0x3FF)
-    if exponent == np.uint32(0x1F):                    # infinity or NaN (payload kept)
-        return _as_f32(sign | _INF32 | (mantissa << np.uint32(13)))
-    if exponent == np.uint32(0):                       # zero or subnormal: mantissa * 2^-24
-        magnitude = np.float32(mantissa) * _TWO_M24
-        return _as_f32(sign | np.float32(magnitude).view(np.uint32))
-    # a normal number: rebias the exponent (15 -> 127), widen the mantissa (10 -> 23 bits)
-    return _as_f32(sign | ((exponent + np.uint32(112)) << np.uint32(23))
-                   | (mantissa << np.uint32(13)))
+    sign = np.uint32(np.uint32(bits & np.uint32(0x8000)) << np.uint32(16))
+    # exponent and mantissa moved to float32's places: the mantissa widens from 10 to 23 bits
+    body = np.uint32(np.uint32(bits & np.uint32(0x7FFF)) << np.uint32(13))
+    normal = np.uint32(body + np.uint32(112 << 23))     # the exponent rebiased, 15 -> 127
+    special = np.uint32(body | _INF32)                  # infinity or NaN (payload kept)
+    # zero or a subnormal, mantissa * 2^-24: 2^-14 (1 + mantissa / 1024), the mantissa put
+    # below 2^-14's exponent, minus 2^-14; exact, and with no float32 subnormal in or out,
+    # so that flushing them to zero (a GPU's fast math) changes nothing
+    subnormal = np.float32(_as_f32(body | _MIN_NORMAL16) - _MIN_NORMAL16_F).view(np.uint32)
+    magnitude = special if body >= _INF16_AT32 else (
+        normal if body >= _HIDDEN32 else subnormal)
+    return _as_f32(sign | magnitude)
 
 
 @scalar_math
 def narrow_f16(x):
-    """float16 pattern of float32 `x`, rounded to nearest, ties to even (in integers
-    throughout, float16's subnormals too: numba-cuda has no rint, and the CUDA backend
-    compiles this same function into its kernels)."""
+    """float16 pattern of float32 `x`, rounded to nearest, ties to even. Branchless, as
+    widen_f16 is (every case's pattern computed, one selected, in 32-bit operations); the
+    CUDA backend compiles this same function into its kernels, so only integer operations
+    and one float32 addition (numba-cuda has no rint; rounding subnormals in integers
+    instead, by a shift of varying length, ran 1.7 times slower)."""
     xbits = np.float32(x).view(np.uint32)
-    sign = np.uint16((xbits & _SIGN32) >> np.uint32(16))
-    magnitude = xbits & _ABS32
-    if magnitude > _INF32:                             # NaN: the payload's top 10 bits
-        payload = np.uint16((magnitude >> np.uint32(13)) & np.uint32(0x3FF))
-        return sign | _INF16 | (payload if payload else np.uint16(1))
-    if magnitude >= _OVERFLOW16:                       # infinity, or beyond 65504 and 65520
-        return sign | _INF16
-    if magnitude < _MIN_NORMAL16:
-        # a subnormal (or zero) result, |x| * 2^24 rounded to an integer: |x| = M 2^(E-150)
-        # with M the significand with its implicit bit, so |x| 2^24 = M / 2^(126 - E); the
-        # quotient rounded to even is the pattern (1024, the smallest normal, included)
-        exponent = magnitude >> np.uint32(23)
-        if exponent < np.uint32(102):                  # |x| < 2^-25: rounds to zero
-            return sign
-        significand = (magnitude & np.uint32(0x7FFFFF)) | _HIDDEN32
-        shift = np.uint32(126) - exponent              # 14 to 24
-        q = significand >> shift
-        rest = significand & ((np.uint32(1) << shift) - np.uint32(1))
-        half = np.uint32(1) << (shift - np.uint32(1))
-        if rest > half or (rest == half and (q & np.uint32(1))):
-            q += np.uint32(1)
-        return sign | np.uint16(q)
-    # a normal result: drop 13 mantissa bits, rounding to even; a carry out of the mantissa
-    # increments the exponent, and out of the largest exponent gives the infinity 0x7C00
-    h = (magnitude - np.uint32(0x38000000)) >> np.uint32(13)
-    rest = magnitude & np.uint32(0x1FFF)
-    if rest > np.uint32(0x1000) or (rest == np.uint32(0x1000) and (h & np.uint32(1))):
-        h += np.uint32(1)
-    return sign | np.uint16(h)
+    sign = np.uint32(np.uint32(xbits >> np.uint32(16)) & np.uint32(0x8000))
+    magnitude = np.uint32(xbits & _ABS32)
+    top = np.uint32(magnitude >> np.uint32(13))         # the bits float16 keeps
+    # NaN: the payload's top 10 bits, 1 where those are all zero (never an infinity)
+    nan = _INF16 | max(np.uint32(top & np.uint32(0x3FF)), np.uint32(1))
+    # a normal result: drop 13 mantissa bits, rounding to even (add just under half, plus
+    # the lowest kept bit), and rebias (127 -> 15: 112 << 23, shifted); a carry out of the
+    # mantissa increments the exponent, and out of the largest exponent gives the infinity
+    # 0x7C00, at which min holds every larger magnitude, the infinity itself included
+    rounded = np.uint32(magnitude + np.uint32(0xFFF) + np.uint32(top & np.uint32(1)))
+    normal = min(np.uint32(np.uint32(rounded >> np.uint32(13)) - np.uint32(112 << 10)), _INF16)
+    # a subnormal result (or zero), |x| 2^24 rounded to an integer: adding 0.5 rounds |x|
+    # to a multiple of 2^-24 (0.5's ulp), to even, and the sum's mantissa is that integer
+    # (1024, the smallest normal, included). Exact when float32 subnormals are flushed to
+    # zero too (they round to 0 either way). min (any bound >= 2^-14 would do) keeps the
+    # addend an integer operation's result: a compiler that fuses a * b + c (a GPU's, by
+    # default) could otherwise make a caller's narrow_f16(a * a) one fma(a, a, 0.5),
+    # rounded once instead of twice
+    tiny = _as_f32(min(magnitude, _MIN_NORMAL16))
+    subnormal = np.uint32(np.float32(tiny + np.float32(0.5)).view(np.uint32)
+                          - np.uint32(0x3F000000))
+    return np.uint16(sign | (nan if magnitude > _INF32 else (
+        normal if magnitude >= _MIN_NORMAL16 else subnormal)))
 
 
 @scalar_math

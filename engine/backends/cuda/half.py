@@ -14,8 +14,10 @@ uint16 patterns (arrays.bits) and converted with the CPU backend's arithmetic
 (engine.backends.cpu.half, same conventions: round to nearest even, subnormals, infinities,
 NaN keeping sign and payload), so the two backends convert to the same bits on a GPU and
 under the simulator alike: `widen` and `narrow` are the CPU's own scalar functions
-(scalar_math: inlined into CUDA kernels, called compiled under the simulator), in integer
-arithmetic throughout (numba-cuda 0.30 cannot lower np.rint).
+(scalar_math: inlined into CUDA kernels, called compiled under the simulator), branchless,
+in integer arithmetic but for one exact float32 subtraction (float16 subnormals widened)
+and one float32 addition (their rounding), neither with a subnormal operand or result, so
+a flush-to-zero mode changes nothing (numba-cuda 0.30 cannot lower np.rint).
 
 `widened(kernel, update)` runs a float32 CUDA kernel on nodes of which some are 16-bit, as
 engine.backends.cpu.half.widened does on the CPU: per call, the 16-bit inputs are widened

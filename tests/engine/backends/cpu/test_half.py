@@ -138,7 +138,7 @@ def test_float64_values_round_once_correctly(values, name):
 
 def test_every_float32_with_a_subnormal_float16_rounds_as_numpy_does():
     """Every positive float32 from 2^-26 (below half the smallest subnormal) up to float16's
-    smallest normal, 96 million of them: the integer rounding of the subnormal branch,
+    smallest normal, 96 million of them: the rounding of the subnormal branch (0.5 added),
     its ties and its carry into the smallest normal, against numpy (the sign only sets
     the sign bit, checked by the tests above)."""
     lo, hi = 101 << 23, 0x38800000 + 1
@@ -146,3 +146,11 @@ def test_every_float32_with_a_subnormal_float16_rounds_as_numpy_does():
     for start in range(lo, hi, step):
         values = np.arange(start, min(start + step, hi), dtype=np.uint32).view(np.float32)
         assert np.array_equal(narrow(values, half.F16), reference_narrow(values, np.float16))
+
+
+def test_every_float32_nan_keeps_its_payload_as_numpy_does():
+    """All 2^24 - 2 float32 NaNs, both signs: the sign, the payload's top 10 bits, and 1
+    where those are all zero (so that no NaN becomes an infinity), bit for bit as numpy."""
+    payloads = np.arange(1, 1 << 23, dtype=np.uint32)
+    values = np.concatenate([payloads | 0x7F800000, payloads | 0xFF800000]).view(np.float32)
+    assert np.array_equal(narrow(values, half.F16), reference_narrow(values, np.float16))
