@@ -112,9 +112,10 @@ def sum_rows_float32_accumulator(prepare):
         run, chunked = prepared(prepare, out, ins, params, "sum:rows")
         if not chunked:
             return run
-        x, acc = ins[0], run.args[3]                    # call(_sum_rows, x, rows, run, acc, out)
+        # call(_sum_rows, x, rows, run, acc, out, fmt)
+        x, acc = ins[0], run.args[3]
         return functools.partial(run.func, *run.args[:3], np.empty((1, acc.shape[1]), x.dtype),
-                                 run.args[4])
+                                 *run.args[4:])
     return mutated
 
 
@@ -299,14 +300,14 @@ def hardswish_back_middle_slope_beyond_3(prepare):
 
 
 # --- the 16-bit floats (engine.backends.cpu.half) ---------------------------------------------
-def sum_accumulated_in_half(widened_sum):
+def sum_accumulated_in_half(real_sum):
     """sum on 16-bit nodes accumulated serially in the 16-bit type (each partial sum rounded
     to nearest in it) instead of in float32: over 256 rows of values in [0.5, 1] the
     partial sums reach 256, where float16's spacing is 0.25."""
     def mutated(out, ins, axes, keepdims):
         (x,) = ins
         if not is_half(out.dtype):
-            return widened_sum(out, ins, axes=axes, keepdims=keepdims)
+            return real_sum(out, ins, axes=axes, keepdims=keepdims)
         reduced = [a % x.ndim for a in axes]
         kept = [a for a in range(x.ndim) if a not in reduced]
         rows = np.transpose(x, reduced + kept).reshape(-1, *[x.shape[a] for a in kept])

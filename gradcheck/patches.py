@@ -26,9 +26,10 @@ import types
 from collections.abc import Callable
 
 from engine import ops
-from engine.backends.cpu import half, threads
+from engine.backends.cpu import CPU, half, threads
 from engine.backends.cpu.jit import bindable
 from engine.registry import get_op
+from engine.tensor import is_half
 
 
 @contextlib.contextmanager
@@ -103,18 +104,23 @@ def half_function_replaced(name: str, make: Callable):
         setattr(half, name, real)
 
 
+@contextlib.contextmanager
 def half_kernel_replaced(op_name: str, make: Callable):
     """Within the block, the kernel the CPU backend gives op `op_name`'s 16-bit nodes (its
-    float32 kernel widened, half.widened) is `make(real_widened_kernel)`; other ops' and
-    other dtypes' kernels are the real ones."""
-    target = get_op(op_name).kernels["cpu"]
+    float32 kernel widened, half.widened, or the kernel itself where it reads 16-bit
+    patterns, patterns.native_half) is `make(real_kernel)`; other ops' and other dtypes'
+    kernels are the real ones. Plans bound in the block take it."""
+    backend = type(CPU)
+    real = backend.kernel
 
-    def make_widened(real_widened):
-        def widened(kernel, update: bool = False):
-            k = real_widened(kernel, update=update)
-            return make(k) if kernel is target else k
-        return widened
-    return half_function_replaced("widened", make_widened)
+    def kernel(self, op, dtypes=()):
+        k = real(self, op, dtypes)
+        return make(k) if op.name == op_name and any(is_half(d) for d in dtypes) else k
+    backend.kernel = kernel
+    try:
+        yield
+    finally:
+        backend.kernel = real
 
 
 @contextlib.contextmanager

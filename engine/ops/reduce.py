@@ -159,7 +159,8 @@ def _sum_scale():
     accumulators private), a sum over 1.5 million rows (float32 data, float64 accumulator
     rows: a float32 accumulator errs 10^4 times more there), a sum of contiguous runs
     (kept elements as ranges on the engine's threads), a transposed input; in float16 and
-    bfloat16 a whole-tensor sum and a sum over the rows of positive values (HALF_ROWS)."""
+    bfloat16 a whole-tensor sum, a sum over the rows of positive values (HALF_ROWS) and
+    one along the rows (16-bit runs in vector lanes: the path sum:lanes)."""
     positive = dict(kind="uniform", low=0.5, high=1.0, show_range=True)
     return [scale_case("sum", [InputSpec("x", SQUARE)], axis=None, keepdims=False),
             scale_case("sum", [InputSpec("x", (1500007, 3))], axis=0, keepdims=False),
@@ -169,7 +170,8 @@ def _sum_scale():
         case for dtype in HALF_SCALE_DTYPES for case in (
             scale_case("sum", [InputSpec("x", SQUARE)], dtype, axis=None, keepdims=False),
             scale_case("sum", [InputSpec("x", HALF_ROWS, **positive)], dtype, axis=0,
-                       keepdims=False))]
+                       keepdims=False),
+            scale_case("sum", [InputSpec("x", SQUARE)], dtype, axis=1, keepdims=False))]
 
 
 register(OpDef("sum", params=dict(axes=ints, keepdims=boolean),

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from engine.backends.cpu import elementwise as cpu
+from engine.backends.cpu.patterns import as_patterns, native_half
 from engine.errors import ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.params import int_tuple, ints
@@ -115,8 +116,11 @@ def broadcast_to(x, shape):
                      shape=int_tuple("broadcast_to", "shape", shape, None, None))
 
 
+@native_half
 def _cpu_broadcast_to(out, ins, shape):
-    np.copyto(out, np.broadcast_to(ins[0], shape))
+    """A copy, of 16-bit floats as their patterns (nothing to widen; numpy copies
+    ml_dtypes' bfloat16 element by element, uint16 as memory)."""
+    np.copyto(as_patterns(out), np.broadcast_to(as_patterns(ins[0]), shape))
 
 
 # --- samples and registration ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.backends.cpu import half
+from engine.backends.cpu import CPU, half
 from engine.registry import all_ops, get_op
 from gradcheck import kernel_mutants
 from gradcheck.check import check_sample
@@ -32,10 +32,12 @@ HALF_FUNCTIONS = ("widened", "store", "widened_copy")   # what the 16-bit mutant
 
 def registry_state():
     """Every op's backward rule, kernels dict and kernels, as objects; and the 16-bit
-    machinery's functions (engine.backends.cpu.half), under the name "half"."""
+    machinery's functions (engine.backends.cpu.half, and the CPU backend's choice of a
+    16-bit node's kernel), under the name "half"."""
     state = {name: (op.backward, op.kernels, dict(op.kernels))
              for name, op in all_ops().items()}
     functions = {f: getattr(half, f) for f in HALF_FUNCTIONS}
+    functions["CpuBackend.kernel"] = type(CPU).kernel
     state["half"] = (None, None, functions)
     return state
 
@@ -87,13 +89,16 @@ def test_the_16_bit_patches_touch_16_bit_nodes_only():
     with MUTANTS["sum_f16_accumulated_in_f16"].patch():
         assert check_sample(case).status == "pass"
     x = np.random.default_rng(0).uniform(0.5, 1.0, (320, 8)).astype(np.float16)
-    real = get_op("sum").kernels["cpu"]
-    widened = half.widened(real)
+    sum_op, exp_op = get_op("sum"), get_op("exp")
+    f16, f32 = (np.dtype(np.float16),) * 2, (np.dtype(np.float32),) * 2
+    real = CPU.kernel(sum_op, f16)
     with MUTANTS["sum_f16_accumulated_in_f16"].patch():
-        mutated = half.widened(real)
-        assert half.widened(get_op("exp").kernels["cpu"]).__name__ != "mutated"
+        mutated = CPU.kernel(sum_op, f16)
+        assert CPU.kernel(sum_op, f32) is sum_op.kernels["cpu"]
+        assert CPU.kernel(exp_op, f16).__name__ != "mutated"
+    assert CPU.kernel(sum_op, f16) is real        # restored
     good, bad = np.empty(8, np.float16), np.empty(8, np.float16)
-    widened(good, [x], axes=(0,), keepdims=False)
+    real(good, [x], axes=(0,), keepdims=False)
     mutated(bad, [x], axes=(0,), keepdims=False)
     truth = x.astype(np.float64).sum(axis=0)
     assert np.abs(good - truth).max() < np.abs(bad - truth).max()

@@ -30,12 +30,14 @@ class CpuBackend:
     def kernel(self, op, dtypes=()):
         """Op `op`'s CPU kernel for a node whose output and sources have `dtypes`: where one
         is a 16-bit float, the float32 kernel widened (half.widened: inputs widened to
-        float32, the output rounded to nearest even on store)."""
+        float32, the output rounded to nearest even on store), unless the kernel reads the
+        16-bit patterns itself (patterns.native_half) and the node has one 16-bit dtype."""
         try:
             k = op.kernels["cpu"]
         except KeyError:
             raise BackendError(f"op {op.name} has no cpu kernel") from None
-        if any(is_half(d) for d in dtypes):
+        halves = {np.dtype(d) for d in dtypes if is_half(d)}
+        if halves and not (getattr(k, "native_half", False) and len(halves) == 1):
             return half.widened(k, update=op.kind == "update")
         return k
 

@@ -3,7 +3,10 @@
 Kernels are compiled lazily on first call and cached on disk (`cache=True`), so importing
 the engine compiles nothing and a warm start only loads what it uses. `error_model="numpy"`
 makes x/0 give inf/nan as numpy does, instead of raising. No fastmath: results are compared
-against torch and against float64 references.
+against torch and against float64 references. Two exceptions, each a flag that loses no
+accuracy: `contracting` kernels let LLVM fuse a * b + c into one fused multiply-add
+(rounded once, not twice: a polynomial's Horner steps run at twice the speed), and
+`any_order` sums let it reorder a plain sum into vector lanes (engine.backends.cpu.patterns).
 
 Kernels with prange loops are compiled serial and parallel (SizeDispatch). The parallel
 compilation runs only where it pays, which is rarely:
@@ -83,10 +86,26 @@ def scalar_math(fn):
     return njit(fn, inline="always")
 
 
-def parallel_kernel(fn):
+def parallel_kernel(fn, **options):
     """Compile a kernel whose outer loop is a `numba.prange`, serial and parallel; which
     one runs is chosen per call (see SizeDispatch and the module doc)."""
-    return SizeDispatch(fn)
+    return SizeDispatch(fn, **options)
+
+
+CONTRACT = {"fastmath": {"contract"}}
+
+
+def any_order(fn):
+    """Compile a serial function whose floating-point additions LLVM may reassociate (see
+    the module doc): for a plain sum, which then runs in vector lanes. Not inlined: the
+    flag holds for this function's body only, never for a caller's."""
+    return njit(fn, fastmath={"reassoc"})
+
+
+def contracting(fn):
+    """parallel_kernel, with a * b + c fused into fused multiply-adds (see the module doc):
+    for kernels whose time goes into polynomials (patterns.exp_into)."""
+    return parallel_kernel(fn, **CONTRACT)
 
 
 prange = numba.prange
@@ -116,15 +135,15 @@ class SizeDispatch:
     argument has at least PARALLEL_MIN_SIZE elements; `for_size(n)` picks one for a known
     size. `.serial` and `.parallel` call one compilation directly."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, **options):
         # numba's disk cache keys a function by its qualified name and line, not by its
         # options: the serial compilation needs a name of its own, or it would load the
         # parallel machine code from the cache
         serial_fn = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__,
                                        fn.__defaults__, fn.__closure__)
         serial_fn.__qualname__ = f"{fn.__qualname__}__serial"
-        self.serial = kernel(serial_fn)
-        self.parallel = njit(fn, parallel=True)
+        self.serial = njit(serial_fn, **options)
+        self.parallel = njit(fn, parallel=True, **options)
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 

@@ -44,6 +44,7 @@ KNOWN = {
     "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",
     "sum:runs": "a sum of contiguous runs into vertical accumulators",
+    "sum:lanes": "16-bit runs summed in float64 vector lanes, in the compiler's order",
     "sum:runs_split": "kept elements' sums as ranges on the engine's threads",
     "get_rows_back:bands": "get_rows_back's scatter-add split into column bands",
     "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",

@@ -3,8 +3,13 @@ and log_softmax.
 
 A row is the last axis; rows are all leading axes. The op modules make every input
 C-contiguous (they insert `cont` for strided views), so a (rows, C) view never copies.
-Each row is one `prange` iteration, computed by one thread; exponentials and row sums are
-taken in float64 for float32 and float64 inputs alike.
+Each row is computed by one thread, in float64 for float32 and float64 rows and in float32
+for 16-bit ones (patterns.work): exponentials in a polynomial that vectorises (libm's for
+float64 outputs: patterns.exp_into), row maxima and sums in eight interleaved lanes, sums
+in float64. float16 and bfloat16 rows are read and written as their
+bit patterns (engine.backends.cpu.patterns), widened in the loads and rounded once, on
+store. Inputs of at least threads.MIN_ELEMENTS elements run as ranges of rows on the
+engine's threads (the fast path split:cpu_softmax; its plain twin is one range).
 
 The masked softmax sees x and out as 4-D (leading axes of size 1 prepended) and the mask as
 numpy's broadcast of it to that shape: a strided view whose broadcast axes have stride 0, so
@@ -18,8 +23,23 @@ import math
 
 import numpy as np
 
-from engine.backends.cpu.jit import bindable, call, kernel, parallel_kernel, prange
+from engine.backends.cpu import half, paths, threads
+from engine.backends.cpu.jit import bindable, call, contracting, kernel, parallel_kernel, prange
+from engine.backends.cpu.patterns import (
+    as_patterns,
+    dot_any_order,
+    exp_into,
+    fmt_of,
+    native_half,
+    rounded,
+    row_extreme,
+    sum_any_order,
+    value,
+    work,
+    work_dtype,
+)
 from engine.errors import BackendError
+from engine.tensor import is_half
 
 
 def as_rows(arr: np.ndarray, op: str) -> np.ndarray:
@@ -44,22 +64,26 @@ def row_logsumexp(x, r):
     return m + np.log(total)
 
 
-@parallel_kernel
-def _softmax_rows(x, out, scale):
-    """out[r, j] = exp(s x[r, j] - m_r) / sum_k exp(s x[r, k] - m_r), m_r = max_k s x[r, k]."""
+@contracting
+def _softmax_rows(x, out, scale, e, fmt):
+    """out[r, j] = exp(s x[r, j] - m_r) / sum_k exp(s x[r, k] - m_r), m_r = max_k s x[r, k].
+    The rows are cut into e.shape[0] parts (the prange); part p keeps its exponentials in
+    scratch row e[p] (of x's work type) and rounds each once, when normalised into out;
+    their sum is float64."""
     rows, n = x.shape
-    for r in prange(rows):
-        m = -np.inf
-        for j in range(n):
-            m = max(m, scale * np.float64(x[r, j]))
-        total = 0.0
-        for j in range(n):
-            e = np.exp(scale * np.float64(x[r, j]) - m)
-            out[r, j] = e
-            total += e
-        inv = 1.0 / total
-        for j in range(n):
-            out[r, j] = np.float64(out[r, j]) * inv
+    s = work(scale, x)
+    per = (rows + e.shape[0] - 1) // e.shape[0]
+    for p in prange(e.shape[0]):
+        er = e[p]
+        for r in range(p * per, min(rows, (p + 1) * per)):
+            xr = x[r]
+            orow = out[r]
+            m = s * row_extreme(xr, n, fmt, s < 0)    # max_k s x[r, k]: rounding is monotone
+            for j in range(n):
+                er[j] = exp_into(s * value(xr[j], fmt) - m, orow)
+            inv = work(1.0 / sum_any_order(er, n), x)
+            for j in range(n):
+                orow[j] = rounded(er[j] * inv, orow, fmt)
 
 
 @parallel_kernel
@@ -85,16 +109,19 @@ def _softmax_masked_rows(x, mask, out, scale):
             out[a, b, i, j] = np.float64(out[a, b, i, j]) * inv
 
 
-@parallel_kernel
-def _softmax_back_rows(g, y, out, scale):
-    """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k])."""
+@contracting
+def _softmax_back_rows(g, y, out, scale, fmt):
+    """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k]), the sum in float64
+    (dot_any_order), the rest in y's work type."""
     rows, n = y.shape
     for r in prange(rows):
-        dot = 0.0
+        gr = g[r]
+        yr = y[r]
+        orow = out[r]
+        dot = work(dot_any_order(gr, yr, n, fmt), y)
+        s = work(scale, y)
         for j in range(n):
-            dot += np.float64(g[r, j]) * np.float64(y[r, j])
-        for j in range(n):
-            out[r, j] = scale * np.float64(y[r, j]) * (np.float64(g[r, j]) - dot)
+            orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow, fmt)
 
 
 @parallel_kernel
@@ -112,12 +139,26 @@ def as_4d(arr: np.ndarray) -> np.ndarray:
     return arr[(None,) * (4 - arr.ndim)]
 
 
+def _row_chunks(arrays, parts):
+    """The (rows, C) views of same-shaped `arrays` cut into `parts` ranges of rows (one
+    range when the arrays are too small to pay for the threads' hand-over)."""
+    rows = [as_rows(a, "softmax") for a in arrays]
+    if parts == 1 or sum(a.size for a in arrays) < threads.MIN_ELEMENTS:
+        return [rows]
+    return [[a[lo:hi] for a in rows] for lo, hi in threads.bounds(rows[0].shape[0], parts)]
+
+
+def _split_rows(name, arrays, make):
+    """One call running make(chunk) for each range of rows of `arrays` (see _row_chunks),
+    side by side on the engine's threads; recorded as the fast path split:`name`."""
+    chunks = _row_chunks(arrays, threads.parts())
+    if len(chunks) > 1:
+        paths.taken(f"split:{name}")
+    return threads.side_by_side([make(*c) for c in chunks])
+
+
 @bindable
-def cpu_softmax(out, ins, scale=1.0):
-    if len(ins) == 1:
-        (x,) = ins
-        return call(_softmax_rows, as_rows(x, "softmax"), as_rows(out, "softmax"),
-                    float(scale))
+def _cpu_softmax_masked(out, ins, scale=1.0):
     x, mask = ins
     as_rows(x, "softmax")       # checks that x is C-contiguous
     x4 = as_4d(x)
@@ -125,11 +166,39 @@ def cpu_softmax(out, ins, scale=1.0):
                 float(scale))
 
 
+_softmax_masked_widened = half.widened(_cpu_softmax_masked)
+
+
+@native_half
+@bindable
+def cpu_softmax(out, ins, scale=1.0):
+    """Softmax over the last axis, with an optional additive mask. Unmasked, a 16-bit x is
+    read and written as its patterns (engine.backends.cpu.patterns), and big inputs run
+    as ranges of rows on the engine's threads."""
+    if len(ins) == 2:
+        if any(is_half(a.dtype) for a in (out, *ins)):
+            return _softmax_masked_widened.bind(out, ins, scale=scale)
+        return _cpu_softmax_masked.bind(out, ins, scale=scale)
+    (x,) = ins
+    fmt = fmt_of(x)
+
+    def make(xr, outr):
+        # a scratch row per prange part, in the work type
+        e = np.empty((min(16, xr.shape[0]), xr.shape[1]), work_dtype(xr))
+        return call(_softmax_rows, as_patterns(xr), as_patterns(outr), float(scale), e, fmt)
+    return _split_rows("cpu_softmax", [x, out], make)
+
+
+@native_half
 @bindable
 def cpu_softmax_back(out, ins, scale=1.0):
+    """softmax_back; 16-bit arrays as their patterns, big ones in ranges of rows on the
+    engine's threads (see cpu_softmax)."""
     g, y = ins
-    return call(_softmax_back_rows, as_rows(g, "softmax_back"), as_rows(y, "softmax_back"),
-                as_rows(out, "softmax_back"), float(scale))
+    fmt = fmt_of(y)
+    return _split_rows("cpu_softmax_back", [g, y, out], lambda gr, yr, outr: call(
+        _softmax_back_rows, as_patterns(gr), as_patterns(yr), as_patterns(outr),
+        float(scale), fmt))
 
 
 @bindable

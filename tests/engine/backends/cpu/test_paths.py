@@ -29,6 +29,7 @@ REACHED_BY = {
     "sum:rows": ("sum", "x=[1500007,3]"),
     "sum:runs": ("sum", "x=[1031,1031],axis=1"),
     "sum:runs_split": ("sum", "x=[1031,1031],axis=1"),
+    "sum:lanes": ("sum", "type=bf16,x=[1031,1031],axis=1"),
     "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),
     "parallel": ("relu", "relu(type=f32,x=[1031,1031])"),
 }
@@ -71,6 +72,14 @@ def test_the_scale_case_takes_the_path(family):
     op, text = REACHED_BY[family]
     taken = _run(_case(op, text))
     assert family in {paths.family(p) for p in taken}, sorted(taken)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_softmax_rows_split_forward_and_backward(dtype):
+    """softmax's kernels split their rows on the engine's threads (split:cpu_softmax and
+    split:cpu_softmax_back), in float32 and in the 16-bit kernels that read patterns."""
+    taken = _run(_case("softmax", f"softmax(type={dtype},x=[1031,1031],scale=1"))
+    assert taken["split:cpu_softmax"] > 0 and taken["split:cpu_softmax_back"] > 0
 
 
 def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
