@@ -27,12 +27,15 @@ arrays as they are (CpuBackend.kernel).
 
 from __future__ import annotations
 
+import platform
+
+import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
-from numba.core import types
+from numba.core import config, types
 from numba.extending import intrinsic, overload
 
-from engine.backends.cpu.half import BF16, F16, narrow_bf16, widen, widen_bf16
+from engine.backends.cpu.half import BF16, F16, narrow, narrow_bf16, widen, widen_bf16
 from engine.backends.cpu.jit import any_order, kernel, scalar_math
 from engine.tensor import is_half
 
@@ -60,12 +63,12 @@ def exp_into(v, dst):
 
 
 # float16 through the CPU's own conversion instructions (x86's F16C: vcvtph2ps and
-# vcvtps2ph, which LLVM emits for `fpext half` and `fptrunc ... to half`; elsewhere LLVM
-# calls its runtime's conversions): both IEEE, rounding to nearest even, subnormals
-# included, and several times faster in a loop than the arithmetic of half.widen_f16 and
-# half.narrow_f16. NaNs alone differ (the instructions set the quiet bit), so NaN patterns
-# take half's conventions: the same bits, tested over every pattern
-# (tests/engine/backends/cpu/test_patterns.py).
+# vcvtps2ph, which LLVM emits for `fpext half` and `fptrunc ... to half`), where the
+# target has them (conversion_instructions): both IEEE, rounding to nearest even,
+# subnormals included, and several times faster in a loop than the arithmetic of
+# half.widen_f16 and half.narrow_f16. NaNs alone differ (the instructions set the quiet
+# bit), so NaN patterns take half's conventions: the same bits, tested over every pattern
+# (tests/engine/backends/cpu/test_patterns.py, also compiled for a CPU without F16C).
 @intrinsic
 def _f16_bits_to_f32(typingctx, h):
     def codegen(context, builder, signature, args):
@@ -106,10 +109,35 @@ def _narrow_fast(x, fmt):
     return nan if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else hw
 
 
+def conversion_instructions() -> bool:
+    """Whether kernels compiled now may use the float16 conversion instructions: on x86,
+    where the target numba compiles for (the host, or NUMBA_CPU_NAME and
+    NUMBA_CPU_FEATURES) has F16C, and on 64-bit ARM, where they are part of the base
+    architecture. Elsewhere LLVM would call runtime functions that numba's JIT cannot
+    link (a process abort, found by compiling for a generic x86-64), so half's arithmetic
+    conversions serve. numba's disk cache keys compilations by the target CPU and its
+    features, so a cache written on one machine is not loaded on another."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True
+    if machine not in ("x86_64", "amd64"):
+        return False
+    if config.CPU_FEATURES is not None:
+        return "+f16c" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME not in (None, "host"):
+        return False              # a named CPU without its features: assume none
+    return bool(llvm.get_host_cpu_features().get("f16c", False))
+
+
+F16C = conversion_instructions()
+
+
 @overload(value, inline="always")
 def _value(v, fmt):
     if isinstance(v, types.Integer):
-        return lambda v, fmt: _widen_fast(v, fmt)
+        if F16C:
+            return lambda v, fmt: _widen_fast(v, fmt)
+        return lambda v, fmt: widen(v, fmt)
     return lambda v, fmt: np.float64(v)
 
 
@@ -123,7 +151,9 @@ def _work(v, arr):
 @overload(rounded, inline="always")
 def _rounded(v, dst, fmt):
     if isinstance(dst.dtype, types.Integer):
-        return lambda v, dst, fmt: _narrow_fast(np.float32(v), fmt)
+        if F16C:
+            return lambda v, dst, fmt: _narrow_fast(np.float32(v), fmt)
+        return lambda v, dst, fmt: narrow(np.float32(v), fmt)
     return lambda v, dst, fmt: v
 
 

@@ -4,6 +4,11 @@ that use them against numpy in float64."""
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import ml_dtypes
 import numba
 import numpy as np
@@ -11,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backends.cpu import half
+from engine.backends.cpu import half, patterns
 from engine.backends.cpu.patterns import (
     as_patterns,
     dot_any_order,
@@ -191,3 +196,22 @@ def test_rounded_is_halfs_narrowing(dtype):
     want = np.empty(x.size, np.uint16)
     half.narrow_array.serial(x, want, fmt)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.slow
+def test_a_cpu_without_f16c_takes_the_arithmetic_conversions(tmp_path):
+    """Compiled for a generic x86-64 (no F16C), LLVM would turn the conversion
+    instructions into runtime calls numba's JIT cannot link, and the process would
+    abort: this module's tests pass there, on half's arithmetic conversions."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("an x86-64 test")
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64", NUMBA_CPU_FEATURES="",
+               NUMBA_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-m", "not slow", __file__], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_conversion_instructions_follow_the_target():
+    assert patterns.F16C == patterns.conversion_instructions()
