@@ -18,11 +18,12 @@ import numpy as np
 from engine.errors import DTypeError, EngineError
 
 # The engine's dtypes. The 16-bit floats are stored in 16 bits and computed in float32
-# inside kernels (engine.backends.cpu.half: widened on load, rounded to nearest even on
-# store). bfloat16 arrays are ml_dtypes' (the package JAX uses): numpy arrays that print,
-# convert (astype) and compute as numbers, where plain uint16 patterns would need a wrapper
-# at every place a user or a reference reads a value. Their numpy kind is "V", not "f":
-# ask `is_float`, never `dtype.kind == "f"`.
+# inside kernels, accumulated in float32 or better (engine.backends.cpu.half and
+# .patterns: widened on load, rounded to nearest even on store). bfloat16 arrays are
+# ml_dtypes' (the package JAX uses): numpy arrays that print, convert (astype) and
+# compute as numbers, where plain uint16 patterns would need a wrapper at every place a
+# user or a reference reads a value. Their numpy kind is "V", not "f": ask `is_float`,
+# never `dtype.kind == "f"`.
 DTYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16),
           "f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "i32": np.dtype(np.int32)}
 FLOAT_DTYPES = (DTYPES["f16"], DTYPES["bf16"], DTYPES["f32"], DTYPES["f64"])

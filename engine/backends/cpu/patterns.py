@@ -15,14 +15,15 @@ bit patterns, instead of through half.widened's float32 temporaries.
     dot_any_order(a, b, n, fmt)        the same for the products of a's and b's values
 
 Which implementation runs is chosen by numba when it compiles a kernel, from the argument
-types (numba.extending.overload): one kernel source serves float64, float32 and both 16-bit
-formats. Work is in float64 for float arrays and in float32 for 16-bit ones (the issue's
-"computed in float32, accumulated in float32 or better": float32 carries 13 or 16 bits
-more than the formats, and its vectors are twice as wide). The 16-bit compilation widens
-in its loads and rounds in its stores, so a 16-bit tensor costs one pass over 16-bit
-memory, not a widening pass, the float32 kernel and a rounding pass (half.widened). A
-kernel taking patterns is marked with `native_half`; the backend then hands it the 16-bit
-arrays as they are (CpuBackend.kernel).
+types (numba.extending.overload): one kernel source serves float64, float32 and both
+16-bit formats. Work is in float64 for float arrays and in float32 for 16-bit ones
+(computed in float32, accumulated in float32 or better, as engine.tensor says of the
+16-bit dtypes: float32 carries 13 or 16 bits more than the formats, and its vectors are
+twice as wide). The 16-bit compilation widens in its loads and rounds in its stores, so a
+16-bit tensor costs one pass over 16-bit memory, not a widening pass, the float32 kernel
+and a rounding pass (half.widened). A kernel taking patterns is marked with
+`native_half`; the backend then hands it the 16-bit arrays as they are
+(CpuBackend.kernel).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def exp_into(v, dst):
 # target has them (conversion_instructions): both IEEE, rounding to nearest even,
 # subnormals included, and several times faster in a loop than the arithmetic of
 # half.widen_f16 and half.narrow_f16. NaNs alone differ (the instructions set the quiet
-# bit), so NaN patterns take half's conventions: the same bits, tested over every pattern
-# (tests/engine/backends/cpu/test_patterns.py, also compiled for a CPU without F16C).
+# bit), so NaN patterns take half's conventions: the same bits, tested over every float16
+# pattern and, narrowing, every float32 NaN, the subnormal and overflow ranges and random
+# patterns (tests/engine/backends/cpu/test_patterns.py, also compiled without F16C).
 @intrinsic
 def _f16_bits_to_f32(typingctx, h):
     def codegen(context, builder, signature, args):
