@@ -134,7 +134,7 @@ def conversion_instructions() -> bool:
 F16C = conversion_instructions()
 
 
-@overload(value, inline="always")
+@overload(value)
 def _value(v, fmt):
     if isinstance(v, types.Integer):
         if F16C:
@@ -143,14 +143,14 @@ def _value(v, fmt):
     return lambda v, fmt: np.float64(v)
 
 
-@overload(work, inline="always")
+@overload(work)
 def _work(v, arr):
     if isinstance(arr.dtype, types.Integer):
         return lambda v, arr: np.float32(v)
     return lambda v, arr: np.float64(v)
 
 
-@overload(rounded, inline="always")
+@overload(rounded)
 def _rounded(v, dst, fmt):
     if isinstance(dst.dtype, types.Integer):
         if F16C:
@@ -220,7 +220,7 @@ def _exp_f32(v):
     return p * s1.view(np.float32) * s2.view(np.float32)
 
 
-@overload(exp_into, inline="always")
+@overload(exp_into)
 def _exp_into(v, dst):
     if dst.dtype == types.float64:
         return lambda v, dst: np.exp(v)          # libm: float64's own accuracy
@@ -248,7 +248,7 @@ def key_value(k, arr, fmt):
 # integer). NaNs sort beyond the infinities of their sign; +0 and -0 get keys 0 and -1
 # (16-bit: both 0), so a maximum over them can be -0 where the float maximum is +0: the
 # same value.
-@overload(order_key, inline="always")
+@overload(order_key)
 def _order_key(v):
     if isinstance(v, types.Integer):
         def key16(v):
@@ -267,7 +267,7 @@ def _order_key(v):
     return key64
 
 
-@overload(key_value, inline="always")
+@overload(key_value)
 def _key_value(k, arr, fmt):
     if isinstance(arr.dtype, types.Integer):
         return lambda k, arr, fmt: widen(np.uint16(k if k >= 0 else 0x8000 - k), fmt)

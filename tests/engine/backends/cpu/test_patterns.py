@@ -198,6 +198,22 @@ def test_rounded_is_halfs_narrowing(dtype):
     assert np.array_equal(got, want)
 
 
+def _fresh_run(tmp_path, **env):
+    """This module's fast tests in a new process, compiling everything anew, numba's
+    pedantic IR warnings (which the overloads once raised) as errors."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), **env)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-W", "error::numba.core.errors.NumbaIRAssumptionWarning",
+                           "-m", "not slow", __file__], env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_compiled_afresh_without_warnings(tmp_path):
+    run = _fresh_run(tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_a_cpu_without_f16c_takes_the_arithmetic_conversions(tmp_path):
     """Compiled for a generic x86-64 (no F16C), LLVM would turn the conversion
@@ -205,11 +221,7 @@ def test_a_cpu_without_f16c_takes_the_arithmetic_conversions(tmp_path):
     abort: this module's tests pass there, on half's arithmetic conversions."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("an x86-64 test")
-    env = dict(os.environ, NUMBA_CPU_NAME="x86-64", NUMBA_CPU_FEATURES="",
-               NUMBA_CACHE_DIR=str(tmp_path))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-m", "not slow", __file__], env=env, capture_output=True,
-                         text=True, timeout=600)
+    run = _fresh_run(tmp_path, NUMBA_CPU_NAME="x86-64", NUMBA_CPU_FEATURES="")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
