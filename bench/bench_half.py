@@ -3,6 +3,7 @@ benchmark, not a test).
 
     python bench/bench_half.py            # or: tox -e bench
     python bench/bench_half.py --repeat 30
+    python bench/bench_half.py --threads 1     # both on one thread
 
 For a 512x768 @ 768x512 matmul, a softmax over the rows of (1024, 1024) and a sum over the
 rows of (2048, 1024), in float16 and bfloat16 (and float32 for scale), prints the median
@@ -22,11 +23,13 @@ import time
 
 import ml_dtypes
 import numpy as np
+import threadpoolctl
 import torch
 from bench_cpu import engine_backward, engine_forward, median_time
 from tabulate import tabulate
 
 from engine import ops
+from engine.backends.cpu import threads as engine_threads
 from engine.tensor import TORCH_DTYPE_NAMES
 
 PAUSE_S = 0.5              # torch's workers fall asleep (see bench)
@@ -87,9 +90,18 @@ def bench(name, build, torch_fn, arrays, dtype, repeat):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for the engine and for torch alike (default: each's own)")
     args = p.parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; numba threads "
-          f"{__import__('numba').get_num_threads()}; median of {args.repeat} runs")
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+        engine_threads.set_num_threads(args.threads)
+        # numpy's BLAS too (the engine at one thread leaves it as it is)
+        threadpoolctl.threadpool_limits(limits=args.threads, user_api="blas")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; engine threads "
+          f"{engine_threads.get_num_threads()}; median of {args.repeat} runs")
     rows, memory, ok = [], [], True
     for name, build, torch_fn, arrays in cases(np.random.default_rng(0)):
         sizes = {}
