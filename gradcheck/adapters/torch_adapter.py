@@ -23,12 +23,14 @@ from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 
 def as_torch(a: np.ndarray):
     """A torch tensor of numpy array `a`, bfloat16 (ml_dtypes') included, which torch.tensor
-    refuses: its bit patterns, reinterpreted. Always a copy."""
+    refuses: its bit patterns, reinterpreted. Always a contiguous copy: torch.tensor keeps
+    a strided array's layout, and some of torch's backward kernels refuse strided leaves
+    (conv_transpose2d's: "grad_weight needs to be contiguous")."""
     import torch
     if a.dtype == DTYPES["bf16"]:
         return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(
             torch.bfloat16)
-    return torch.tensor(a)
+    return torch.tensor(np.ascontiguousarray(a))
 
 
 def from_torch(t) -> np.ndarray:

@@ -156,3 +156,16 @@ def test_tiny_inputs_are_checked_without_false_alarms_or_kinks(case):
     result = check_sample(case)
     assert result.status == "pass" and result.metrics["kinks"] == 0, result.message
     assert result.metrics["max_rel_err"] < 1e-5
+
+
+def test_a_strided_leaf_reaches_torch_contiguous():
+    """torch.tensor keeps a strided array's layout, and torch's conv_transpose2d backward
+    refuses a strided weight ("grad_weight needs to be contiguous"): the torch reference
+    copies leaves contiguous, so the case (found by --random) is judged, not an error."""
+    case = Sample(op="conv_transpose_2d", inputs=(
+        InputSpec(name="x", shape=(2, 3, 4, 3), kind="uniform", low=2.0, high=4.0,
+                  expand=(1,)),
+        InputSpec(name="w", shape=(3, 3, 1, 3), kind="uniform", low=-1.0, high=0.5,
+                  expand=(1,))), params=(("stride", (2, 1)),), dtype="f64")
+    r = check_sample(case)
+    assert r.status == "pass", r.message
