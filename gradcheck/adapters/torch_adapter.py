@@ -27,10 +27,10 @@ def as_torch(a: np.ndarray):
     a strided array's layout, and some of torch's backward kernels refuse strided leaves
     (conv_transpose2d's: "grad_weight needs to be contiguous")."""
     import torch
+    a = np.array(a, order="C")          # (np.ascontiguousarray makes a 0-d array 1-d)
     if a.dtype == DTYPES["bf16"]:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(
-            torch.bfloat16)
-    return torch.tensor(np.ascontiguousarray(a))
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def from_torch(t) -> np.ndarray:
