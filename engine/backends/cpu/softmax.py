@@ -5,11 +5,12 @@ A row is the last axis; rows are all leading axes. The op modules make every inp
 C-contiguous (they insert `cont` for strided views), so a (rows, C) view never copies.
 Each row is computed by one thread, in float64 for float32 and float64 rows and in float32
 for 16-bit ones (patterns.work): exponentials in a polynomial that vectorises (libm's for
-float64 outputs: patterns.exp_into), row maxima and sums in eight interleaved lanes, sums
-in float64. float16 and bfloat16 rows are read and written as their
-bit patterns (engine.backends.cpu.patterns), widened in the loads and rounded once, on
-store. Inputs of at least threads.MIN_ELEMENTS elements run as ranges of rows on the
-engine's threads (the fast path split:cpu_softmax; its plain twin is one range).
+float64 outputs: patterns.exp_into), row maxima through integer keys (patterns.row_extreme),
+sums in float64 in vector lanes (patterns.sum_any_order, dot_any_order). float16 and
+bfloat16 rows are read and written as their bit patterns (engine.backends.cpu.patterns),
+widened in the loads and rounded once, on store. Inputs of at least threads.MIN_ELEMENTS
+elements run as ranges of rows on the engine's threads (the fast path split:cpu_softmax;
+its plain twin is one range).
 
 The masked softmax sees x and out as 4-D (leading axes of size 1 prepended) and the mask as
 numpy's broadcast of it to that shape: a strided view whose broadcast axes have stride 0, so
