@@ -234,6 +234,20 @@ def silu_gradient(g, v):
     return g * (s * (1.0 + v * (1.0 - s)))
 
 
+GELU_QUICK_COEF = 1.702         # ggml's GELU_QUICK: x sigmoid(1.702 x)
+
+
+def gelu_quick(v):
+    """v sigmoid(1.702 v), ggml's GELU_QUICK."""
+    return v * sigmoid(GELU_QUICK_COEF * v)
+
+
+def gelu_quick_gradient(g, v):
+    """g (s + 1.702 v s (1 - s)), s = sigmoid(1.702 v)."""
+    s = sigmoid(GELU_QUICK_COEF * v)
+    return g * (s + GELU_QUICK_COEF * v * (s * (1.0 - s)))
+
+
 def softplus(v):
     """log(1 + e^v), or v above the threshold."""
     return v if v > SOFTPLUS_THRESHOLD else math.log1p(math.exp(v))
@@ -381,6 +395,14 @@ for _row in [
     Unary("silu", lambda v: v * sigmoid(v), silu_gradient, _functional("silu"),
           domain=("uniform", -5.0, 5.0), wide=WIDE, special=_saturated(8.0, 40.0),
           doc="x sigmoid(x)"),
+    Unary("gelu_quick", gelu_quick, gelu_quick_gradient,
+          lambda x: x * (GELU_QUICK_COEF * x).sigmoid(), domain=("uniform", -4.0, 4.0),
+          wide=WIDE, special=_saturated(4.0, 30.0),
+          doc="x sigmoid(1.702 x), ggml's GELU_QUICK"),
+    Unary("expm1", lambda v: math.expm1(v), lambda g, v: g * math.exp(v),
+          lambda x: x.expm1(), special=(("uniform", 5.0, 30.0), ("uniform", -30.0, -5.0),
+                                        ("uniform", -1e-3, 1e-3)),
+          doc="e^x - 1, accurate near 0 (ggml_expm1); d/dx = e^x"),
     Unary("elu", lambda v, alpha: v if v > 0.0 else alpha * math.expm1(v),
           lambda g, v, alpha: g if v > 0.0 else g * (alpha * math.exp(v)),
           _functional("elu"), params=("alpha",), defaults=(("alpha", 1.0),),
