@@ -14,6 +14,10 @@ Everything else is gradcheck's and the same for every engine:
   opinion: three comparisons (backprop vs numerical, backprop vs torch, numerical vs torch)
   name the side that is off;
 - determinism: the engine runs the case twice; the two must agree bit for bit;
+- constant outputs: cells where the float64 reference's output is infinite by definition
+  (diag_mask_inf's -inf) get loss weight 0, must hold the same infinity in every engine
+  and under every perturbation, and are counted in the `constant` metric, never as passes
+  (gradcheck.reference.constant_cells); any other NaN or Inf is a failure;
 - tolerances by dtype, modes (gradcheck.modes: full, fast, auto) and, on a backend other
   than the CPU, `vs_cpu` (gradcheck.cross_backend).
 
@@ -50,7 +54,7 @@ from gradcheck.cross_backend import compares_with_cpu, versus_cpu
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
-from gradcheck.reference import float64_reference, torch_reference
+from gradcheck.reference import constant_cells, float64_reference, settled, torch_reference
 from gradcheck.scale import check_scale_sample
 from gradcheck.verdict import Outcomes, judge
 from gradcheck.worker import RemoteError, WorkerCrash
@@ -146,6 +150,12 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     weights = loss_weights(f64_ref.output_shape, case.seed(),
                            getattr(case, "cotangent", "contiguous"))
     f64_ref.set_weights(weights)
+    f64_out = f64_ref.output()
+    constant = constant_cells(f64_out)        # the output's infinities by definition
+    if constant is not None:
+        weights = np.where(constant, 0.0, weights)
+        f64_ref.hold_constant(constant)
+        f64_ref.set_weights(weights)
     out, backprop, differs = engine_vjp(adapter, case, arrays, weights, f64_ref.output_shape)
     backprop = [None if i in declined else g for i, g in enumerate(backprop)]
     for i in checked:
@@ -154,19 +164,24 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
                                     f"{case.inputs[i].name}")
     mode = choose_mode(mode, sum(leaves[i].size for i in checked))
     labels["mode"] = mode
-    forward = _forward_comparison(out, f64_ref.output(), case.precision)
+    forward = (_forward_comparison(out, f64_out, case.precision) if constant is None else
+               compare(settled(out, f64_out, constant), settled(f64_out, f64_out, constant),
+                       case.precision))
     torch_ref = torch_reference(case, arrays, weights) if use_torch else None
     compared = compared_gradients(
         case, f64_ref, checked, mode, [backprop[i] for i in checked],
         None if torch_ref is None else [torch_ref.grads[i] for i in checked])
     forward_vs_torch = None
     if torch_ref is not None and is_float(out.dtype):
-        forward_vs_torch = compare(out, torch_ref.output, case.precision)
+        forward_vs_torch = compare(settled(out, f64_out, constant),
+                                   settled(torch_ref.output, f64_out, constant),
+                                   case.precision)
     backend = getattr(adapter, "backend", "cpu")
-    vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop)
+    vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop,
+                         lambda a: settled(a, f64_out, constant))
               if compares_with_cpu(adapter) else None)
     held = precision.check_case(case, arrays, weights, out, backprop, checked,
-                                f64_ref.output(),
+                                f64_out,
                                 None if torch_ref is None else torch_ref.grads, use_torch)
     v = judge(Outcomes(forward, compared.outcomes(case.precision),
                        torch_ref is not None, forward_vs_torch, differs, backend, vs_cpu,
@@ -174,5 +189,7 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     metrics = v.metrics(compared.fraction)
     if declined:
         metrics["declined"] = declined_note
+    if constant is not None:       # constants of the op: weight 0, neither pass nor fail
+        metrics["constant"] = int(np.count_nonzero(constant))
     row = Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
     return with_vjp_check(row, case, adapter, mode, use_torch)    # a backward op's, if any

@@ -31,14 +31,49 @@ from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
 from gradcheck.adapters.torch_adapter import as_torch
 
 
+def constant_cells(f64_out) -> np.ndarray | None:
+    """The output's constant cells: where the float64 reference's output is -inf or +inf
+    (diag_mask_inf's masked scores are -inf by definition), as a bool mask; None where
+    there are none. Such a cell is a constant of the op, not a value to differentiate: its
+    loss weight is 0 (so sum(f(x) * weights) stays finite), the loss holds it to its value
+    (Float64Reference.hold_constant: a perturbation that changes it makes the loss NaN, a
+    failure), every engine must give the same infinity there (`settled`), and the row
+    counts it as `constant`, never as a pass. Any other NaN or Inf stays a failure: an
+    infinity where the reference is finite, or a NaN anywhere, is no constant."""
+    mask = np.isinf(np.asarray(f64_out, np.float64))
+    return mask if mask.any() else None
+
+
+def settled(a, f64_out, constant) -> np.ndarray:
+    """Output `a` (an engine's or torch's) for comparison: 0 at the constant cells where it
+    holds the reference's infinity, NaN (a failure) at those where it does not."""
+    a = np.asarray(a, np.float64)
+    if constant is None:
+        return a
+    return np.where(constant, np.where(a == f64_out, 0.0, np.nan), a)
+
+
 class Float64Reference:
     """The float64 reference of a case: its f in float64. `leaves`: per case input, the
     float64 array (in the leaf layout, see InputSpec.permute) that `loss` reads and
     numerical differentiation moves, or None for an input that is not checked. Call
-    `set_weights` before `loss`."""
+    `set_weights` before `loss`; `hold_constant` where the output has constant cells."""
 
     output_shape: tuple[int, ...]
     leaves: list[np.ndarray | None]
+    constant: np.ndarray | None = None
+
+    def hold_constant(self, constant) -> None:
+        """Leave the output's `constant` cells (constant_cells) out of the loss, which is
+        NaN from now on at any point where one of them differs from its value here."""
+        self.constant = constant
+        self._held = self.output()[constant]
+
+    def _held_loss(self, out) -> float:
+        """sum(f(x) * weights) over the cells not constant; NaN if a constant one moved."""
+        if not np.array_equal(out[self.constant], self._held):
+            return float("nan")
+        return float(np.sum(np.where(self.constant, 0.0, out) * self.weights))
 
     def set_weights(self, weights: np.ndarray) -> None:
         raise NotImplementedError
@@ -55,7 +90,10 @@ class Float64Reference:
         """sum |f(x) * weights|: the size of the terms the loss sums, which bounds its
         rounding (a loss of huge outputs weighted to cancel is small and rounds as they
         do; gradcheck.numeric)."""
-        return float(np.sum(np.abs(self.output() * self.weights)))
+        out = self.output()
+        if self.constant is not None:
+            out = np.where(self.constant, 0.0, out)
+        return float(np.sum(np.abs(out * self.weights)))
 
 
 class EngineReference(Float64Reference):
@@ -87,6 +125,8 @@ class EngineReference(Float64Reference):
             self._loss_flat = self._loss.buffer().reshape(-1)
         else:
             self._run()
+        if self.constant is not None:
+            return self._held_loss(self._out.buffer())
         return float(self._loss_flat[0])
 
     def output(self) -> np.ndarray:
@@ -120,6 +160,8 @@ class FunctionReference(Float64Reference):
         return out.astype(np.float64)
 
     def loss(self) -> float:
+        if self.constant is not None:
+            return self._held_loss(self.output())
         return float(np.sum(self.output() * self.weights))
 
 

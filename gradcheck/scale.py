@@ -26,7 +26,8 @@ says which fast paths the engine under test took (`paths`). It is judged by:
    of its `thread_counts` (ours: 1, 2, 3 and 7 chunks) against its run at the first, bit
    for bit where the backend promises it (every kernel but the products: a case whose
    graph holds a matmul agrees within rounding, the dtype's tolerance);
-5. every value finite.
+5. every value finite, but for the output's constant infinities (gradcheck.reference.
+   constant_cells: weight 0, the `constant` metric).
 
 The scale tier runs on the CPU backend and in other engines on their CPU. Under numba's
 CUDA simulator (NUMBA_ENABLE_CUDASIM=1) a kernel runs each GPU thread as a Python thread,
@@ -46,7 +47,14 @@ from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import declined_inputs, engine_vjp, loss_weights, same_bits
 from gradcheck.modes import project, random_directions, single_thread
 from gradcheck.numeric import compare, directional_derivatives
-from gradcheck.reference import EngineReference, plain_vjp, torch_available, torch_reference
+from gradcheck.reference import (
+    EngineReference,
+    constant_cells,
+    plain_vjp,
+    settled,
+    torch_available,
+    torch_reference,
+)
 from reports import Result
 
 DIRECTIONS = 3             # random directions of the numerical check
@@ -147,6 +155,12 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
     weights = loss_weights(f64.output_shape, case.seed(), getattr(case, "cotangent",
                                                                   "contiguous"))
     f64.set_weights(weights)
+    f64_out = f64.output()
+    constant = constant_cells(f64_out)        # the output's infinities by definition
+    if constant is not None:
+        weights = np.where(constant, 0.0, weights)
+        f64.hold_constant(constant)
+        f64.set_weights(weights)
     with paths.recording() as taken:
         out, grads, differs = engine_vjp(adapter, case, arrays, weights, f64.output_shape)
     precision_dtype = case.precision
@@ -157,7 +171,8 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
     else:
         ref_name = "plain f64"
         ref_out, ref_grads = plain_vjp(case, arrays, weights)
-    forward = compare(out, ref_out, precision_dtype)
+    forward = compare(settled(out, f64_out, constant), settled(ref_out, f64_out, constant),
+                      precision_dtype)
     if not forward.ok:
         problems.append(f"forward: {forward.failures}/{forward.checked} off vs {ref_name}, "
                         f"worst {_worst('out', forward)}")
@@ -216,6 +231,8 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
                "paths": ", ".join(sorted(taken)) or "none"}
     if held is not None:
         metrics |= held.metrics()
+    if constant is not None:
+        metrics["constant"] = int(np.count_nonzero(constant))
     if declined:
         metrics["declined"] = "; ".join(f"{case.inputs[i].name}: {why}"
                                         for i, why in declined.items())
