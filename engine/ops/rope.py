@@ -1,0 +1,261 @@
+"""rope: rotary position embeddings with ggml's semantics (ggml_rope_ext, YaRN included),
+and its dedicated backward rope_back (ggml_rope_ext_back).
+
+x has shape (T, H, D) or (B, T, H, D) (ggml's ne = [D, H, T, B]), pos int32 of shape (T,)
+(one position per token, shared by the batch), freq_factors (optional) shape (n_dims/2,).
+For the pair i < n_dims/2 of token t, with (c, s) = mscale (cos theta_ti, sin theta_ti):
+
+    theta_extrap = pos[t] * freq_base^(-2i/n_dims) / freq_factors[i]
+    theta_ti     = freq_scale theta_extrap, mixed with theta_extrap by YaRN's ramp when
+                   ext_factor != 0 (engine.backends.rope_math), mscale = attn_factor
+                   (times 1 + 0.1 log(1/freq_scale) when ext_factor != 0)
+    mode normal: pairs (x[2i], x[2i+1]);  mode neox: pairs (x[i], x[i + n_dims/2])
+    rope(x)[.., j0] = x[j0] c - x[j1] s,   rope(x)[.., j1] = x[j0] s + x[j1] c
+    dims j >= n_dims: unchanged.
+
+The rotation is linear in x and its matrix is mscale R(theta): the gradient with respect to
+x is the transposed matrix mscale R(-theta) applied to g, the op rope_back(g, pos, ...) with
+the same parameters, whose own gradient is rope again. pos gets no gradient (integers), nor
+do freq_factors: ggml asserts "gradients for freq factors not implemented", and so the
+samples mark them grad=False. Defaults are llama.cpp's: freq_base 10000, freq_scale 1,
+ext_factor 0, attn_factor 1, beta_fast 32, beta_slow 1, n_ctx_orig 0. The kernels compute
+in float64 (16-bit inputs widened to float32 by the backends) and read views in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.backends.cpu.rope import cpu_rope, cpu_rope_back
+from engine.errors import DTypeError, ParamError, ShapeError
+from engine.params import choice, integer, number
+from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
+from engine.samples import InputSpec, Sample, both_dtypes
+from engine.scale_cases import scale_case
+from engine.strategies import draw_input, sample_strategy
+from engine.tensor import is_float
+
+MODES = ("normal", "neox")
+DEFAULTS = dict(mode="normal", n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
+                ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+PARAMS = dict(n_dims=integer, mode=choice(*MODES), n_ctx_orig=integer, freq_base=number,
+              freq_scale=number, ext_factor=number, attn_factor=number, beta_fast=number,
+              beta_slow=number)
+YARN = dict(ext_factor=1.0, freq_scale=0.25, n_ctx_orig=4096)
+
+
+def _check(op, x, pos, ff, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+           attn_factor, beta_fast, beta_slow):
+    """The shape, dtype and parameter rules of rope and rope_back (x is rope_back's g)."""
+    srcs = (x, pos, *ff)
+    if not is_float(x.dtype):
+        raise DTypeError(f"{op}: x must be float, got {x.dtype} (shapes {shapes_str(*srcs)})")
+    if x.ndim not in (3, 4):
+        raise ShapeError(f"{op}: x must have shape (T, H, D) or (B, T, H, D), got shapes "
+                         f"{shapes_str(*srcs)}")
+    if pos.dtype != np.dtype(np.int32):
+        raise DTypeError(f"{op}: pos must be int32, got {pos.dtype} (shapes "
+                         f"{shapes_str(*srcs)})")
+    if pos.shape != (x.shape[-3],):
+        raise ShapeError(f"{op}: pos must have shape (T,) = ({x.shape[-3]},), one position "
+                         f"per token, got shapes {shapes_str(*srcs)}")
+    if n_dims < 2 or n_dims % 2 or n_dims > x.shape[-1]:
+        raise ParamError(f"{op}: n_dims must be even, at least 2 and at most D = "
+                         f"{x.shape[-1]}, got {n_dims} (shapes {shapes_str(*srcs)})")
+    if ff:
+        if ff[0].dtype != x.dtype:
+            raise DTypeError(f"{op}: freq_factors dtype {ff[0].dtype} differs from x's "
+                             f"{x.dtype} (shapes {shapes_str(*srcs)})")
+        if ff[0].shape != (n_dims // 2,):
+            raise ShapeError(f"{op}: freq_factors must have shape (n_dims/2,) = "
+                             f"({n_dims // 2},), got shapes {shapes_str(*srcs)}")
+    if n_ctx_orig < 0:
+        raise ParamError(f"{op}: n_ctx_orig must be >= 0, got {n_ctx_orig}")
+    for name, v in (("freq_base", freq_base), ("freq_scale", freq_scale),
+                    ("beta_fast", beta_fast), ("beta_slow", beta_slow)):
+        if v <= 0.0:
+            raise ParamError(f"{op}: {name} must be positive, got {v}")
+    if ext_factor != 0.0 and freq_base == 1.0:
+        raise ParamError(f"{op}: YaRN (ext_factor {ext_factor}) needs freq_base != 1")
+    return x.shape, x.dtype
+
+
+def _rope_infer(x, pos, *ff, **params):
+    return _check("rope", x, pos, ff, **params)
+
+
+def _rope_back_infer(g, pos, *ff, **params):
+    return _check("rope_back", g, pos, ff, **params)
+
+
+def _srcs(x, pos, freq_factors):
+    return (x, pos) if freq_factors is None else (x, pos, freq_factors)
+
+
+def rope(x, pos, freq_factors=None, *, n_dims, **params):
+    """Rotary position embeddings (module doc): x (T, H, D) or (B, T, H, D) rotated pair by
+    pair by the angles of the int32 positions pos (T,); parameters as ggml_rope_ext
+    (mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast,
+    beta_slow; llama.cpp's defaults)."""
+    return make_node("rope", _srcs(x, pos, freq_factors), n_dims=n_dims,
+                     **{**DEFAULTS, **params})
+
+
+def rope_back(g, pos, freq_factors=None, *, n_dims, **params):
+    """The gradient of rope with respect to x: g rotated by -theta (same magnitude
+    scale), ggml_rope_ext_back."""
+    return make_node("rope_back", _srcs(g, pos, freq_factors), n_dims=n_dims,
+                     **{**DEFAULTS, **params})
+
+
+def _rope_backward(g, out, x, pos, *ff, **params):
+    return (rope_back(g, pos, *ff, **params), None) + (None,) * len(ff)
+
+
+def _rope_back_backward(g, out, gin, pos, *ff, **params):
+    return (rope(g, pos, *ff, **params), None) + (None,) * len(ff)
+
+
+def _torch_rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig,
+                freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
+    """rope written from the formulas, vectorised, in float64, rounded once to x's dtype."""
+    import torch
+    work = torch.float64
+
+    from engine.backends.rope_math import yarn_corr_dims
+    half = n_dims // 2
+    i = torch.arange(half, dtype=torch.float64)
+    inv_freq = (freq_base ** (-2.0 * i / n_dims)).to(work)
+    i = i.to(work)
+    extrap = pos.to(work)[:, None] * inv_freq
+    if freq_factors is not None:
+        extrap = extrap / freq_factors.to(work)
+    theta, mscale = freq_scale * extrap, attn_factor
+    if ext_factor != 0.0:
+        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        mix = (1.0 - ((i - low) / max(0.001, high - low)).clamp(0.0, 1.0)) * ext_factor
+        theta = theta * (1.0 - mix) + extrap * mix
+        mscale *= 1.0 + 0.1 * np.log(1.0 / freq_scale)
+    c = (mscale * torch.cos(theta))[:, None, :]            # (T, 1, half): over the heads
+    s = (sign * mscale * torch.sin(theta))[:, None, :]
+    xd = x.to(work)
+    rot = xd[..., :n_dims]
+    if mode == "neox":
+        x0, x1 = rot[..., :half], rot[..., half:]
+        y = torch.cat([x0 * c - x1 * s, x0 * s + x1 * c], -1)
+    else:
+        x0, x1 = rot[..., 0::2], rot[..., 1::2]
+        y = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
+    return torch.cat([y, xd[..., n_dims:]], -1).to(x.dtype)
+
+
+def _torch_rope_back(g, pos, freq_factors=None, **params):
+    return _torch_rope(g, pos, freq_factors, sign=-1.0, **params)
+
+
+def _rope_back_primals(g, pos, *ff, **params):
+    """rope_back(g, pos, ...) is rope's VJP with respect to x (rope is linear in x: any x,
+    here zeros)."""
+    inputs = {"x": np.zeros(g.shape), "pos": pos}
+    if ff:
+        inputs["freq_factors"] = ff[0]
+    return inputs, g, params
+
+
+# --- samples ------------------------------------------------------------------------------------
+def _pos(t, low=0, high=64):
+    return InputSpec("pos", (t,), "int", low, high, dtype="i32", grad=False)
+
+
+def _ff(n_dims):
+    return InputSpec("freq_factors", (n_dims // 2,), "uniform", 0.5, 4.0, grad=False)
+
+
+# (x spec keywords, n_dims, pos range, freq factors, parameters besides the defaults)
+CASES = [
+    (dict(shape=(4, 2, 8)), 8, (0, 64), False, {}),
+    (dict(shape=(3, 2, 10)), 6, (0, 64), False, {}),                   # partial n_dims
+    (dict(shape=(3, 1, 7)), 4, (0, 64), False, dict(freq_base=500000.0)),  # odd D
+    (dict(shape=(3, 2, 8)), 8, (0, 64), True, {}),                     # freq factors
+    (dict(shape=(3, 2, 16)), 16, (1000, 8000), False, YARN),           # YaRN
+    (dict(shape=(3, 2, 12)), 8, (0, 20000), True, dict(YARN, attn_factor=0.8, beta_fast=16.0,
+                                                      beta_slow=2.0)),
+    (dict(shape=(4, 2, 8)), 8, (-40, 0), False, dict(freq_scale=0.5, attn_factor=2.0)),
+    (dict(shape=(3, 1, 8)), 8, (100000, 1000000), False, {}),          # large positions
+    (dict(shape=(2, 3, 2, 8)), 8, (0, 64), False, {}),                 # a batch
+    (dict(shape=(2, 3, 2, 10)), 6, (-10, 3000), True, YARN),
+    (dict(shape=(3, 2, 8), permute=(1, 0, 2)), 8, (0, 64), False, {}),  # permuted views
+    (dict(shape=(2, 3, 2, 8), permute=(3, 1, 0, 2)), 6, (0, 64), True, {}),
+    (dict(shape=(3, 2, 8), slice=((1, 4, 1), (0, 4, 2), (1, 9, 1))), 8, (0, 64), False, {}),
+    (dict(shape=(3, 4, 8), expand=(1,)), 8, (0, 64), False, {}),       # heads broadcast
+]
+
+
+def _case(op, name, spec, n_dims, prange_, ff, extra, mode, dtype):
+    shape = spec["shape"]
+    inputs = [InputSpec(name, **spec), _pos(shape[-3], *prange_)]
+    if ff:
+        inputs.append(_ff(n_dims))
+    return Sample.make(op, inputs, dtype, n_dims=n_dims, **{**DEFAULTS, **extra, "mode": mode})
+
+
+@both_dtypes
+def _rope_samples(dtype):
+    return [_case("rope", "x", *c, mode, dtype) for c in CASES for mode in MODES]
+
+
+@both_dtypes
+def _rope_back_samples(dtype):
+    """g in each layout of rope's cases, both modes: checked against rope's VJP."""
+    return [_case("rope_back", "g", *c, mode, dtype)
+            for c in CASES[::2] + CASES[11::2] for mode in MODES]
+
+
+def _strategy(op, name):
+    @sample_strategy
+    def strategy(draw, dtype):
+        from hypothesis import strategies as st
+        lead = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=1)))
+        t, h = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+        d = draw(st.integers(2, 10))
+        n_dims = 2 * draw(st.integers(1, d // 2))
+        shape = lead + (t, h, d)
+        lo = draw(st.integers(-1000, 1000))
+        inputs = [draw_input(draw, name, shape),
+                  InputSpec("pos", (t,), "int", lo, lo + draw(st.integers(1, 50000)),
+                            dtype="i32", grad=False, show_range=True)]
+        if draw(st.booleans()):
+            inputs.append(_ff(n_dims))
+        extra = draw(st.sampled_from([{}, YARN, dict(freq_scale=0.5, attn_factor=1.5),
+                                      dict(YARN, n_ctx_orig=2048, beta_fast=16.0)]))
+        return Sample.make(op, inputs, dtype, n_dims=n_dims,
+                           **{**DEFAULTS, **extra, "mode": draw(st.sampled_from(MODES))})
+    strategy.__name__ = f"_{op}_strategy"
+    return strategy
+
+
+def _scale(op, name):
+    """Scale cases: 1031 tokens (prime: ragged token ranges for every thread count) of
+    4 x 128 dims, 527,872 elements: the token split on the engine's threads (split:cpu_rope,
+    split:cpu_rope_back); a batch of 2 in neox mode with YaRN and freq factors."""
+    def cases():
+        pos = InputSpec("pos", (1031,), "int", 0, 4096, dtype="i32", grad=False)
+        return [scale_case(op, [InputSpec(name, (1031, 4, 128)), pos], n_dims=128, **DEFAULTS),
+                scale_case(op, [InputSpec(name, (2, 1031, 2, 128)), pos, _ff(96)], n_dims=96,
+                           **{**DEFAULTS, **YARN, "mode": "neox"})]
+    return cases
+
+
+register(OpDef("rope", params=PARAMS, infer=_rope_infer, backward=_rope_backward,
+               kernels={"cpu": cpu_rope, "cuda": "engine.backends.cuda.rope:cuda_rope"},
+               build=rope, torch=_torch_rope, samples=_rope_samples, scale=_scale("rope", "x"),
+               strategy=_strategy("rope", "x"),
+               doc="rotary position embeddings (ggml_rope_ext, YaRN); gradient: rope_back"))
+register(OpDef("rope_back", params=PARAMS, kind="backward", infer=_rope_back_infer,
+               backward=_rope_back_backward,
+               kernels={"cpu": cpu_rope_back,
+                        "cuda": "engine.backends.cuda.rope:cuda_rope_back"},
+               build=rope_back, torch=_torch_rope_back, samples=_rope_back_samples,
+               scale=_scale("rope_back", "g"), strategy=_strategy("rope_back", "g"),
+               vjp_of=VJPOf("rope", _rope_back_primals),
+               doc="g rotated by -theta: the gradient of rope; its own gradient is rope"))
