@@ -11,6 +11,7 @@
     gradcheck --engine torch --op softmax     torch's autograd under the same checks
     gradcheck --engine ggml --op pool_2d      ggml's own ops (--ggml-lib DIR: your build)
     gradcheck --engine ggml --op pool_2d --random 50   generated cases in ggml, shrunk
+    gradcheck --engine ggml --coverage        ggml's backward ops: the registry op checking each
     gradcheck --engine mypkg.adapter:MyAdapter --all     your engine (an Adapter)
 
 Exit status: 0 all pass, 1 any failure or error, 2 usage error, 130 interrupted (Ctrl-C;
@@ -35,6 +36,7 @@ from gradcheck.repro import parse_case
 from gradcheck.runner import (
     DTYPES,
     MAX_RANDOM,
+    check_ggml_coverage,
     check_ops,
     describe_engines,
     list_ops,
@@ -58,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--op", action="append", metavar="NAME",
                       help="op to check (repeatable); see --list")
     what.add_argument("--all", action="store_true", help="check every op with sample cases")
+    what.add_argument("--coverage", action="store_true",
+                      help="with --engine ggml: every op of ggml's backward pass with the "
+                           "registry op that checks it, its cases run in ggml and their "
+                           "verdicts (one row per ggml op)")
     what.add_argument("--list", action="store_true", help="list the ops and exit")
     what.add_argument("--self-test", action="store_true",
                       help="inject known bugs into backward rules and kernels (fast and "
@@ -130,6 +136,10 @@ def _engine_usage_error(args) -> str | None:
     if args.ggml_threads is not None and not 1 <= args.ggml_threads <= MAX_GGML_THREADS:
         return (f"--ggml-threads must lie in [1, {MAX_GGML_THREADS}], got "
                 f"{args.ggml_threads}")
+    if args.coverage and args.engine != "ggml":
+        return f"--coverage applies to --engine ggml, not to --engine {args.engine}"
+    if args.coverage and (args.random or args.filter or args.workers is not None):
+        return "--coverage runs the registry's cases as they are: no --random, -k or --workers"
     if not args.case_timeout > 0:
         return f"--case-timeout must be a positive number of seconds, got {args.case_timeout}"
     if ours:
@@ -178,6 +188,10 @@ def _results(args, parser, adapter, case):
         return _distributed(args, parser, progress, backends)
     if args.self_test:
         return run_self_test(progress=progress)
+    if args.coverage:
+        return check_ggml_coverage(adapter, args.dtype, progress=progress, mode=args.mode,
+                                   use_torch=not args.no_torch,
+                                   case_timeout=args.case_timeout, tier=args.tier)
     if case is not None:
         return run_checks([case], args.inject, False, args.mode, backends, not args.no_torch,
                           adapter, args.case_timeout)

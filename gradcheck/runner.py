@@ -16,6 +16,7 @@ from tqdm import tqdm
 from engine.registry import all_ops, get_op
 from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.adapters.ggml.coverage import coverage_ops, coverage_rows
 from gradcheck.check import check_sample
 from gradcheck.cotangents import tier_cases
 from gradcheck.generated import generated_results
@@ -125,6 +126,18 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
         except KeyboardInterrupt as exc:   # Ctrl-C: the finished rows go with it
             raise interrupted_with(results, exc) from None
         return results
+
+
+def check_ggml_coverage(adapter, dtype: str = "all", *, progress: bool = False, mode="auto",
+                        use_torch: bool = True, case_timeout: float = DEFAULT_CASE_TIMEOUT,
+                        tier: str = "fast"):
+    """ggml's backward switch against the registry (gradcheck.adapters.ggml.coverage): the
+    cases of every registry op that checks one of its entries, run in `adapter` (ggml's),
+    summed up as one Result per entry."""
+    names = [op for op in coverage_ops() if op in all_ops()]
+    results = check_ops(names, dtype, tier=tier, progress=progress, mode=mode,
+                        use_torch=use_torch, adapter=adapter, case_timeout=case_timeout)
+    return coverage_rows(results, all_ops())
 
 
 def check_ops(op_names=None, dtype: str = "all", pattern: str | None = None, *,

@@ -136,6 +136,8 @@ COMPACT = {
                                    "kinks?", "forward?", "torch?", "vs_cpu?"), "op"),
     "gradcheck-selftest": CompactSpec(_cols("kind~", "tier~", "status", "cases?", "caught?",
                                             "fixed?", "precision?", "check?"), "kind"),
+    "gradcheck-coverage": CompactSpec(_cols("checked_by", "status", "cases", "passed",
+                                            "failed", "crashed", "unsupported")),
     "optcheck": CompactSpec(_cols("family~", "dtype~", "backend~", "status", "max_rel_err?",
                                   "ratio?", "first_step?"), "family"),
     "optcheck-selftest": CompactSpec(_cols("status", "rows?", "failed_rows?", "caught_by?")),

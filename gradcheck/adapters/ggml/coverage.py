@@ -12,6 +12,10 @@ inputs but the DECLINED ones.
 
 from __future__ import annotations
 
+from collections import Counter
+
+from reports import Result
+
 # registry op -> {input: why ggml computes no gradient of it}: the adapter declines these
 # gradients (gradcheck checks the other inputs) and leaves the inputs out of the params, as
 # ggml_compute_backward asserts that they need no gradient
@@ -36,6 +40,10 @@ NO_BACKWARD = {
     "get_rows_back": "ggml_get_rows_back (GGML_OP_GET_ROWS_BACK)",
     "im2col_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
     "im2col_1d_back": "ggml_im2col_back (GGML_OP_IM2COL_BACK)",
+    "gelu_quick": "ggml_gelu_quick (GGML_UNARY_OP_GELU_QUICK)",
+    "out_prod": "ggml_out_prod (GGML_OP_OUT_PROD; ggml uses it inside MUL_MAT's backward)",
+    **{name: f"ggml_{name}_split (GGML_GLU_OP_{name.upper()}: 'unsupported glu op for "
+             "backward pass')" for name in ("geglu", "geglu_erf", "geglu_quick", "reglu")},
 }
 
 
@@ -109,3 +117,92 @@ def half_unsupported(case) -> str | None:
             return f"ggml has no F16 kernel for {F16_NO_KERNEL[case.op]}; it aborts"
         return f"ggml has no F16 case of {case.op} in this adapter"
     return None
+
+
+# --- the coverage table: ggml's backward switch against the registry ------------------------
+# Every case of ggml_compute_backward (ggml.c, ggml 0.20.2) in its order, with the registry
+# ops whose cases check it through the adapter. `gradcheck --engine ggml --coverage` runs
+# those ops and reports one row per entry (coverage_rows). A ggml op none of whose registry
+# ops exists yet is reported as not covered, with the reason.
+BACKWARD_SWITCH: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("DUP", ("cast",)), ("ADD", ("add",)), ("ADD1", ("add1",)), ("ACC", ("acc",)),
+    ("SUB", ("sub",)), ("MUL", ("mul",)), ("DIV", ("div",)), ("SQR", ("sqr",)),
+    ("SQRT", ("sqrt",)), ("LOG", ("log",)), ("SIN", ("sin",)), ("COS", ("cos",)),
+    ("SUM", ("sum",)), ("SUM_ROWS", ("sum_rows", "sum")), ("MEAN", ("mean",)),
+    ("REPEAT", ("repeat", "broadcast_to")), ("REPEAT_BACK", ("repeat_back",)),
+    ("RMS_NORM", ("rms_norm",)), ("MUL_MAT", ("matmul",)), ("SCALE", ("scale",)),
+    ("SET", ("set",)), ("CPY", ("cast",)), ("CONT", ("cont",)), ("RESHAPE", ("reshape",)),
+    ("VIEW", ("block",)), ("PERMUTE", ("permute",)), ("TRANSPOSE", ("transpose",)),
+    ("GET_ROWS", ("get_rows",)), ("DIAG_MASK_INF", ("diag_mask_inf",)),
+    ("DIAG_MASK_ZERO", ("diag_mask_zero",)), ("SOFT_MAX", ("softmax",)),
+    ("ROPE", ("rope",)), ("IM2COL", ("im2col", "im2col_1d")), ("POOL_2D", ("pool_2d",)),
+    ("WIN_PART", ("win_part",)), ("WIN_UNPART", ("win_unpart",)),
+    ("UNARY_ABS", ("abs",)), ("UNARY_SGN", ("sgn",)), ("UNARY_NEG", ("neg",)),
+    ("UNARY_STEP", ("step",)), ("UNARY_RELU", ("relu",)), ("UNARY_SILU", ("silu",)),
+    ("UNARY_EXP", ("exp",)), ("UNARY_EXPM1", ("expm1",)), ("UNARY_SOFTPLUS", ("softplus",)),
+    ("CROSS_ENTROPY_LOSS", ("cross_entropy_loss",)), ("GLU_SWIGLU", ("swiglu",)),
+)
+# Which results of an op check which ggml op, where an op's cases split between two (cast:
+# DUP to the same dtype, CPY to another; sum: SUM over all axes, SUM_ROWS along the rows),
+# read from the case string (its parameters print as name=value)
+CASE_FILTERS = {
+    ("DUP", "cast"): lambda r: f"dtype={r.labels.get('dtype')})" in r.name,
+    ("CPY", "cast"): lambda r: f"dtype={r.labels.get('dtype')})" not in r.name,
+    ("SUM", "sum"): lambda r: "axis=None" in r.name,
+    ("SUM_ROWS", "sum"): lambda r: "axis=None" not in r.name,
+}
+
+
+def coverage_ops() -> list[str]:
+    """The registry ops that check ggml's backward switch (each once, in the table's order)."""
+    return list(dict.fromkeys(op for _, ops in BACKWARD_SWITCH for op in ops))
+
+
+def coverage_rows(results, registered) -> list[Result]:
+    """One row per entry of BACKWARD_SWITCH from gradcheck's `results` of coverage_ops() in
+    ggml: the registry ops that check it, the number of cases run and their verdicts. The
+    row fails if any case failed or errored, crashes if any crashed (and none failed),
+    passes if some passed and nothing else went wrong; it is unsupported, with the reason,
+    when no case could run in ggml or no registry op exists for it (`registered`: the
+    registry's op names)."""
+    by_op: dict[str, list[Result]] = {}
+    for r in results:
+        by_op.setdefault(r.labels.get("op"), []).append(r)
+    rows = []
+    for ggml_op, ops in BACKWARD_SWITCH:
+        present = [op for op in ops if op in registered]
+        mine = [r for op in present for r in by_op.get(op, [])
+                if CASE_FILTERS.get((ggml_op, op), lambda r: True)(r)]
+        counts = Counter(r.status for r in mine)
+        run = sum(counts[s] for s in ("pass", "fail", "error", "crash"))
+        if counts["fail"] or counts["error"]:
+            status = "fail"
+        elif counts["crash"]:
+            status = "crash"
+        elif counts["pass"]:
+            status = "pass"
+        else:
+            status = "unsupported"
+        why = _first_message(mine, status)
+        if not present:
+            why = f"not covered: no registry op {' or '.join(ops)}"
+        elif not mine:
+            why = f"not covered: {', '.join(present)} has no cases for it"
+        rows.append(Result(
+            tool="gradcheck-coverage", name=f"GGML_OP_{ggml_op}", status=status, message=why,
+            labels={"checked_by": ", ".join(present) or "-"},
+            metrics={"cases": len(mine), "run": run, "passed": counts["pass"],
+                     "failed": counts["fail"] + counts["error"], "crashed": counts["crash"],
+                     "unsupported": counts["unsupported"] + counts["skip"]}))
+    return rows
+
+
+def _first_message(results, status) -> str:
+    """A failing or crashing row's reason: the first such case and its message (with the
+    command that reproduces it); an unsupported row's: the first case's reason."""
+    wanted = {"fail": ("fail", "error"), "crash": ("crash",),
+              "unsupported": ("unsupported", "skip")}.get(status, ())
+    for r in results:
+        if r.status in wanted:
+            return r.message if status == "unsupported" else f"{r.name}: {r.message}"
+    return ""

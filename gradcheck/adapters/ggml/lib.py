@@ -63,7 +63,10 @@ class GgmlTensor(ctypes.Structure):
 
 P, I64 = c_void_p, c_int64
 _UNARY = ("sqr", "sqrt", "log", "sin", "cos", "abs", "sgn", "neg", "step", "relu", "silu",
-          "exp", "softplus", "sum", "sum_rows", "mean", "cont", "transpose")
+          "exp", "expm1", "softplus", "gelu_quick", "sum", "sum_rows", "mean", "cont",
+          "transpose", "dup")
+# the GLU family: fused (one input split in halves), its swapped variant, and split (two)
+GLU = ("swiglu", "geglu", "geglu_erf", "geglu_quick", "reglu")
 # library -> {function: (restype, argtypes)}; pointers to ggml structs are opaque c_void_p
 SIGNATURES: dict[str, dict[str, tuple]] = {
     BASE: {
@@ -92,6 +95,15 @@ SIGNATURES: dict[str, dict[str, tuple]] = {
         **{f"ggml_{name}": (P, [P, P, P]) for name in ("add", "sub", "mul", "div", "mul_mat",
                                                       "get_rows", "repeat_back",
                                                       "cross_entropy_loss")},
+        **{f"ggml_{name}{form}": (P, [P, P]) for name in GLU for form in ("", "_swapped")},
+        **{f"ggml_{name}_split": (P, [P, P, P]) for name in GLU},
+        **{f"ggml_{name}": (P, [P, P, P]) for name in ("add1", "out_prod")},
+        "ggml_soft_max_add_sinks": (None, [P, P]),
+        **{f"ggml_diag_mask_{name}": (P, [P, P, c_int]) for name in ("inf", "zero")},
+        "ggml_win_part": (P, [P, P, c_int]),
+        "ggml_win_unpart": (P, [P, P, c_int, c_int, c_int]),
+        "ggml_rope_ext": (P, [P, P, P, P, c_int, c_int, c_int, c_float, c_float, c_float,
+                              c_float, c_float, c_float]),
         "ggml_cast": (P, [P, P, c_int]),
         "ggml_scale": (P, [P, P, c_float]),
         "ggml_rms_norm": (P, [P, P, c_float]),

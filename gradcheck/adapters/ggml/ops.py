@@ -253,8 +253,57 @@ def _transpose(g, case, xs):
 
 def _cast(g, case, xs):
     """ggml_cast(x, type): a CPY into a new contiguous tensor of the target type (x may be a
-    strided view: the copy walks its strides)."""
-    return g.cast(xs[0], ggml_type(as_dtype(case.kwargs["dtype"])))
+    strided view: the copy walks its strides); to x's own type, ggml_dup(x) (ggml's DUP,
+    the same copy as its own op)."""
+    target = ggml_type(as_dtype(case.kwargs["dtype"]))
+    return g.dup(xs[0]) if target == g.type(xs[0]) else g.cast(xs[0], target)
+
+
+# --- the language-model ops (issue 20) ---------------------------------------------------
+def _glu(name):
+    """ggml_<name>_split(a, b) for two inputs; ggml_<name>[_swapped](x) for one (ggml_glu
+    asserts rows contiguous: ggml_is_contiguous_1, hence cont for a strided view)."""
+    def build(g, case, xs):
+        if len(xs) == 2:
+            a, b = (g.contiguous(x) for x in xs)
+            return getattr(g, f"{name}_split")(a, b)
+        swapped = "_swapped" if case.kwargs.get("swapped") else ""
+        return getattr(g, f"{name}{swapped}")(g.contiguous(xs[0]))
+
+    def why_not(case):
+        if len(case.inputs) == 1:
+            return (f"ggml differentiates {name} in its split form only (ggml_compute_backward "
+                    "asserts 'backward pass only implemented for split swiglu'); the fused "
+                    "form aborts")
+        return None
+    return GgmlOp(f"ggml_{name}_split(a, b)", build, why_not)
+
+
+def _diag_mask(name):
+    return GgmlOp(f"ggml_diag_mask_{name}(cont(x), n_past)", lambda g, case, xs: getattr(
+        g, f"diag_mask_{name}")(g.contiguous(xs[0]), case.kwargs["n_past"]))
+
+
+ROPE_MODES = {"normal": 0, "neox": 2}       # GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX
+
+
+def _rope(g, case, xs):
+    """ggml_rope_ext(x, pos, freq_factors or NULL, ...): x (T, H, D) or (B, T, H, D) is ggml's
+    [D, H, T, B], one position per token (pos ne0 == x ne2)."""
+    kw = case.kwargs
+    x, pos = xs[0], xs[1]
+    factors = xs[2] if len(xs) > 2 else None
+    return g.rope_ext(x, pos, factors, kw["n_dims"], ROPE_MODES[kw["mode"]],
+                      kw.get("n_ctx_orig", 0), kw.get("freq_base", 10000.0),
+                      kw.get("freq_scale", 1.0), kw.get("ext_factor", 0.0),
+                      kw.get("attn_factor", 1.0), kw.get("beta_fast", 32.0),
+                      kw.get("beta_slow", 1.0))
+
+
+def _win_part_why_not(case):
+    shape = case.inputs[0].shape
+    return None if len(shape) == 3 else (f"ggml_win_part takes one image [C, W, H, 1]; "
+                                         f"here {list(shape)}")
 
 
 def _shape_tensor(g, shape):
@@ -266,7 +315,17 @@ OPS: dict[str, GgmlOp] = {
     **{name: _unary(name, rows) for name, rows in (
         ("sqr", False), ("sqrt", False), ("log", False), ("sin", False), ("cos", False),
         ("abs", True), ("sgn", True), ("neg", True), ("step", True), ("relu", True),
-        ("silu", True), ("exp", True), ("softplus", True))},
+        ("silu", True), ("exp", True), ("expm1", True), ("softplus", True))},
+    "swiglu": _glu("swiglu"),
+    "add1": GgmlOp("ggml_add1(a, b)", lambda g, case, xs: g.add1(xs[0], g.contiguous(xs[1]))),
+    "diag_mask_inf": _diag_mask("inf"),
+    "diag_mask_zero": _diag_mask("zero"),
+    "rope": GgmlOp("ggml_rope_ext(x, pos, freq_factors or NULL, ...)", _rope),
+    "win_part": GgmlOp("ggml_win_part(cont(x), w)", lambda g, case, xs: g.win_part(
+        g.contiguous(xs[0]), case.kwargs["window"]), _win_part_why_not),
+    "win_unpart": GgmlOp("ggml_win_unpart(cont(x), w0, h0, w)", lambda g, case, xs:
+                         g.win_unpart(g.contiguous(xs[0]), case.kwargs["width"],
+                                      case.kwargs["height"], case.kwargs["window"])),
     **{name: _binary(name, name in ("add", "mul")) for name in ("add", "sub", "mul", "div")},
     "scale": GgmlOp("ggml_scale (cont unless padded 1d)",
                     lambda g, case, xs: g.scale(g.padded_1d(xs[0]), case.kwargs["scale"])),
@@ -298,7 +357,7 @@ OPS: dict[str, GgmlOp] = {
         xs[0], [a % len(case.inputs[0].shape) for a in case.kwargs["axes"]])),
     "transpose": GgmlOp("ggml_transpose (last two axes), else ggml_permute", _transpose),
     "cont": GgmlOp("ggml_cont", lambda g, case, xs: g.cont(xs[0])),
-    "cast": GgmlOp("ggml_cast (GGML_OP_CPY)", _cast),
+    "cast": GgmlOp("ggml_cast (GGML_OP_CPY); to the same type ggml_dup (GGML_OP_DUP)", _cast),
     "acc": GgmlOp("ggml_acc(cont(a), b, nb1, nb2, nb3, offset)", _acc_set("acc")),
     "set": GgmlOp("ggml_set(a, b, nb1, nb2, nb3, offset)", _acc_set("set")),
     "block": GgmlOp("ggml_view_4d", _block, _block_why_not),
