@@ -92,6 +92,71 @@ def scaled(op_name: str, factor: float) -> Callable:
 
 
 # --- the bugs ---------------------------------------------------------------------------------
+def _one_element_grad_mean(real):
+    def backward(g, out, a, b):
+        ga, gb = real(g, out, a, b)
+        n = math.prod(g.shape)
+        if math.prod(b.shape) == 1 and n > 1:
+            gb = ops.scale(gb, 1.0 / n)
+        return ga, gb
+    return backward
+
+
+def _silu_back_negative_branch(real):
+    def kernel(out, ins, **params):
+        real(out, ins, **params)
+        g, x = (np.broadcast_to(a, out.shape) for a in ins)
+        below = x < 0
+        out[below] = (g / (1.0 + np.exp(-x)))[below]
+    return kernel
+
+
+def _glu_halves_unswapped(real):
+    """The real gradient of the fused input with its two halves exchanged when swapped."""
+    def backward(g, out, *xs, swapped=False):
+        grads = real(g, out, *xs, swapped=swapped)
+        if len(xs) != 1 or not swapped:
+            return grads
+        n = xs[0].shape[-1] // 2
+        gx = ops.cont_if_strided(grads[0])
+        lead = gx.shape[:-1]
+        first = ops.block(gx, (0,) * len(lead) + (0,), lead + (n,))
+        second = ops.block(gx, (0,) * len(lead) + (n,), lead + (n,))
+        return (ops.concat(second, first, axis=-1),)
+    return backward
+
+
+def _mask_from_the_diagonal(real):
+    return lambda g, out, x, n_past: real(g, out, x, n_past=0)
+
+
+def _rope_other_pairing(real):
+    def backward(g, out, x, pos, *ff, mode, **params):
+        other = {"neox": "normal", "normal": "neox"}[mode]
+        return real(g, out, x, pos, *ff, mode=other, **params)
+    return backward
+
+
+def _window_counts(case) -> tuple[int, int]:
+    h, w = case.inputs[0].shape[:2]
+    window = case.kwargs["window"]
+    return -(-h // window), -(-w // window)
+
+
+def _window_grid(case) -> bool:
+    npy, npx = _window_counts(case)
+    return npy == npx > 1
+
+
+def _win_part_column_major(real):
+    def backward(g, out, x, window):
+        npy, npx = -(-x.shape[0] // window), -(-x.shape[1] // window)
+        rest = g.shape[1:]
+        swapped = ops.reshape(ops.cont(ops.transpose(ops.reshape(g, (npx, npy, *rest)), 0, 1)),
+                              g.shape)
+        return real(swapped, out, x, window=window)
+    return backward
+
 def _matmul_grad_a_untransposed(real):
     """grad_a = g @ b with b merely reshaped to b^T's shape: on square b exactly g @ b."""
     def backward(g, out, a, b):
@@ -417,6 +482,45 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
            "two ranges keeps one range's adds (4096 indices into 97 rows)",
            lambda: kernel_replaced("get_rows_back", km.scatter_split_by_indices),
            where=_contiguous, tier="scale", max_cases=1, kind="scatter race"),
+    Mutant("add1_grad_mean_not_sum", ("add1",),
+           "the one-element operand's gradient is the mean of g instead of its sum (ggml "
+           "0.20.2's ADD1 backward: 'TODO: should probably be sum instead of mean')",
+           lambda: backward_replaced("add", _one_element_grad_mean),
+           where=lambda case: math.prod(case.inputs[0].shape) > 1,
+           kind="wrong broadcast reduction"),
+    Mutant("win_part_grad_windows_column_major", ("win_part",),
+           "win_part's backward reads the windows of g in column-major order (px * npy + "
+           "py) instead of ggml's row-major py * npx + px: invisible on a single row or "
+           "column of windows, wrong on a grid",
+           lambda: backward_replaced("win_part", _win_part_column_major),
+           where=_window_grid, kind="transposed gradient"),
+    Mutant("rope_back_rotates_forward", ("rope",),
+           "rope_back rotates g by +theta (rope's own kernel) instead of -theta: the "
+           "transpose of a rotation taken as the rotation itself",
+           lambda: kernel_replaced("rope_back", lambda real: get_op("rope").kernels["cpu"]),
+           kind="transposed gradient"),
+    Mutant("rope_grad_pairs_swapped", ("rope",),
+           "rope's backward rotates neox's pairs (i, i + n_dims/2) where the forward rotated "
+           "adjacent ones (2i, 2i + 1), and the other way round",
+           lambda: backward_replaced("rope", _rope_other_pairing), kind="transposed gradient"),
+    Mutant("diag_mask_grad_ignores_n_past", ("diag_mask_inf", "diag_mask_zero"),
+           "the causal mask's backward masks as if n_past were 0: the gradient of the cells "
+           "between the diagonal and n_past is dropped",
+           lambda: all_of(*(lambda op=op: backward_replaced(op, _mask_from_the_diagonal)
+                            for op in ("diag_mask_inf", "diag_mask_zero"))),
+           where=lambda case: case.kwargs["n_past"] > 0, kind="off-by-one window"),
+    Mutant("swiglu_silu_grad_wrong_below_zero", ("swiglu",),
+           "silu's derivative, as swiglu's backward takes it (silu_back), is sigmoid(x) on "
+           "the negative branch: the term x sigmoid(x) (1 - sigmoid(x)) dropped where x < 0",
+           lambda: kernel_replaced("silu_back", _silu_back_negative_branch),
+           kind="wrong branch"),
+    Mutant("glu_grad_halves_unswapped", ("swiglu", "geglu"),
+           "the fused GLU's gradient joined as (activated half, gate half) even when "
+           "swapped=True put the activated half second",
+           lambda: all_of(*(lambda op=op: backward_replaced(op, _glu_halves_unswapped)
+                            for op in ("swiglu", "geglu"))),
+           where=lambda case: len(case.inputs) == 1 and case.kwargs.get("swapped"),
+           kind="transposed gradient"),
 ]}
 
 CONTROL = Mutant(
