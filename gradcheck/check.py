@@ -54,7 +54,7 @@ from gradcheck.cross_backend import compares_with_cpu, versus_cpu
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
-from gradcheck.reference import constant_cells, float64_reference, settled, torch_reference
+from gradcheck.reference import float64_reference, settled, torch_reference
 from gradcheck.scale import check_scale_sample
 from gradcheck.verdict import Outcomes, judge
 from gradcheck.worker import RemoteError, WorkerCrash
@@ -149,13 +149,7 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
                       f"{declined_note}", labels=labels)
     weights = loss_weights(f64_ref.output_shape, case.seed(),
                            getattr(case, "cotangent", "contiguous"))
-    f64_ref.set_weights(weights)
-    f64_out = f64_ref.output()
-    constant = constant_cells(f64_out)        # the output's infinities by definition
-    if constant is not None:
-        weights = np.where(constant, 0.0, weights)
-        f64_ref.hold_constant(constant)
-        f64_ref.set_weights(weights)
+    weights, f64_out, constant = f64_ref.weigh(weights)   # infinities: constant cells
     out, backprop, differs = engine_vjp(adapter, case, arrays, weights, f64_ref.output_shape)
     backprop = [None if i in declined else g for i, g in enumerate(backprop)]
     for i in checked:

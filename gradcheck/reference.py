@@ -78,6 +78,18 @@ class Float64Reference:
     def set_weights(self, weights: np.ndarray) -> None:
         raise NotImplementedError
 
+    def weigh(self, weights: np.ndarray):
+        """Set the loss `weights`, the output's constant cells (constant_cells) weighted 0 and
+        held (hold_constant): (the weights as set, the output, its constant cells or None)."""
+        self.set_weights(weights)
+        out = self.output()
+        constant = constant_cells(out)
+        if constant is not None:
+            weights = np.where(constant, 0.0, weights)
+            self.hold_constant(constant)
+            self.set_weights(weights)
+        return weights, out, constant
+
     def loss(self) -> float:
         """sum(f(x) * weights) at the current values of `leaves`."""
         raise NotImplementedError

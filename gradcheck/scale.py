@@ -49,7 +49,6 @@ from gradcheck.modes import project, random_directions, single_thread
 from gradcheck.numeric import compare, directional_derivatives
 from gradcheck.reference import (
     EngineReference,
-    constant_cells,
     plain_vjp,
     settled,
     torch_available,
@@ -154,13 +153,7 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
     checked = [i for i in differentiable if i not in declined]
     weights = loss_weights(f64.output_shape, case.seed(), getattr(case, "cotangent",
                                                                   "contiguous"))
-    f64.set_weights(weights)
-    f64_out = f64.output()
-    constant = constant_cells(f64_out)        # the output's infinities by definition
-    if constant is not None:
-        weights = np.where(constant, 0.0, weights)
-        f64.hold_constant(constant)
-        f64.set_weights(weights)
+    weights, f64_out, constant = f64.weigh(weights)   # infinities: constant cells
     with paths.recording() as taken:
         out, grads, differs = engine_vjp(adapter, case, arrays, weights, f64.output_shape)
     precision_dtype = case.precision
