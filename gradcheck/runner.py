@@ -16,7 +16,6 @@ from tqdm import tqdm
 from engine.registry import all_ops, get_op
 from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.adapters.ggml.coverage import coverage_ops, coverage_rows
 from gradcheck.check import check_sample
 from gradcheck.cotangents import tier_cases
 from gradcheck.generated import generated_results
@@ -134,6 +133,8 @@ def check_ggml_coverage(adapter, dtype: str = "all", *, progress: bool = False, 
     """ggml's backward switch against the registry (gradcheck.adapters.ggml.coverage): the
     cases of every registry op that checks one of its entries, run in `adapter` (ggml's),
     summed up as one Result per entry."""
+    # imported here: gradcheck.adapters.ggml loads only when ggml is asked for
+    from gradcheck.adapters.ggml.coverage import coverage_ops, coverage_rows
     names = [op for op in coverage_ops() if op in all_ops()]
     results = check_ops(names, dtype, tier=tier, progress=progress, mode=mode,
                         use_torch=use_torch, adapter=adapter, case_timeout=case_timeout)

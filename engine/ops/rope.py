@@ -24,6 +24,8 @@ in float64 (16-bit inputs widened to float32 by the backends) and read views in 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from engine.backends.cpu.rope import cpu_rope, cpu_rope_back
@@ -32,7 +34,7 @@ from engine.params import choice, integer, number
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
-from engine.strategies import draw_input, sample_strategy
+from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy
 from engine.tensor import is_float
 
 MODES = ("normal", "neox")
@@ -217,7 +219,7 @@ def _strategy(op, name):
         from hypothesis import strategies as st
         lead = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=1)))
         t, h = draw(st.integers(1, 5)), draw(st.integers(1, 3))
-        d = draw(st.integers(2, 10))
+        d = draw(st.integers(2, min(10, MAX_ELEMENTS // (math.prod(lead) * t * h))))
         n_dims = 2 * draw(st.integers(1, d // 2))
         shape = lead + (t, h, d)
         lo = draw(st.integers(-1000, 1000))

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.cudasim]
 
 UNARY = ["neg", "scale", "sqr", "sqrt", "log", "exp", "abs", "sgn", "step", "relu"]
 ACTIVATIONS = ["sin", "cos", "tanh", "sigmoid", "gelu", "gelu_erf", "silu", "elu",
-               "leaky_relu", "softplus", "hardswish", "clamp"]
+               "leaky_relu", "softplus", "hardswish", "clamp", "expm1", "gelu_quick"]
 BINARY = ["add", "sub", "mul", "div"]
 FAMILY = {*UNARY, *ACTIVATIONS, *(f"{a}_back" for a in ACTIVATIONS), *BINARY, "relu_back",
           "cont", "broadcast_to"}
@@ -171,7 +171,7 @@ def test_every_kernel_has_a_ptx_signature_per_dtype():
     assert set(elementwise.KERNELS) == names
     kernels = {k.py_func.__name__ for name in names
                for k in (elementwise.kernels(name).flat, elementwise.kernels(name).strided)}
-    assert len(kernels) == 2 * len(names) == 80
+    assert len(kernels) == 2 * len(names) == 88
     listed = {(k.py_func.__name__, dt) for k, sig in elementwise.PTX_SIGNATURES
               for dt in ("float32", "float64") if sig.startswith(f"void({dt}")}
     assert listed == {(name, dt) for name in kernels for dt in ("float32", "float64")}
