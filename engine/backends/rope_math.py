@@ -49,11 +49,19 @@ def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: fl
 
 
 @scalar_math
-def rope_cos_sin(p, i, n_dims, freq_base, freq_scale, ff, corr_low, corr_high, ext_factor,
+def rope_inv_freq(i, n_dims, freq_base):
+    """freq_base^(-2i / n_dims): pair i's angle per position before scaling (module doc),
+    in float64; the kernels compute it once per pair, not per token."""
+    return freq_base ** (-2.0 * i / n_dims)
+
+
+@scalar_math
+def rope_cos_sin(p, i, inv_freq, freq_scale, ff, corr_low, corr_high, ext_factor,
                  attn_factor):
     """(mscale cos(theta), mscale sin(theta)) of pair i at position p (module doc), in
-    float64; ff is the pair's frequency factor (1.0 without factors)."""
-    theta_extrap = p * freq_base ** (-2.0 * i / n_dims) / ff
+    float64; inv_freq is rope_inv_freq(i, ...), ff the pair's frequency factor (1.0
+    without factors)."""
+    theta_extrap = p * inv_freq / ff
     theta = freq_scale * theta_extrap
     mscale = attn_factor
     if ext_factor != 0.0:

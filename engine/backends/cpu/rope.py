@@ -1,9 +1,9 @@
 """CPU kernels of rope and rope_back (rotary position embeddings, ggml's ROPE and
 ROPE_BACK): one kernel, the rotation by +theta (rope) or -theta (rope_back).
 
-x is seen as (B, T, H, D) (a 3-D x gets B = 1), pos as (T,). For each token (b, t) and
-pair i < n_dims/2 the kernel computes (c, s) once (engine.backends.rope_math, float64) and
-rotates the pair in every head h:
+x is seen as (B, T, H, D) (a 3-D x gets B = 1), pos as (T,). The kernel first fills a
+table of (c, s) per token t and pair i < n_dims/2 (engine.backends.rope_math, float64;
+freq_base^(-2i/n_dims) once per pair), then rotates each row (b, t, h) along its last axis:
 
     normal: (j0, j1) = (2i, 2i + 1)        neox: (j0, j1) = (i, i + n_dims/2)
     out[.., j0] = x[.., j0] c - sign x[.., j1] s
@@ -11,10 +11,13 @@ rotates the pair in every head h:
 
 dims j >= n_dims are copied. The arithmetic is float64, rounded once on store; float16 and
 bfloat16 inputs reach the kernel widened to float32 (engine.backends.cpu.half). Inputs are
-read through their strides (permuted, sliced and expanded views as they are). Outputs of at
+read through their strides (permuted, sliced and expanded views as they are). The table,
+(T, n_dims/2, 2) float64, is a scratch buffer the dispatcher allocates when it binds the
+call (kernels never allocate) and the kernel fills from pos when it runs. Outputs of at
 least threads.MIN_ELEMENTS elements run as ranges of tokens on the engine's threads (the
-fast path split:cpu_rope; its plain twin is one range): each token's rows are computed
-exactly as whole, so the result does not depend on the thread count.
+fast path split:cpu_rope; its plain twin is one range), each range with a table of its
+own: each token's rows are computed exactly as whole, so the result does not depend on
+the thread count.
 """
 
 from __future__ import annotations
@@ -23,32 +26,37 @@ import numpy as np
 
 from engine.backends.cpu import threads
 from engine.backends.cpu.jit import bindable, call, kernel
-from engine.backends.rope_math import rope_cos_sin, yarn_corr_dims
+from engine.backends.rope_math import rope_cos_sin, rope_inv_freq, yarn_corr_dims
 
 
 @kernel
-def _rope(x, pos, ff, has_ff, out, n_dims, neox, sign, freq_base, freq_scale, corr_low,
-          corr_high, ext_factor, attn_factor):
-    """out = x with pairs of its first n_dims dims rotated by sign * theta (module doc)."""
+def _rope(x, pos, ff, has_ff, out, table, n_dims, neox, sign, freq_base, freq_scale,
+          corr_low, corr_high, ext_factor, attn_factor):
+    """out = x with pairs of its first n_dims dims rotated by sign * theta (module doc);
+    table (T, n_dims/2, 2) is scratch for the (c, sign s) of each token and pair."""
     nb, nt, nh, nd = x.shape
     half = n_dims // 2
-    for t in range(nt):
-        p = np.float64(pos[t])
-        for i in range(half):
-            f = np.float64(ff[i]) if has_ff else 1.0
-            c, s = rope_cos_sin(p, np.float64(i), np.float64(n_dims), freq_base, freq_scale,
-                                f, corr_low, corr_high, ext_factor, attn_factor)
-            s = sign * s
-            j0 = i if neox else 2 * i
-            j1 = i + half if neox else 2 * i + 1
-            for b in range(nb):
-                for h in range(nh):
-                    a0 = np.float64(x[b, t, h, j0])
-                    a1 = np.float64(x[b, t, h, j1])
-                    out[b, t, h, j0] = a0 * c - a1 * s
-                    out[b, t, h, j1] = a0 * s + a1 * c
-        for b in range(nb):
+    for i in range(half):
+        inv_freq = rope_inv_freq(np.float64(i), np.float64(n_dims), freq_base)
+        f = np.float64(ff[i]) if has_ff else 1.0
+        for t in range(nt):
+            c, s = rope_cos_sin(np.float64(pos[t]), np.float64(i), inv_freq, freq_scale, f,
+                                corr_low, corr_high, ext_factor, attn_factor)
+            table[t, i, 0] = c
+            table[t, i, 1] = sign * s
+    step = 1 if neox else 2          # j0 of pair i: i (neox) or 2i (normal)
+    gap = half if neox else 1        # j1 - j0
+    for b in range(nb):
+        for t in range(nt):
             for h in range(nh):
+                for i in range(half):
+                    c = table[t, i, 0]
+                    s = table[t, i, 1]
+                    j0 = i * step
+                    a0 = np.float64(x[b, t, h, j0])
+                    a1 = np.float64(x[b, t, h, j0 + gap])
+                    out[b, t, h, j0] = a0 * c - a1 * s
+                    out[b, t, h, j0 + gap] = a0 * s + a1 * c
                 for j in range(n_dims, nd):
                     out[b, t, h, j] = x[b, t, h, j]
 
@@ -74,7 +82,8 @@ def _prepare(out, ins, sign, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ex
     x, pos, *ff = ins
     low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     factors = ff[0] if ff else out.reshape(-1)[:1]     # never read without factors
-    return call(_rope, _as_4d(x), pos, factors, bool(ff), _as_4d(out), int(n_dims),
+    table = np.empty((pos.shape[0], n_dims // 2, 2))
+    return call(_rope, _as_4d(x), pos, factors, bool(ff), _as_4d(out), table, int(n_dims),
                 mode == "neox", float(sign), float(freq_base), float(freq_scale), low,
                 high, float(ext_factor), float(attn_factor))
 

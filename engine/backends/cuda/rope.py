@@ -19,7 +19,7 @@ from numba import cuda
 
 from engine.backends.cuda.arrays import with_rank
 from engine.backends.cuda.dropout import THREADS, blocks
-from engine.backends.rope_math import rope_cos_sin, yarn_corr_dims
+from engine.backends.rope_math import rope_cos_sin, rope_inv_freq, yarn_corr_dims
 
 
 @cuda.jit
@@ -47,7 +47,8 @@ def _rope(x, pos, ff, has_ff, out, n_dims, neox, sign, freq_base, freq_scale, co
         f = 1.0
         if has_ff:
             f = float(ff[i])
-        c, s = rope_cos_sin(float(pos[t]), float(i), float(n_dims), freq_base, freq_scale,
+        c, s = rope_cos_sin(float(pos[t]), float(i),
+                            rope_inv_freq(float(i), float(n_dims), freq_base), freq_scale,
                             f, corr_low, corr_high, ext_factor, attn_factor)
         s = sign * s
         a0 = float(x[b, t, h, j0])
