@@ -41,8 +41,9 @@ def _block_infer(x, offset, shape):
                          f"{list(x.shape)}")
     check_block("block", x.shape, offset, shape)
     sized = [i for i, d in enumerate(shape) if d != 1]
+    # one element (no axis of size > 1) is contiguous wherever it lies
     contiguous = x.contiguous and all(shape[i] == x.shape[i]
-                                      for i in range(sized[0] + 1 if sized else 0, x.ndim))
+                                      for i in range(sized[0] + 1 if sized else x.ndim, x.ndim))
     return tuple(shape), x.dtype, contiguous
 
 
