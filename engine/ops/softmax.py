@@ -1,100 +1,170 @@
-"""Row-wise ops along the last axis: softmax (with an optional additive mask and its
-dedicated backward) and log_softmax.
+"""softmax along the last axis, with an optional additive mask, ggml's ALiBi slopes and
+attention sinks, and its dedicated backward op softmax_back (the sinks' gradient is the op
+softmax_sink_back, engine.ops.softmax_sink_back; log_softmax is engine.ops.log_softmax).
 
-    softmax(x, s, mask)[..., j] = exp(z_j - m) / sum_k exp(z_k - m),
-                                  z = s x + mask,  m = max_k z_k
-    log_softmax(x)[..., j] = x_j - m - log(sum_k exp(x_k - m)),      m = max_k x_k
+    softmax(x, s, mask, sinks; max_bias)[..., h, i, j]
+        = exp(z_j - m) / (sum_k exp(z_k - m) + exp(sink_h - m)),
+          z = s x + slope_h mask,   m = max(max_k z_k, sink_h)
 
 Subtracting the row max keeps every exponent <= 0, so large inputs stay finite. The mask
 (ggml's soft_max_ext mask: 0 where attention is allowed, large negatives or -inf where it is
 not) broadcasts to x by numpy's rules without changing x's shape: a mask of x's shape, one
-of shape x.shape[-2:] shared by every batch and head, or a single row. Backward, with
-y = softmax(x, s, mask):
+of shape x.shape[-2:] shared by every batch and head, or a single row. h is the head of a
+row, x's axis -3 (ggml's ne[2]; an x of at most two axes has one head, H = 1).
 
-    softmax:      grad_z = y (g - sum_k g_k y_k)   (the op softmax_back with scale 1)
-                  grad_x = s grad_z                (softmax_back with scale s)
-                  grad_mask = grad_z summed over the axes the mask was broadcast along
-    log_softmax:  grad_x = g - exp(out) sum_k g_k             (composed: exp(out) = softmax)
+ALiBi (ggml_soft_max_ext's max_bias >= 0): slope_h = alibi_slope(h, H, max_bias)
+(engine.backends.alibi_math), 1 when max_bias = 0; it scales the mask only, so ALiBi
+without a mask changes nothing. Attention sinks (ggml_soft_max_add_sinks, gpt-oss): an
+optional input sinks of shape (H,), x's dtype, one logit per head that joins every row's
+normaliser and the row max but is no output: its share p_sink = exp(sink_h - m) /
+normaliser = 1 - sum_j y_j is what the row gives to "no key". A node with sinks has the
+sources (x, mask, sinks); `softmax` gives a softmax with sinks and no mask a zero mask of
+one element (a constant, without gradient). Backward, with y = softmax(...) and the
+softmax Jacobian's product gz = y (g - sum_k g_k y_k), which sinks leave as it is
+(dy_j / dz_i = y_j (delta_ij - y_i) with or without them):
 
-The mask is differentiable; a mask built as an input or a constant simply gets no gradient
-node. The kernels read rows of x as contiguous memory, so the builders put `cont` in front
-of a strided (permuted) x; the infer rules refuse strided inputs given any other way. The
-mask is read in place through its strides.
+    grad_x    = s gz                   (the op softmax_back with scale s)
+    grad_mask = slope_h gz summed over the axes the mask was broadcast along
+    grad_sink_h = -sum over the rows of head h of p_sink sum_j g_j y_j
+                                       (the op softmax_sink_back)
+
+softmax_sink_back recomputes y and p_sink from x, mask and sinks in float64, as flash
+attention recomputes its probabilities: 1 - sum_j y_j from the stored y would cancel (a
+row's sum of rounded y errs by an ulp of 1, p_sink may be far smaller). The mask is
+differentiable; a mask built as an input or a constant simply gets no gradient node. The
+kernels read rows of x as contiguous memory, so the builders put `cont` in front of a
+strided (permuted) x; the infer rules refuse strided inputs given any other way. The mask
+is read in place through its strides.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from engine.backends.cpu.softmax import cpu_log_softmax, cpu_softmax, cpu_softmax_back
-from engine.errors import DTypeError, ShapeError
+from engine.backends.alibi_math import alibi_slopes
+from engine.backends.cpu.softmax import cpu_softmax, cpu_softmax_back
+from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
-from engine.ops.reduce import sum as reduce_sum
 from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows, number
 from engine.registry import OpDef, VJPOf, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import HALF_SCALE_DTYPES, SIDE, SQUARE, TRANSPOSED, scale_case
 from engine.strategies import (
+    MAX_ELEMENTS,
     SIGNED,
     broadcast_source,
     draw_input,
     draw_row_input,
     sample_strategy,
 )
+from engine.tensor import constant
 
-# engine.ops.softmax is softmax(x, scale, mask), not the registry's builder (tensors first)
+# engine.ops.softmax is softmax(x, scale, mask, ...), not the registry's builder (tensors first)
 __all__ = ["softmax"]
 
 
 # --- softmax ----------------------------------------------------------------------------------
-def _check_scale(op, scale) -> float:
+def check_scale(op, scale) -> float:
     return number(op, "scale", scale)
 
 
-def _softmax_infer(x, *mask, scale):
-    _check_scale("softmax", scale)
+def check_max_bias(op, name, v) -> float:
+    v = number(op, name, v)
+    if v < 0.0:
+        raise ParamError(f"{op}: max_bias must be >= 0 (0: no ALiBi), got {v!r}")
+    return v
+
+
+PARAMS = dict(scale=number, max_bias=check_max_bias)
+
+
+def n_heads(shape) -> int:
+    """The heads of a softmax input of `shape`: its axis -3, or 1 for fewer axes."""
+    return shape[-3] if len(shape) >= 3 else 1
+
+
+def check_mask_sinks(op, x, rest):
+    """The rules of the mask and the sinks (rest = (), (mask,) or (mask, sinks)) of an x."""
+    srcs = (x, *rest)
+    for name, t in zip(("mask", "sinks"), rest, strict=False):
+        if t.dtype != x.dtype:
+            raise DTypeError(f"{op}: {name} dtype {t.dtype} differs from input dtype "
+                             f"{x.dtype} (shapes {shapes_str(*srcs)})")
+    if not rest:
+        return
+    m = rest[0]
+    if x.ndim > 4:
+        raise ShapeError(f"{op}: a mask needs an input of at most 4 axes, got shapes "
+                         f"{shapes_str(*srcs)}")
+    try:
+        fits = broadcast_shapes(op, x.shape, m.shape) == x.shape
+    except ShapeError:
+        fits = False
+    if not fits:
+        raise ShapeError(f"{op}: mask of shape {list(m.shape)} does not broadcast to "
+                         f"the input's shape {list(x.shape)}")
+    if len(rest) > 1 and rest[1].shape != (n_heads(x.shape),):
+        raise ShapeError(f"{op}: sinks must have shape (H,) = ({n_heads(x.shape)},), one "
+                         f"logit per head (x's axis -3), got shapes {shapes_str(*srcs)}")
+
+
+def _softmax_infer(x, *rest, scale, max_bias=0.0):
+    check_scale("softmax", scale)
     check_rows("softmax", x)
-    if mask:
-        (m,) = mask
-        if m.dtype != x.dtype:
-            raise DTypeError(f"softmax: mask dtype {m.dtype} differs from input dtype "
-                             f"{x.dtype} (shapes {shapes_str(x, m)})")
-        if x.ndim > 4:
-            raise ShapeError(f"softmax: a mask needs an input of at most 4 axes, got shapes "
-                             f"{shapes_str(x, m)}")
-        try:
-            fits = broadcast_shapes("softmax", x.shape, m.shape) == x.shape
-        except ShapeError:
-            fits = False
-        if not fits:
-            raise ShapeError(f"softmax: mask of shape {list(m.shape)} does not broadcast to "
-                             f"the input's shape {list(x.shape)}")
+    if len(rest) > 2:
+        raise ShapeError(f"softmax: takes x, mask and sinks, got {len(rest) + 1} inputs of "
+                         f"shapes {shapes_str(x, *rest)}")
+    check_mask_sinks("softmax", x, rest)
     return x.shape, x.dtype
 
 
-def softmax(x, scale=1.0, mask=None):
-    """softmax(scale * x + mask) along the last axis; mask (optional) broadcasts to x."""
+def softmax(x, scale=1.0, mask=None, *, max_bias=0.0, sinks=None):
+    """softmax(scale * x + slope_h * mask) along the last axis, with one sink logit per head
+    in every row's normaliser (module doc); mask (optional) broadcasts to x, sinks
+    (optional) has shape (H,), max_bias (ALiBi's, >= 0) sets the slopes."""
     (x,) = contiguous_inputs(x)
     srcs = (x,) if mask is None else (x, mask)
-    return make_node("softmax", srcs, scale=_check_scale("softmax", scale))
+    if sinks is not None:
+        if mask is None:
+            srcs += (constant(np.zeros(1, x.dtype), x.dtype, name="softmax.no_mask"),)
+        srcs += (sinks,)
+    return make_node("softmax", srcs, scale=check_scale("softmax", scale),
+                     max_bias=check_max_bias("softmax", "max_bias", max_bias))
 
 
-def _softmax_build(x, mask=None, scale=1.0):
-    """The registry's builder: tensor inputs first (x, mask), then the parameter."""
-    return softmax(x, scale, mask)
+def _softmax_build(x, mask=None, sinks=None, scale=1.0, max_bias=0.0):
+    """The registry's builder: tensor inputs first (x, mask, sinks), then the parameters."""
+    return softmax(x, scale, mask, max_bias=max_bias, sinks=sinks)
 
 
-def _softmax_backward(g, y, x, *mask, scale):
+def times_slopes(gz, max_bias):
+    """gz (..., H, T, N) with each head's elements times its ALiBi slope (none for
+    max_bias = 0): a constant of the slopes in gz's dtype, broadcast over its rows."""
+    if max_bias == 0.0:
+        return gz
+    h = n_heads(gz.shape)
+    slopes = alibi_slopes(h, max_bias).reshape((h, 1, 1)[-min(3, gz.ndim):])
+    return registered.mul(gz, constant(slopes.astype(gz.dtype), gz.dtype,
+                                       name="softmax.alibi_slopes"))
+
+
+def _softmax_backward(g, y, x, *rest, scale, max_bias=0.0):
     gx = softmax_back(g, y, scale)
-    if not mask:
+    if not rest:
         return (gx,)
     gz = gx if scale == 1.0 else softmax_back(g, y, 1.0)
-    return gx, sum_to(gz, mask[0].shape)
+    grads = (gx, sum_to(times_slopes(gz, max_bias), rest[0].shape))
+    if len(rest) == 1:
+        return grads
+    return grads + (registered.softmax_sink_back(g, x, *rest, scale=scale,
+                                                 max_bias=max_bias),)
 
 
 def _softmax_back_infer(g, y, scale):
-    _check_scale("softmax_back", scale)
+    check_scale("softmax_back", scale)
     check_rows("softmax_back", g, y)
     return y.shape, y.dtype
 
@@ -103,24 +173,7 @@ def softmax_back(g, y, scale=1.0):
     """Gradient of softmax(x, scale) from its output y and output gradient g:
     scale * y * (g - sum(g * y, last axis))."""
     g, y = contiguous_inputs(g, y)
-    return make_node("softmax_back", (g, y), scale=_check_scale("softmax_back", scale))
-
-
-# --- log_softmax --------------------------------------------------------------------------------
-def _log_softmax_infer(x):
-    check_rows("log_softmax", x)
-    return x.shape, x.dtype
-
-
-def log_softmax(x):
-    """log(softmax(x)) along the last axis, via a stable log-sum-exp."""
-    (x,) = contiguous_inputs(x)
-    return make_node("log_softmax", (x,))
-
-
-def _log_softmax_backward(g, out, x):
-    exp_out = registered.exp(out)          # = softmax(x)
-    return (registered.sub(g, registered.mul(exp_out, reduce_sum(g, -1, keepdims=True))),)
+    return make_node("softmax_back", (g, y), scale=check_scale("softmax_back", scale))
 
 
 # --- samples, strategies, torch references, registration ---------------------------------------
@@ -173,21 +226,76 @@ def _softmax_samples(dtype):
             Sample.make("softmax", [view("x", (3, 4), expand=(0,)),
                                     InputSpec("mask", (3, 4), "uniform", -5.0, 0.0,
                                               slice=((1, 4, 1), (1, 5, 1)))], dtype, scale=2.5)]
+    return out + _alibi_sink_samples(dtype, x)
+
+
+# ALiBi and sinks: (x shape, x permute, mask shape (None: the mask-less form, a constant zero
+# mask of one element), sinks range (None: no sinks), max_bias, scale). 3 and 5 heads take
+# both of ALiBi's slope sequences (5 is no power of two), a sink range of [3, 6] makes the
+# sink take most of each row's weight, [-8, -4] almost none.
+ALIBI_SINKS = [((3, 2, 5), None, (2, 5), None, 8.0, 1.0),         # one mask for every head
+               ((5, 2, 4), None, (5, 2, 4), None, 2.0, 0.5),
+               ((2, 3, 2, 4), None, (2, 1, 2, 4), None, 1.0, -0.5),
+               ((3, 2, 5), None, (2, 5), (-2.0, 2.0), 0.0, 1.0),
+               ((2, 5, 2, 3), None, (5, 2, 3), (-2.0, 2.0), 8.0, 0.5),
+               ((2, 3, 4), None, None, (3.0, 6.0), 0.0, 1.0),
+               ((4, 6), None, (4, 6), (-8.0, -4.0), 0.0, 2.5),      # one head
+               ((6,), None, (6,), (-1.0, 1.0), 1.0, 1.0),
+               ((2, 3, 4), (1, 0, 2), (3, 4), (-2.0, 2.0), 4.0, 1.0)]
+
+
+def sink_mask(shape, values=MODERATE, grad=True):
+    """The mask of a case with sinks: of `shape`, or None: the zero mask of one element
+    that `softmax` gives sinks without a mask (not differentiated)."""
+    if shape is None:
+        return InputSpec("mask", (1,), "uniform", 0.0, 0.0, grad=False)
+    return InputSpec("mask", shape, *values, grad=grad)
+
+
+def _alibi_sink_samples(dtype, x):
+    out = []
+    for xs, xp, ms, sinks, max_bias, sc in ALIBI_SINKS:
+        inputs = [x(xs, xp), sink_mask(ms)]
+        if sinks is not None:
+            inputs.append(InputSpec("sinks", (n_heads(xs),), "uniform", *sinks))
+        params = dict(max_bias=max_bias) if max_bias else {}
+        out.append(Sample.make("softmax", inputs, dtype, scale=sc, **params))
     return out
+
+
+SINKS = (("uniform", -3.0, 3.0), ("uniform", 2.0, 8.0))     # the strategy's sink ranges
+MAX_BIASES = (0.0, 0.5, 8.0)
+
+
+def draw_softmax(draw, extras=None):
+    """softmax's inputs and parameters (the strategy's): x of 1-4 axes in a range of
+    MAGNITUDES (tiny to huge), possibly a view, a scale; half of the time (extras None; or
+    always, extras True) a mask of a shape that broadcasts to x's (possibly a view too),
+    its values in [-5, 0] or large negatives, then ALiBi's max_bias (0 a third of the time)
+    and half of the time (or always) sinks, where x, mask and sinks together stay within
+    MAX_ELEMENTS checked elements."""
+    from hypothesis import strategies as st
+    x = draw_row_input(draw, "x")
+    inputs = [x]
+    params = {"scale": draw_scale(draw)}
+    if extras or (extras is None and draw(st.booleans())):
+        shape = draw(broadcast_source(x.shape, min_dims=1))
+        inputs.append(draw_input(draw, "mask", shape, MASKS))
+        max_bias = draw(st.sampled_from(MAX_BIASES))
+        if max_bias:
+            params["max_bias"] = max_bias
+        heads = n_heads(x.shape)
+        fits = math.prod(x.shape) + math.prod(shape) + heads <= MAX_ELEMENTS
+        if extras or (fits and draw(st.booleans())):
+            inputs.append(draw_input(draw, "sinks", (heads,), SINKS, layout=False))
+    return inputs, params
 
 
 @sample_strategy
 def _softmax_strategy(draw, dtype):
-    """x of 1-4 axes in a range of MAGNITUDES (tiny to huge), possibly a view, a scale,
-    and half of the time a mask of a shape that broadcasts to x's (possibly a view too),
-    its values in [-5, 0] or large negatives."""
-    from hypothesis import strategies as st
-    x = draw_row_input(draw, "x")
-    inputs = [x]
-    if draw(st.booleans()):
-        shape = draw(broadcast_source(x.shape, min_dims=1))
-        inputs.append(draw_input(draw, "mask", shape, MASKS))
-    return Sample.make("softmax", inputs, dtype, scale=draw_scale(draw))
+    """The cases of draw_softmax."""
+    inputs, params = draw_softmax(draw)
+    return Sample.make("softmax", inputs, dtype, **params)
 
 
 @both_dtypes
@@ -213,24 +321,22 @@ def _softmax_back_strategy(draw, dtype):
     return Sample.make("softmax_back", [g, y], dtype, scale=draw_scale(draw))
 
 
-@both_dtypes
-def _log_softmax_samples(dtype):
-    return [Sample.make("log_softmax", [InputSpec("x", s, low=-3.0, high=3.0, permute=p)],
-                        dtype)
-            for s, p in [*((s, None) for s in ROW_SHAPES), ((3, 4, 5), (2, 0, 1))]]
-
-
-@sample_strategy
-def _log_softmax_strategy(draw, dtype):
-    return Sample.make("log_softmax", [draw_row_input(draw, "x")], dtype)
-
-
-def _torch_softmax(x, mask=None, scale=1.0):
+def torch_softmax(x, mask=None, sinks=None, scale=1.0, max_bias=0.0):
+    """softmax's torch reference: with a mask, in float64, the slopes a (H, 1, 1) tensor and
+    the sinks a last column of z, cut off after the softmax."""
     if mask is None:
         return (x * scale).softmax(-1)
     # in float64, as the kernel: in float32, s x + mask rounds to the mask's precision,
     # which costs rows near a large negative mask value their accuracy
-    return (x.double() * scale + mask.double()).softmax(-1).to(x.dtype)
+    import torch
+    h = n_heads(x.shape)
+    lead = (h, 1, 1)[-min(3, x.ndim):]
+    slopes = torch.tensor(alibi_slopes(h, max_bias), dtype=torch.float64).reshape(lead)
+    z = x.double() * scale + slopes * mask.double()
+    if sinks is None:
+        return z.softmax(-1).to(x.dtype)
+    column = sinks.double().reshape(lead).expand(*z.shape[:-1], 1)
+    return torch.cat([z, column], -1).softmax(-1)[..., :-1].to(x.dtype)
 
 
 def _torch_softmax_back(g, y, scale=1.0):
@@ -244,27 +350,39 @@ def _softmax_back_primals(g, y, scale):
     return {"x": x}, g, {"scale": scale}
 
 
+# 5 heads of 206 rows of SIDE (1,061,930 elements): the row ranges of 2, 3, 4 and 7 threads
+# end inside a head
+HEADS = (5, 206, SIDE)
+
+
 def _softmax_scale():
     """Scale cases: SQUARE rows on the engine's threads, with a mask broadcast along the
-    rows, and a transposed view; the plain rows in float16 and bfloat16."""
+    rows, and a transposed view; HEADS rows with ALiBi, a mask shared by the heads and
+    sinks, and with sinks alone (split:cpu_softmax_masked, split:cpu_softmax_sink_back);
+    the plain rows in float16 and bfloat16."""
     x = dict(kind="uniform", low=-3.0, high=3.0)
+    heads = [InputSpec("x", HEADS, **x), InputSpec("mask", HEADS[1:], "uniform", -5.0, 0.0),
+             InputSpec("sinks", HEADS[:1], "uniform", -1.0, 3.0)]
     return [scale_case("softmax", [InputSpec("x", SQUARE, **x)], scale=1.0),
             scale_case("softmax", [InputSpec("x", SQUARE, **x),
                                    InputSpec("mask", (1, SIDE), "uniform", -5.0, 0.0)],
                        scale=0.5),
             scale_case("softmax", [InputSpec("x", SQUARE, permute=TRANSPOSED, **x)],
-                       scale=1.0)] + [
+                       scale=1.0),
+            scale_case("softmax", heads, scale=0.5, max_bias=8.0),
+            scale_case("softmax", [heads[0], sink_mask(None), heads[2]], scale=1.0)] + [
         scale_case("softmax", [InputSpec("x", SQUARE, **x)], dtype, scale=1.0)
         for dtype in HALF_SCALE_DTYPES]
 
 
-register(OpDef("softmax", params=dict(scale=number),
+register(OpDef("softmax", params=PARAMS,
                scale=_softmax_scale, infer=_softmax_infer, backward=_softmax_backward,
                kernels={"cpu": cpu_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_softmax"},
-               build=_softmax_build, torch=_torch_softmax,
+               build=_softmax_build, torch=torch_softmax,
                samples=_softmax_samples, strategy=_softmax_strategy,
-               doc="softmax(scale * x + mask) along the last axis; the mask broadcasts to x"))
+               doc="softmax(scale * x + slope_h * mask) along the last axis, with one sink "
+                   "logit per head in the normaliser; the mask broadcasts to x"))
 register(OpDef("softmax_back", params=dict(scale=number),
                kind="backward", infer=_softmax_back_infer,
                no_grad="dedicated backward op",
@@ -273,16 +391,3 @@ register(OpDef("softmax_back", params=dict(scale=number),
                build=softmax_back, torch=_torch_softmax_back, samples=_softmax_back_samples,
                strategy=_softmax_back_strategy, vjp_of=VJPOf("softmax", _softmax_back_primals),
                doc="scale * y * (g - sum(g * y, last axis)): the gradient of softmax"))
-def _log_softmax_scale():
-    """Scale case: SQUARE rows on the engine's threads."""
-    return [scale_case("log_softmax", [InputSpec("x", SQUARE, "uniform", -3.0, 3.0)])]
-
-
-register(OpDef("log_softmax", params={}, infer=_log_softmax_infer, backward=_log_softmax_backward,
-               scale=_log_softmax_scale,
-               kernels={"cpu": cpu_log_softmax,
-                        "cuda": "engine.backends.cuda.softmax:cuda_log_softmax"},
-               build=log_softmax,
-               torch=lambda x: x.log_softmax(-1), samples=_log_softmax_samples,
-               strategy=_log_softmax_strategy,
-               doc="log(softmax(x)) along the last axis (stable log-sum-exp)"))

@@ -289,6 +289,66 @@ def test_a_case_checking_only_the_mask_is_unsupported():
     assert r.status == "unsupported" and "every checked input: mask: " in r.message
 
 
+# --- softmax's ALiBi and sinks ---------------------------------------------------------------
+def _alibi_sink_cases():
+    """The registry's f32 softmax cases with ALiBi or sinks (a mask of one zero: sinks
+    alone, which ggml gets as a NULL mask)."""
+    return [s for s in get_op("softmax").samples() if s.dtype == "f32"
+            and (s.kwargs.get("max_bias") or len(s.inputs) == 3)]
+
+
+@pytest.mark.parametrize("case", _alibi_sink_cases(), ids=str)
+def test_softmax_forward_with_alibi_and_sinks_agrees_with_ggml(adapter, case):
+    """ggml_soft_max_ext(.., max_bias) and ggml_soft_max_add_sinks run forward (the backward
+    is what they lack): our slopes per head and sinks are ggml's."""
+    arrays = case.generate_inputs()
+    ours = EngineAdapter("cpu").forward(case, arrays)
+    theirs = adapter.forward_only(case, arrays, ours.shape)
+    assert compare(theirs, ours, "f32").ok
+
+
+def test_softmax_with_alibi_is_unsupported_saying_why(adapter):
+    case = sample("softmax", "softmax(type=f32,x=[3,2,5],mask=[2,5],max_bias=8,scale=1)")
+    assert "GGML_ASSERT(max_bias == 0.0f)" in adapter.unsupported(case)
+
+
+def test_softmax_with_frozen_sinks_agrees_on_x(adapter):
+    """Sinks that are no param: ggml's gradient of x (soft_max_ext_back of the output, which
+    holds with sinks too) is ours; the mask is declined as ever."""
+    case = Sample.make("softmax", [InputSpec("x", (3, 2, 5), low=-3.0, high=3.0),
+                                   InputSpec("mask", (2, 5), "uniform", -5.0, 0.0),
+                                   InputSpec("sinks", (3,), "uniform", -2.0, 2.0, grad=False)],
+                       scale=0.5)
+    assert list(adapter.declined(case)) == ["mask"]
+    arrays = case.generate_inputs()
+    weights = loss_weights((3, 2, 5), case.seed())
+    ours = EngineAdapter("cpu").vjp(case, arrays, weights)
+    theirs = adapter.vjp(case, arrays, weights)
+    assert compare(theirs.output, ours.output, "f32").ok
+    assert compare(theirs.grads[0], ours.grads[0], "f32").ok
+    assert theirs.grads[1:] == [None, None]
+
+
+SEGFAULTING = """
+from engine.registry import get_op
+from gradcheck.adapters.ggml import GgmlAdapter
+import numpy as np
+case = next(s for s in get_op("softmax").samples()
+            if str(s) == "softmax(type=f32,x=[3,2,5],mask=[2,5],sinks=[3],scale=1)")
+GgmlAdapter().vjp(case, case.generate_inputs(), np.ones((3, 2, 5)))
+"""
+
+
+def test_ggml_segfaults_on_trainable_sinks():
+    """ggml 0.20.2's SOFT_MAX backward writes no gradient for src[2], the sinks, and its
+    closing check `ggml_are_same_shape(src2, cgraph->grads[isrc2])` (ggml.c:7101) reads
+    the missing gradient: a NULL dereference in ggml_build_backward_expand (the README's
+    finding; such cases are `crash` rows)."""
+    proc = subprocess.run([sys.executable, "-c", SEGFAULTING], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == -11, (proc.returncode, proc.stderr[-500:])
+
+
 # --- generated cases and repro commands ------------------------------------------------------
 # the strided max-pool case of the README: ggml's pool_2d reads and writes its input as if
 # contiguous (a segfault, or wrong and non-deterministic values)

@@ -1,5 +1,5 @@
-"""CPU kernels of the row-wise ops: softmax (with an optional additive mask), its backward,
-and log_softmax.
+"""CPU kernels of the row-wise ops: softmax (with an optional additive mask, ALiBi slopes and
+attention sinks), its backward ops softmax_back and softmax_sink_back, and log_softmax.
 
 A row is the last axis; rows are all leading axes. The op modules make every input
 C-contiguous (they insert `cont` for strided views), so a (rows, C) view never copies.
@@ -12,10 +12,21 @@ widened in the loads and rounded once, on store. Inputs of at least threads.MIN_
 elements run as ranges of rows on the engine's threads (the fast path split:cpu_softmax;
 its plain twin is one range).
 
-The masked softmax sees x and out as 4-D (leading axes of size 1 prepended) and the mask as
-numpy's broadcast of it to that shape: a strided view whose broadcast axes have stride 0, so
-a mask shared by every batch and head is read in place, never copied (ggml's mask of shape
-(rows, C) broadcast over dims 2 and 3).
+The masked softmax sees x and out as 4-D (B, H, R, C) (leading axes of size 1 prepended;
+H, axis 1, the heads) and the mask as numpy's broadcast of it to that shape: a strided view
+whose broadcast axes have stride 0, so a mask shared by every batch and head is read in
+place, never copied (ggml's mask of shape (rows, C) broadcast over dims 2 and 3). Row r of
+head h computes, in float64,
+
+    z_j = s x_j + slope_h mask_j,     slope_h = alibi_slope(h, H, max_bias)  (alibi_math)
+    m = max(max_j z_j, sink_h),       out_j = exp(z_j - m) / (sum_k exp(z_k - m) + exp(sink_h - m))
+
+the sink terms only with sinks (one logit per head). softmax_sink_back recomputes each row
+the same way and adds -p_sink (sum_j g_j out_j), p_sink = exp(sink_h - m) / normaliser, into
+its head's gradient: per-row values first, then each head's sum in a fixed order, so the
+result does not depend on the thread count. Both run as ranges of rows on the engine's
+threads from threads.MIN_ELEMENTS elements (split:cpu_softmax_masked,
+split:cpu_softmax_sink_back; the plain twin is one range).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import math
 
 import numpy as np
 
+from engine.backends.alibi_math import alibi_slope
 from engine.backends.cpu import half, paths, threads
 from engine.backends.cpu.jit import bindable, call, contracting, kernel, parallel_kernel, prange
 from engine.backends.cpu.patterns import (
@@ -87,27 +99,76 @@ def _softmax_rows(x, out, scale, e, fmt):
                 orow[j] = rounded(er[j] * inv, orow, fmt)
 
 
+@kernel
+def _row_max(x, mask, a, h, i, scale, slope, top):
+    """max(top, max_j z_j), z_j = s x[a, h, i, j] + slope mask[a, h, i, j], in float64."""
+    for j in range(x.shape[3]):
+        top = max(top, scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j]))
+    return top
+
+
 @parallel_kernel
-def _softmax_masked_rows(x, mask, out, scale):
-    """out[a, b, i, j] = exp(z_j - m) / sum_k exp(z_k - m), z_j = s x[a, b, i, j] +
-    mask[a, b, i, j] and m = max_k z_k, for (B0, B1, R, C) x and out and a mask of that
-    shape (possibly with zero strides)."""
-    b0, b1, nr, n = x.shape
-    for r in prange(b0 * b1 * nr):
-        a = r // (b1 * nr)
-        b = (r // nr) % b1
+def _softmax_masked_rows(x, mask, sinks, has_sinks, out, scale, max_bias, lo, hi):
+    """Rows lo..hi-1 of (B, H, R, C) x and out (rows in C order over B, H, R; the mask of
+    that shape, possibly with zero strides): out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
+    exp(sink_h - m)), z = s x + slope_h mask, m = max(max_k z_k, sink_h), the sink terms
+    only if has_sinks (module doc)."""
+    _, nh, nr, n = x.shape
+    for k in prange(hi - lo):
+        r = lo + k
+        a = r // (nh * nr)
+        h = (r // nr) % nh
         i = r % nr
-        m = -np.inf
+        slope = alibi_slope(np.float64(h), np.float64(nh), max_bias)
+        sink = np.float64(sinks[h]) if has_sinks else -np.inf
+        m = _row_max(x, mask, a, h, i, scale, slope, sink)
+        total = np.exp(sink - m) if has_sinks else 0.0
         for j in range(n):
-            m = max(m, scale * np.float64(x[a, b, i, j]) + np.float64(mask[a, b, i, j]))
-        total = 0.0
-        for j in range(n):
-            e = np.exp(scale * np.float64(x[a, b, i, j]) + np.float64(mask[a, b, i, j]) - m)
-            out[a, b, i, j] = e
+            e = np.exp(scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j])
+                       - m)
+            out[a, h, i, j] = e
             total += e
         inv = 1.0 / total
         for j in range(n):
-            out[a, b, i, j] = np.float64(out[a, b, i, j]) * inv
+            out[a, h, i, j] = np.float64(out[a, h, i, j]) * inv
+
+
+@parallel_kernel
+def _sink_grad_rows(g, x, mask, sinks, part, scale, max_bias, lo, hi):
+    """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask,
+    with y and p_sink = exp(sink_h - m) / normaliser recomputed as _softmax_masked_rows
+    computes them (in float64, never rounded to x's dtype)."""
+    _, nh, nr, n = x.shape
+    for k in prange(hi - lo):
+        r = lo + k
+        a = r // (nh * nr)
+        h = (r // nr) % nh
+        i = r % nr
+        slope = alibi_slope(np.float64(h), np.float64(nh), max_bias)
+        sink = np.float64(sinks[h])
+        m = _row_max(x, mask, a, h, i, scale, slope, sink)
+        e_sink = np.exp(sink - m)
+        total = e_sink
+        dot = 0.0
+        for j in range(n):
+            e = np.exp(scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j])
+                       - m)
+            total += e
+            dot += np.float64(g[a, h, i, j]) * e
+        part[r] = -(e_sink / total) * (dot / total)
+
+
+@kernel
+def _sum_heads(part, out, nb, nh, nr):
+    """out[h] = sum over a < nb, i < nr of part[(a nh + h) nr + i], in float64, in that
+    order (the rows of head h across the batch)."""
+    for h in range(nh):
+        total = 0.0
+        for a in range(nb):
+            base = (a * nh + h) * nr
+            for i in range(nr):
+                total += part[base + i]
+        out[h] = total
 
 
 @contracting
@@ -158,13 +219,40 @@ def _split_rows(name, arrays, make):
     return threads.side_by_side([make(*c) for c in chunks])
 
 
-@bindable
-def _cpu_softmax_masked(out, ins, scale=1.0):
-    x, mask = ins
-    as_rows(x, "softmax")       # checks that x is C-contiguous
+def _row_ranges(name, rows, size):
+    """[lo, hi) ranges of `rows` rows for the engine's threads (one range below
+    threads.MIN_ELEMENTS elements `size`); recorded as the fast path split:`name`."""
+    parts = threads.parts()
+    if parts == 1 or size < threads.MIN_ELEMENTS:
+        return [(0, rows)]
+    ranges = threads.bounds(rows, parts)
+    if len(ranges) > 1:
+        paths.taken(f"split:{name}")
+    return ranges
+
+
+def _masked_views(x, mask, op):
+    """x (C-contiguous, at most 4 axes) as 4-D (B, H, R, C) and the mask broadcast to it."""
+    as_rows(x, op)              # checks that x is C-contiguous
     x4 = as_4d(x)
-    return call(_softmax_masked_rows, x4, np.broadcast_to(mask, x4.shape), as_4d(out),
-                float(scale))
+    return x4, np.broadcast_to(mask, x4.shape)
+
+
+def _no_sinks(x4):
+    """A stand-in for the sinks of a softmax without them (never read)."""
+    return x4.reshape(-1)[:1]
+
+
+@bindable
+def _cpu_softmax_masked(out, ins, scale=1.0, max_bias=0.0):
+    x, mask, *sinks = ins
+    x4, m4 = _masked_views(x, mask, "softmax")
+    sk = sinks[0] if sinks else _no_sinks(x4)
+    rows = x4.size // max(1, x4.shape[3])
+    return threads.side_by_side([
+        call(_softmax_masked_rows, x4, m4, sk, bool(sinks), as_4d(out), float(scale),
+             float(max_bias), lo, hi)
+        for lo, hi in _row_ranges("cpu_softmax_masked", rows, 2 * x.size)])
 
 
 _softmax_masked_widened = half.widened(_cpu_softmax_masked)
@@ -172,14 +260,14 @@ _softmax_masked_widened = half.widened(_cpu_softmax_masked)
 
 @native_half
 @bindable
-def cpu_softmax(out, ins, scale=1.0):
-    """Softmax over the last axis, with an optional additive mask. Unmasked, a 16-bit x is
-    read and written as its patterns (engine.backends.cpu.patterns), and big inputs run
-    as ranges of rows on the engine's threads."""
-    if len(ins) == 2:
+def cpu_softmax(out, ins, scale=1.0, max_bias=0.0):
+    """Softmax over the last axis: ins = [x], [x, mask] or [x, mask, sinks]. Unmasked, a
+    16-bit x is read and written as its patterns (engine.backends.cpu.patterns), and big
+    inputs run as ranges of rows on the engine's threads."""
+    if len(ins) > 1:
         if any(is_half(a.dtype) for a in (out, *ins)):
-            return _softmax_masked_widened.bind(out, ins, scale=scale)
-        return _cpu_softmax_masked.bind(out, ins, scale=scale)
+            return _softmax_masked_widened.bind(out, ins, scale=scale, max_bias=max_bias)
+        return _cpu_softmax_masked.bind(out, ins, scale=scale, max_bias=max_bias)
     (x,) = ins
     fmt = fmt_of(x)
 
@@ -200,6 +288,26 @@ def cpu_softmax_back(out, ins, scale=1.0):
     return _split_rows("cpu_softmax_back", [g, y, out], lambda gr, yr, outr: call(
         _softmax_back_rows, as_patterns(gr), as_patterns(yr), as_patterns(outr),
         float(scale), fmt))
+
+
+@bindable
+def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
+    """softmax_sink_back: ins = [g, x, mask, sinks], out of shape (H,): the gradient of
+    each head's sink (module doc). A scratch of one float64 per row holds the rows' terms."""
+    g, x, mask, sinks = ins
+    x4, m4 = _masked_views(x, mask, "softmax_sink_back")
+    g4 = as_4d(as_rows(g, "softmax_sink_back").reshape(x.shape))
+    nb, nh, nr, n = x4.shape
+    part = np.empty(nb * nh * nr, np.float64)
+    rows = threads.side_by_side([
+        call(_sink_grad_rows, g4, x4, m4, sinks, part, float(scale), float(max_bias), lo, hi)
+        for lo, hi in _row_ranges("cpu_softmax_sink_back", part.size, 2 * x.size)])
+    heads = call(_sum_heads, part, out.reshape(-1), nb, nh, nr)
+
+    def run():
+        rows()
+        heads()
+    return run
 
 
 @bindable

@@ -1,5 +1,6 @@
 """CUDA kernels of the reductions and row-wise ops against the CPU kernels: sum (and mean,
-sum_rows, its composites), softmax, softmax_back, log_softmax, cross_entropy_loss(_back),
+sum_rows, its composites), softmax (with ALiBi and sinks), softmax_back, softmax_sink_back,
+log_softmax, cross_entropy_loss(_back),
 argmax, norm(_back), rms_norm(_back).
 
 Every registry sample's graph is replayed kernel by kernel (kernel_harness.replay). Under
@@ -31,9 +32,9 @@ from tests.engine.ops.op_harness import TOL
 pytestmark = [pytest.mark.cudasim]
 needs_cuda()
 
-ROW_OPS = ("softmax", "softmax_back", "log_softmax", "cross_entropy_loss",
-           "cross_entropy_loss_back", "argmax", "norm", "norm_back", "rms_norm",
-           "rms_norm_back")
+ROW_OPS = ("softmax", "softmax_back", "softmax_sink_back", "log_softmax",
+           "cross_entropy_loss", "cross_entropy_loss_back", "argmax", "norm", "norm_back",
+           "rms_norm", "rms_norm_back")
 # sample op -> the kernels its graphs are replayed for (a composite's graph holds sums; the
 # loss every graph ends in is a sum too, left out of the row ops' replays to save time)
 CHECKED = {"sum": {"sum"}, "mean": {"sum"}, "sum_rows": {"sum"}} | {op: set(ROW_OPS)
@@ -44,7 +45,8 @@ MEAN_CASES = 2          # mean and sum_rows run the sum kernel on sum's shapes: 
 def _strided(sample) -> bool:
     """A permuted input, or softmax's mask (read in place through its strides)."""
     return (any(spec.permute for spec in sample.inputs)
-            or (sample.op == "softmax" and len(sample.inputs) > 1))
+            or (sample.op == "softmax" and len(sample.inputs) > 1)
+            or sample.op == "softmax_sink_back")
 
 
 def _forward_only(sample):
@@ -114,21 +116,29 @@ def test_rows_longer_than_a_block(block_reduce, monkeypatch):
     compare("norm_back", [g, x], x.shape, eps=1e-5)
     compare("rms_norm", [x], x.shape, eps=1e-6)
     compare("cross_entropy_loss", [x, np.abs(g) / np.abs(g).sum(-1, keepdims=True)], ())
+    heads = [x.reshape(3, 1, 21), g[:1], np.float32([0.5, -1.0, 2.0])]  # mask, sinks
+    compare("softmax", heads, (3, 1, 21), scale=0.7, max_bias=8.0)
+    compare("softmax_sink_back", [g.reshape(3, 1, 21), *heads], (3,), scale=0.7, max_bias=8.0)
     x[1, 3] = x[1, 18] = x.max() + 1.0         # a tie between two threads' elements
     assert compare("argmax", [x], (3,), np.int32)[1] == 3
 
 
-@pytest.mark.parametrize("op", ["softmax", "norm", "rms_norm_back", "sum"])
+@pytest.mark.parametrize("op", ["softmax", "norm", "rms_norm_back", "sum", "softmax_sink_back"])
 def test_more_rows_than_the_grid(op, block_reduce, monkeypatch):
     """With one block allowed, its row segments step over all 40 rows (the last step has
     rows past the end, which must neither write nor divide by zero), and the result is the
-    same bits as with a block per 32 rows: the grid never changes the order of additions."""
+    same bits as with a block per 32 rows (softmax_sink_back: per head): the grid never
+    changes the order of additions."""
     rng = np.random.default_rng(6)
     x = rng.uniform(-1.0, 1.0, (40, 3))
     cases = {"softmax": ([x], x.shape, {"scale": 1.0}),
              "norm": ([x], x.shape, {"eps": 0.0}),
              "rms_norm_back": ([rng.uniform(-1.0, 1.0, x.shape), x], x.shape, {"eps": 0.0}),
-             "sum": ([x.T], (3,), {"axes": (1,), "keepdims": False})}   # a strided input
+             "sum": ([x.T], (3,), {"axes": (1,), "keepdims": False}),   # a strided input
+             # 5 heads of 8 rows: one block takes every head in turn
+             "softmax_sink_back": ([rng.uniform(-1.0, 1.0, (5, 8, 3)), x.reshape(5, 8, 3),
+                                    rng.uniform(-3.0, 0.0, (8, 3)), rng.uniform(-1, 1, (5,))],
+                                   (5,), {"scale": 0.5, "max_bias": 2.0})}
     arrays, shape, params = cases[op]
     many_blocks = compare(op, arrays, shape, **params)
     monkeypatch.setattr(block_reduce, "MAX_BLOCKS", 1)
