@@ -62,11 +62,18 @@ class VJPOf:
     inputs (a dict, name -> array, in the order of F's sources; the point where the product
     is taken), the upstream gradient g (shaped as F's output) and F's parameters. For
     softmax_back(g, y, scale), F is softmax at x = log(y) / scale, where softmax(scale x) = y.
-    `wrt` names the input of F whose gradient B is."""
+    `wrt` names the input of F whose gradient B is, or is a tuple of names: then B's output
+    is 1-D, those inputs' gradients each raveled in C order and concatenated in that order
+    (attention_back's dq, dk, dv)."""
 
     op: str
     primals: Callable
-    wrt: str = "x"
+    wrt: str | tuple[str, ...] = "x"
+
+    @property
+    def wrt_names(self) -> tuple[str, ...]:
+        """`wrt` as a tuple of names."""
+        return (self.wrt,) if isinstance(self.wrt, str) else tuple(self.wrt)
 
 
 def at_x(g, x, **params):

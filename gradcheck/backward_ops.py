@@ -7,6 +7,9 @@ and where (`vjp_of`, an engine.registry.VJPOf): `primals` maps B's input values 
 parameters to F's inputs x, the upstream gradient g and F's parameters (softmax_back(g, y,
 scale) is softmax's VJP at x = log(y) / scale). For one case of B, `check_backward_op`:
 
+- for a `vjp_of` of several inputs (`wrt` a tuple), takes B's 1-D output as those inputs'
+  gradients raveled and concatenated, cut back into one gradient per input, each judged
+  as below (attention_back: dq, dk, dv of attention_fwd);
 - runs B alone in the engine under test, twice (the two outputs must agree bit for bit):
   through the adapter's `forward(case, arrays)` where it has one (ours does), else as the
   output of its `vjp` (for zero loss weights; torch's, ggml's);
@@ -77,13 +80,24 @@ _SEVERITY = {"pass": 0, "fail": 1, "error": 2, "crash": 3}
 @dataclasses.dataclass
 class ForwardPoint:
     """Where a backward op's case is a VJP of its forward op: `case`, a float64 Sample of
-    the forward op whose input `wrt` (an index) alone is checked; `arrays`, its input values
-    (float64, integer ones as they are); `g`, the upstream gradient (float64)."""
+    the forward op whose inputs `wrt` (indices, in the order of the backward op's output)
+    alone are checked; `arrays`, its input values (float64, integer ones as they are); `g`,
+    the upstream gradient (float64)."""
 
     case: Sample
     arrays: list[np.ndarray]
     g: np.ndarray
-    wrt: int
+    wrt: tuple[int, ...]
+
+    def split(self, out: np.ndarray) -> list[np.ndarray]:
+        """The backward op's output `out` as one gradient per checked input: itself for one
+        input, else its 1-D concatenation cut and shaped as the inputs."""
+        if len(self.wrt) == 1:
+            return [out]
+        shapes = [self.arrays[i].shape for i in self.wrt]
+        ends = np.cumsum([int(np.prod(s)) for s in shapes])
+        return [piece.reshape(s) for piece, s in
+                zip(np.split(out, ends[:-1]), shapes, strict=True)]
 
 
 def is_backward_op_case(case, differentiable: bool | None = None) -> bool:
@@ -106,15 +120,17 @@ def forward_point(case, arrays) -> ForwardPoint:
     relation = get_op(case.op).vjp_of
     inputs, g, params = relation.primals(*(_float64(a) for a in arrays), **case.kwargs)
     names = list(inputs)
-    if relation.wrt not in names:
-        raise ValueError(f"{case.op}: vjp_of is the gradient of {relation.op}'s input "
-                         f"{relation.wrt!r}, which its primals do not give (they give "
-                         f"{', '.join(names)})")
+    wrt = relation.wrt_names
+    for name in wrt:
+        if name not in names:
+            raise ValueError(f"{case.op}: vjp_of is the gradient of {relation.op}'s input "
+                             f"{name!r}, which its primals do not give (they give "
+                             f"{', '.join(names)})")
     values = [_float64(a) for a in inputs.values()]
     specs = [InputSpec(n, a.shape, dtype="f64" if is_float(a.dtype) else dtype_name(a.dtype),
-                       grad=n == relation.wrt) for n, a in zip(names, values, strict=True)]
+                       grad=n in wrt) for n, a in zip(names, values, strict=True)]
     return ForwardPoint(Sample.make(relation.op, specs, "f64", **params), values,
-                        _float64(g), names.index(relation.wrt))
+                        _float64(g), tuple(names.index(n) for n in wrt))
 
 
 def _unchecked(case):
@@ -165,20 +181,23 @@ def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = 
     f64_own = EngineAdapter("cpu").forward(case.promoted("f64"), arrays)
     out = run_backward_op(adapter, case, arrays, f64_own.shape)
     differs = not same_bits(out, run_backward_op(adapter, case, arrays, f64_own.shape))
-    x = point.arrays[point.wrt]
-    if out.shape != x.shape:
+    xs = [point.arrays[i] for i in point.wrt]
+    want = xs[0].shape if len(xs) == 1 else (sum(x.size for x in xs),)
+    if out.shape != want:
         raise ValueError(f"{case.op}: its output of shape {list(out.shape)} is no gradient "
-                         f"of {relation.op}'s input {relation.wrt} of shape "
-                         f"{list(x.shape)} (see its vjp_of)")
-    mode = choose_mode(mode, x.size)
+                         f"of {relation.op}'s input {' and '.join(relation.wrt_names)} of "
+                         f"shape {' and '.join(str(list(x.shape)) for x in xs)} (see its "
+                         "vjp_of)")
+    mode = choose_mode(mode, sum(x.size for x in xs))
     labels["mode"] = mode
     torch_vjp = torch_own = None
     if use_torch:
         ref = torch_reference(point.case, point.arrays, point.g)
-        torch_vjp = None if ref is None else [ref.grads[point.wrt]]
+        torch_vjp = None if ref is None else [ref.grads[i] for i in point.wrt]
         own = torch_reference(_unchecked(case), arrays, None)
         torch_own = None if own is None else own.output
-    compared = compared_gradients(point.case, f64_forward, [point.wrt], mode, [out], torch_vjp)
+    compared = compared_gradients(point.case, f64_forward, list(point.wrt), mode,
+                                  point.split(out), torch_vjp)
     vs_cpu = None
     if compares_with_cpu(adapter):
         cpu_out = run_backward_op(adapter.on_cpu(), case, arrays, out.shape)

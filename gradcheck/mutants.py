@@ -31,10 +31,13 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import ops
+from engine.backends.alibi_math import alibi_slope
 from engine.ops.broadcast import sum_to
+from engine.ops.softmax import n_heads
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from engine.scale_cases import SIDE
+from engine.tensor import constant
 from gradcheck import kernel_mutants as km
 from gradcheck.patches import (
     all_of,
@@ -65,6 +68,8 @@ KINDS = {
                           "promises float32",
     "rounding mode": "16-bit results rounded toward zero instead of to nearest even",
     "16-bit widening": "16-bit values widened to float32 wrongly on load",
+    "wrong saved statistic": "a backward pass recomputing from a wrong saved statistic (a "
+                             "log-sum-exp)",
     "control": "no bug: the patching machinery alone, which must not be flagged",
 }
 TIERS = ("fast", "scale")
@@ -219,6 +224,30 @@ def _softmax_back_no_subtraction(real):
     return kernel
 
 
+def _sink_gradient_dropped(real):
+    """softmax's backward without the sinks' gradient (None: no gradient, zeros)."""
+    def backward(g, out, x, *rest, **params):
+        grads = real(g, out, x, *rest, **params)
+        return grads[:2] + (None,) if len(rest) == 2 else grads
+    return backward
+
+
+def _alibi_mask_grad_next_heads_slope(real):
+    """softmax's backward scaling head h's mask gradient by head h + 1's ALiBi slope."""
+    def backward(g, out, x, *rest, scale, max_bias=0.0):
+        grads = real(g, out, x, *rest, scale=scale, max_bias=max_bias)
+        if not rest or max_bias == 0.0:
+            return grads
+        heads = n_heads(x.shape)
+        shifted = np.array([alibi_slope(h + 1.0, float(heads), max_bias)
+                            for h in range(heads)])
+        gz = ops.softmax_back(g, out, 1.0)
+        shifted = shifted.reshape((heads, 1, 1)[-min(3, gz.ndim):]).astype(gz.dtype)
+        gm = sum_to(ops.mul(gz, constant(shifted, gz.dtype)), rest[0].shape)
+        return (grads[0], gm) + tuple(grads[2:])
+    return backward
+
+
 def _im2col_back_no_dilation(real):
     def kernel(out, ins, **params):
         real(out, ins, **{**params, "dilation": (1, 1)})
@@ -363,6 +392,17 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
            "softmax_back computes s * y * g instead of s * y * (g - sum(g * y))",
            lambda: kernel_replaced("softmax_back", _softmax_back_no_subtraction),
            kind="dropped term"),
+    Mutant("softmax_sink_without_gradient", ("softmax",),
+           "softmax's backward drops the attention sinks' gradient (as ggml 0.20.2's "
+           "SOFT_MAX backward, which never writes one)",
+           lambda: backward_replaced("softmax", _sink_gradient_dropped),
+           where=lambda case: len(case.inputs) == 3 and case.inputs[2].grad,
+           kind="dropped term"),
+    Mutant("softmax_alibi_slopes_off_by_one_head", ("softmax",),
+           "softmax's backward scales head h's mask gradient by ALiBi's slope of head h + 1",
+           lambda: backward_replaced("softmax", _alibi_mask_grad_next_heads_slope),
+           where=lambda case: case.kwargs.get("max_bias", 0.0) > 0 and case.inputs[1].grad,
+           kind="scaled gradient"),
     Mutant("im2col_back_ignores_dilation", ("im2col", "conv_2d"),
            "im2col_back scatters the columns as if the dilation were 1",
            lambda: kernel_replaced("im2col_back", _im2col_back_no_dilation), where=_dilated,
@@ -521,6 +561,38 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in [
                             for op in ("swiglu", "geglu"))),
            where=lambda case: len(case.inputs) == 1 and case.kwargs.get("swapped"),
            kind="transposed gradient"),
+    Mutant("attention_back_drops_d_term", ("attention", "attention_back"),
+           "attention's backward drops the softmax Jacobian's -D_i (D_i = sum_d dO_id O_id): "
+           "dS = P (dP + g_lse) instead of P (dP - D_i + g_lse)",
+           lambda: kernel_replaced("attention_back", km.attention_back_without_d),
+           kind="dropped term"),
+    Mutant("attention_back_unmasked_lse", ("attention", "attention_back"),
+           "attention's backward recomputes P from the log-sum-exp of the row without its "
+           "mask and causal cut, instead of the saved (masked) one",
+           lambda: kernel_replaced("attention_back", km.attention_back_wrong_lse(masked=False)),
+           where=lambda case: case.kwargs.get("causal") or any(
+               s.name == "mask" for s in case.inputs), kind="wrong saved statistic"),
+    Mutant("attention_back_unscaled_lse", ("attention", "attention_back"),
+           "attention's backward recomputes P from the log-sum-exp of the row's dot products "
+           "without the scale",
+           lambda: kernel_replaced("attention_back", km.attention_back_wrong_lse(scaled=False)),
+           where=lambda case: case.kwargs.get("scale", 0.5) != 1.0,
+           kind="wrong saved statistic"),
+    Mutant("attention_gqa_grad_wrong_groups", ("attention", "attention_back"),
+           "grouped-query attention's K and V gradients summed over the query heads h with "
+           "h % Hkv = c instead of h // G = c (G = Hq / Hkv)",
+           lambda: kernel_replaced("attention_back", km.attention_back_gqa_wrong_groups),
+           where=lambda case: _gqa_groups(case) == "mixed",
+           kind="wrong broadcast reduction"),
+    Mutant("attention_causal_skip_one_key_short", ("attention",),
+           "causal attention's query blocks (attention:causal_skip, from 129 query rows) "
+           "stop their products one key short: each block's last row loses its diagonal "
+           "key",
+           lambda: all_of(*(lambda op=op: kernel_replaced(
+               op, km.attention_causal_skip_one_key_short)
+               for op in ("attention_fwd", "attention_back"))),
+           where=lambda case: case.kwargs.get("causal") and case.dtype == "f32",
+           tier="scale", max_cases=1, kind="chunk boundary"),
 ]}
 
 CONTROL = Mutant(
@@ -535,3 +607,11 @@ CONTROL = Mutant(
                    lambda: kernel_replaced("get_rows_back", km.identity)),
     where=lambda case: case.op != "sub" or case.inputs[1].shape == (1, SIDE),
     extra=_control_fast_cases, tier="scale", max_cases=1, kind="control", control=True)
+
+
+def _gqa_groups(case) -> str:
+    """"mixed" where attention's kv heads h // G and h % Hkv of some query head h differ
+    (Hkv > 1 and G > 1), else "same"."""
+    shapes = {s.name: s.shape for s in case.inputs}
+    hq, hkv = shapes["q"][-3], shapes["k"][-3]
+    return "mixed" if hkv > 1 and hq // hkv > 1 else "same"

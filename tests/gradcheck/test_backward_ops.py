@@ -247,3 +247,43 @@ def test_generated_backward_op_cases_pass(data):
     r = check_sample(case)
     assert r.status == "pass", f"{case}: {r.message}"
     assert r.metrics["vjp_of"] == get_op(name).vjp_of.op
+
+
+def test_a_backward_op_of_several_inputs_is_cut_into_their_gradients():
+    """attention_back's vjp_of names q, k and v: its 1-D output is cut into their three
+    gradients (C order, concatenated), each judged; a kernel that gets one of them wrong
+    fails with that input named."""
+    case = next(c for c in _f32_cases("attention_back") if "mask" in str(c))
+    arrays = case.generate_inputs()
+    point = forward_point(case, arrays)
+    assert point.case.op == "attention_fwd" and point.wrt == (0, 1, 2)
+    assert [s.grad for s in point.case.inputs] == [True, True, True, False]
+    sizes = [point.arrays[i].size for i in point.wrt]
+    flat = np.arange(sum(sizes), dtype=np.float64)
+    pieces = point.split(flat)
+    assert [p.shape for p in pieces] == [point.arrays[i].shape for i in point.wrt]
+    np.testing.assert_array_equal(np.concatenate([p.reshape(-1) for p in pieces]), flat)
+    r = check_sample(case)
+    assert r.status == "pass" and r.metrics["vjp_of"] == "attention_fwd", r.message
+
+    def dk_scaled(real):
+        def kernel(out, ins, **params):
+            real(out, ins, **params)
+            out[sizes[0]:sizes[0] + sizes[1]] *= 1.01
+        return kernel
+    with kernel_replaced("attention_back", dk_scaled):
+        bad = check_sample(case)
+    assert bad.status == "fail" and "backprop of k is off" in bad.message
+    assert "backprop of q" not in bad.message and "backprop of v" not in bad.message
+
+
+def test_a_vjp_of_naming_an_input_its_primals_lack_is_an_error():
+    case = _f32_cases("attention_back")[0]
+    op = get_op("attention_back")
+    real = op.vjp_of
+    op.vjp_of = VJPOf("attention_fwd", real.primals, wrt=("q", "kv"))
+    try:
+        with pytest.raises(ValueError, match="input 'kv', which its primals do not give"):
+            forward_point(case, case.generate_inputs())
+    finally:
+        op.vjp_of = real

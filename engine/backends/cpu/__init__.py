@@ -11,7 +11,7 @@ from engine.backends.cpu.threads import engine_threads
 from engine.errors import BackendError
 from engine.tensor import is_half
 
-BLAS_OPS = frozenset({"matmul"})     # ops whose cpu kernels call BLAS
+BLAS_OPS = frozenset({"matmul", "attention_fwd", "attention_back"})  # cpu kernels calling BLAS
 
 
 class CpuBackend:
@@ -20,8 +20,8 @@ class CpuBackend:
     def running(self, ops=None):
         """The context a plan runs in: while the engine's own threads split the kernels,
         BLAS held to one thread (engine.backends.cpu.threads.engine_threads). `ops`: the
-        names of the ops the plan runs (None: any); a plan without a product (matmul, the
-        only kernel that calls BLAS) needs no holding, and skips its cost (two calls into
+        names of the ops the plan runs (None: any); a plan without a product (matmul and
+        attention's kernels call BLAS) needs no holding, and skips its cost (two calls into
         each BLAS library per run: a quarter of a small graph's run time)."""
         if ops is not None and BLAS_OPS.isdisjoint(ops):
             return contextlib.nullcontext()

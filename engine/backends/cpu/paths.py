@@ -48,6 +48,9 @@ KNOWN = {
     "sum:runs_split": "kept elements' sums as ranges on the engine's threads",
     "get_rows_back:bands": "get_rows_back's scatter-add split into column bands",
     "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",
+    "attention:tiles": "attention's query rows in blocks, each block's products apart",
+    "attention:causal_skip": "causal attention's blocks skipping the keys none of their "
+                             "rows sees",
 }
 
 _recorders: list[collections.Counter] = []

@@ -10,7 +10,8 @@ arrays: `out` C-contiguous, `ins` possibly strided views (stride 0 for broadcast
 float16 arrays, bfloat16 as uint16 arrays of its bit patterns: engine.backends.cuda.arrays
 and .half say why) and computed in float32: every kernel is the float32 one, widened
 (half.widened: inputs widened into float32 temporaries per call, the output rounded to
-nearest even on store).
+nearest even on store), except a kernel marked `native_half` that widens them itself
+(attention_back, which needs the 16-bit dtype its saved log-sum-exp was rounded to).
 
 Without a GPU, NUMBA_ENABLE_CUDASIM=1 (set before numba.cuda is first imported) runs the
 same kernels in numba's simulator, on small shapes.
@@ -86,11 +87,12 @@ class CudaBackend:
 
     def kernel(self, op, dtypes=()):
         """Op `op`'s CUDA kernel for a node whose output and sources have `dtypes`: where
-        one is a 16-bit float, the float32 kernel widened (half.widened)."""
+        one is a 16-bit float, the float32 kernel widened (half.widened), unless the kernel
+        widens 16-bit arrays itself (its attribute `native_half`, as the CPU's)."""
         k = resolve_kernel(op)
         if k is None:
             raise BackendError(f"op {op.name} has no cuda kernel")
-        if any(is_half(d) for d in dtypes):
+        if any(is_half(d) for d in dtypes) and not getattr(k, "native_half", False):
             return self.half.widened(k, update=op.kind == "update")
         return k
 

@@ -160,22 +160,43 @@ def _matmul(g, case, xs):
 
 
 def _softmax(g, case, xs):
-    """ggml_soft_max_ext(cont(x), mask, scale, 0). ggml asserts a contiguous mask whose
-    rows have x's length (mask ne[0] == x ne[0]) and cover x's rows (ne[1] >= x's), and
-    broadcasts its ne[2], ne[3] by index modulo; a mask that numpy broadcasts along its
-    rows or columns is first repeated to x's (ggml_repeat_4d), as a ggml user would. A
-    permuted or sliced mask is copied by ggml_cont first, always: the mask is not
-    differentiated, and ggml_repeat's kernel asserts nb[0] == 4 even for a view that
-    ggml_is_contiguous accepts (ne[0] == 1), which would make this a check of ggml_repeat
-    instead of soft_max."""
+    """ggml_soft_max_ext(cont(x), mask, scale, max_bias), then ggml_soft_max_add_sinks(.,
+    sinks) for a case with sinks. ggml asserts a contiguous mask whose rows have x's length
+    (mask ne[0] == x ne[0]) and cover x's rows (ne[1] >= x's), and broadcasts its ne[2],
+    ne[3] by index modulo; a mask that numpy broadcasts along its rows or columns is first
+    repeated to x's (ggml_repeat_4d), as a ggml user would. A permuted or sliced mask is
+    copied by ggml_cont first, always: the mask is not differentiated, and ggml_repeat's
+    kernel asserts nb[0] == 4 even for a view that ggml_is_contiguous accepts (ne[0] == 1),
+    which would make this a check of ggml_repeat instead of soft_max. The zero mask of one
+    element that our softmax gives sinks without a mask is NULL (ggml's own form). The
+    sinks (ne[0] == x's ne[2], the heads, as ours) are F32, as ggml asserts."""
+    kw = case.kwargs
     x = g.contiguous(xs[0])
-    if len(xs) == 1:
-        return g.soft_max_ext(x, None, case.kwargs["scale"], 0.0)
-    mask = g.cont(xs[1]) if case.inputs[1].is_view else xs[1]
-    xn, mn = g.ne(x), g.ne(mask)
-    if mn[:2] != xn[:2]:
-        mask = g.repeat_4d(mask, xn[0], xn[1], mn[2], mn[3])
-    return g.soft_max_ext(x, mask, case.kwargs["scale"], 0.0)
+    mask = None
+    if len(xs) > 1 and not _no_mask(case.inputs[1]):
+        mask = g.cont(xs[1]) if case.inputs[1].is_view else xs[1]
+        xn, mn = g.ne(x), g.ne(mask)
+        if mn[:2] != xn[:2]:
+            mask = g.repeat_4d(mask, xn[0], xn[1], mn[2], mn[3])
+    out = g.soft_max_ext(x, mask, kw["scale"], kw.get("max_bias", 0.0))
+    if len(xs) > 2:
+        g.lib.ggml_soft_max_add_sinks(out, xs[2])
+    return out
+
+
+def _no_mask(spec) -> bool:
+    """Whether a softmax mask is the zero stand-in of sinks without a mask (engine.ops.
+    softmax.sink_mask(None)): one element, zero, not differentiated."""
+    return spec.shape == (1,) and spec.low == spec.high == 0.0 and not spec.grad
+
+
+def _softmax_why_not(case):
+    if case.kwargs.get("max_bias", 0.0) > 0.0:
+        return ("ggml cannot differentiate ALiBi: soft_max's backward, ggml_soft_max_ext_back "
+                "with the forward's max_bias, asserts it 0 in its CPU kernel (ggml-cpu/"
+                "ops.cpp:5607 GGML_ASSERT(max_bias == 0.0f)), although x's gradient does not "
+                "depend on the slopes")
+    return None
 
 
 # --- convolutions and pooling ---------------------------------------------------------------
@@ -343,7 +364,9 @@ OPS: dict[str, GgmlOp] = {
     "matmul": GgmlOp("ggml_mul_mat(cont(b^T), a), or its transpose", _matmul,
                      _matmul_why_not),
     "softmax": GgmlOp("ggml_soft_max_ext(cont(x), mask (cont if permuted, repeated to x's "
-                      "if broadcast along its rows or columns) or NULL, scale, 0)", _softmax),
+                      "if broadcast along its rows or columns) or NULL, scale, max_bias), "
+                      "ggml_soft_max_add_sinks(., sinks) with sinks", _softmax,
+                      _softmax_why_not),
     "cross_entropy_loss": GgmlOp("ggml_cross_entropy_loss", lambda g, case, xs:
                                  g.cross_entropy_loss(g.contiguous(xs[0]),
                                                       g.contiguous(xs[1]))),
@@ -371,3 +394,10 @@ def _reshaped(case):
         known = int(np.prod([d for d in shape if d != -1]))
         shape[shape.index(-1)] = int(np.prod(case.inputs[0].shape)) // known
     return tuple(shape)
+
+
+# attention (unfused; flash attention forward only) and llama.cpp's decoder blocks: their
+# own module, imported last (it needs nothing of this one)
+from gradcheck.adapters.ggml.attention import ROWS as _ATTENTION_ROWS  # noqa: E402
+
+OPS.update({name: GgmlOp(*row) for name, row in _ATTENTION_ROWS.items()})

@@ -32,6 +32,8 @@ REACHED_BY = {
     "sum:lanes": ("sum", "type=bf16,x=[1031,1031],axis=1"),
     "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),
     "parallel": ("relu", "relu(type=f32,x=[1031,1031])"),
+    "attention:tiles": ("attention", "mask=[131,263]"),
+    "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
 }
 
 
@@ -82,6 +84,26 @@ def test_softmax_rows_split_forward_and_backward(dtype):
     assert taken["split:cpu_softmax"] > 0 and taken["split:cpu_softmax_back"] > 0
 
 
+@pytest.mark.parametrize("text", ["mask=[206,1031],sinks=[5],max_bias=8",
+                                  "mask=[1],sinks=[5]"])
+def test_softmax_with_alibi_and_sinks_splits_its_rows(text):
+    """softmax with a mask (ALiBi's slopes, sinks) and the sinks' gradient run as ranges of
+    rows on the engine's threads (split:cpu_softmax_masked, split:cpu_softmax_sink_back),
+    the ranges ending inside a head."""
+    taken = _run(_case("softmax", text))
+    assert taken["split:cpu_softmax_masked"] > 0 and taken["split:cpu_softmax_sink_back"] > 0
+
+
+@pytest.mark.parametrize("text", ["type=f32,q=[1,4,257,64]", "mask=[131,263]",
+                                  "q=[2,2,300,64]"])
+def test_attention_splits_forward_and_backward(text):
+    """attention's kernels run (batch, head) pairs (backward: (batch, kv head) pairs) on
+    the engine's threads, and take query blocks, in every scale case."""
+    taken = _run(_case("attention", text))
+    assert taken["split:cpu_attention_fwd"] > 0 and taken["split:cpu_attention_back"] > 0
+    assert taken["attention:tiles"] > 0
+
+
 def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
     monkeypatch.setattr(jit, "PARALLEL", True)
     op, text = REACHED_BY["parallel"]
@@ -90,7 +112,8 @@ def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["split", "matmul:sparse", "copy:tiled", "pool_2d:tiled",
-                                    "sum:rows", "get_rows_back:bands"])
+                                    "sum:rows", "get_rows_back:bands",
+                                    "attention:causal_skip"])
 def test_plain_mode_takes_no_fast_path(family):
     op, text = REACHED_BY[family]
     case = _case(op, text)

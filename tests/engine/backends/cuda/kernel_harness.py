@@ -8,8 +8,9 @@ the CPU kernel's. So every CUDA kernel is checked on the inputs the real graphs 
 
 16-bit floats: both sides run the float32 kernel widened (engine.backends.cpu.half.widened
 on the CPU, engine.backends.cuda.half.widened on the device: the backends' `kernel(op,
-dtypes)`), and the outputs, 16-bit patterns rounded to nearest even, are compared within the
-op harness's tolerance of the dtype (they are equal bit for bit wherever the two float32
+dtypes)`; a kernel marked `native_half` widens them itself), and the outputs, 16-bit
+patterns rounded to nearest even, are compared within the op harness's tolerance of the
+dtype (they are equal bit for bit wherever the two float32
 kernels give the same float32 value, which is most nodes: `replay` reports how many).
 """
 

@@ -1,0 +1,155 @@
+"""attention and rope on the CPU against torch, forward and backward, in one run (a
+benchmark, not a test).
+
+    python bench/bench_attention.py            # or: tox -e bench
+    python bench/bench_attention.py --repeat 30
+    python bench/bench_attention.py --threads 1     # both on one thread
+
+attention: causal self-attention of 8 heads, 512 tokens, head size 64, float32 (the issue's
+shape; batch 1), and the same with grouped-query attention (2 kv heads); the engine's
+attention (attention_fwd, and attention_back from its backward rule) against torch's
+scaled_dot_product_attention and its autograd. rope: (512, 8, 64) and a llama-ish
+(2048, 32, 128) in float32, mode normal, the engine's rope and rope_back against torch
+code written from the formulas (torch has no rope op): angles from the positions, the
+pairs rotated, autograd for the backward. Prints the median time of each, forward,
+backward and their sum, and the ratio engine / torch (target <= 1.5 for attention's
+forward + backward). The engine's time is a whole graph evaluation (its plan made
+beforehand), so executor overhead counts; the backward graph is the op's backward rule
+fed with the forward values and an upstream gradient (as bench_cpu's). The timed runs
+come in rounds, engine and torch taking turns, each turn after a pause (torch's workers
+keep spinning a while after its calls) and one untimed run. The machine is shared and
+noisy: read the ratios, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import threadpoolctl
+import torch
+from bench_cpu import engine_backward, engine_forward
+from tabulate import tabulate
+
+from engine import ops
+from engine.backends.cpu import threads as engine_threads
+
+TARGET_RATIO = 1.5
+PAUSE_S = 0.5
+FREQ_BASE = 10000.0
+
+
+def attention_case(rng, hq, hkv, t, d):
+    """(name, engine build, torch function, inputs): causal attention, batch 1."""
+    q, k, v = (rng.normal(size=(1, h, t, d)).astype(np.float32) for h in (hq, hkv, hkv))
+    name = f"attention causal {hq}/{hkv} heads T={t} D={d} f32"
+    # attention_fwd: attention is its view [..., :Dv], and its backward rule is
+    # attention_back's node (the lse column's gradient costs nothing more)
+    return (name, lambda q, k, v: ops.attention_fwd(q, k, v, causal=True),
+            lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=hq != hkv), [q, k, v])
+
+
+def torch_rope(x, pos):
+    """Mode normal over the whole head (n_dims = D), from the formulas: theta_ti =
+    pos_t base^(-2i/D), pairs (x[2i], x[2i+1]) rotated by theta_ti."""
+    d = x.shape[-1]
+    inv_freq = FREQ_BASE ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+    theta = pos.to(torch.float32)[:, None] * inv_freq
+    c, s = torch.cos(theta)[:, None, :], torch.sin(theta)[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
+
+
+def rope_case(rng, t, h, d):
+    x = rng.normal(size=(t, h, d)).astype(np.float32)
+    pos = np.arange(t, dtype=np.int32)
+    return (f"rope ({t}, {h}, {d}) f32", lambda x, p: ops.rope(x, p, n_dims=d,
+                                                               freq_base=FREQ_BASE),
+            torch_rope, [x, pos])
+
+
+def _median_of_rounds(timers, repeat, rounds):
+    """Median seconds of each zero-argument call in `timers`, timed in `rounds` rounds of
+    repeat // rounds runs each, the calls taking turns round by round (a load that comes
+    and goes on the shared machine meets both sides), after a pause before each turn
+    (torch's workers keep spinning a while after its calls)."""
+    times = [[] for _ in timers]
+    for _ in range(rounds):
+        for fn, out in zip(timers, times, strict=True):
+            time.sleep(PAUSE_S)
+            fn()                                # warm-up: compile, caches, pages
+            for _ in range(max(1, repeat // rounds)):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def bench(name, build, torch_fn, arrays, repeat, rounds):
+    """[name, engine fwd, engine bwd, torch fwd, torch bwd] in seconds (medians)."""
+    fwd, _ = engine_forward(build, arrays)
+    bwd = engine_backward(build, arrays)
+    tens = [torch.from_numpy(a.copy()) for a in arrays]
+    floats = [i for i, a in enumerate(arrays) if a.dtype == np.float32]
+    req = [t.clone().requires_grad_(True) if i in floats else t for i, t in enumerate(tens)]
+    y = torch_fn(*req)
+    g = torch.from_numpy(np.random.default_rng(1).normal(size=tuple(y.shape))
+                         .astype(np.float32))
+    leaves = [req[i] for i in floats]
+
+    def torch_forward():
+        with torch.no_grad():
+            torch_fn(*tens)
+    e_fwd, e_bwd, t_fwd, t_bwd = _median_of_rounds(
+        [fwd.compute, bwd.compute, torch_forward,
+         lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)], repeat, rounds)
+    return [name, e_fwd, e_bwd, t_fwd, t_bwd]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds the timed runs are cut into, engine and torch taking turns")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for the engine and for torch alike (default: each's own)")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.repeat < 1:
+        p.error("--repeat and --rounds must be at least 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+        engine_threads.set_num_threads(args.threads)
+        threadpoolctl.threadpool_limits(limits=args.threads, user_api="blas")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; engine threads "
+          f"{engine_threads.get_num_threads()}; median of {args.repeat} runs in "
+          f"{args.rounds} rounds")
+    rng = np.random.default_rng(0)
+    cases = [attention_case(rng, 8, 8, 512, 64), attention_case(rng, 8, 2, 512, 64),
+             rope_case(rng, 512, 8, 64), rope_case(rng, 2048, 32, 128)]
+    table, ok = [], True
+    for name, e_fwd, e_bwd, t_fwd, t_bwd in (bench(*c, args.repeat, args.rounds)
+                                                  for c in cases):
+        judged = name.startswith("attention causal 8/8")
+        for phase, e, t in (("forward", e_fwd, t_fwd), ("backward", e_bwd, t_bwd),
+                            ("fwd + bwd", e_fwd + e_bwd, t_fwd + t_bwd)):
+            ratio = e / t
+            verdict = ""
+            if judged and phase == "fwd + bwd":
+                ok = ok and ratio <= TARGET_RATIO
+                verdict = "ok" if ratio <= TARGET_RATIO else "SLOWER THAN TARGET"
+            table.append([name, phase, f"{e * 1e3:.2f}", f"{t * 1e3:.2f}", f"{ratio:.2f}",
+                          verdict])
+    print(tabulate(table, headers=["case", "pass", "engine ms", "torch ms", "engine/torch",
+                                   f"target <= {TARGET_RATIO:g}"]))
+    print("all targets met" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

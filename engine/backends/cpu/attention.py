@@ -1,0 +1,352 @@
+"""CPU kernels of attention_fwd and attention_back (fused scaled-dot-product attention,
+engine.ops.attention).
+
+q, k, v are seen as 4-D (B, H, T, D) (a 3-D input gets B = 1); query head h reads kv head
+c = h // G, G = Hq / Hkv; the mask is numpy's broadcast of it to (B, Hq, Tq, Tk) (stride-0
+axes, never copied). For one head the forward computes, in query blocks of rows i0..i1-1:
+
+    S = Q[i0:i1] K[:kend]^T                                      (BLAS, q's dtype)
+    s_ij = scale S_ij;  s = cap tanh(s / cap) if cap > 0;  s += slope_h mask_ij
+    keys j > i + (Tk - Tq) are masked when causal;  m_i = max_j s_ij
+    lse_i = m_i + log sum_j exp(s_ij - m_i),  P_ij = exp(s_ij - lse_i)   (float64 rows)
+    O[i0:i1] = P V[:kend]                                        (BLAS)
+
+and stores O and lse side by side: out[..., :Dv] = O, out[..., Dv] = lse. A row with no
+visible key (causal with Tq > Tk, or a mask of -inf) gets O = 0 and lse = -inf. The
+backward, for each kv head c and each of its G query heads, recomputes P from the saved lse
+(P is never stored) and with dO = g[..., :Dv], g_lse = g[..., Dv]:
+
+    dP = dO V^T;  D_i = sum_j P_ij dP_ij;  dS_ij = P_ij (dP_ij - D_i + g_lse_i)
+    dS_ij *= 1 - tanh^2 (softcap);  dS *= scale
+    dq = dS K;   dk += dS^T Q;   dv += P^T dO       (dk, dv summed over the G query heads)
+
+into one flat output: dq, dk, dv raveled in C order over their logical shapes, concatenated.
+D_i is sum_d dO_id O_id (flash attention's form) in exact arithmetic, since O = P V; taken
+from the recomputed P and dP (as softmax_back takes it), dP_ij - D_i cancels exactly where
+it should: a row that sees one key (P = 1) gets dS = g_lse exactly, where dO.O in float64
+against a float32 dP would leave a rounding of dP (relative 1e-7 of |dO| |v|). A block
+holds every key its rows see, so D_i is complete when dS is formed; fwd's O is not read.
+
+The products run in BLAS (numpy's matmul on the views as they are: a permuted view's rows
+are BLAS rows with a leading dimension), the row pieces (scores, maxima, exponentials,
+log-sum-exps, dS) in numba kernels, in float64 with exponentials in a polynomial that
+vectorises (patterns.exp_into). float16 and bfloat16 reach the kernels widened to float32
+(engine.backends.cpu.half; the backward widens them itself, to know their rounding).
+
+The saved lse is rounded to fwd's dtype: off by up to half an ulp of |lse| (2^-9 |lse| in
+bfloat16, 2^-24 |lse| in float32), so exp(s - lse) is off as much, relatively, and a row
+that sees one key (P = 1) would pass a gradient it has not. So each recomputed row's sum Z
+is taken, and where |log Z| <= 2 u max(|lse|, 1) (u the unit roundoff of fwd's dtype: the
+storage rounding, and the exponentials' own) the row is divided by Z: P as exact as if the
+lse had been kept in float64. An lse off by more (not attention_fwd's of these inputs) is
+used as it is.
+
+Fast paths, each with its plain twin (engine.backends.cpu.paths.plain: one block of every
+query row over every key, one thread):
+- attention:tiles: query rows in blocks of TILE, each block's products over the keys it
+  sees; attention:causal_skip: with `causal`, a block's products stop at the last key
+  any of its rows sees (the keys masked for the whole block are never multiplied);
+- split:cpu_attention_fwd / split:cpu_attention_back: (batch, head) pairs (backward: (batch,
+  kv head) pairs, so that no two threads add into the same dk, dv) handed out one at a
+  time to the engine's threads (a thread that starts late takes fewer), from
+  threads.MIN_MACS multiply-adds.
+Each row is computed by the same arithmetic on either path; only the products' shapes (and
+so BLAS's order of summation) differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import ml_dtypes
+import numpy as np
+
+from engine.backends.alibi_math import alibi_slopes
+from engine.backends.cpu import half, paths, threads
+from engine.backends.cpu.jit import CONTRACT, bindable, njit
+from engine.backends.cpu.patterns import (
+    dot_any_order,
+    exp_into,
+    native_half,
+    row_extreme,
+    sum_any_order,
+)
+from engine.tensor import is_half
+
+TILE = 128            # query rows per block on the tiled path
+
+
+def _rows_kernel(fn):
+    """A serial kernel whose a * b + c may be fused (jit.CONTRACT): the exponentials'
+    polynomial."""
+    return njit(fn, **CONTRACT)
+
+
+@_rows_kernel
+def _scores(srow, mask, r, has_mask, slope, scale, cap, lim, x, ch):
+    """x[:lim] = the final scores of row r from its dot products srow[:lim]: scale, the
+    softcap, slope times the mask; ch[:lim] = d score / d dot product (scale (1 - tanh^2)
+    with a softcap, else scale). One loop per step, so that each vectorises."""
+    for j in range(lim):
+        x[j] = scale * np.float64(srow[j])
+    if cap > 0.0:
+        for j in range(lim):
+            th = np.tanh(x[j] / cap)
+            x[j] = cap * th
+            ch[j] = scale * (1.0 - th * th)
+    else:
+        for j in range(lim):
+            ch[j] = scale
+    if has_mask:
+        for j in range(lim):
+            x[j] += slope * np.float64(mask[r, j])
+
+
+@_rows_kernel
+def _fwd_rows(s, mask, has_mask, slope, row0, shift, causal, scale, cap, x, ch, lse):
+    """Rows row0.. of one head: s (n, kend) holds Q K^T and is overwritten with P; lse (n,)
+    gets each row's log-sum-exp; x and ch are float64 scratch rows of at least kend."""
+    n, kend = s.shape
+    for r in range(n):
+        srow = s[r]
+        lim = min(kend, max(0, row0 + r + shift + 1)) if causal else kend
+        _scores(srow, mask, r, has_mask, slope, scale, cap, lim, x, ch)
+        m = row_extreme(x, lim, 0, False) if lim > 0 else -np.inf
+        if m == -np.inf:                        # no visible key: P = 0, lse = -inf
+            for j in range(kend):
+                srow[j] = 0.0
+            lse[r] = -np.inf
+            continue
+        for j in range(lim):
+            x[j] = exp_into(x[j] - m, srow)
+        total = sum_any_order(x, lim)
+        inv = 1.0 / total
+        for j in range(lim):
+            srow[j] = x[j] * inv
+        for j in range(lim, kend):
+            srow[j] = 0.0
+        lse[r] = m + np.log(total)
+
+
+@_rows_kernel
+def _back_rows(s, dp, mask, has_mask, slope, row0, shift, causal, scale, cap, x, ch, lse,
+               glse, unit):
+    """Rows row0.. of one head: s (n, kend) holds Q K^T and is overwritten with P =
+    exp(s' - lse) (s' the row's final scores; divided by its sum Z where |log Z| is within
+    the lse's storage rounding, 2 unit max(|lse|, 1)), dp holds dO V^T and is overwritten
+    with scale dS, dS_ij = P_ij (dP_ij - D_i + g_lse_i) (1 - tanh^2 with softcap), D_i =
+    sum_j P_ij dP_ij; x and ch are float64 scratch rows (P, the chain factor)."""
+    n, kend = s.shape
+    for r in range(n):
+        srow = s[r]
+        drow = dp[r]
+        lim = min(kend, max(0, row0 + r + shift + 1)) if causal else kend
+        l_r = np.float64(lse[r])
+        if l_r == -np.inf:
+            lim = 0
+        _scores(srow, mask, r, has_mask, slope, scale, cap, lim, x, ch)
+        for j in range(lim):
+            x[j] = exp_into(x[j] - l_r, srow)
+        if lim > 0:
+            z = sum_any_order(x, lim)
+            if abs(np.log(z)) <= 2.0 * unit * max(abs(l_r), 1.0):
+                inv = 1.0 / z
+                for j in range(lim):
+                    x[j] *= inv
+        c = np.float64(glse[r]) - dot_any_order(x, drow, lim, 0)
+        for j in range(lim):
+            srow[j] = x[j]
+            drow[j] = ch[j] * x[j] * (np.float64(drow[j]) + c)
+        for j in range(lim, kend):
+            srow[j] = 0.0
+            drow[j] = 0.0
+
+
+def _as_4d(a):
+    return a if a.ndim == 4 else a[None]
+
+
+class _Geometry:
+    """The 4-D views and sizes of one call, the ALiBi slopes and the blocks of rows."""
+
+    def __init__(self, q, k, v, mask, scale, causal, logit_softcap, max_bias):
+        self.q, self.k, self.v = _as_4d(q), _as_4d(k), _as_4d(v)
+        self.b, self.hq, self.tq, self.d = self.q.shape
+        self.hkv, self.tk, self.dv = self.k.shape[1], self.k.shape[2], self.v.shape[3]
+        self.group = self.hq // self.hkv
+        self.mask = None if mask is None else np.broadcast_to(
+            mask[(None,) * (4 - mask.ndim)], (self.b, self.hq, self.tq, self.tk))
+        self.slopes = alibi_slopes(self.hq, float(max_bias))
+        self.scale, self.causal, self.cap = float(scale), bool(causal), float(logit_softcap)
+        self.shift = self.tk - self.tq
+        tile = self.tq if paths.PLAIN or self.tq <= TILE else TILE
+        self.blocks = [(i0, min(self.tq, i0 + tile), self.keys(i0, min(self.tq, i0 + tile),
+                                                               tile < self.tq))
+                       for i0 in range(0, self.tq, max(tile, 1))]
+        if len(self.blocks) > 1:
+            paths.taken("attention:tiles")
+            if any(kend < self.tk for _, _, kend in self.blocks):
+                paths.taken("attention:causal_skip")
+
+    def keys(self, i0, i1, tiled):
+        """How many keys the block of rows i0..i1-1 multiplies: all, or with `causal` on
+        the tiled path, up to the last one its last row sees."""
+        if not (self.causal and tiled):
+            return self.tk
+        return min(self.tk, max(0, i1 + self.shift))
+
+    def macs(self) -> int:
+        return self.b * self.hq * self.tq * self.tk * (self.d + self.dv)
+
+    def row_args(self, b, h, i0, i1, kend, s):
+        """The rows kernels' mask, has_mask, slope, row0, shift, causal, scale and cap."""
+        mask = s if self.mask is None else self.mask[b, h, i0:i1, :kend]
+        return (mask, self.mask is not None, float(self.slopes[h]), i0, self.shift,
+                self.causal, self.scale, self.cap)
+
+    def scratch(self, dtype, *widths):
+        """One flat buffer per width, of a block's rows times that width."""
+        rows = max((i1 - i0 for i0, i1, _ in self.blocks), default=0)
+        return [np.empty(rows * w, dtype) for w in widths]
+
+
+def _panel(buf, n, m):
+    return buf[:n * m].reshape(n, m)
+
+
+class _Tasks:
+    """The (batch, head) tasks of one call, handed out one at a time to the calls that
+    run side by side (`take`), so that a thread that starts late takes fewer: which thread
+    computes a task changes nothing in its result. The last call to finish a run sets the
+    queue back for the next run (a run starts only when every call of the last one has
+    returned)."""
+
+    def __init__(self, tasks, calls):
+        self.tasks, self.calls = tasks, calls
+        self.lock = threading.Lock()
+        self.next = self.done = 0
+
+    def take(self):
+        with self.lock:
+            i, self.next = self.next, self.next + 1
+        return self.tasks[i] if i < len(self.tasks) else None
+
+    def finished(self):
+        with self.lock:
+            self.done += 1
+            if self.done == self.calls:
+                self.next = self.done = 0
+
+
+def _chunked(name, geo, tasks, make):
+    """One call computing every task of `tasks` with make(take)'s calls (take() gives the
+    next task or None), side by side on the engine's threads when the work pays for it
+    (recorded as split:`name`)."""
+    n = min(threads.parts() if geo.macs() >= threads.MIN_MACS else 1, len(tasks))
+    if n > 1:
+        paths.taken(f"split:{name}")
+    queue = _Tasks(tasks, max(n, 1))
+
+    def call(run):
+        def whole():
+            try:
+                run()
+            finally:
+                queue.finished()
+        return whole
+    return threads.side_by_side([call(make(queue.take)) for _ in range(max(n, 1))])
+
+
+@bindable
+def cpu_attention_fwd(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0):
+    """kernel(out, [q, k, v] or [q, k, v, mask], **params): out (.., Hq, Tq, Dv + 1) gets O
+    and the log-sum-exp (module doc)."""
+    q, k, v, *mask = ins
+    geo = _Geometry(q, k, v, mask[0] if mask else None, scale, causal, logit_softcap,
+                    max_bias)
+    out4 = _as_4d(out)
+
+    def make(take):
+        sbuf, = geo.scratch(geo.q.dtype, geo.tk)
+        x, ch = np.empty(geo.tk, np.float64), np.empty(geo.tk, np.float64)
+
+        def run():
+            while (task := take()) is not None:
+                b, h = task
+                qh, kh, vh = geo.q[b, h], geo.k[b, h // geo.group], geo.v[b, h // geo.group]
+                for i0, i1, kend in geo.blocks:
+                    s = _panel(sbuf, i1 - i0, kend)
+                    np.matmul(qh[i0:i1], kh[:kend].T, out=s)
+                    _fwd_rows(s, *geo.row_args(b, h, i0, i1, kend, s), x, ch,
+                              out4[b, h, i0:i1, geo.dv])
+                    np.matmul(s, vh[:kend], out=out4[b, h, i0:i1, :geo.dv])
+        return run
+    return _chunked("cpu_attention_fwd", geo, [(b, h) for b in range(geo.b)
+                                                for h in range(geo.hq)], make)
+
+
+def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0,
+                  unit=None):
+    """The backward on float32 or float64 arrays (module doc); `unit`: the unit roundoff
+    of the dtype fwd's lse was stored in (None: fwd's own)."""
+    g, q, k, v, *mask, fwd = ins
+    unit = float(np.finfo(fwd.dtype).eps) / 2 if unit is None else float(unit)
+    geo = _Geometry(q, k, v, mask[0] if mask else None, scale, causal, logit_softcap,
+                    max_bias)
+    g4, fwd4 = _as_4d(g), _as_4d(fwd)
+    nq, nk = geo.q.size, geo.k.size
+    dq = out[:nq].reshape(geo.q.shape)
+    dk = out[nq:nq + nk].reshape(geo.k.shape)
+    dv = out[nq + nk:].reshape(geo.v.shape)
+
+    def make(take):
+        sbuf, pbuf = geo.scratch(geo.q.dtype, geo.tk, geo.tk)
+        kbuf = np.empty(geo.tk * geo.d, geo.q.dtype)
+        vbuf = np.empty(geo.tk * geo.dv, geo.q.dtype)
+        x, ch = np.empty(geo.tk, np.float64), np.empty(geo.tk, np.float64)
+
+        def run():
+            while (task := take()) is not None:
+                b, kv = task
+                kh, vh, dkh, dvh = geo.k[b, kv], geo.v[b, kv], dk[b, kv], dv[b, kv]
+                dkh[...] = 0.0
+                dvh[...] = 0.0
+                for h in range(kv * geo.group, (kv + 1) * geo.group):
+                    qh, gh, fh = geo.q[b, h], g4[b, h], fwd4[b, h]
+                    for i0, i1, kend in geo.blocks:
+                        n = i1 - i0
+                        s, dp = _panel(sbuf, n, kend), _panel(pbuf, n, kend)
+                        np.matmul(qh[i0:i1], kh[:kend].T, out=s)
+                        np.matmul(gh[i0:i1, :geo.dv], vh[:kend].T, out=dp)
+                        _back_rows(s, dp, *geo.row_args(b, h, i0, i1, kend, s),
+                                   x, ch, fh[i0:i1, geo.dv], gh[i0:i1, geo.dv],
+                                   unit)
+                        np.matmul(dp, kh[:kend], out=dq[b, h, i0:i1])
+                        tk = _panel(kbuf, kend, geo.d)
+                        np.matmul(dp.T, qh[i0:i1], out=tk)
+                        dkh[:kend] += tk
+                        tv = _panel(vbuf, kend, geo.dv)
+                        np.matmul(s.T, gh[i0:i1, :geo.dv], out=tv)
+                        dvh[:kend] += tv
+        return run
+    return _chunked("cpu_attention_back", geo, [(b, c) for b in range(geo.b)
+                                                 for c in range(geo.hkv)], make)
+
+
+_back_float = bindable(_back_prepare)
+
+
+@native_half
+@bindable
+def cpu_attention_back(out, ins, **params):
+    """kernel(out, [g, q, k, v, fwd] or [g, q, k, v, mask, fwd], **params): out (1-D)
+    gets dq, dk, dv raveled and concatenated (module doc). 16-bit arrays are widened to
+    float32 here (half.widened), the renormalisation of P told the 16-bit dtype's unit
+    roundoff (the saved lse's rounding)."""
+    fwd = ins[-1]
+    if any(is_half(a.dtype) for a in (out, *ins)):
+        unit = float(ml_dtypes.finfo(fwd.dtype).eps) / 2
+        return half.widened(bindable(functools.partial(_back_prepare, unit=unit))).bind(
+            out, ins, **params)
+    return _back_float.bind(out, ins, **params)
