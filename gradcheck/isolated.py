@@ -11,9 +11,10 @@ from gradcheck.worker import DEFAULT_CASE_TIMEOUT, Worker, WorkerCrash
 
 
 class IsolatedAdapter:
-    """`adapter` with its `vjp` run in a Worker, started at once, so that an engine that
-    cannot be set up there fails before any case (AdapterError); `describe` and
-    `unsupported` are the local adapter's. A context manager: leaving it stops the worker."""
+    """`adapter` with its `vjp` (and forward_only_output) run in a Worker, started at once,
+    so that an engine that cannot be set up there fails before any case (AdapterError);
+    `describe` and `unsupported` are the local adapter's. A context manager: leaving it
+    stops the worker."""
 
     isolated = True
 
@@ -45,6 +46,10 @@ class IsolatedAdapter:
 
     def vjp(self, case, arrays, weights):
         return self.worker.call("vjp", case, arrays, weights)
+
+    def forward_only_output(self, variant, case, arrays):
+        """The local adapter's forward_only_output (gradcheck.forward_only), in the worker."""
+        return self.worker.call("forward_only_output", variant, case, arrays)
 
     def with_threads(self, n: int) -> _AtThreads:
         """This engine computing with `n` threads, in the same worker (the local adapter's

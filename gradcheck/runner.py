@@ -16,8 +16,9 @@ from tqdm import tqdm
 from engine.registry import all_ops, get_op
 from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.check import check_sample
+from gradcheck.check import case_labels, check_sample
 from gradcheck.cotangents import tier_cases
+from gradcheck.forward_only import check_forward_only, forward_only_variants
 from gradcheck.generated import generated_results
 from gradcheck.interrupted import interrupted_with
 from gradcheck.isolated import IsolatedAdapter
@@ -99,7 +100,9 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
     An adapter with `isolated` set runs in one worker process shared by all cases (a fresh
     one after a crash); `case_timeout`: seconds an engine call may take there. A failing,
     erroring or crashing row carries its repro command (gradcheck.repro.with_repro).
-    Ctrl-C raises gradcheck.interrupted.Interrupted with the rows finished before it."""
+    Ctrl-C raises gradcheck.interrupted.Interrupted with the rows finished before it.
+    An engine's forward-only variants of a case (gradcheck.forward_only: ggml's flash
+    attention) add their rows after the case's."""
     if adapter is None:
         engines = [EngineAdapter(b, inject) for b in backends]
     elif inject or tuple(backends) != ("cpu",):
@@ -122,9 +125,19 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
                     results.append(with_repro(check_sample(s, mode=mode, use_torch=use_torch,
                                                            adapter=running[id(e)]),
                                               s, e, mode))
+                    results += _forward_only_rows(s, running[id(e)], e, mode)
         except KeyboardInterrupt as exc:   # Ctrl-C: the finished rows go with it
             raise interrupted_with(results, exc) from None
         return results
+
+
+def _forward_only_rows(case, engine, adapter, mode):
+    """The rows of the engine's forward-only variants of `case` (gradcheck.forward_only:
+    ggml's flash attention), each with its repro command where it fails."""
+    return [with_repro(check_forward_only(case, engine, variant, why,
+                                          case_labels(case, engine, mode)),
+                       case, adapter, mode)
+            for variant, why in forward_only_variants(engine, case).items()]
 
 
 def check_ggml_coverage(adapter, dtype: str = "all", *, progress: bool = False, mode="auto",

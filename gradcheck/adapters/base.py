@@ -43,7 +43,10 @@ gradcheck.adapters.AdapterSpec that rebuilds the adapter, e.g. in a worker; get_
 sets it), `on_cpu()` (the same engine on the CPU, for the `vs_cpu` column),
 `declined(case)` (above), `leaf_gradients` (above) and `forward(case, arrays) -> array`,
 the case's output alone (a dedicated backward op, which has no gradient of its own, runs
-through it; without it, gradcheck.backward_ops takes the output of `vjp`).
+through it; without it, gradcheck.backward_ops takes the output of `vjp`), and
+`forward_only_checks(case)` with `forward_only_output(variant, case, arrays)`: ops of the
+engine without a backward that compute the case's op, checked on their forward alone in
+rows of their own (gradcheck.forward_only; ggml's flash attention).
 """
 
 from __future__ import annotations

@@ -59,8 +59,27 @@ def test_cast_cases_split_between_dup_and_cpy_and_sum_cases_between_sum_and_sum_
     assert rows["GGML_OP_SUM"].status == "pass" and rows["GGML_OP_SUM_ROWS"].status == "fail"
 
 
+def test_flash_attention_rows_count_the_forward_only_results_and_unfused_the_others():
+    flash = result("attention(type=f32,q=[2,3,4]) [ggml_flash_attn_ext: forward only]",
+                   "pass", "attention")
+    flash.labels["check"] = "forward only"
+    rows = {r.name: r for r in coverage_rows([
+        result("attention(type=f32,q=[2,3,4])", "crash", "attention", message="SIGABRT"),
+        flash,
+        result("mlp_block(type=f32,x=[3,4])", "pass", "mlp_block"),
+    ], OPS)}
+    fa = rows["GGML_OP_FLASH_ATTN_EXT (forward only)"]
+    unfused = rows["attention, unfused (MUL_MAT, DIAG_MASK_INF, SOFT_MAX)"]
+    assert (fa.status, fa.metrics["cases"], fa.labels["checked_by"]) == ("pass", 1, "attention")
+    assert (unfused.status, unfused.metrics["cases"]) == ("crash", 1)
+    assert rows["llama layer: mlp_block"].status == "pass"
+    assert rows["llama layer: attention_block"].message.startswith("not covered")
+    assert {"attention", "attention_block", "mlp_block"} <= set(coverage.coverage_ops())
+
+
 def test_an_entry_without_a_registry_op_says_it_is_not_covered(monkeypatch):
     monkeypatch.setattr(coverage, "BACKWARD_SWITCH", (("FOO", ("no_such_op",)),))
+    monkeypatch.setattr(coverage, "BEYOND_SWITCH", ())
     (row,) = coverage_rows([], OPS)
     assert row.status == "unsupported" and row.message == "not covered: no registry op no_such_op"
 
@@ -81,6 +100,7 @@ def test_coverage_runs_in_ggml_and_finds_its_add1_gradient_a_mean_not_a_sum(monk
     'TODO: should probably be sum instead of mean'): the row fails on b's gradient."""
     monkeypatch.setattr(coverage, "BACKWARD_SWITCH", (("ADD1", ("add1",)),
                                                       ("UNARY_SGN", ("sgn",))))
+    monkeypatch.setattr(coverage, "BEYOND_SWITCH", ())
     status = main(["--engine", "ggml", "--coverage", "--no-progress", "--dtype", "f32",
                    "--no-torch", "--format", "json"])
     assert status == 1

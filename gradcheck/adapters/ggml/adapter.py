@@ -26,18 +26,23 @@ which abort); bf16 cases are unsupported (coverage.BF16_NO_BACKWARD) and `forwar
 runs them forward. ggml's own mixed case, mul_mat of 16-bit weights and float32 activations,
 is the registry's matmul with b in 16 bits (`b:f16=[K,N]perm[1,0]`, ggml's weight layout).
 
+ggml_flash_attn_ext, which ggml cannot differentiate, computes attention cases forward
+only: `forward_only_checks` and `forward_only_output` (gradcheck.forward_only; attention.py).
+
 A failed GGML_ASSERT aborts the process, so the adapter is `isolated`: gradcheck runs its
 cases in worker processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 
 from engine.tensor import is_float
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
+from gradcheck.adapters.ggml import attention as ggml_attention
 from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.coverage import DECLINED, F16_OPS, NO_BACKWARD, half_unsupported
 from gradcheck.adapters.ggml.graph import (
@@ -153,14 +158,40 @@ class GgmlAdapter:
             raise ValueError(f"ggml cannot run {case} forward: {why}")
         with Context(self.lib, self._memory(case, 0)) as g:
             _, views = _inputs(g, case, arrays, [spec.name for spec in case.inputs])
-            out = OPS[case.op].build(g, case, views)
-            g.lib.ggml_set_output(out)
-            graph = g.lib.ggml_new_graph_custom(g.ctx, GRAPH_SIZE, False)
-            g.lib.ggml_build_forward_expand(graph, out)
-            status = g.lib.ggml_graph_compute_with_ctx(g.ctx, graph, self.n_threads)
-            if status != 0:
-                raise RuntimeError(f"ggml_graph_compute_with_ctx returned status {status}")
-            return g.to_numpy(out, shape)
+            return self._forward(g, OPS[case.op].build(g, case, views), shape)
+
+    def _forward(self, g: Context, out, shape) -> np.ndarray:
+        """Tensor `out` of context g computed by a forward graph alone, as numpy `shape`."""
+        g.lib.ggml_set_output(out)
+        graph = g.lib.ggml_new_graph_custom(g.ctx, GRAPH_SIZE, False)
+        g.lib.ggml_build_forward_expand(graph, out)
+        status = g.lib.ggml_graph_compute_with_ctx(g.ctx, graph, self.n_threads)
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute_with_ctx returned status {status}")
+        return g.to_numpy(out, shape)
+
+    def forward_only_checks(self, case) -> dict[str, str | None]:
+        """ggml's ops with no backward that compute `case`'s op, checked forward alone
+        (gradcheck.forward_only): ggml_flash_attn_ext for attention, with the reason it
+        cannot run a case (None when it can); none for a case that differs from another
+        in its cotangent only (the forward is the same)."""
+        if case.op != "attention" or getattr(case, "cotangent", "contiguous") != "contiguous":
+            return {}
+        return {ggml_attention.FLASH: ggml_attention.flash_why_not(case)}
+
+    def forward_only_output(self, variant, case, arrays):
+        """(output, input values computed on) of `variant` on `case` (see
+        forward_only_checks): ggml_flash_attn_ext's, its mask rounded to F16."""
+        if variant != ggml_attention.FLASH:
+            raise ValueError(f"ggml has no forward-only variant {variant!r}")
+        seen = ggml_attention.flash_inputs(case, [np.asarray(a) for a in arrays])
+        qkv = dataclasses.replace(case, inputs=case.inputs[:3])
+        q, v = seen[0].shape, seen[2].shape
+        rows = int(np.prod(q[:-1]))            # the output's and the broadcast mask's rows
+        with Context(self.lib, self._memory(case, rows * (v[-1] + v[-2]))) as g:
+            _, views = _inputs(g, qkv, seen[:3], [spec.name for spec in qkv.inputs])
+            out = ggml_attention.flash(g, case, views, seen)
+            return self._forward(g, out, (*q[:-1], v[-1])), seen
 
     def vjp(self, case, arrays, weights) -> VJP:
         why = self.unsupported(case)

@@ -71,6 +71,9 @@ F16_OPS = {
              "tensor (binary-ops.cpp F16 x F32 -> F16)"
        for name in ("abs", "sgn", "neg", "step", "relu", "exp", "silu")},
     **{name: f"ggml_{name} (binary-ops.cpp, F16 and F16 or F32)" for name in ("add", "sub")},
+    "attention": "ggml_mul_mat of F16 k and q (F16 is F16's vec_dot_type) gives F32 scores: "
+                 "F32 soft_max, ggml_mul_mat of the F16 v by them; backward ggml_out_prod "
+                 "(ops.cpp ggml_compute_forward_out_prod_f16_f32), F32",
     **{name: "a view or copy of the F16 tensor (layout only)"
        for name in ("permute", "transpose", "reshape", "cont", "block", "repeat",
                     "broadcast_to")},
@@ -93,6 +96,8 @@ F16_NO_KERNEL = {
     "im2col_1d": "ggml_im2col into F32 columns (ops.cpp:6357 asserts an F32 image)",
     **{name: f"the backward's ggml_mul(F32 gradient, F16 {name}') (binary-ops.cpp:135: no "
              "F32 x F16 kernel)" for name in ("sqrt", "log", "sin", "cos", "softplus")},
+    **{name: "ggml_rms_norm (ops.cpp:3873, F32 only)" for name in ("attention_block",
+                                                                  "mlp_block")},
     "mul": "its backward's ggml_mul(F32 gradient, F16 operand) (binary-ops.cpp:135: no "
            "F32 x F16 kernel)",
     "div": "its backward's ggml_div(F32 gradient, F16 operand) (binary-ops.cpp:135: no "
@@ -153,14 +158,44 @@ CASE_FILTERS = {
 }
 
 
+
+def _forward_only(r) -> bool:
+    """Whether result `r` is a forward-only row (gradcheck.forward_only)."""
+    return r.labels.get("check") == "forward only"
+
+
+# Rows after the switch's, each (row name, registry ops, which of their results): ggml's
+# flash attention, which has no case in the switch and is checked forward only
+# (gradcheck.forward_only); the attention ggml differentiates, unfused (ggml_mul_mat,
+# ggml_diag_mask_inf, ggml_soft_max_ext, ggml_mul_mat); llama.cpp's decoder layer built from
+# ggml's own ops (ggml/attention.py). The switch's rows count no forward-only result.
+BEYOND_SWITCH: tuple[tuple[str, tuple[str, ...], object], ...] = (
+    ("GGML_OP_FLASH_ATTN_EXT (forward only)", ("attention",), _forward_only),
+    ("attention, unfused (MUL_MAT, DIAG_MASK_INF, SOFT_MAX)", ("attention",),
+     lambda r: not _forward_only(r)),
+    ("llama layer: attention_block", ("attention_block",), lambda r: True),
+    ("llama layer: mlp_block", ("mlp_block",), lambda r: True),
+)
+
+
+def _table():
+    """(row name, registry ops, result filter per op) of every row, in order."""
+    rows = [(f"GGML_OP_{ggml_op}", ops,
+             {op: CASE_FILTERS.get((ggml_op, op), lambda r: not _forward_only(r))
+              for op in ops}) for ggml_op, ops in BACKWARD_SWITCH]
+    return rows + [(name, ops, dict.fromkeys(ops, keep)) for name, ops, keep in BEYOND_SWITCH]
+
+
 def coverage_ops() -> list[str]:
-    """The registry ops that check ggml's backward switch (each once, in the table's order)."""
-    return list(dict.fromkeys(op for _, ops in BACKWARD_SWITCH for op in ops))
+    """The registry ops that check ggml's backward switch and the rows after it (each once,
+    in the table's order)."""
+    return list(dict.fromkeys(op for _, ops, _ in _table() for op in ops))
 
 
 def coverage_rows(results, registered) -> list[Result]:
-    """One row per entry of BACKWARD_SWITCH from gradcheck's `results` of coverage_ops() in
-    ggml: the registry ops that check it, the number of cases run and their verdicts. The
+    """One row per entry of BACKWARD_SWITCH (and of BEYOND_SWITCH) from gradcheck's
+    `results` of coverage_ops() in ggml: the registry ops that check it, the number of
+    cases run and their verdicts. The
     row fails if any case failed or errored, crashes if any crashed (and none failed),
     passes if some passed and nothing else went wrong; it is unsupported, with the reason,
     when no case could run in ggml or no registry op exists for it (`registered`: the
@@ -169,10 +204,9 @@ def coverage_rows(results, registered) -> list[Result]:
     for r in results:
         by_op.setdefault(r.labels.get("op"), []).append(r)
     rows = []
-    for ggml_op, ops in BACKWARD_SWITCH:
+    for name, ops, keep in _table():
         present = [op for op in ops if op in registered]
-        mine = [r for op in present for r in by_op.get(op, [])
-                if CASE_FILTERS.get((ggml_op, op), lambda r: True)(r)]
+        mine = [r for op in present for r in by_op.get(op, []) if keep[op](r)]
         counts = Counter(r.status for r in mine)
         run = sum(counts[s] for s in ("pass", "fail", "error", "crash"))
         if counts["fail"] or counts["error"]:
@@ -189,7 +223,7 @@ def coverage_rows(results, registered) -> list[Result]:
         elif not mine:
             why = f"not covered: {', '.join(present)} has no cases for it"
         rows.append(Result(
-            tool="gradcheck-coverage", name=f"GGML_OP_{ggml_op}", status=status, message=why,
+            tool="gradcheck-coverage", name=name, status=status, message=why,
             labels={"checked_by": ", ".join(present) or "-"},
             metrics={"cases": len(mine), "run": run, "passed": counts["pass"],
                      "failed": counts["fail"] + counts["error"], "crashed": counts["crash"],
