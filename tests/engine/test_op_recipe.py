@@ -72,22 +72,30 @@ TOY_OP = '''
 '''
 
 # its CUDA kernel, in a module of its own as in engine/backends/cuda: imported (with
-# numba.cuda) only when the op first runs on the CUDA backend
+# numba.cuda) only when the op first runs on the CUDA backend. Its input may be a strided
+# view (a permuted or sliced upstream gradient in the backward pass): it is read through its
+# strides as 4-D, never reshaped to 1-D (on a GPU a device array refuses, or reads a
+# transposed one in memory order; the simulator's numpy arrays hid that until a GPU ran it)
 TOY_CUDA_KERNEL = """
     from numba import cuda
+
+    from engine.backends.cuda.arrays import with_rank
 
 
     @cuda.jit
     def _double(dst, src):
-        i = cuda.grid(1)
-        if i < dst.size:
-            dst[i] = src[i] + src[i]
+        n1, n2, n3 = dst.shape[1], dst.shape[2], dst.shape[3]
+        for flat in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+            l = flat % n3
+            k = (flat // n3) % n2
+            j = (flat // (n3 * n2)) % n1
+            i = flat // (n3 * n2 * n1)
+            dst[i, j, k, l] = src[i, j, k, l] + src[i, j, k, l]
 
 
     def cuda_double(out, ins):
-        n = out.size
-        if n:
-            _double[(n + 127) // 128, 128](out.reshape(n), ins[0].reshape(n))
+        if out.size:
+            _double[(out.size + 127) // 128, 128](with_rank(out, 4), with_rank(ins[0], 4))
 """
 
 
