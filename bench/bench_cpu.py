@@ -46,6 +46,21 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def same_threads(parser, n) -> None:
+    """--threads N: torch, the engine and numpy's BLAS (which the engine at one thread
+    leaves as it is) all on N threads; a bad N is the parser's usage error."""
+    if n is None:
+        return
+    if n < 1:
+        parser.error(f"--threads must be at least 1, got {n}")
+    import threadpoolctl
+
+    from engine.backends.cpu import threads as engine_threads
+    torch.set_num_threads(n)
+    engine_threads.set_num_threads(n)
+    threadpoolctl.threadpool_limits(limits=n, user_api="blas")
+
+
 def engine_forward(build, arrays):
     leaves = [engine.input_tensor(a.shape, a.dtype, name=f"in{i}") for i, a in enumerate(arrays)]
     for t, a in zip(leaves, arrays, strict=True):

@@ -23,9 +23,8 @@ import time
 
 import ml_dtypes
 import numpy as np
-import threadpoolctl
 import torch
-from bench_cpu import engine_backward, engine_forward, median_time
+from bench_cpu import engine_backward, engine_forward, median_time, same_threads
 from tabulate import tabulate
 
 from engine import ops
@@ -93,13 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="threads for the engine and for torch alike (default: each's own)")
     args = p.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            p.error(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-        engine_threads.set_num_threads(args.threads)
-        # numpy's BLAS too (the engine at one thread leaves it as it is)
-        threadpoolctl.threadpool_limits(limits=args.threads, user_api="blas")
+    same_threads(p, args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; engine threads "
           f"{engine_threads.get_num_threads()}; median of {args.repeat} runs")
     rows, memory, ok = [], [], True
