@@ -41,9 +41,10 @@ Kernels (grid-stride loops, arrays.grid_stride_shape):
   then per chunk of dq's columns one more; it stores dq_i and the row's statistics (lse_i,
   the divisor Z_i or 1, D_i) in a float64 (B, Hq, Tq, 3) buffer that the dispatcher
   allocates per call (a Tk-times-cheaper route than recomputing them per key).
-- `_attention_back_kv`, launched after it, one thread per key row (b, hkv, j): dv_j, then
-  dk_j, per chunk of columns, each one pass over the G query heads of the group and their
-  query rows that see key j, reading the rows' statistics. Rows whose saved lse is -inf
+- `_attention_back_kv`, launched after it, one thread per key row (b, hkv, j): dv_j and
+  dk_j together, per chunk of columns, in one pass over the G query heads of the group and
+  their query rows that see key j (each p_ij recomputed once for both), reading the rows'
+  statistics. Rows whose saved lse is -inf
   (fully masked) contribute nothing and get dq 0.
 Every output element is written once, by the one thread that owns it, its sums taken in a
 fixed order (keys, or heads then rows, ascending): no atomics, the same bits on every run
@@ -231,32 +232,20 @@ def _attention_back_kv(g, q, k, v, mask, has_mask, stats, dk, dv, scale, causal,
     nb, nhk, nk, nd = k.shape[0], k.shape[1], k.shape[2], k.shape[3]
     nh, nq, nv = q.shape[1], q.shape[2], v.shape[3]
     group = nh // nhk
-    acc = cuda.local.array(CHUNK, float64)
+    acc_v = cuda.local.array(CHUNK, float64)
+    acc_k = cuda.local.array(CHUNK, float64)
     for row in range(cuda.grid(1), nb * nhk * nk, cuda.gridsize(1)):
         j = row % nk
         hk = (row // nk) % nhk
         b = row // (nk * nhk)
         first = max(0, j - (nk - nq)) if causal else 0     # the first row that sees key j
-        for c0 in range(0, nv, CHUNK):
-            n = min(CHUNK, nv - c0)
-            for e in range(n):
-                acc[e] = 0.0
-            for h in range(hk * group, hk * group + group):
-                slope = alibi_slope(float(h), float(nh), max_bias)
-                for i in range(first, nq):
-                    lse = stats[b, h, i, 0]
-                    if lse == -math.inf:
-                        continue
-                    s, _ = _logit(q, k, mask, has_mask, b, h, hk, i, j, scale, cap, slope)
-                    p = _exp(s - lse) / stats[b, h, i, 1]
-                    for e in range(n):
-                        acc[e] += p * float64(g[b, h, i, c0 + e])
-            for e in range(n):
-                dv[b, hk, j, c0 + e] = acc[e]
-        for c0 in range(0, nd, CHUNK):
-            n = min(CHUNK, nd - c0)
-            for d in range(n):
-                acc[d] = 0.0
+        # dv's and dk's columns CHUNK at a time, both from one recomputation of each p
+        for c0 in range(0, max(nv, nd), CHUNK):
+            nvc = max(0, min(CHUNK, nv - c0))
+            ndc = max(0, min(CHUNK, nd - c0))
+            for e in range(CHUNK):
+                acc_v[e] = 0.0
+                acc_k[e] = 0.0
             for h in range(hk * group, hk * group + group):
                 slope = alibi_slope(float(h), float(nh), max_bias)
                 for i in range(first, nq):
@@ -266,14 +255,18 @@ def _attention_back_kv(g, q, k, v, mask, has_mask, stats, dk, dv, scale, causal,
                     s, chain = _logit(q, k, mask, has_mask, b, h, hk, i, j, scale, cap,
                                       slope)
                     p = _exp(s - lse) / stats[b, h, i, 1]
-                    if p == 0.0:
+                    for e in range(nvc):
+                        acc_v[e] += p * float64(g[b, h, i, c0 + e])
+                    if p == 0.0 or ndc == 0:
                         continue
                     dp = _dot_g_v(g, v, b, h, hk, i, j, nv)
                     du = p * ((dp - stats[b, h, i, 2]) + float64(g[b, h, i, nv])) * chain
-                    for d in range(n):
-                        acc[d] += du * float64(q[b, h, i, c0 + d])
-            for d in range(n):
-                dk[b, hk, j, c0 + d] = scale * acc[d]
+                    for d in range(ndc):
+                        acc_k[d] += du * float64(q[b, h, i, c0 + d])
+            for e in range(nvc):
+                dv[b, hk, j, c0 + e] = acc_v[e]
+            for d in range(ndc):
+                dk[b, hk, j, c0 + d] = scale * acc_k[d]
 
 
 def _rank4(arr):
