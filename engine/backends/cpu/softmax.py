@@ -37,7 +37,15 @@ import numpy as np
 
 from engine.backends.alibi_math import alibi_slope
 from engine.backends.cpu import half, paths, threads
-from engine.backends.cpu.jit import bindable, call, contracting, kernel, parallel_kernel, prange
+from engine.backends.cpu.jit import (
+    bindable,
+    call,
+    contracting,
+    kernel,
+    parallel_kernel,
+    prange,
+    scalar_math,
+)
 from engine.backends.cpu.patterns import (
     as_patterns,
     dot_any_order,
@@ -99,12 +107,26 @@ def _softmax_rows(x, out, scale, e, fmt):
                 orow[j] = rounded(er[j] * inv, orow, fmt)
 
 
+@scalar_math
+def _logit(x, mask, a, h, i, j, scale, slope):
+    """z_j = s x[a, h, i, j] + slope mask[a, h, i, j], in float64."""
+    return scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j])
+
+
 @kernel
-def _row_max(x, mask, a, h, i, scale, slope, top):
-    """max(top, max_j z_j), z_j = s x[a, h, i, j] + slope mask[a, h, i, j], in float64."""
-    for j in range(x.shape[3]):
-        top = max(top, scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j]))
-    return top
+def _row_start(x, mask, sinks, has_sinks, r, scale, max_bias):
+    """Row r of (B, H, R, C) x (rows in C order over B, H, R): its (a, h, i), head h's
+    ALiBi slope, its sink logit (-inf without sinks) and m = max(max_j z_j, sink)."""
+    _, nh, nr, n = x.shape
+    a = r // (nh * nr)
+    h = (r // nr) % nh
+    i = r % nr
+    slope = alibi_slope(np.float64(h), np.float64(nh), max_bias)
+    sink = np.float64(sinks[h]) if has_sinks else -np.inf
+    m = sink
+    for j in range(n):
+        m = max(m, _logit(x, mask, a, h, i, j, scale, slope))
+    return a, h, i, slope, sink, m
 
 
 @parallel_kernel
@@ -113,19 +135,13 @@ def _softmax_masked_rows(x, mask, sinks, has_sinks, out, scale, max_bias, lo, hi
     that shape, possibly with zero strides): out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
     exp(sink_h - m)), z = s x + slope_h mask, m = max(max_k z_k, sink_h), the sink terms
     only if has_sinks (module doc)."""
-    _, nh, nr, n = x.shape
+    n = x.shape[3]
     for k in prange(hi - lo):
-        r = lo + k
-        a = r // (nh * nr)
-        h = (r // nr) % nh
-        i = r % nr
-        slope = alibi_slope(np.float64(h), np.float64(nh), max_bias)
-        sink = np.float64(sinks[h]) if has_sinks else -np.inf
-        m = _row_max(x, mask, a, h, i, scale, slope, sink)
+        a, h, i, slope, sink, m = _row_start(x, mask, sinks, has_sinks, lo + k, scale,
+                                             max_bias)
         total = np.exp(sink - m) if has_sinks else 0.0
         for j in range(n):
-            e = np.exp(scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j])
-                       - m)
+            e = np.exp(_logit(x, mask, a, h, i, j, scale, slope) - m)
             out[a, h, i, j] = e
             total += e
         inv = 1.0 / total
@@ -138,21 +154,15 @@ def _sink_grad_rows(g, x, mask, sinks, part, scale, max_bias, lo, hi):
     """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask,
     with y and p_sink = exp(sink_h - m) / normaliser recomputed as _softmax_masked_rows
     computes them (in float64, never rounded to x's dtype)."""
-    _, nh, nr, n = x.shape
+    n = x.shape[3]
     for k in prange(hi - lo):
         r = lo + k
-        a = r // (nh * nr)
-        h = (r // nr) % nh
-        i = r % nr
-        slope = alibi_slope(np.float64(h), np.float64(nh), max_bias)
-        sink = np.float64(sinks[h])
-        m = _row_max(x, mask, a, h, i, scale, slope, sink)
+        a, h, i, slope, sink, m = _row_start(x, mask, sinks, True, r, scale, max_bias)
         e_sink = np.exp(sink - m)
         total = e_sink
         dot = 0.0
         for j in range(n):
-            e = np.exp(scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j])
-                       - m)
+            e = np.exp(_logit(x, mask, a, h, i, j, scale, slope) - m)
             total += e
             dot += np.float64(g[a, h, i, j]) * e
         part[r] = -(e_sink / total) * (dot / total)
