@@ -46,6 +46,7 @@ import numpy as np
 
 from gradcheck.adapters.ggml.graph import Context
 from gradcheck.adapters.ggml.lib import BASE, GGML_TYPE_F16, GGML_TYPE_F32
+from gradcheck.adapters.ggml.rope import rope_ext
 
 FLASH = "ggml_flash_attn_ext"
 FLASH_NO_BACKWARD = ("ggml has no backward for ggml_flash_attn_ext (ggml_compute_backward: "
@@ -58,7 +59,6 @@ NO_SOFTCAP = ("ggml cannot differentiate a softcap: llama.cpp's unfused form is 
 DEAD_ROWS = ("rows with every key masked (causal, Tq > Tk): ggml_diag_mask_inf asserts "
              "n_past >= 0 and ggml_soft_max divides an all -inf row by a zero sum (NaN), "
              "where attention defines 0")
-ROPE_MODES = {"normal": 0, "neox": 2}       # GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX
 
 
 def declare(lib) -> None:
@@ -213,11 +213,7 @@ def attention_block(g: Context, case, xs):
 
     def rotated(w, heads):
         y = g.reshape_4d(_linear(g, w, h), d, heads, t, b)
-        return g.rope_ext(y, pos, None, kw["n_dims"], ROPE_MODES[kw.get("mode", "normal")],
-                          kw.get("n_ctx_orig", 0), kw.get("freq_base", 10000.0),
-                          kw.get("freq_scale", 1.0), kw.get("ext_factor", 0.0),
-                          kw.get("attn_factor", 1.0), kw.get("beta_fast", 32.0),
-                          kw.get("beta_slow", 1.0))
+        return rope_ext(g, y, pos, None, kw)
     q, k = _heads_first(g, rotated(wq, hq)), _heads_first(g, rotated(wk, hkv))
     v = _heads_first(g, g.reshape_4d(_linear(g, wv, h), dv, hkv, t, b))
     mask = g.from_numpy(causal_kq_mask(t), GGML_TYPE_F32)

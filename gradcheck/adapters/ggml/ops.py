@@ -34,6 +34,7 @@ from engine.params import pair
 from engine.tensor import as_dtype
 from gradcheck.adapters.ggml.graph import byte_offset, contiguous_nb, ggml_type, ne_of
 from gradcheck.adapters.ggml.lib import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX, GGML_TYPE_F32
+from gradcheck.adapters.ggml.rope import rope_ext
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,20 +306,10 @@ def _diag_mask(name):
         g, f"diag_mask_{name}")(g.contiguous(xs[0]), case.kwargs["n_past"]))
 
 
-ROPE_MODES = {"normal": 0, "neox": 2}       # GGML_ROPE_TYPE_NORMAL, GGML_ROPE_TYPE_NEOX
-
-
 def _rope(g, case, xs):
     """ggml_rope_ext(x, pos, freq_factors or NULL, ...): x (T, H, D) or (B, T, H, D) is ggml's
     [D, H, T, B], one position per token (pos ne0 == x ne2)."""
-    kw = case.kwargs
-    x, pos = xs[0], xs[1]
-    factors = xs[2] if len(xs) > 2 else None
-    return g.rope_ext(x, pos, factors, kw["n_dims"], ROPE_MODES[kw["mode"]],
-                      kw.get("n_ctx_orig", 0), kw.get("freq_base", 10000.0),
-                      kw.get("freq_scale", 1.0), kw.get("ext_factor", 0.0),
-                      kw.get("attn_factor", 1.0), kw.get("beta_fast", 32.0),
-                      kw.get("beta_slow", 1.0))
+    return rope_ext(g, xs[0], xs[1], xs[2] if len(xs) > 2 else None, case.kwargs)
 
 
 def _win_part_why_not(case):
