@@ -30,7 +30,7 @@ from engine.errors import BackendError, UnknownOpError
 from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, describe, get_adapter
 from gradcheck.cotangents import TIERS
 from gradcheck.injection import describe_injections, parse
-from gradcheck.interrupted import Interrupted, report_interrupted
+from gradcheck.interrupted import Interrupted, report_interrupted, sigterm_interrupts
 from gradcheck.modes import MODES
 from gradcheck.repro import parse_case
 from gradcheck.runner import (
@@ -204,9 +204,11 @@ def _results(args, parser, adapter, case):
 
 def main(argv=None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
-    anywhere: one line and 130, a sweep's finished rows written to --output."""
+    anywhere (or SIGTERM): one line and 130 (143), a sweep's finished rows written to
+    --output."""
     try:
-        return _main(argv)
+        with sigterm_interrupts():
+            return _main(argv)
     except KeyboardInterrupt as exc:
         return report_interrupted("gradcheck", exc, "plain")
 

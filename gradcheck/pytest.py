@@ -203,8 +203,11 @@ class Plan:
         return Result(self.tool, job.name, status, message=f"{status}: {lines[-1]}",
                       labels=dict(job.labels))
 
-    def write_json(self, results, config) -> None:
-        meta = {"argv": [str(a) for a in config.invocation_params.args], **self.meta}
+    def write_json(self, results, config, extra=None) -> None:
+        """The rows as the gradverify.results/1 document, atomically; `extra`: more meta
+        (an interrupted run's `interrupted` and `signal`)."""
+        meta = {"argv": [str(a) for a in config.invocation_params.args], **self.meta,
+                **(extra or {})}
         write_atomic(self.json, render(results, "json", self.tool, meta))
 
     def close(self) -> None:

@@ -188,9 +188,21 @@ class SweepCollector(pytest.Collector):
         return [SweepItem.from_parent(self, name=job.name, job=job) for job in self.jobs]
 
 
+def is_signal(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt that ended a pytest session is the user's Ctrl-C or a
+    SIGTERM (gradcheck.interrupted.Terminated), not pytest's own stop (xdist's
+    `--maxfail`, Session.Interrupted) or pytest.exit."""
+    return isinstance(exc, KeyboardInterrupt) and not isinstance(exc, pytest.Session.Interrupted)
+
+
 class Sweep:
     """The plugin's state in one pytest process (controller or worker): each tool's jobs,
-    the rows that came back, by item, and the JSON documents to write."""
+    the rows that came back, by item, and the JSON documents to write.
+
+    On the controller, SIGTERM stops the session as Ctrl-C does (gradcheck.interrupted);
+    either ends it with the finished rows written to the JSON files, `meta.interrupted`
+    and `meta.signal` set (and the JUnit file's `interrupted` property), one summary line
+    saying so, and exit status 130 (143 for SIGTERM); xdist ends the workers."""
 
     def __init__(self, config, tools):
         from gradcheck.pytest import make_plan
@@ -200,6 +212,17 @@ class Sweep:
                       for i, job in enumerate(plan.jobs)}
         self.rows: dict[str, dict[int, list]] = {tool: {} for tool in tools}
         self.written: list[str] = []
+        self.signum: int | None = None       # the signal that interrupted the session
+        self._sigterm = None
+        if not hasattr(config, "workerinput"):
+            from gradcheck.interrupted import sigterm_interrupts
+            self._sigterm = sigterm_interrupts()
+            self._sigterm.__enter__()
+
+    def pytest_keyboard_interrupt(self, excinfo):
+        if is_signal(excinfo.value) and self.signum is None:
+            from gradcheck.interrupted import signal_of
+            self.signum = signal_of(excinfo.value)
 
     def pytest_report_header(self, config):
         return [f"{tool}: {len(plan.jobs)} items; {plan.describe}"
@@ -239,26 +262,59 @@ class Sweep:
         got = self.rows.get(tool, {})
         return [row for i in sorted(got) for row in got[i]]
 
+    def _interruption(self) -> dict:
+        """The meta entries of an interrupted session ({} when it was not)."""
+        if self.signum is None:
+            return {}
+        import signal
+        return {"interrupted": True, "signal": signal.Signals(self.signum).name}
+
+    @pytest.hookimpl(tryfirst=True)     # before junitxml writes its file
     def pytest_sessionfinish(self, session):
         if hasattr(self.config, "workerinput") or self.config.option.collectonly:
             return
+        from gradcheck.interrupted import signal_word
         from reports import OutputError
+        marked = self._interruption()
+        if marked:
+            session.exitstatus = 128 + self.signum
+            xml = self._junit()
+            if xml is not None:
+                xml.add_global_property("interrupted", "true")
+                xml.add_global_property("signal", marked["signal"])
+        how = f"{signal_word(self.signum)}; " if marked else ""
         for tool, plan in self.plans.items():
+            done = self.results(tool)
             if plan.json:
                 try:
-                    plan.write_json(self.results(tool), self.config)
+                    plan.write_json(done, self.config, marked)
                 except OutputError as exc:     # says which file and why
-                    session.exitstatus = pytest.ExitCode.USAGE_ERROR
-                    self.written.append(f"{tool}: {exc}")
+                    if not marked:
+                        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+                    self.written.append(f"{tool}: {how}{exc}")
                 else:
-                    self.written.append(f"{tool}: wrote {plan.json} "
-                                        f"({len(self.results(tool))} results)")
+                    partial = " finished before it, marked interrupted" if marked else ""
+                    self.written.append(f"{tool}: {how}wrote {plan.json} ({len(done)} "
+                                        f"results{partial})")
+            elif marked:
+                self.written.append(f"{tool}: {how}{len(done)} results finished before it")
+
+    def _junit(self):
+        """junitxml's LogXML of this session, None without --junitxml."""
+        try:
+            from _pytest.junitxml import xml_key
+        except ImportError:       # pragma: no cover  (pytest moved it)
+            return None
+        return self.config.stash.get(xml_key, None)
 
     def pytest_terminal_summary(self, terminalreporter):
         for line in self.written:
             terminalreporter.write_line(line)
 
     def pytest_unconfigure(self, config):
+        if self._sigterm is not None:
+            self._sigterm.__exit__(None, None, None)
+            self._sigterm = None
         for plan in self.plans.values():
             plan.close()
 
@@ -292,6 +348,7 @@ def gradcheck_args(op_names=None, dtype: str = "all", pattern: str | None = None
     args += [f"--gradcheck-op={name}" for name in op_names or ()]
     if engine == "engine":          # backends are our engine's
         args += [f"--gradcheck-backend={b}" for b in backends or ()]
+    ggml_lib = None if ggml_lib is None else os.path.abspath(ggml_lib)  # the run leaves cwd
     for flag, value in (("filter", pattern), ("inject", inject), ("ggml-lib", ggml_lib),
                         ("ggml-threads", ggml_threads), ("case-timeout", case_timeout)):
         if value is not None:
@@ -318,6 +375,7 @@ class _Collect:
         self.tool, self.progress = tool, progress
         self.rows: list | None = None
         self.bar = None
+        self.interrupts: list[BaseException] = []      # Ctrl-C or SIGTERM that ended the run
 
     def _start(self, total: int):
         if self.progress and self.bar is None:
@@ -335,6 +393,10 @@ class _Collect:
         if self.bar is not None and report.when == "call":
             self.bar.update(1)
 
+    def pytest_keyboard_interrupt(self, excinfo):
+        if is_signal(excinfo.value):
+            self.interrupts.append(excinfo.value)
+
     def pytest_sessionfinish(self, session):
         if self.bar is not None:
             self.bar.close()
@@ -343,16 +405,40 @@ class _Collect:
             self.rows = sweep.results(self.tool)
 
 
+# environment variables that hold paths: made absolute before a run leaves the user's directory
+_PATH_VARIABLES = ("NUMBA_CACHE_DIR", "HYPOTHESIS_STORAGE_DIRECTORY", "GRADVERIFY_CACHE",
+                   "XDG_CACHE_HOME", "PYTHONPYCACHEPREFIX")
+# the directory a `module:attr` adapter is imported from, in processes that do not start in
+# it (gradcheck.adapters reads it)
+ADAPTER_DIR_VARIABLE = "GRADVERIFY_ADAPTER_DIR"
+
+
 @contextlib.contextmanager
-def _hermetic():
-    """The environment of a CLI's pytest run, its xdist workers' included: no other pytest
-    plugins (only those run_items names), no PYTEST_ADDOPTS; restored after."""
-    saved = {k: os.environ.get(k) for k in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS")}
+def _hermetic(workdir: str):
+    """The surroundings of a CLI's pytest run, its xdist workers' included, restored after:
+    no other pytest plugins (only those run_items names: PYTEST_DISABLE_PLUGIN_AUTOLOAD, no
+    PYTEST_PLUGINS), no PYTEST_ADDOPTS, and `workdir` (empty, private) as the working
+    directory. xdist starts its workers as `python -c ...` in the controller's working
+    directory, and `-c` puts that directory first on sys.path: in the user's directory, a
+    `random.py` or `xdist.py` lying there would run in every worker. The user's directory is
+    kept in ADAPTER_DIR_VARIABLE, for a `module:attr` adapter of theirs, which their command
+    line asked for; relative paths in path variables are made absolute first."""
+    names = ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS",
+             ADAPTER_DIR_VARIABLE, *_PATH_VARIABLES)
+    saved = {k: os.environ.get(k) for k in names}
+    home = os.getcwd()
+    for key in _PATH_VARIABLES:
+        if os.environ.get(key):
+            os.environ[key] = os.path.abspath(os.environ[key])
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)
+    os.environ.pop("PYTEST_PLUGINS", None)
+    os.environ.setdefault(ADAPTER_DIR_VARIABLE, home)
+    os.chdir(workdir)
     try:
         yield
     finally:
+        os.chdir(home)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -364,23 +450,42 @@ def run_items(tool: str, plugin_args: list[str], workers: int,
               progress: bool = False) -> list:
     """Run the items of `tool` ("gradcheck" or "optcheck") that `plugin_args` select, under
     pytest-xdist with `workers` local processes (`pytest -n N`, in this process); their
-    rows, in the serial CLI's order. The run is hermetic: no configuration file, cache or
-    plugin of the user's (only pytest-xdist and ours), and pytest's own output is kept
-    from stdout (it is shown on stderr when the run fails to report). Raises SweepError."""
+    rows, in the serial CLI's order.
+
+    The run is hermetic: it reads no configuration file (`-c` names an empty one), no
+    conftest.py (`--noconftest`), no cache and no plugin of the user's (only pytest-xdist
+    and ours), and it runs from an empty directory of its own (_hermetic), so nothing lying
+    in the user's directory runs. pytest's own output is kept from stdout and shown on
+    stderr only when the run fails to report.
+
+    Ctrl-C (and SIGTERM) stop it as they stop a serial run: the workers are ended and
+    Interrupted is raised with the rows finished so far, in order. Raises SweepError when
+    the run ends for another reason before reporting its rows."""
     problem = workers_problem(workers)
     if problem:
         raise SweepError(problem)
+    from gradcheck.interrupted import Interrupted, signal_of, sigterm_interrupts
     collect = _Collect(tool, progress)
-    with tempfile.TemporaryDirectory(prefix="gradverify-sweep-") as tmp, _hermetic():
+    stopped: list[BaseException] = []
+    with tempfile.TemporaryDirectory(prefix="gradverify-sweep-") as tmp:
+        run_dir = os.path.join(tmp, "run")
+        os.mkdir(run_dir)
         ini = os.path.join(tmp, "pytest.ini")
         with open(ini, "w", encoding="utf-8") as f:
             f.write("[pytest]\n")
-        args = ["-c", ini, "--rootdir", tmp, "-p", "xdist.plugin", "-p", __name__,
-                "-p", "no:cacheprovider", "--assert=plain", "-q", "-n", str(workers),
-                *plugin_args]
+        args = ["-c", ini, "--rootdir", run_dir, "--confcutdir", run_dir, "--noconftest",
+                "-p", "xdist.plugin", "-p", __name__, "-p", "no:cacheprovider",
+                "--assert=plain", "-q", "-n", str(workers), *plugin_args]
         out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            code = pytest.main(args, plugins=[collect])
+        try:
+            with _hermetic(run_dir), sigterm_interrupts(), contextlib.redirect_stdout(out):
+                code = pytest.main(args, plugins=[collect])
+        except KeyboardInterrupt as exc:     # a second Ctrl-C, while pytest was ending
+            stopped.append(exc)
+            code = pytest.ExitCode.INTERRUPTED
+    stopped += collect.interrupts
+    if stopped:
+        raise Interrupted(collect.rows or [], signal_of(stopped[0]))
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or collect.rows is None:
         sys.stderr.write(out.getvalue())
         raise SweepError(f"the distributed run (pytest {' '.join(args)}) ended with exit "

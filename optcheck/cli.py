@@ -19,7 +19,7 @@ import sys
 from engine.backends import BACKENDS, get_backend
 from engine.backends.cpu.threads import environment_problem
 from engine.errors import EngineError, HyperparameterError
-from gradcheck.interrupted import interrupted_with, report_interrupted
+from gradcheck.interrupted import interrupted_with, report_interrupted, sigterm_interrupts
 from gradcheck.usage import ArgumentParser
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES, engine_settings, refused_settings
 from optcheck.runner import FAMILIES, MAX_STEPS, run_checks, run_user_configs
@@ -123,9 +123,11 @@ def _selected(values, all_values):
 
 def main(argv=None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
-    anywhere: one line and 130, the finished rows written to --output."""
+    anywhere (or SIGTERM): one line and 130 (143), the finished rows written to
+    --output."""
     try:
-        return _main(argv)
+        with sigterm_interrupts():
+            return _main(argv)
     except KeyboardInterrupt as exc:
         return report_interrupted("optcheck", exc, "plain")
 

@@ -62,8 +62,14 @@ class AdapterSpec:
 def _importable_from_cwd() -> None:
     """As `python -m` does: a user's adapter module in the current directory imports (the
     `gradcheck` console script's sys.path holds its own directory instead). Worker
-    processes inherit the parent's sys.path, this entry included."""
-    if os.getcwd() not in sys.path and "" not in sys.path:
+    processes inherit the parent's sys.path, this entry included. The processes of a
+    distributed run (`--workers`) start in an empty directory of their own; the user's is
+    in $GRADVERIFY_ADAPTER_DIR (gradcheck.pytest_plugin), used instead."""
+    given = os.environ.get("GRADVERIFY_ADAPTER_DIR")
+    if given:
+        if given not in sys.path:
+            sys.path.insert(0, given)
+    elif os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
 
 
