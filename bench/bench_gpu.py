@@ -34,7 +34,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -267,13 +266,6 @@ def summary_line(rows: list[Row]) -> str:
     return "bench_gpu: " + "; ".join(parts)
 
 
-def write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, help=f"matmul size n (default {FULL['size']})")
@@ -295,6 +287,11 @@ def main(argv=None) -> int:
     if sizes["logical"] % sizes["physical"]:
         p.error(f"--physical {sizes['physical']} does not divide --logical "
                 f"{sizes['logical']}")
+    from engine.files import WriteError, first_unwritable, write_atomic
+    problem = first_unwritable(args.markdown, args.json)   # before minutes of benchmarks
+    if problem:
+        print(f"bench_gpu: {problem}", file=sys.stderr)
+        return 2
 
     cuda, device = cuda_device()
     if cuda is None:
@@ -316,12 +313,16 @@ def main(argv=None) -> int:
                              sizes["repeat"], sizes["warmup"])]
     text = markdown(rows, meta)
     print(text, end="")
-    if args.markdown:
-        write_atomically(args.markdown, text)
-    if args.json:
-        record = {"schema": SCHEMA, "meta": meta,
-                  "rows": [dict(dataclasses.asdict(r), ratio=r.ratio) for r in rows]}
-        write_atomically(args.json, json.dumps(record, indent=2) + "\n")
+    record = {"schema": SCHEMA, "meta": meta,
+              "rows": [dict(dataclasses.asdict(r), ratio=r.ratio) for r in rows]}
+    try:   # the one atomic writer of every tool (engine.files)
+        if args.markdown:
+            write_atomic(args.markdown, text)
+        if args.json:
+            write_atomic(args.json, json.dumps(record, indent=2) + "\n")
+    except WriteError as exc:
+        print(f"bench_gpu: {exc}", file=sys.stderr)
+        return 2
     print(summary_line(rows))
     return 0
 

@@ -40,17 +40,16 @@ training graph from engine.graph_io has 28 keys, 974 array elements, its longest
 so a refused header costs milliseconds. `load_gguf(..., expect=...)` copies only the tensors
 a caller asks for, after checking their names, shapes and dtypes against the header.
 
-Writing follows links (the temporary file sits beside the link's final target), writes
-straight into an existing FIFO or device and into /dev/stdout, /dev/fd/N and /proc/*/fd/N,
-and refuses to replace a read-only file (no write bit in its mode, whoever runs it).
+Writing goes through engine.files.atomic_write, the one atomic writer: a temporary file
+beside the target (beside a link's final target), fsync'ed and renamed onto it; straight
+into an existing FIFO or character device and into /dev/stdout, /dev/fd/N and
+/proc/*/fd/N; a read-only file (no write bit in its mode, whoever runs it), a directory and
+other special files are refused. Any failure is an engine.files.WriteError naming the file.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import re
-import secrets
 import stat
 import struct
 from collections.abc import Callable, Iterable, Mapping
@@ -63,6 +62,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.gguf_writer import WriterState
 
 from engine.errors import EngineError
+from engine.files import atomic_write
 
 ARCH_KEY = "general.architecture"
 MAX_DIMS = 4  # GGML_MAX_DIMS: ggml refuses tensors with more dimensions
@@ -134,65 +134,25 @@ def save_gguf(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray], a
     the module docstring; a tuple comes back as a list; empty and mixed-type lists are refused,
     since a GGUF array has one element type and needs an element to show it.
 
-    Everything is checked before anything touches the disk. The file is written to a temporary
-    file beside `path` (beside its final target when `path` is a symbolic link, which stays a
-    link), synced, and moved onto it with os.replace, so it holds either its old contents or
-    the complete new file; on any error the temporary file is removed and an existing file is
-    left as it was. An existing FIFO or character device, /dev/stdout, /dev/fd/N and
-    /proc/*/fd/N are written straight into instead (there is nothing to replace); a block
-    device or a socket is refused.
+    Everything is checked before anything touches the disk. The file is written through
+    engine.files.atomic_write: to a temporary file beside `path` (beside its final target
+    when `path` is a symbolic link, which stays a link), synced, and moved onto it with
+    os.replace, so it holds either its old contents or the complete new file; on any error
+    the temporary file is removed and an existing file is left as it was. An existing FIFO
+    or character device, /dev/stdout, /dev/fd/N and /proc/*/fd/N are written straight into
+    instead (there is nothing to replace).
 
-    Raises GGUFFormatError naming the tensor or key for anything GGUF cannot hold;
-    PermissionError naming `path` when it is an existing read-only file (it is not replaced);
-    OSError from the file system passes through.
+    Raises GGUFFormatError naming the tensor or key for anything GGUF cannot hold, and
+    engine.files.WriteError (an EngineError and an OSError) naming `path` when it cannot be
+    written: a directory, a block device or socket, an existing read-only file (it is not
+    replaced), a missing directory, a full disk (/dev/full), an I/O error.
     """
     if not isinstance(arch, str) or not arch:
         raise GGUFFormatError(f"arch must be a non-empty string, got {arch!r}")
     entries = {key: _metadata_entry(key, value) for key, value in (metadata or {}).items()}
     arrays = {name: _tensor_for_writing(name, array) for name, array in tensors.items()}
-
-    target, straight = _output_target(os.fsdecode(path))
-    if straight:
-        with open(target, "wb") as raw:
-            _write_file(raw, arch, entries, arrays)
-        return
-    temp_path = _create_temp_beside(target)
-    try:
-        with open(temp_path, "wb") as raw:
-            _write_file(raw, arch, entries, arrays)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(temp_path, target)
-    except BaseException:
-        _remove_if_present(temp_path)
-        raise
-    _fsync_directory(os.path.dirname(target))
-
-
-# the names that are always an open file of this process (or another's), never one to replace
-_STREAM_PATH = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/[^/]+/fd/\d+")
-
-
-def _output_target(path: str) -> tuple[str, bool]:
-    """(where to write, whether to write straight into it rather than replace it)."""
-    absolute = os.path.abspath(path)
-    if _STREAM_PATH.fullmatch(absolute):
-        return absolute, True
-    target = os.path.realpath(absolute)   # through links: the link stays, its target changes
-    try:
-        st = os.stat(target)
-    except FileNotFoundError:
-        return target, False
-    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
-        return target, True
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-    if not stat.S_ISREG(st.st_mode):   # a block device (a disk) or a socket: never
-        raise PermissionError(errno.EACCES, "not a regular file, FIFO or character device",
-                              path)
-    if not st.st_mode & 0o222:   # by its mode, so also when root, who could write it anyway
-        raise PermissionError(errno.EACCES, "read-only file, not replaced", path)
-    return target, False
+    with atomic_write(path) as raw:
+        _write_file(raw, arch, entries, arrays)
 
 
 class _CountingFile:
@@ -310,41 +270,6 @@ def _tensor_for_writing(name: Any, array: Any) -> np.ndarray:
         raise GGUFFormatError(f"tensor {name!r}: shape {list(array.shape)} has {array.ndim} "
                               f"dimensions; ggml allows at most {MAX_DIMS}")
     return np.ascontiguousarray(array, dtype=dtype)
-
-
-def _create_temp_beside(target: str) -> str:
-    """Create an empty file next to `target` (mode 0o666 less the umask) and return its path."""
-    directory, base = os.path.split(target)
-    for _ in range(100):
-        candidate = os.path.join(directory, f".{base}.{secrets.token_hex(6)}.tmp")
-        try:
-            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue
-        os.close(fd)
-        return candidate
-    raise FileExistsError(f"could not create a temporary file next to {target}")
-
-
-def _remove_if_present(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make the rename durable where the platform allows it (best effort)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # --- reading ---------------------------------------------------------------------------------

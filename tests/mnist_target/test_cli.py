@@ -190,7 +190,7 @@ def test_eval_of_a_broken_file_exits_2(tmp_path, capsys, content, message):
     path.write_bytes(content)
     assert main(["eval", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mnist: ") and str(path) in err
+    assert err.startswith("mnist-eval: ") and str(path) in err
 
 
 def test_eval_of_a_missing_file_and_wrong_architecture_exit_2(tmp_path, capsys):

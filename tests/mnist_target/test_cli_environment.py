@@ -12,4 +12,4 @@ def test_a_bad_thread_setting_is_one_usage_line(value, monkeypatch, capsys, tmp_
     monkeypatch.setenv("GRADVERIFY_THREADS", value)
     assert regress_main(["--data", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"mnist: GRADVERIFY_THREADS must be a whole number in [1, 512], got {value!r}\n")
+        f"mnist-regress: GRADVERIFY_THREADS must be a whole number in [1, 512], got {value!r}\n")

@@ -5,6 +5,7 @@ uncertainties. In-process through the console scripts' main functions, on tiny I
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def _one_error_line(capsys, code) -> str:
     err = capsys.readouterr().err
     assert code == 2, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mnist: "), err
+    assert len(lines) == 1 and re.match(r"mnist-(train|eval|regress): ", lines[0]), err
     assert "Traceback" not in err
     return lines[0]
 
@@ -71,7 +72,7 @@ def test_eval_of_a_file_that_is_not_one_says_what_it_is(tmp_path, capsys, no_han
     elif kind == "broken link":
         path.symlink_to(tmp_path / "nowhere.gguf")
     line = _one_error_line(capsys, eval_main([str(path)]))
-    assert line.startswith(f"mnist: {path}: {message}")
+    assert line.startswith(f"mnist-eval: {path}: {message}")
 
 
 def test_eval_with_a_fifo_in_the_data_directory(tmp_path, capsys, no_hang, model_file):

@@ -85,7 +85,7 @@ def test_scripts_exit_as_the_subcommands_do(tmp_path, capsys):
     missing = str(tmp_path / "none.gguf")
     assert cli.eval_main([missing]) == cli.main(["eval", missing]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"mnist: {missing}: no such file"] * 2
+    assert err == [f"mnist-eval: {missing}: no such file"] * 2
     assert cli.train_main(["--arch", "fc", "--out", str(tmp_path / "x.gguf"), "--threads",
                            "0"]) == 2
     assert "--threads must lie in [1, 512], got 0" in capsys.readouterr().err

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reports.output import OutputError, first_unwritable, unwritable, write_atomic
+from reports import Result
+from reports.output import OutputError, first_unwritable, render, unwritable, write_atomic
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="POSIX files and links")
 
@@ -277,3 +278,13 @@ def test_any_name_is_written_or_refused_with_an_output_error(first, second):
             assert reason is not None and "\n" not in str(exc)
         else:
             assert reason is None
+
+
+@pytest.mark.parametrize("fmt", ["plain", "github"])
+def test_an_interrupted_runs_text_report_says_it_is_incomplete(fmt):
+    rows = [Result("gradcheck", "relu(x)", "pass")]
+    stopped = render(rows, fmt, "gradcheck", {"interrupted": True, "signal": "SIGTERM"},
+                     verbose=True)
+    assert stopped.endswith("interrupted by SIGTERM: these are the rows finished before it; "
+                            "the run is incomplete\n")
+    assert "incomplete" not in render(rows, fmt, "gradcheck", {"argv": []}, verbose=True)

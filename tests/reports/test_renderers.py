@@ -330,14 +330,17 @@ def test_write_atomic_unwritable_directory_is_an_output_error(tmp_path):
 
 
 def test_write_atomic_temporary_file_refused_is_an_output_error(tmp_path, monkeypatch):
-    import tempfile
+    real_open = os.open
 
-    def refuse(*args, **kwargs):
-        raise PermissionError(13, "Permission denied")
+    def refuse(path, flags, *args, **kwargs):
+        if flags & os.O_EXCL:        # the temporary file beside the target
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
-    with pytest.raises(OutputError, match="cannot write .*r.txt: Permission denied"):
+    monkeypatch.setattr(os, "open", refuse)
+    with pytest.raises(OutputError, match="cannot write .*r.txt: directory .* is not writable"):
         write_atomic(tmp_path / "r.txt", "x")
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
