@@ -48,6 +48,7 @@ from engine.tensor import is_float
 from gradcheck import precision
 from gradcheck.adapters.base import AdapterError
 from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.adapters.raised import SignalWatch, raised_message
 from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
 from gradcheck.backward_ops import check_backward_op, is_backward_op_case, with_vjp_check
 from gradcheck.cross_backend import compares_with_cpu, versus_cpu
@@ -61,9 +62,11 @@ from gradcheck.worker import RemoteError, WorkerCrash
 from reports import Result
 
 
-def _error_message(exc: Exception) -> str:
+def _error_message(exc: BaseException) -> str:
     if isinstance(exc, RemoteError):
         return f"error: {exc}"
+    if not isinstance(exc, Exception):      # SystemExit, GeneratorExit, ... (adapter code)
+        return f"error: {raised_message(exc)}"
     known = (engine.EngineError, AdapterError, EngineResultError)
     kind = "" if isinstance(exc, known) else "unexpected "
     return f"error: {kind}{type(exc).__name__}: {exc}"
@@ -76,10 +79,20 @@ def op_labels(op: str, engine: str) -> dict:
 
 def case_labels(case, adapter, mode: str) -> dict:
     """What a case's row says was checked: op, engine (when not ours), backend, dtype, mode,
-    tier (engine.samples.Sample.tier)."""
+    tier (engine.samples.Sample.tier). An adapter's `backend` that cannot be read is
+    "cpu" here (the check itself reads it again, and makes that an error row)."""
     return op_labels(case.op, adapter.name) | {
-        "backend": getattr(adapter, "backend", "cpu"), "dtype": case.dtype, "mode": mode,
+        "backend": _backend_label(adapter), "dtype": case.dtype, "mode": mode,
         "tier": getattr(case, "tier", "fast")}
+
+
+def _backend_label(adapter) -> str:
+    with SignalWatch() as watch:
+        try:
+            return str(getattr(adapter, "backend", "cpu"))
+        except BaseException as exc:
+            watch.reraise(exc)
+            return "cpu"
 
 
 def check_sample(case, inject: str | None = None, mode: str = "auto",
@@ -88,8 +101,11 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
     with its interface, see gradcheck.api) in `adapter`'s engine; default: our engine on
     `backend`, with the mutation `inject` in place (both apply to our engine only: with an
     adapter given they must stay at their defaults, else ValueError). Never raises for a
-    failing case: errors, crashes and unsupported cases are results. use_torch False leaves
-    the torch reference out (no import: start-up is faster by its import time)."""
+    failing case: errors, crashes and unsupported cases are results; whatever the adapter
+    raises (SystemExit, KeyboardInterrupt and BaseExceptions of its own included) is an
+    error row, and only the user's Ctrl-C (gradcheck.adapters.raised) goes on up.
+    use_torch False leaves the torch reference out (no import: start-up is faster by its
+    import time)."""
     if adapter is None:
         adapter = EngineAdapter(backend, inject)
     elif inject or backend != "cpu":
@@ -103,19 +119,24 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
         if op.vjp_of is None:         # else checked against its forward op's VJP, below
             return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
                           labels=labels)
-    try:
-        reason = adapter.unsupported(case)
-        if reason:
-            verdict = Result("gradcheck", name, "unsupported", message=reason, labels=labels)
-        elif adapter.isolated and not isinstance(adapter, IsolatedAdapter):
-            with IsolatedAdapter(adapter) as isolated:
-                verdict = _compare_and_judge(case, isolated, mode, labels, use_torch)
-        else:
-            verdict = _compare_and_judge(case, adapter, mode, labels, use_torch)
-    except WorkerCrash as exc:
-        verdict = Result("gradcheck", name, "crash", message=f"crash: {exc}", labels=labels)
-    except Exception as exc:  # a crashing kernel is this case's verdict, not the sweep's end
-        verdict = Result("gradcheck", name, "error", labels=labels, message=_error_message(exc))
+    with SignalWatch() as watch:
+        try:
+            reason = adapter.unsupported(case)
+            if reason:
+                verdict = Result("gradcheck", name, "unsupported", message=str(reason),
+                                 labels=labels)
+            elif adapter.isolated and not isinstance(adapter, IsolatedAdapter):
+                with IsolatedAdapter(adapter) as isolated:
+                    verdict = _compare_and_judge(case, isolated, mode, labels, use_torch)
+            else:
+                verdict = _compare_and_judge(case, adapter, mode, labels, use_torch)
+        except WorkerCrash as exc:
+            verdict = Result("gradcheck", name, "crash", message=f"crash: {exc}",
+                             labels=labels)
+        except BaseException as exc:  # a crashing kernel is this case's verdict, not the end
+            watch.reraise(exc)        # the user's Ctrl-C is
+            verdict = Result("gradcheck", name, "error", labels=labels,
+                             message=_error_message(exc))
     verdict.metrics["seconds"] = round(time.perf_counter() - t0, 3)
     return verdict
 

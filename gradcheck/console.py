@@ -4,43 +4,66 @@ inside a try.
 
 Importing a command line loads the engine, numba and torch, which takes a while; a Ctrl-C
 then, before its `main` runs, would print a KeyboardInterrupt traceback and kill the process
-by SIGINT. Here it prints one line and exits 130, as `main` does for a Ctrl-C while it runs.
-Warnings of the engine's own (a setting it fell back from, engine.backends.cpu.environment)
-print as one line; bad GRADVERIFY_* settings are left to the command line, which refuses
-them in one line of its own.
+by SIGINT. Here it prints one line and exits 130, as `main` does for a Ctrl-C while it runs;
+SIGTERM, whose default action would end the process with nothing said, likewise exits 143.
+
+Every warning prints as one line opening with the command's name, from before the first
+import of the engine on: `gradcheck: warning: MESSAGE`, with its category where that says
+something (`gradcheck: warning: RuntimeWarning: overflow encountered in exp`; not for a
+plain UserWarning, nor for the categories of our own packages, whose messages stand alone),
+never Python's source path and line. Nothing is suppressed, except the SettingWarning of a
+bad GRADVERIFY_* setting, which the command line refuses in one line of its own. An isolated
+adapter's worker process writes its warnings in one line too, to the log whose tail a crash
+row quotes (gradcheck.worker); the forkserver that starts it imports only our modules, with
+the environment this process already settled (NUMBA_CACHE_DIR), so it has none to print.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 from collections.abc import Callable
 
+from gradcheck.usage import warning_line  # the standard library's argparse only
+
 EXIT_INTERRUPTED = 130          # as gradcheck.interrupted.EXIT_INTERRUPTED (not imported)
 
 
-def _one_line_warnings(tool: str) -> None:
-    """The engine's warnings as `tool: warning: MESSAGE`; others as Python prints them."""
-    python_format = warnings.formatwarning
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM while the command line loads (gradcheck.interrupted.Terminated's twin,
+    which the command lines install once they run)."""
 
+    signum = int(signal.SIGTERM)
+
+
+def _one_line_warnings(tool: str) -> None:
+    """Every warning from now on as warning_line(tool, ...) on stderr."""
     def formatwarning(message, category, filename, lineno, line=None):
-        if category.__module__.split(".")[0] == "engine":
-            return f"{tool}: warning: {message}\n"
-        return python_format(message, category, filename, lineno, line)
+        return warning_line(tool, message, category) + "\n"
 
     warnings.formatwarning = formatwarning
     warnings.filterwarnings("ignore", message="GRADVERIFY_(THREADS|PARALLEL) must")
 
 
+def _terminate(signum, frame):
+    raise _Terminated("SIGTERM")
+
+
 def launch(tool: str, main: Callable[[], int]) -> None:
     """Run `main` (which imports its command line and runs it) and exit with its status;
-    a Ctrl-C at any point, imports included: one line on stderr and exit 130."""
+    a Ctrl-C at any point, imports included: one line on stderr and exit 130; SIGTERM the
+    same with 143 (the command lines that sweep install their own handler while they run,
+    which writes the finished rows first)."""
     try:
+        signal.signal(signal.SIGTERM, _terminate)
         _one_line_warnings(tool)
         code = main()
-    except KeyboardInterrupt:
-        print(f"{tool}: interrupted", file=sys.stderr)
-        code = EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        word = "terminated" if signum == signal.SIGTERM else "interrupted"
+        print(f"{tool}: {word}", file=sys.stderr)
+        code = 128 + signum
     sys.exit(code)
 
 
@@ -65,7 +88,7 @@ def mnist_train() -> None:
     def main():
         from mnist_target.cli import train_main
         return train_main()
-    launch("mnist", main)
+    launch("mnist-train", main)
 
 
 def mnist_eval() -> None:
@@ -73,7 +96,7 @@ def mnist_eval() -> None:
     def main():
         from mnist_target.cli import eval_main
         return eval_main()
-    launch("mnist", main)
+    launch("mnist-eval", main)
 
 
 def mnist_regress() -> None:
@@ -81,4 +104,4 @@ def mnist_regress() -> None:
     def main():
         from mnist_target.cli import regress_main
         return regress_main()
-    launch("mnist", main)
+    launch("mnist-regress", main)

@@ -13,13 +13,16 @@ The row, named `<case> [<variant>: forward only]`, is judged as a case's forward
 (gradcheck.check): the output against the float64 reference's on the same inputs, under the
 case's dtype's tolerance, constant cells (infinities of the definition) held; NaN or Inf
 anywhere else fails. Its labels say `check: forward only` and the variant; no gradient is
-checked, and its message says so.
+checked, and its message says so. Whatever either method raises (SystemExit and other
+BaseExceptions included; only the user's Ctrl-C goes on up, gradcheck.adapters.raised) is
+an error row: the variant's, or `<case> [forward_only_checks: forward only]` for the list.
 """
 
 from __future__ import annotations
 
 import time
 
+from gradcheck.adapters.raised import SignalWatch, described, raised_message
 from gradcheck.backprop import loss_weights
 from gradcheck.numeric import compare
 from gradcheck.reference import float64_reference, settled
@@ -28,12 +31,31 @@ from gradcheck.worker import RemoteError, WorkerCrash
 from reports import Result
 
 FORWARD_ONLY = "forward only"
+LISTING = "forward_only_checks"     # the variant named by the row of a listing that raised
 
 
 def forward_only_variants(adapter, case) -> dict[str, str | None]:
     """The adapter's forward-only variants of `case` (see the module doc)."""
     method = getattr(adapter, "forward_only_checks", None)
     return dict(method(case)) if method is not None else {}
+
+
+def forward_only_rows(case, adapter, labels: dict) -> list[Result]:
+    """The rows of `adapter`'s forward-only variants of `case` (check_forward_only), in
+    its order; when listing them raises (anything but the user's Ctrl-C), one error row
+    for the listing, named for the variant `forward_only_checks`."""
+    with SignalWatch() as watch:
+        try:
+            variants = {str(v): None if why is None else str(why)
+                        for v, why in forward_only_variants(adapter, case).items()}
+        except BaseException as exc:
+            watch.reraise(exc)
+            row_labels = dict(labels) | {"check": FORWARD_ONLY, "variant": LISTING}
+            return [Result("gradcheck", row_name(case, LISTING), "error",
+                           message=f"error: {LISTING}() raised {described(exc)}",
+                           labels=row_labels)]
+    return [check_forward_only(case, adapter, variant, why, labels)
+            for variant, why in variants.items()]
 
 
 def row_name(case, variant: str) -> str:
@@ -48,16 +70,23 @@ def check_forward_only(case, adapter, variant: str, why_not: str | None,
     name = row_name(case, variant)
     labels = dict(labels) | {"check": FORWARD_ONLY, "variant": variant}
     if why_not:
-        row = Result("gradcheck", name, "unsupported", message=why_not, labels=labels)
+        row = Result("gradcheck", name, "unsupported", message=str(why_not), labels=labels)
     else:
-        try:
-            row = _judged(case, adapter, variant, name, labels)
-        except WorkerCrash as exc:
-            row = Result("gradcheck", name, "crash", message=f"crash: {exc}", labels=labels)
-        except Exception as exc:     # an error of this variant is its row, not the sweep's end
-            kind = "" if isinstance(exc, RemoteError) else f"{type(exc).__name__}: "
-            row = Result("gradcheck", name, "error", message=f"error: {kind}{exc}",
-                         labels=labels)
+        with SignalWatch() as watch:
+            try:
+                row = _judged(case, adapter, variant, name, labels)
+            except WorkerCrash as exc:
+                row = Result("gradcheck", name, "crash", message=f"crash: {exc}",
+                             labels=labels)
+            except BaseException as exc:   # this variant's row, not the sweep's end
+                watch.reraise(exc)         # but the user's Ctrl-C
+                if isinstance(exc, RemoteError):
+                    message = f"error: {exc}"
+                elif isinstance(exc, Exception):
+                    message = f"error: {type(exc).__name__}: {exc}"
+                else:
+                    message = f"error: {raised_message(exc)}"
+                row = Result("gradcheck", name, "error", message=message, labels=labels)
     row.metrics["seconds"] = round(time.perf_counter() - t0, 3)
     return row
 

@@ -30,6 +30,7 @@ import time
 from engine.registry import get_op
 from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.adapters.raised import SignalWatch
 from gradcheck.check import check_sample, op_labels
 from gradcheck.isolated import IsolatedAdapter
 from gradcheck.repro import FAILING, with_repro
@@ -76,7 +77,7 @@ class _Search:
         key = repr(case)
         if key in self.verdicts:
             return self.verdicts[key]
-        reason = self.adapter.unsupported(case)
+        reason = self._unsupported(case)
         if reason:
             if self.shrink_started is None:
                 self.unsupported[reason] += 1
@@ -94,6 +95,18 @@ class _Search:
         else:
             self.shrunk += 1
         return result
+
+    def _unsupported(self, case) -> str | None:
+        """The adapter's reason not to run `case`, as a str; None when it has none, or
+        when asking raises (anything but the user's Ctrl-C): check_sample asks again and
+        makes that the case's error row."""
+        with SignalWatch() as watch:
+            try:
+                reason = self.adapter.unsupported(case)
+                return str(reason) if reason else None
+            except BaseException as exc:
+                watch.reraise(exc)
+                return None
 
     def summary(self, op_name: str, engine: str) -> Result | None:
         """The `unsupported` row of the draws the engine could not run (None if none)."""

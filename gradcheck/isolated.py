@@ -1,6 +1,7 @@
 """An adapter whose `vjp` runs in a worker process (gradcheck.worker), for engines that may
 abort or hang: a dead or hung worker is a WorkerCrash, which gradcheck reports as a
-`crash` row, and the next case starts a fresh worker.
+`crash` row, and the next case starts a fresh worker. Whatever the adapter raises there
+(sys.exit and KeyboardInterrupt included) is a RemoteError, an `error` row.
 """
 
 from __future__ import annotations

@@ -130,9 +130,22 @@ def pytest_configure(config):
         return
     if hasattr(config, "workerinput"):
         _worker_numba_cache(config.workerinput["workerid"])
+        _one_line_warnings(tools[0])
     config.pluginmanager.register(Sweep(config, tools), SWEEP_PLUGIN)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = []        # no paths given: collect the sweep's items, no test files
+
+
+def _one_line_warnings(tool: str) -> None:
+    """An xdist worker's warnings that reach its stderr (the terminal's), such as those of
+    loading the engine while the items are made, as the tools print them: one line,
+    `TOOL: warning: ...` (gradcheck.usage.warning_line). Those raised while an item runs
+    are pytest's to record (the CLIs' --workers prints them, _Collect)."""
+    import warnings
+
+    from gradcheck.usage import warning_line
+    warnings.formatwarning = (lambda message, category, filename, lineno, line=None:
+                              warning_line(tool, message, category) + "\n")
 
 
 def _worker_numba_cache(worker: str) -> None:
@@ -376,6 +389,7 @@ class _Collect:
         self.rows: list | None = None
         self.bar = None
         self.interrupts: list[BaseException] = []      # Ctrl-C or SIGTERM that ended the run
+        self.warned: set[str] = set()
 
     def _start(self, total: int):
         if self.progress and self.bar is None:
@@ -396,6 +410,15 @@ class _Collect:
     def pytest_keyboard_interrupt(self, excinfo):
         if is_signal(excinfo.value):
             self.interrupts.append(excinfo.value)
+
+    def pytest_warning_recorded(self, warning_message, when, nodeid, location):
+        """A warning of the run, which pytest's own output (kept from the user) would list:
+        each distinct one once, on stderr, in the one line a serial run prints."""
+        from gradcheck.usage import warning_line
+        line = warning_line(self.tool, warning_message.message, warning_message.category)
+        if line not in self.warned:
+            self.warned.add(line)
+            sys.stderr.write(line + "\n")
 
     def pytest_sessionfinish(self, session):
         if self.bar is not None:

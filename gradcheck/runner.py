@@ -18,7 +18,7 @@ from engine.tensor import FLOAT_NAMES
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import case_labels, check_sample
 from gradcheck.cotangents import tier_cases
-from gradcheck.forward_only import check_forward_only, forward_only_variants
+from gradcheck.forward_only import forward_only_rows
 from gradcheck.generated import generated_results
 from gradcheck.interrupted import interrupted_with
 from gradcheck.isolated import IsolatedAdapter
@@ -134,10 +134,8 @@ def run_checks(samples, inject: str | None = None, progress: bool = False, mode=
 def _forward_only_rows(case, engine, adapter, mode):
     """The rows of the engine's forward-only variants of `case` (gradcheck.forward_only:
     ggml's flash attention), each with its repro command where it fails."""
-    return [with_repro(check_forward_only(case, engine, variant, why,
-                                          case_labels(case, engine, mode)),
-                       case, adapter, mode)
-            for variant, why in forward_only_variants(engine, case).items()]
+    return [with_repro(row, case, adapter, mode)
+            for row in forward_only_rows(case, engine, case_labels(case, engine, mode))]
 
 
 def check_ggml_coverage(adapter, dtype: str = "all", *, progress: bool = False, mode="auto",

@@ -1,13 +1,32 @@
-"""The command lines' argument parser: argparse's, with usage errors in one line.
+"""The command lines' argument parser: argparse's, with usage errors in one line; and the
+one-line form of a warning that every tool prints (warning_line).
 
     p = ArgumentParser(prog="gradcheck", description=...)
     p.parse_args(["--op"])   # stderr: gradcheck: error: argument --op: expected one
                              # argument (see gradcheck --help); exit status 2
+
+The standard library only: the console scripts import it before anything heavy.
 """
 
 from __future__ import annotations
 
 import argparse
+
+# the packages whose warning categories say nothing their messages do not
+_OURS = {"engine", "gradcheck", "optcheck", "reports", "mnist_target"}
+
+
+def warning_line(tool: str, message, category) -> str:
+    """One warning as the tools print it: `tool: warning: [Category: ]message`, its
+    whitespace (newlines too) collapsed; the category left out for a plain UserWarning and
+    for our own packages' categories."""
+    try:
+        text = " ".join(str(message).split())
+    except Exception:          # a warning object whose str() fails: still one line
+        text = f"(a {type(message).__name__} that cannot be shown)"
+    plain = category is UserWarning or category.__module__.split(".")[0] in _OURS
+    return f"{tool}: warning: {text}" if plain else \
+        f"{tool}: warning: {category.__name__}: {text}"
 
 
 def one_line(text: str) -> str:

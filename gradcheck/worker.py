@@ -11,6 +11,13 @@ Python frame it was in (gradcheck.crash_report); the next call starts a fresh ch
 
 `gradcheck.isolated.IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a
 worker; gradcheck wraps every adapter whose `isolated` is set in one.
+
+Whatever the adapter raises in the child, SystemExit, KeyboardInterrupt and BaseExceptions
+of its own included, is answered as an error (RemoteError, an error row), and the child
+goes on. The child ignores SIGINT: a Ctrl-C at the terminal reaches the whole process
+group, and the parent, which stops on it, ends the child (at once when a call is under
+way); so a KeyboardInterrupt in the child is always the adapter's own. Its warnings are
+written in one line (`warning: Category: message`), as crash rows quote its stderr.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 
 from gradcheck.adapters.base import AdapterError
+from gradcheck.adapters.raised import raised_message
 from gradcheck.crash_report import exit_description, innermost_frame, stderr_tail
 
 DEFAULT_CASE_TIMEOUT = 120.0   # seconds a call may take before it counts as a hang
@@ -50,11 +59,19 @@ def _context():
     return multiprocessing.get_context("spawn")
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """warnings.formatwarning for the child: `warning: Category: message`, one line."""
+    return f"warning: {category.__name__}: {' '.join(str(message).split())}\n"
+
+
 def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -> None:
     """The worker's loop: build the adapter, then answer (method, args) until told to stop.
     `sys_path` is the parent's (the forkserver's may be older). Its standard error (fd 2,
     written by C code too) goes to `stderr_path`, Python tracebacks of fatal signals and of
-    SIGUSR1 (sent before a hang is killed) to `fault_path`."""
+    SIGUSR1 (sent before a hang is killed) to `fault_path`. Anything the adapter raises is
+    answered (see the module doc)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warnings.formatwarning = _one_line_warning
     sys.path[:] = sys_path
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.dup2(fd, 2)
@@ -65,8 +82,8 @@ def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -
         faulthandler.register(signal.SIGUSR1, fault)
     try:
         adapter = spec.build()
-    except Exception as exc:
-        conn.send(("setup", f"{type(exc).__name__}: {exc}"))
+    except BaseException as exc:        # SIGINT is ignored: never the user's Ctrl-C here
+        conn.send(("setup", _answer_text(exc)))
         return
     conn.send(("ready", None))
     while True:
@@ -74,20 +91,31 @@ def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -
             message = conn.recv()
         except (EOFError, OSError):
             return
-        except Exception as exc:     # a case that does not unpickle here
-            conn.send(("error", f"{type(exc).__name__}: cannot receive the call: {exc}"))
+        except BaseException as exc:     # a case that does not unpickle here
+            conn.send(("error", f"cannot receive the call: {_answer_text(exc)}"))
             continue
         if message[0] == "stop":
             return
         method, args = message
         try:
             answer = ("ok", getattr(adapter, method)(*args))
-        except Exception as exc:
-            answer = ("error", f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:
+            answer = ("error", _answer_text(exc))
         try:
             conn.send(answer)
-        except Exception as exc:   # an answer that does not pickle
-            conn.send(("error", f"{type(exc).__name__}: cannot send the answer: {exc}"))
+        except BaseException as exc:   # an answer that does not pickle
+            conn.send(("error", f"cannot send the answer: {_answer_text(exc)}"))
+
+
+def _answer_text(exc: BaseException) -> str:
+    """What the child answers for an exception: 'TypeName: message' for an Exception
+    (as raised_message), 'adapter raised TypeName: message' for anything else."""
+    if isinstance(exc, Exception):
+        try:
+            return f"{type(exc).__name__}: {exc}"
+        except BaseException:   # noqa: BLE001  (a __str__ that raises)
+            pass
+    return raised_message(exc)
 
 
 @contextlib.contextmanager
@@ -121,6 +149,7 @@ class Worker:
         self._stderr = os.path.join(self._dir, "stderr.log")
         self._fault = os.path.join(self._dir, "fault.log")
         self._proc = self._conn = None
+        self._calling = False      # a call's answer is awaited (left by Ctrl-C: kill at once)
         self.starts = 0
 
     def start(self) -> None:
@@ -151,9 +180,11 @@ class Worker:
         raised, or WorkerCrash when the child died or hung (the next call restarts it)."""
         self.start()
         offset = self._size()
+        self._calling = True
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self._conn.send((method, args))    # a dead child is found by _receive
         kind, value = self._receive(self.timeout, offset, f"running {method}")
+        self._calling = False
         if kind == "error":
             raise RemoteError(value)
         return value
@@ -199,6 +230,7 @@ class Worker:
     def _reap(self) -> None:
         proc, conn = self._proc, self._conn
         self._proc = self._conn = None
+        self._calling = False
         if conn is not None:
             conn.close()
         if proc is not None:
@@ -207,8 +239,9 @@ class Worker:
             proc.join(5.0)
 
     def close(self) -> None:
-        """Stop the child and remove its log files."""
-        if self._proc is not None and self._proc.is_alive():
+        """Stop the child and remove its log files. A child still running a call (the
+        caller left it on Ctrl-C) is killed at once."""
+        if self._proc is not None and self._proc.is_alive() and not self._calling:
             with contextlib.suppress(OSError, ValueError):
                 self._conn.send(("stop",))
             self._proc.join(2.0)

@@ -21,6 +21,7 @@ import sys
 from typing import Any
 
 from gradcheck.adapters.base import VJP, Adapter, AdapterError
+from gradcheck.adapters.raised import SignalWatch, described
 
 __all__ = ["ENGINES", "VJP", "Adapter", "AdapterError", "AdapterSpec", "describe",
            "get_adapter", "spec_of"]
@@ -85,23 +86,29 @@ def _factory(name: str):
     else:
         raise AdapterError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}, or "
                            "module:attribute for your own adapter")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AdapterError(f"engine {name!r}: cannot import {module_name}: {exc}") from exc
-    except (Exception, SystemExit) as exc:     # a user's module: any error, even sys.exit
-        raise AdapterError(f"engine {name!r}: importing {module_name} raised "
-                           f"{_described(exc)}") from exc
-    obj = module
-    for part in attribute.split("."):
+    # a user's module may raise anything, sys.exit and BaseExceptions of its own included;
+    # only the user's Ctrl-C goes on up (gradcheck.adapters.raised)
+    with SignalWatch() as watch:
         try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise AdapterError(f"engine {name!r}: {module_name} has no attribute "
-                               f"{attribute!r}") from None
-        except Exception as exc:  # noqa: BLE001  (a module's __getattr__, a property)
-            raise AdapterError(f"engine {name!r}: getting {attribute!r} from {module_name} "
-                               f"raised {_described(exc)}") from exc
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise AdapterError(f"engine {name!r}: cannot import {module_name}: {exc}") \
+                from exc
+        except BaseException as exc:
+            watch.reraise(exc)
+            raise AdapterError(f"engine {name!r}: importing {module_name} raised "
+                               f"{described(exc)}") from exc
+        obj = module
+        for part in attribute.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise AdapterError(f"engine {name!r}: {module_name} has no attribute "
+                                   f"{attribute!r}") from None
+            except BaseException as exc:    # a module's __getattr__, a property
+                watch.reraise(exc)
+                raise AdapterError(f"engine {name!r}: getting {attribute!r} from "
+                                   f"{module_name} raised {described(exc)}") from exc
     return obj
 
 
@@ -110,56 +117,53 @@ def get_adapter(name: str, **options) -> Adapter:
     AdapterError, naming the engine, when it is unknown, cannot be imported or set up, or
     is not an adapter."""
     obj = _factory(name)
-    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "vjp")):
+    with SignalWatch() as watch:
         try:
-            adapter = obj(**options)
+            makes = isinstance(obj, type) or (callable(obj) and not _has(obj, "vjp"))
+            adapter = obj(**options) if makes else obj
         except AdapterError:
             raise
-        except (Exception, SystemExit) as exc:    # a user's constructor: any error
+        except BaseException as exc:    # a user's constructor: anything but the user's Ctrl-C
+            watch.reraise(exc)
             with_options = f" with options {options}" if options else ""
             raise AdapterError(f"engine {name!r}: cannot be set up{with_options}: "
-                               f"{_described(exc)}") from exc
-    elif options:
+                               f"{described(exc)}") from exc
+    if not makes and options:
         raise AdapterError(f"engine {name!r} is an adapter object: it takes no options, "
                            f"got {options}")
-    else:
-        adapter = obj
     missing = [a for a in _REQUIRED if not _has(adapter, a)]
     if missing:
         raise AdapterError(f"engine {name!r} is not an adapter: {type(adapter).__name__} "
                            f"lacks {', '.join(missing)} (see gradcheck.adapters.base.Adapter)")
-    if getattr(adapter, "spec", None) is None:
+    with SignalWatch() as watch:
         try:
-            adapter.spec = AdapterSpec.of(name, options)
-        except Exception:   # noqa: BLE001  (slots, a read-only property: spec_of falls back)
-            pass
+            if getattr(adapter, "spec", None) is None:
+                adapter.spec = AdapterSpec.of(name, options)
+        except BaseException as exc:   # slots, a read-only property: spec_of falls back
+            watch.reraise(exc)
     return adapter
 
 
 def describe(adapter, name: str) -> str:
-    """adapter.describe() as a str; AdapterError naming engine `name` when it raises (a
-    user's adapter)."""
-    try:
-        return str(adapter.describe())
-    except (Exception, SystemExit) as exc:
-        raise AdapterError(f"engine {name!r}: describe() raised {_described(exc)}") from exc
-
-
-def _described(exc: BaseException) -> str:
-    """'TypeName: message' of an exception, on one line."""
-    text = " ".join(str(exc).split())
-    if isinstance(exc, SystemExit):
-        return f"SystemExit (sys.exit({exc.code!r}))"
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """adapter.describe() as a str on one line; AdapterError naming engine `name` when it
+    raises (a user's adapter)."""
+    with SignalWatch() as watch:
+        try:
+            return " ".join(str(adapter.describe()).split())
+        except BaseException as exc:
+            watch.reraise(exc)
+            raise AdapterError(f"engine {name!r}: describe() raised {described(exc)}") from exc
 
 
 def _has(adapter, attribute: str) -> bool:
-    """hasattr that counts a property raising anything as missing (hasattr lets all but
-    AttributeError through)."""
-    try:
-        getattr(adapter, attribute)
-    except Exception:  # noqa: BLE001
-        return False
+    """hasattr that counts a property raising anything (but the user's Ctrl-C) as missing
+    (hasattr lets all but AttributeError through)."""
+    with SignalWatch() as watch:
+        try:
+            getattr(adapter, attribute)
+        except BaseException as exc:
+            watch.reraise(exc)
+            return False
     return True
 
 

@@ -164,7 +164,7 @@ def _cli(tool: str, argv: list[str], cwd: str, private: str):
     os.chdir(cwd)
     try:
         with _Captured(private) as captured:
-            _one_line_warnings(tool.split("-")[0])
+            _one_line_warnings(tool)
             try:
                 rc = _main_of(tool)(list(argv))
             except SystemExit as exc:

@@ -48,16 +48,16 @@ def _script(prelude: str, tool: str, argv) -> str:
         """)
 
 
-def _interrupt_at(marker: str, code: str, env=None):
-    """Run `code`, press Ctrl-C (SIGINT) once `marker` is on its stderr; (status, the stderr
-    lines after the marker)."""
+def _interrupt_at(marker: str, code: str, env=None, sig=signal.SIGINT):
+    """Run `code`, press Ctrl-C (send `sig`, default SIGINT) once `marker` is on its stderr;
+    (status, the stderr lines after the marker)."""
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
         for line in proc.stderr:
             if line.strip() == marker:
                 break
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         rest = proc.stderr.read()
         status = proc.wait(timeout=60)
     finally:
@@ -82,9 +82,30 @@ def test_ctrl_c_while_importing_exits_130_with_one_line():
     assert (status, err) == (130, ["gradcheck: interrupted"])
 
 
+@pytest.mark.parametrize("tool", ["gradcheck", "optcheck", "mnist_train"])
+def test_sigterm_while_importing_exits_143_with_one_line(tool):
+    """SIGTERM's default action would end the process with nothing said."""
+    status, err = _interrupt_at("IMPORTING", _script(
+        SLOW_IMPORT.replace("gradcheck.cli", "optcheck.cli" if tool == "optcheck" else
+                            "mnist_target.cli" if tool == "mnist_train" else "gradcheck.cli"),
+        tool, []), sig=signal.SIGTERM)
+    assert (status, err) == (143, [f"{tool.replace('_', '-')}: terminated"])
+
+
+def test_sigterm_in_a_sweep_exits_143_with_the_finished_row(tmp_path):
+    out = tmp_path / "r.json"
+    status, err = _interrupt_at("CASE-DONE", _script(SLOW_SECOND_CASE, "gradcheck", [
+        "--op", "relu", "--dtype", "f64", "--no-torch", "--no-progress", "--format", "json",
+        "--output", str(out)]), sig=signal.SIGTERM)
+    assert status == 143
+    assert err == [f"gradcheck: terminated; wrote the 1 row finished so far to {out}"]
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["interrupted"] is True and doc["meta"]["signal"] == "SIGTERM"
+
+
 @pytest.mark.parametrize("script, argv, tool", [("gradcheck", ["--op", "relu"], "gradcheck"),
                                                 ("optcheck", ["--opt", "sgd"], "optcheck"),
-                                                ("mnist_eval", ["model.gguf"], "mnist")])
+                                                ("mnist_eval", ["model.gguf"], "mnist-eval")])
 def test_a_bad_thread_setting_is_one_line_from_the_console_script(script, argv, tool):
     env = dict(os.environ, GRADVERIFY_THREADS="abc")
     done = subprocess.run([sys.executable, "-c", _script("import sys\n", script, argv)],
