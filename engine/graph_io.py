@@ -7,13 +7,16 @@
 
 The layout (a table of nodes, flags, sources, op params as JSON, leaf data as GGUF tensors,
 the backward bookkeeping) is engine.graph_format's. Loading rebuilds each node with the
-registry's make_node, so the op's own shape/dtype inference and parameter checks run; the
-result must match the stored shape and dtype. Nothing in a file is ever run.
+registry's make_node, so the op's own shape/dtype inference and its declared parameters'
+checks run (a parameter missing, unknown, out of its range or breaking a rule between them
+is refused; so is one given twice in the file); the result must match the stored shape and
+dtype. Nothing in a file is ever run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from itertools import accumulate
 from typing import Any
@@ -163,6 +166,7 @@ def graph_from_gguf(gf: GGUFFile) -> LoadedGraph:
             raise GraphFileError(f"{at}: unknown dtype {dtypes[i]!r}; known: {sorted(DTYPES)}")
         flag = parse_flags(flags[i], at)
         kwargs = decode_params(params[i], at)
+        _no_name_twice(params[i], at)
         bad = [s for s in srcs[i] if not 0 <= s < i]
         if bad:
             raise GraphFileError(f"{at}: source index {bad[0]} is out of range or not "
@@ -198,6 +202,18 @@ def graph_from_gguf(gf: GGUFFile) -> LoadedGraph:
     roles = {name: entries[i] for name, i in zip(role_names, role_nodes, strict=True)}
     user = {k: v for k, v in gf.metadata.items() if not k.startswith(PREFIX)}
     return LoadedGraph(graph, roles, graph.params(), user, loss)
+
+
+def _no_name_twice(text: str, at: str) -> None:
+    """Refuse params JSON (already read by decode_params) whose objects give a name twice:
+    json.loads would keep the last one silently ({"scale": 2.0, "scale": 3.0})."""
+    def pairs(items):
+        names = [k for k, _ in items]
+        twice = next((k for i, k in enumerate(names) if k in names[:i]), None)
+        if twice is not None:
+            raise GraphFileError(f"{at}: param {twice!r} is given twice in {text[:200]!r}")
+        return dict(items)
+    json.loads(text, object_pairs_hook=pairs)
 
 
 def _rebuild(registry, op, srcs, kwargs, detached, at) -> Tensor:

@@ -8,11 +8,16 @@ says:
   shapes, dtypes and parameters when the op is built, raising ShapeError/DTypeError that
   name the op and the shapes, or ParamError for a malformed parameter (engine.params holds
   the shared checks);
-- `params`: parameter name -> check(op, name, value) returning the value in canonical form
-  or raising ParamError (engine.params' strict checks: an int is never a bool or 500.0);
-  make_node runs them before `infer`, so a user's call and a graph file being loaded
-  (engine.graph_io) meet the same checks, and refuses a parameter the op does not declare.
-  None (the default) leaves the parameters to `infer` alone;
+- `params`: the op's parameters declared as data, an engine.params.Params: per parameter
+  its kind, its range (open or closed ends), whether it is required or its default, and the
+  rules between parameters (rope's freq_base != 1 under YaRN). make_node checks a node's
+  parameters against it before `infer` (strict: an int is never a bool or 500.0), so a
+  user's call and a graph file being loaded (engine.graph_io) meet the same checks: an
+  unknown, missing, malformed or out-of-range parameter is a ParamError naming the op and
+  the parameter, and a node holds every declared parameter (defaults filled in). A
+  composite op's builder checks its arguments against its declaration. A plain dict of
+  Param values is taken as Params(dict); an op without parameters declares none (the
+  default: an empty Params, never None);
 - `backward(g, out, *srcs, **params) -> tuple` aligned with `srcs` (None = no gradient),
   built from registered ops so gradients are graph nodes; or `backward=None` together with
   `no_grad`, the reason it has none;
@@ -37,18 +42,29 @@ says:
   buffer and is itself persistent, so no plan ever places it in an arena.
 
 `get_op(name)` and `all_ops()` read the registry; `registered.<name>(...)` builds an op by
-name (see _Registered); `make_node` makes a node after checking it with the op's infer.
+name (see _Registered); `make_node` makes a node after checking its parameters and its
+op's infer, and refuses an output of more than MAX_NODE_ELEMENTS elements.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
+import math
 from collections.abc import Callable
 
 from engine.errors import ParamError, ShapeError, UnknownOpError
+from engine.params import Param, Params, check_param, shapes_str
 from engine.tensor import Flag, Tensor
 
 KINDS = ("primitive", "view", "composite", "backward", "update")
+# the most elements a node may hold: 2^40 (4 TiB of float32) is beyond any machine the
+# engine runs on, so a larger output is a parameter or shape gone wrong (a window of 2^31)
+MAX_NODE_ELEMENTS = 2 ** 40
+
+__all__ = ["KINDS", "MAX_NODE_ELEMENTS", "OPS", "OpDef", "VJPOf", "all_ops", "at_x", "get_op",
+           "make_node", "register", "registered", "shapes_str", "unregister"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +114,7 @@ class OpDef:
     scale: Callable | None = None
     strategy: Callable | None = None
     vjp_of: VJPOf | None = None
-    params: dict[str, Callable] | None = None
+    params: Params | dict | None = None
     doc: str = ""
 
     def __post_init__(self):
@@ -117,19 +133,14 @@ class OpDef:
         if self.kind != "composite" and self.backward is None and not self.no_grad:
             raise ValueError(f"op {self.name}: give a backward rule or say why it has none "
                              "(no_grad=...)")
+        self.params = _declared(self.params)
         if self.build is None:
-            self.build = self.compose if self.kind == "composite" else self._make
+            self.build = _checked_compose(self) if self.kind == "composite" else self._make
 
     def check_params(self, params: dict) -> dict:
-        """`params` with each declared parameter checked and in canonical form (see
-        `params` above); ParamError for a malformed or undeclared one."""
-        if self.params is None:
-            return params
-        unknown = [k for k in params if k not in self.params]
-        if unknown:
-            raise ParamError(f"{self.name}: takes parameters {list(self.params)}, got "
-                             f"unknown {unknown[0]!r}")
-        return {k: self.params[k](self.name, k, v) for k, v in params.items()}
+        """Every declared parameter checked and in canonical form, defaults filled in (see
+        `params` above); ParamError for an unknown, missing or out-of-range one."""
+        return self.params.check(self.name, params)
 
     def _make(self, *srcs, **params) -> Tensor:
         return make_node(self.name, srcs, **params)
@@ -137,6 +148,44 @@ class OpDef:
     @property
     def differentiable(self) -> bool:
         return self.kind == "composite" or self.backward is not None
+
+
+def _declared(params) -> Params:
+    """`params` as a Params: None is no parameters; a dict's values are Params, or checks
+    check(op, name, value) of an op written before declarations (check_param)."""
+    if isinstance(params, Params):
+        return params
+    return Params({k: p if isinstance(p, Param) else check_param(p)
+                   for k, p in (params or {}).items()})
+
+
+def _checked_compose(op: OpDef) -> Callable:
+    """A composite op's builder: its compose function, called with its declared parameters
+    checked (by position or name; a **keywords catch-all takes declared names only): an
+    unknown, missing, malformed or out-of-range one is a ParamError naming the op. The other
+    arguments (the tensors) go through as they are."""
+    compose = op.compose
+    signature = inspect.signature(compose)
+    catch_all = next((p.name for p in signature.parameters.values()
+                      if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    named = set(signature.parameters) - {catch_all}
+
+    @functools.wraps(compose)
+    def build(*args, **kwargs):
+        declared = op.params
+        unknown = [k for k in kwargs if k not in declared and k not in named]
+        if unknown:
+            raise ParamError(f"{op.name}: takes parameters {list(declared)}, got unknown "
+                             f"parameter {unknown[0]!r}")
+        bound = signature.bind_partial(*args, **kwargs)
+        given = bound.arguments
+        extra = given.get(catch_all, {}) if catch_all else {}
+        values = {k: v for k, v in (*given.items(), *extra.items()) if k in declared}
+        checked = declared.check(op.name, values)
+        for k in values:
+            (extra if k in extra else given)[k] = checked[k]
+        return compose(*bound.args, **bound.kwargs)
+    return build
 
 
 OPS: dict[str, OpDef] = {}
@@ -204,14 +253,13 @@ def make_node(name: str, srcs, **params) -> Tensor:
     if any(int(d) < 0 for d in shape):
         raise ShapeError(f"{name}: inferred a negative dimension {list(shape)} from "
                          f"{[list(s.shape) for s in srcs]}")
+    if math.prod(shape) > MAX_NODE_ELEMENTS:
+        raise ShapeError(f"{name}: the output of shape {list(shape)} would hold "
+                         f"{math.prod(shape)} elements; a node holds at most 2^40 "
+                         f"(from {[list(s.shape) for s in srcs]})")
     view_of = srcs[0] if op.kind == "view" else None
     if op.kind == "update":
         return Tensor(shape, dtype, op=name, srcs=srcs, params=params, flags=Flag.OUTPUT,
                       shares=srcs[0])
     return Tensor(shape, dtype, op=name, srcs=srcs, params=params, view_of=view_of,
                   contiguous=contiguous)
-
-
-def shapes_str(*tensors) -> str:
-    """'[2, 3] and [4]' for error messages."""
-    return " and ".join(str(list(t.shape)) for t in tensors)

@@ -4,7 +4,10 @@ A failing, erroring or crashing row carries `repro` (`with_repro`): a registry s
 named by op and filter, `gradcheck --engine ggml --op pool_2d -k '<case>'`; any other Sample
 (a generated case, a shrunk one) by its repr, `gradcheck --engine ggml --repro
 "Sample(op='pool_2d', ...)"`, which `parse_case` turns back into the Sample without
-evaluating anything.
+evaluating anything, and refuses (a ValueError, the CLI's usage error) what it cannot run:
+a parameter given twice, one the op's declaration refuses (engine.params), and a case
+whose estimated memory (`memory_estimate`) exceeds what this process can still allocate
+(`available_memory`), before anything is computed.
 """
 
 from __future__ import annotations
@@ -12,14 +15,19 @@ from __future__ import annotations
 import ast
 import dataclasses
 import math
+import os
+import re
+import resource
 import shlex
 import warnings
 
+import engine
+from engine import ops
 from engine.errors import UnknownOpError
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from engine.tensor import DTYPES as TENSOR_DTYPES
-from engine.tensor import FLOAT_NAMES, input_tensor
+from engine.tensor import FLOAT_NAMES, input_tensor, is_float
 from gradcheck.adapters import spec_of
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.cotangents import tier_cases
@@ -199,13 +207,23 @@ def _constructed(node: ast.Call, where: str):
 
 
 def _checked(case: Sample) -> Sample:
-    """`case` if our engine can build it: its op is registered, its dtypes are known, its
-    inputs' and output's sizes are bounded, and building the op on symbolic inputs
-    (shapes and dtypes only, nothing computed) accepts its inputs and params."""
+    """`case` if our engine can build it and this machine can hold it: its op is
+    registered, no parameter is given twice or left out (one its op's cases all give), its
+    dtypes are known, its inputs' and output's
+    sizes are bounded, building the op on symbolic inputs (shapes and dtypes only, nothing
+    computed) accepts its inputs and params (the op's declared ranges and rules included),
+    and its estimated memory fits (memory_estimate, available_memory)."""
     try:
         get_op(case.op)
     except UnknownOpError as exc:
         raise _Refused(str(exc)) from None
+    names = [k for k, _ in case.params]
+    twice = next((k for i, k in enumerate(names) if k in names[:i]), None)
+    if twice is not None:
+        raise _Refused(f"{case.op}: parameter {twice!r} is given twice")
+    missing = _missing_param(case)
+    if missing:
+        raise _Refused(missing)
     if case.dtype not in FLOAT_DTYPES:
         raise _Refused(f"{case.op}: dtype {case.dtype!r} is not one gradcheck runs; known: "
                        f"{', '.join(FLOAT_DTYPES)}")
@@ -230,7 +248,96 @@ def _checked(case: Sample) -> Sample:
     if size > MAX_CASE_ELEMENTS:
         raise _Refused(f"{case.op}: the output would hold {size} elements; at most "
                        f"{MAX_CASE_ELEMENTS} are checked")
+    need, have = memory_estimate(case, leaves, outputs), available_memory()
+    if have is not None and need > have:
+        raise _Refused(f"{case.op}: checking this case needs about {_gib(need)}, this "
+                       f"machine has {_gib(have)} available")
     return case
+
+
+# --- memory -------------------------------------------------------------------------------------
+# What checking a case holds at its peak, in bytes, from the elements of its forward graph
+# F (the op's nodes and the weighted loss's, views not counted) and of its inputs I:
+#
+#     need = MEMORY_BASE + MEMORY_PER_NODE_ELEMENT F + MEMORY_PER_INPUT_ELEMENT I
+#
+# whatever the dtype: the float64 reference, torch's float64 autograd, the precision check
+# and the numerical check (fast mode: DIRECTIONS random directions over the inputs, each
+# also in the leaves' layout, for each step size) dominate; the backward graph is about the
+# forward's size again plus the inputs' gradients. An upper bound of the address space that
+# `gradcheck --repro` added after parsing (what RLIMIT_AS counts; resident memory grew by
+# less) on cases of 0.5 to 8 million elements (relu, sum, matmul, softmax, conv_2d,
+# repeat, attention_fwd; float16 to float64; the scale tier): the estimate is 1.4 to 2.4
+# times what they took. MEMORY_BASE is what the rest of the run adds to a process that has
+# parsed its case (torch, the kernels, BLAS's and the engine's threads): 565 MiB for the
+# smallest case, 880 MiB with a matrix product.
+MEMORY_BASE = 1 << 30
+MEMORY_PER_NODE_ELEMENT = 96
+MEMORY_PER_INPUT_ELEMENT = 348
+
+
+def memory_estimate(case: Sample, leaves, outputs) -> int:
+    """The bytes checking `case` needs at its peak (the formula above), given the symbolic
+    `leaves` it was built on and the `outputs` they gave (nothing is computed or
+    allocated)."""
+    loss = [ops.sum(ops.mul(t, input_tensor(t.shape, t.dtype))) for t in outputs
+            if hasattr(t, "shape") and is_float(t.dtype)]
+    graph = engine.Graph([*loss, *(t for t in outputs if hasattr(t, "op") and t.op)])
+    nodes = sum(t.size for t in graph.nodes if t.op and t.view_of is None)
+    inputs = sum(t.size for t in leaves)
+    return MEMORY_BASE + MEMORY_PER_NODE_ELEMENT * nodes + MEMORY_PER_INPUT_ELEMENT * inputs
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    """The value in KiB of `key` in a /proc file of "Key:   123 kB" lines (None if absent)."""
+    try:
+        with open(path) as f:
+            found = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def available_memory() -> int | None:
+    """The bytes this process can still allocate: the machine's available memory
+    (/proc/meminfo's MemAvailable, else os.sysconf's available pages), and no more than
+    what RLIMIT_AS and RLIMIT_DATA leave above the process's address space and data as they
+    are now; None where none of these can be read."""
+    have = []
+    avail = _proc_kib("/proc/meminfo", "MemAvailable")
+    if avail is not None:
+        have.append(avail << 10)
+    else:
+        try:
+            have.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            pass
+    for limit, key in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        used = _proc_kib("/proc/self/status", key)
+        if soft != resource.RLIM_INFINITY and used is not None:
+            have.append(max(0, soft - (used << 10)))
+    return min(have) if have else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def _missing_param(case: Sample) -> str | None:
+    """'rms_norm: the case gives no 'eps' ...' when `case` leaves out a parameter that every
+    registry case of its op gives: the references (torch's, a backward op's primals) take
+    those as the cases give them, not the builder's defaults (None when it gives them)."""
+    op = get_op(case.op)
+    cases = [*(op.samples() if op.samples else ()), *(op.scale() if op.scale else ())]
+    if not cases:
+        return None
+    every = set.intersection(*(set(dict(c.params)) for c in cases))
+    missing = sorted(every - set(dict(case.params)))
+    if not missing:
+        return None
+    return (f"{case.op}: the case gives no {missing[0]!r}; its cases give every one of "
+            f"{', '.join(sorted(every))}")
 
 
 def _inputs_problem(case: Sample) -> str | None:

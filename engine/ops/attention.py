@@ -48,19 +48,34 @@ from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.block import block
 from engine.ops.broadcast import broadcast_shapes
 from engine.ops.shape import reshape
-from engine.params import boolean, number
+from engine.params import (
+    Params,
+    alibi_param,
+    bool_param,
+    factor_param,
+    float_param,
+)
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import HALF_SCALE_DTYPES, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, draw_range, sample_strategy
 from engine.tensor import is_float
 
-PARAMS = dict(scale=number, causal=boolean, logit_softcap=number, max_bias=number)
+SOFTCAP = float_param(0.0, default=0.0, why="0: no softcap; the kernels divide the scores "
+                      "by a positive cap")
+# the primitives' parameters: scale as the node holds it (the builders resolve None)
+PARAMS = Params(dict(scale=factor_param(), causal=bool_param(default=False),
+                     logit_softcap=SOFTCAP, max_bias=alibi_param()))
+# the composite's: scale None is 1 / sqrt(D)
+ATTENTION_PARAMS = Params(dict(scale=factor_param(default=None, nullable=True),
+                               causal=bool_param(default=False), logit_softcap=SOFTCAP,
+                               max_bias=alibi_param()))
 
 
-def _check(op, q, k, v, mask, *, logit_softcap=0.0, max_bias=0.0, **_):
-    """The shape, dtype and parameter rules shared by attention, attention_fwd and
-    attention_back; returns the shape (.., Hq, Tq, Tk) the mask broadcasts to."""
+def _check(op, q, k, v, mask, **_):
+    """The shape and dtype rules shared by attention, attention_fwd and attention_back
+    (their parameters are declared: PARAMS); returns the shape (.., Hq, Tq, Tk) the mask
+    broadcasts to."""
     srcs = (q, k, v) if mask is None else (q, k, v, mask)
     shapes = shapes_str(*srcs)
     for name, t in zip(("q", "k", "v", "mask"), srcs, strict=False):
@@ -91,10 +106,6 @@ def _check(op, q, k, v, mask, *, logit_softcap=0.0, max_bias=0.0, **_):
         if not fits:
             raise ShapeError(f"{op}: mask of shape {list(mask.shape)} does not broadcast to "
                              f"the scores' shape {list(scores)} (shapes {shapes})")
-    if logit_softcap < 0.0:
-        raise ParamError(f"{op}: logit_softcap must be >= 0 (0: none), got {logit_softcap}")
-    if max_bias < 0.0:
-        raise ParamError(f"{op}: max_bias must be >= 0 (0: no ALiBi), got {max_bias}")
     return scores
 
 
@@ -110,6 +121,10 @@ def _fwd_infer(q, k, v, *mask, **params):
 def _back_infer(g, q, k, v, *rest, **params):
     *mask, fwd = rest
     _check("attention_back", q, k, v, mask[0] if mask else None, **params)
+    if fwd.op == "attention_fwd" and fwd.params != params:
+        # P is recomputed as exp(s - lse) with fwd's lse: another scale overflows it
+        raise ParamError(f"attention_back: its parameters {params} differ from those of "
+                         f"its fwd, attention_fwd with {fwd.params}")
     packed = _packed(q, v)
     for name, t in (("g", g), ("fwd", fwd)):
         if tuple(t.shape) != packed:
@@ -123,15 +138,14 @@ def _back_infer(g, q, k, v, *rest, **params):
 
 
 def _params(op, q, scale, causal, logit_softcap, max_bias):
-    """The node's parameters, checked; scale None becomes 1 / sqrt(D)."""
+    """The node's parameters, checked against PARAMS; scale None becomes 1 / sqrt(D)."""
     if scale is None:
         if q.shape[-1] == 0:
             raise ShapeError(f"{op}: the default scale 1/sqrt(D) needs D > 0, got q of "
                              f"shape {list(q.shape)}")
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return dict(scale=number(op, "scale", scale), causal=boolean(op, "causal", causal),
-                logit_softcap=number(op, "logit_softcap", logit_softcap),
-                max_bias=number(op, "max_bias", max_bias))
+    return PARAMS.check(op, dict(scale=scale, causal=causal, logit_softcap=logit_softcap,
+                                 max_bias=max_bias))
 
 
 def _srcs(*tensors, mask=None):
@@ -408,7 +422,8 @@ def _strategy(op):
     return strategy
 
 
-register(OpDef("attention", kind="composite", compose=attention, torch=_torch_attention,
+register(OpDef("attention", kind="composite", compose=attention, params=ATTENTION_PARAMS,
+               torch=_torch_attention,
                samples=_attention_samples, scale=_attention_scale,
                strategy=_strategy("attention"),
                doc="scaled-dot-product attention (GQA, mask, causal, softcap, ALiBi): the "

@@ -14,7 +14,7 @@ acc their block gradients.
 from __future__ import annotations
 
 from engine.errors import DTypeError, ShapeError
-from engine.params import int_tuple, ints
+from engine.params import Params, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import draw_input, sample_strategy, shapes
@@ -22,7 +22,11 @@ from engine.tensor import is_float
 
 
 def check_block(op: str, outer, offset, shape) -> None:
-    """A block of `shape` at `offset` must lie inside `outer` on every axis."""
+    """A block of `shape` at `offset` (one int >= 0 each per axis) must lie inside `outer`
+    on every axis."""
+    if not len(offset) == len(shape) == len(outer):
+        raise ShapeError(f"{op}: offset {list(offset)} and shape {list(shape)} need one int "
+                         f"per axis of {list(outer)}")
     for axis, (n, o, s) in enumerate(zip(outer, offset, shape, strict=True)):
         if o + s > n:
             raise ShapeError(f"{op}: a block of shape {list(shape)} at offset {list(offset)} "
@@ -90,7 +94,9 @@ def _block_strategy(draw, dtype):
                        shape=size)
 
 
-register(OpDef("block", params=dict(offset=ints, shape=ints),
+register(OpDef("block", params=Params(dict(
+                   offset=ints_param(0, why="a view never starts before its base"),
+                   shape=ints_param(0))),
                kind="view", infer=_block_infer, backward=_block_backward,
                view=lambda ins, offset, shape: ins[0][block_slices(offset, shape)],
                build=block, torch=_torch_block, samples=_block_samples,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import DTypeError
-from engine.params import choice
+from engine.params import Params, choice_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample
 from engine.scale_cases import SIDE, scale_case
@@ -42,7 +42,10 @@ def cast(x, dtype):
 
 def _dtype_param(dtype) -> str:
     """A dtype name for the parameter (numpy dtypes as their engine names); anything else
-    is left for the parameter's check to refuse."""
+    is left for the parameter's check to refuse: None too, which numpy would read as
+    float64."""
+    if dtype is None:
+        return dtype
     try:
         return dtype_name(dtype)
     except DTypeError:         # not a dtype: the check names it
@@ -92,7 +95,8 @@ def _cast_scale():
             for target in ("f16", "bf16", "f64")]
 
 
-register(OpDef("cast", params=dict(dtype=choice(*FLOAT_NAMES)), infer=_cast_infer,
+register(OpDef("cast", params=Params(dict(dtype=choice_param(*FLOAT_NAMES))),
+               infer=_cast_infer,
                backward=_cast_backward,
                kernels={"cpu": cpu_cast, "cuda": "engine.backends.cuda.elementwise:cuda_cast"},
                build=cast, torch=_torch_cast, samples=_cast_samples, strategy=_cast_strategy,

@@ -15,7 +15,7 @@ import math
 from engine.backends.cpu.concat import cpu_concat
 from engine.errors import DTypeError, ShapeError
 from engine.ops.block import block
-from engine.params import integer
+from engine.params import Params, int_param, integer
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, scale_case
@@ -27,6 +27,8 @@ def _concat_infer(a, b, axis):
     if a.dtype != b.dtype or not is_float(a.dtype):
         raise DTypeError(f"concat: needs float inputs of one dtype, got {a.dtype} and "
                          f"{b.dtype} for shapes {shapes_str(a, b)}")
+    if axis >= a.ndim:
+        raise ShapeError(f"concat: axis {axis} out of range for shapes {shapes_str(a, b)}")
     if a.ndim != b.ndim or any(da != db for i, (da, db)
                                in enumerate(zip(a.shape, b.shape, strict=True)) if i != axis):
         raise ShapeError(f"concat: shapes {shapes_str(a, b)} must agree on every axis but "
@@ -98,7 +100,8 @@ def _concat_scale():
                        axis=0)]
 
 
-register(OpDef("concat", params=dict(axis=integer),
+register(OpDef("concat", params=Params(dict(axis=int_param(
+                   0, why="a node holds the axis counted from the front"))),
                scale=_concat_scale, infer=_concat_infer, backward=_concat_backward,
                kernels={"cpu": cpu_concat, "cuda": "engine.backends.cuda.indexing:cuda_concat"},
                build=concat, torch=_torch_concat,

@@ -36,7 +36,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import im2col
 from engine.ops.matmul import matmul
 from engine.ops.shape import cont, cont_if_strided, reshape, transpose
-from engine.params import pair, window_output_size
+from engine.params import Params, pair, size_param, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -160,6 +160,9 @@ def _conv_2d_scale():
 
 
 register(OpDef("conv_2d", kind="composite", compose=conv_2d, torch=_torch_conv_2d,
+               params=Params(dict(stride=size_param(pair=True, default=1),
+                                  padding=size_param(0, pair=True, default=0),
+                                  dilation=size_param(pair=True, default=1))),
                scale=_conv_2d_scale,
                samples=_conv_samples, strategy=_conv_strategy,
                doc="2-D convolution of NCHW input with OIHW kernel, via im2col and matmul"))

@@ -21,11 +21,11 @@ are each other's transpose) and matmul's rule gives x's and w's.
 
 from __future__ import annotations
 
-from engine.errors import DTypeError, ParamError, ShapeError
+from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import im2col_back
 from engine.ops.matmul import matmul
 from engine.ops.shape import cont, cont_if_strided, permute, reshape
-from engine.params import pair
+from engine.params import Params, pair, size_param
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -46,8 +46,6 @@ def _check(x, w, stride) -> tuple[int, int]:
     if x.shape[1] != w.shape[0]:
         raise ShapeError(f"conv_transpose_2d: input has {x.shape[1]} channels but the kernel "
                          f"expects {w.shape[0]} (shapes {list(x.shape)} and {list(w.shape)})")
-    if min(stride) < 1:
-        raise ParamError(f"conv_transpose_2d: stride must be positive, got {list(stride)}")
     if 0 in x.shape or 0 in w.shape:
         raise ShapeError(f"conv_transpose_2d: empty input or kernel, shapes {list(x.shape)} "
                          f"and {list(w.shape)}")
@@ -119,6 +117,7 @@ def _conv_transpose_2d_scale():
 
 
 register(OpDef("conv_transpose_2d", kind="composite", compose=conv_transpose_2d,
+               params=Params(dict(stride=size_param(pair=True, default=1))),
                scale=_conv_transpose_2d_scale,
                torch=_torch_conv_transpose_2d, samples=_samples, strategy=_strategy,
                doc="transposed 2-D convolution, no padding (ggml's conv_transpose_2d_p0): "

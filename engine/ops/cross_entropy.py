@@ -19,7 +19,7 @@ from engine.backends.cpu.cross_entropy import cpu_cross_entropy_loss, cpu_cross_
 from engine.errors import DTypeError, ShapeError
 from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows
-from engine.registry import OpDef, VJPOf, make_node, register
+from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, scale_case
 from engine.strategies import MAGNITUDES, MAX_ELEMENTS, draw_input, sample_strategy, shapes
@@ -27,6 +27,9 @@ from engine.strategies import MAGNITUDES, MAX_ELEMENTS, draw_input, sample_strat
 
 def _infer(logits, labels):
     check_rows("cross_entropy_loss", logits, labels)
+    if math.prod(logits.shape[:-1]) == 0:
+        raise ShapeError(f"cross_entropy_loss: the loss is a mean over rows and needs at "
+                         f"least one, got shapes {shapes_str(logits, labels)}")
     return (), logits.dtype
 
 

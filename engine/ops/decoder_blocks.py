@@ -32,15 +32,18 @@ LLM_FFN_PAR):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from engine.errors import DTypeError, ParamError, ShapeError
+from engine.ops.attention import ATTENTION_PARAMS
 from engine.ops.matmul import matmul
-from engine.ops.norm import check_eps, rms_norm
+from engine.ops.norm import check_eps, eps_param, rms_norm
 from engine.ops.rope import DEFAULTS as ROPE_DEFAULTS
+from engine.ops.rope import PARAMS as ROPE_DECLARED
 from engine.ops.rope import _torch_rope, rope
 from engine.ops.shape import cont, permute, reshape, transpose
-from engine.params import integer
+from engine.params import INT32_MAX, Params, int_param, integer
 from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -48,6 +51,16 @@ from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy
 from engine.tensor import is_float
 
 EPS = 1e-5                               # llama's f_norm_rms_eps, the samples'
+MLP_PARAMS = Params(dict(eps=eps_param(EPS)))
+# n_head, n_head_kv, eps, scale (None: 1/sqrt(D)) and rope's parameters (llama.cpp's
+# defaults but n_dims) with rope's rules
+ATTENTION_BLOCK_PARAMS = Params(
+    dict(n_head=int_param(1, INT32_MAX, why="query heads; the projections' rows divide by it"),
+         n_head_kv=int_param(1, INT32_MAX, why="key and value heads, dividing n_head"),
+         eps=eps_param(EPS), scale=ATTENTION_PARAMS["scale"],
+         **{k: p if k == "n_dims" else dataclasses.replace(p, default=ROPE_DEFAULTS[k])
+            for k, p in ROPE_DECLARED.items()}),
+    rules=ROPE_DECLARED.rules)
 ROPE_PARAMS = tuple(ROPE_DEFAULTS) + ("n_dims",)
 # input ranges: activations and weights of a model's scale (the blocks' parts have their
 # own samples for extreme ranges)
@@ -315,11 +328,13 @@ def _attention_strategy(draw, dtype):
                        mode=draw(st.sampled_from(("normal", "neox"))), eps=EPS)
 
 
-register(OpDef("mlp_block", kind="composite", compose=mlp_block, torch=_torch_mlp_block,
+register(OpDef("mlp_block", kind="composite", compose=mlp_block, params=MLP_PARAMS,
+               torch=_torch_mlp_block,
                samples=_mlp_samples, scale=_mlp_scale, strategy=_mlp_strategy,
                doc="llama's SwiGLU feed-forward block: x + swiglu(rms_norm(x) w_gate^T, "
                    "rms_norm(x) w_up^T) w_down^T (rms_norm with its weight)"))
 register(OpDef("attention_block", kind="composite", compose=attention_block,
+               params=ATTENTION_BLOCK_PARAMS,
                torch=_torch_attention_block, samples=_attention_samples,
                scale=_attention_scale, strategy=_attention_strategy,
                doc="llama's causal self-attention block: rms_norm, q/k/v projections, rope "

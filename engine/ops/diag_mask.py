@@ -24,7 +24,7 @@ import math
 
 from engine.backends.cpu.diag_mask import cpu_diag_mask_inf, cpu_diag_mask_zero
 from engine.errors import DTypeError, ShapeError
-from engine.params import integer
+from engine.params import INT32_MAX, Params, int_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
@@ -36,13 +36,16 @@ FILL = {"diag_mask_inf": -math.inf, "diag_mask_zero": 0.0}
 MAX_DIMS = 4
 
 
+# ggml's int n_past; the kernel keeps columns up to n_past + i + 1, far inside int64
+PARAMS = Params(dict(n_past=int_param(0, INT32_MAX, why="positions already seen (ggml's int)")))
+
+
 def _n_past(op, name, v) -> int:
-    return integer(op, name, v, 0)
+    return PARAMS[name].check(op, name, v)
 
 
 def _infer(op):
     def infer(x, n_past):
-        _n_past(op, "n_past", n_past)
         if not is_float(x.dtype):
             raise DTypeError(f"{op}: x must be float, got {x.dtype} (shape {list(x.shape)})")
         if not 2 <= x.ndim <= MAX_DIMS:
@@ -127,7 +130,7 @@ def _scale(op):
 
 for _op, _build, _kernel in (("diag_mask_inf", diag_mask_inf, cpu_diag_mask_inf),
                              ("diag_mask_zero", diag_mask_zero, cpu_diag_mask_zero)):
-    register(OpDef(_op, params=dict(n_past=_n_past), infer=_infer(_op), backward=_backward,
+    register(OpDef(_op, params=PARAMS, infer=_infer(_op), backward=_backward,
                    kernels={"cpu": _kernel, "cuda": f"engine.backends.cuda.diag_mask:cuda_{_op}"},
                    build=_build, torch=_torch(_op), samples=_samples(_op),
                    scale=_scale(_op), strategy=_strategy(_op),

@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.backends.cpu.dropout import cpu_dropout, keep_mask
 from engine.errors import DTypeError, ParamError
-from engine.params import integer, is_real, number, show_value
+from engine.params import Params, float_param, int_param, is_real, show_value
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -35,7 +35,6 @@ def _dropout_infer(x, p, seed):
     if not is_float(x.dtype):
         raise DTypeError(f"dropout: needs a float input, got {x.dtype} of shape "
                          f"{list(x.shape)}")
-    _check_params(x, p, seed)
     return x.shape, x.dtype
 
 
@@ -91,11 +90,12 @@ def _dropout_scale():
             for p in (None, TRANSPOSED)]
 
 
-def _seed(op, name, v) -> int:
-    return integer(op, name, v, 0, MAX_SEED - 1)
+PARAMS = Params(dict(
+    p=float_param(0.0, 1.0, high_open=True, why="the kept elements are scaled by 1 / (1 - p)"),
+    seed=int_param(0, MAX_SEED - 1, why="the hash's uint64 seed")))
 
 
-register(OpDef("dropout", params=dict(p=number, seed=_seed),
+register(OpDef("dropout", params=PARAMS,
                scale=_dropout_scale, infer=_dropout_infer,
                backward=lambda g, out, x, p, seed: (dropout(g, p, seed),),
                kernels={"cpu": cpu_dropout,

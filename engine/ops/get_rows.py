@@ -22,12 +22,8 @@ import math
 import numpy as np
 
 from engine.backends.cpu.get_rows import cpu_get_rows, cpu_get_rows_back
-from engine.errors import (
-    DTypeError,
-    ParamError,
-    ShapeError,
-)
-from engine.params import integer
+from engine.errors import DTypeError, ShapeError
+from engine.params import Params, int_param, integer
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, scale_case
@@ -70,8 +66,6 @@ def _get_rows_back_infer(g, idx, nrows):
     if g.ndim != idx.ndim + 1 or g.shape[:-1] != idx.shape:
         raise ShapeError(f"get_rows_back: the gradient must have shape indices.shape + (C,), "
                          f"got {shapes_str(g, idx)}")
-    if nrows < 1:
-        raise ParamError(f"get_rows_back: nrows must be positive, got {nrows}")
     return (nrows, g.shape[-1]), g.dtype
 
 
@@ -173,7 +167,9 @@ register(OpDef("get_rows", params={}, scale=_get_rows_scale, infer=_get_rows_inf
                samples=_get_rows_samples, strategy=_strategy("get_rows"),
                doc="rows of a (R, C) table at int32 indices (K,) or (B, K); gradient: "
                    "get_rows_back (repeated indices add up)"))
-register(OpDef("get_rows_back", params=dict(nrows=integer),
+register(OpDef("get_rows_back", params=Params(dict(
+                   nrows=int_param(1, why="the table's rows; an index is checked against it "
+                                          "when the graph runs"))),
                kind="backward", infer=_get_rows_back_infer,
                backward=lambda g, out, gin, idx, nrows: (get_rows(g, idx), None),
                kernels={"cpu": cpu_get_rows_back,

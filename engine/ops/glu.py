@@ -30,7 +30,7 @@ from __future__ import annotations
 from engine import elementwise
 from engine.backends.cpu.glu import ACTIVATIONS, MAX_DIMS, glu
 from engine.errors import DTypeError, ParamError, ShapeError
-from engine.params import boolean
+from engine.params import Params, bool_param, boolean
 from engine.registry import OpDef, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, scale_case
@@ -188,7 +188,7 @@ def _scale(op):
 
 
 for _op, _act in ACTIVATIONS.items():
-    register(OpDef(_op, params=dict(swapped=boolean), infer=_infer(_op),
+    register(OpDef(_op, params=Params(dict(swapped=bool_param())), infer=_infer(_op),
                    backward=_backward(_op),
                    kernels={"cpu": glu(_op), "cuda": f"engine.backends.cuda.glu:cuda_{_op}"},
                    build=_builder(_op), torch=_torch(_op), samples=_samples(_op),

@@ -19,7 +19,16 @@ import numpy as np
 
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
-from engine.params import choice, int_tuple, integer, ints, pair, window_output_size
+from engine.params import (
+    Params,
+    choice_param,
+    int_tuple,
+    integer,
+    ints_param,
+    pair,
+    size_param,
+    window_output_size,
+)
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -207,15 +216,17 @@ def _im2col_scale():
                        kh=3, kw=3, padding=1, stride=2)]
 
 
-_PARAMS = dict(kh=integer, kw=integer, stride=pair, padding=pair, dilation=pair,
-               dtype=choice(*DTYPES))   # a float one: infer says so (a DTypeError)
-register(OpDef("im2col", params=_PARAMS,
+# sizes as ggml's ints; the columns' dtype a float one: infer says so (a DTypeError)
+_PARAMS = dict(kh=size_param(), kw=size_param(), stride=size_param(pair=True),
+               padding=size_param(0, pair=True), dilation=size_param(pair=True),
+               dtype=choice_param(*DTYPES))
+register(OpDef("im2col", params=Params(_PARAMS),
                scale=_im2col_scale, infer=_im2col_infer, backward=_im2col_backward,
                kernels={"cpu": cpu_im2col, "cuda": "engine.backends.cuda.im2col:cuda_im2col"},
                build=im2col, torch=_torch_im2col,
                samples=_im2col_samples, strategy=_im2col_strategy,
                doc="NCHW image -> (N, OH, OW, C*KH*KW) patch columns, ordered (c, ky, kx)"))
-register(OpDef("im2col_back", params=dict(x_shape=ints, **_PARAMS),
+register(OpDef("im2col_back", params=Params(dict(x_shape=ints_param(0), **_PARAMS)),
                kind="backward", infer=_im2col_back_infer,
                backward=_im2col_back_backward,
                kernels={"cpu": cpu_im2col_back,

@@ -23,7 +23,15 @@ import numpy as np
 
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
-from engine.params import choice, int_tuple, integer, ints, window_output_size
+from engine.params import (
+    Params,
+    choice_param,
+    int_tuple,
+    integer,
+    ints_param,
+    size_param,
+    window_output_size,
+)
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -221,9 +229,10 @@ def _im2col_1d_scale():
                        k=3, padding=0, stride=1)]
 
 
-_PARAMS = dict(k=integer, stride=integer, padding=integer, dilation=integer,
-               dtype=choice(*DTYPES))   # a float one: infer says so (a DTypeError)
-register(OpDef("im2col_1d", params=_PARAMS,
+# sizes as ggml's ints; the columns' dtype a float one: infer says so (a DTypeError)
+_PARAMS = dict(k=size_param(), stride=size_param(), padding=size_param(0),
+               dilation=size_param(), dtype=choice_param(*DTYPES))
+register(OpDef("im2col_1d", params=Params(_PARAMS),
                scale=_im2col_1d_scale, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_im2col_1d,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d"},
@@ -231,7 +240,7 @@ register(OpDef("im2col_1d", params=_PARAMS,
                samples=_samples, strategy=_strategy,
                doc="NCL signal -> (N, OL, C*K) window columns, ordered (c, k) (ggml's 1-D "
                    "im2col)"))
-register(OpDef("im2col_1d_back", params=dict(x_shape=ints, **_PARAMS),
+register(OpDef("im2col_1d_back", params=Params(dict(x_shape=ints_param(0), **_PARAMS)),
                kind="backward", infer=_back_infer, backward=_back_backward,
                kernels={"cpu": cpu_im2col_1d_back,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d_back"},

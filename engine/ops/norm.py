@@ -24,7 +24,7 @@ import math
 from engine.backends.cpu.norm import cpu_norm, cpu_norm_back, cpu_rms_norm, cpu_rms_norm_back
 from engine.errors import ParamError
 from engine.ops.shape import contiguous_inputs
-from engine.params import check_rows, is_real, number, show_value
+from engine.params import REQUIRED, Params, check_rows, float_param, is_real, number, show_value
 from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -38,9 +38,19 @@ def check_eps(op: str, eps) -> float:
     return number(op, "eps", eps)
 
 
+def eps_param(default=REQUIRED):
+    """eps, declared: a finite number >= 0 (the root of mean + eps stays real); a node's
+    is required (the builders default it), a composite's defaults to `default`."""
+    return float_param(0.0, default=default,
+                       why="s = 1/sqrt(mean + eps) takes the root of mean + eps; with eps 0 a "
+                           "row of zeros (for norm, a constant row) divides by zero")
+
+
+PARAMS = Params(dict(eps=eps_param()))
+
+
 def _row_infer(op):
     def infer(x, eps):
-        check_eps(op, eps)
         check_rows(op, x)
         return x.shape, x.dtype
     return infer
@@ -48,7 +58,6 @@ def _row_infer(op):
 
 def _back_infer(op):
     def infer(g, x, eps):
-        check_eps(op, eps)
         check_rows(op, g, x)
         return x.shape, x.dtype
     return infer
@@ -169,15 +178,14 @@ def _norm_scale(name):
     return scale
 
 
-_PARAMS = dict(eps=number)
-register(OpDef("rms_norm", params=_PARAMS,
+register(OpDef("rms_norm", params=PARAMS,
                scale=_norm_scale("rms_norm"), infer=_row_infer("rms_norm"),
                backward=lambda g, out, x, eps: (rms_norm_back(g, x, eps),),
                kernels={"cpu": cpu_rms_norm, "cuda": "engine.backends.cuda.norm:cuda_rms_norm"},
                build=rms_norm, torch=_torch_rms_norm,
                samples=_samples("rms_norm", 1e-6), strategy=_strategy("rms_norm"),
                doc="x / sqrt(mean(x^2) + eps) along the last axis"))
-register(OpDef("rms_norm_back", params=_PARAMS, kind="backward", infer=_back_infer("rms_norm_back"),
+register(OpDef("rms_norm_back", params=PARAMS, kind="backward", infer=_back_infer("rms_norm_back"),
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_rms_norm_back,
                         "cuda": "engine.backends.cuda.norm:cuda_rms_norm_back"},
@@ -185,13 +193,13 @@ register(OpDef("rms_norm_back", params=_PARAMS, kind="backward", infer=_back_inf
                samples=_samples("rms_norm_back", 1e-6), strategy=_strategy("rms_norm_back"),
                doc="s g - x s^3 mean(g x), s = 1/sqrt(mean(x^2) + eps): the gradient of "
                    "rms_norm"))
-register(OpDef("norm", params=_PARAMS, scale=_norm_scale("norm"), infer=_row_infer("norm"),
+register(OpDef("norm", params=PARAMS, scale=_norm_scale("norm"), infer=_row_infer("norm"),
                backward=lambda g, out, x, eps: (norm_back(g, x, eps),),
                kernels={"cpu": cpu_norm, "cuda": "engine.backends.cuda.norm:cuda_norm"},
                build=norm, torch=_torch_norm,
                samples=_samples("norm", 1e-5), strategy=_strategy("norm"),
                doc="(x - mean) / sqrt(var + eps) along the last axis (layer norm, no affine)"))
-register(OpDef("norm_back", params=_PARAMS, kind="backward", infer=_back_infer("norm_back"),
+register(OpDef("norm_back", params=PARAMS, kind="backward", infer=_back_infer("norm_back"),
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_norm_back, "cuda": "engine.backends.cuda.norm:cuda_norm_back"},
                build=norm_back, torch=_vjp(_torch_norm), vjp_of=VJPOf("norm", at_x),

@@ -29,7 +29,7 @@ from __future__ import annotations
 from engine.backends.cpu import optim as cpu
 from engine.errors import DTypeError, ShapeError
 from engine.hyperparams import ADAM_HPARAMS, SGD_HPARAMS
-from engine.params import boolean
+from engine.params import Params, bool_param
 from engine.registry import OpDef, register
 from engine.tensor import DTYPES, is_float, is_half
 
@@ -77,22 +77,23 @@ def _adam_infer(op):
     return infer
 
 
+ADAM_PARAMS = Params(dict(amsgrad=bool_param(default=False), maximize=bool_param(default=False)))
 sgd_step = register(OpDef(
     "sgd_step", kind="update", infer=_infer_sgd, no_grad=NO_GRAD,
-    params=dict(nesterov=boolean, maximize=boolean),
+    params=Params(dict(nesterov=bool_param(default=False), maximize=bool_param(default=False))),
     kernels={"cpu": cpu.sgd_step, "cuda": "engine.backends.cuda.optim:cuda_sgd_step"},
     doc="SGD step in place: momentum, dampening, Nesterov, L2 weight decay, maximize "
         "(torch.optim.SGD)")).build
 adam_step = register(OpDef(
     "adam_step", kind="update", infer=_adam_infer("adam_step"), no_grad=NO_GRAD,
-    params=dict(amsgrad=boolean, maximize=boolean),
+    params=ADAM_PARAMS,
     kernels={"cpu": cpu.adam_kernel(decoupled=False),
              "cuda": "engine.backends.cuda.optim:cuda_adam_step"},
     doc="Adam step in place: bias correction, L2 weight decay, AMSGrad, maximize "
         "(torch.optim.Adam)")).build
 adamw_step = register(OpDef(
     "adamw_step", kind="update", infer=_adam_infer("adamw_step"), no_grad=NO_GRAD,
-    params=dict(amsgrad=boolean, maximize=boolean),
+    params=ADAM_PARAMS,
     kernels={"cpu": cpu.adam_kernel(decoupled=True),
              "cuda": "engine.backends.cuda.optim:cuda_adamw_step"},
     doc="AdamW step in place: Adam with decoupled weight decay (torch.optim.AdamW, ggml's "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from engine.backends.cpu.pad import cpu_pad
 from engine.errors import DTypeError, ParamError
 from engine.ops.block import block
-from engine.params import int_rows, int_tuple
+from engine.params import Params, int_rows_param, int_tuple
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -90,7 +90,8 @@ def _pad_scale():
             for p in (None, TRANSPOSED)]
 
 
-register(OpDef("pad", params=dict(pads=int_rows(2)),
+register(OpDef("pad", params=Params(dict(pads=int_rows_param(
+                   2, 0, why="zeros added, none taken away"))),
                scale=_pad_scale, infer=_pad_infer, backward=_pad_backward,
                kernels={"cpu": cpu_pad, "cuda": "engine.backends.cuda.indexing:cuda_pad"},
                build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,

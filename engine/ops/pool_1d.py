@@ -19,11 +19,10 @@ first, as reshape needs.
 
 from __future__ import annotations
 
-from engine.errors import ParamError
 from engine.ops.im2col_1d import check_signal
-from engine.ops.pool_2d import MODES, pool_2d
+from engine.ops.pool_2d import HALF_THE_KERNEL, MODES, pool_2d
 from engine.ops.shape import cont_if_strided, reshape
-from engine.params import integer, window_output_size
+from engine.params import Params, choice_param, integer, size_param, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -31,14 +30,9 @@ from engine.strategies import DISTINCT, SIGNED, draw_input, sample_strategy, sha
 
 
 def _check(x, mode, kernel, stride, padding) -> int:
-    """Validate an NCL float input and the pooling params; return OL."""
+    """Validate an NCL float input (the parameters are declared); return OL."""
     check_signal("pool_1d", x)
-    if mode not in MODES:
-        raise ParamError(f"pool_1d: mode must be one of {MODES}, got {mode!r}")
     (ol,) = window_output_size("pool_1d", x.shape, (kernel,), (stride,), (padding,), (1,))
-    if 2 * padding > kernel:
-        raise ParamError(f"pool_1d: padding {padding} must be at most half the kernel "
-                         f"{kernel} (input of shape {list(x.shape)})")
     return ol
 
 
@@ -113,6 +107,10 @@ def _pool_1d_scale():
 
 
 register(OpDef("pool_1d", kind="composite", compose=pool_1d, torch=_torch_pool_1d,
+               params=Params(dict(mode=choice_param(*MODES), kernel=size_param(),
+                                  stride=size_param(default=None, nullable=True),
+                                  padding=size_param(0, default=0)),
+                             rules=(HALF_THE_KERNEL,)),
                scale=_pool_1d_scale,
                samples=_samples, strategy=_strategy,
                doc="1-D max/avg pooling of NCL input (pool_2d on a (N, C, 1, L) view); avg "

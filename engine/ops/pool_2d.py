@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
 from engine.errors import DTypeError, ParamError, ShapeError
-from engine.params import choice, pair, window_output_size
+from engine.params import Params, Rule, choice_param, pair, size_param, window_output_size
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -48,18 +48,12 @@ MODES = ("max", "avg")
 
 
 def _check(op, x, mode, kernel, stride, padding) -> tuple[int, int]:
-    """Validate an NCHW float input and pooling params; return (OH, OW)."""
+    """Validate an NCHW float input (the parameters: _PARAMS); return (OH, OW)."""
     if x.ndim != 4:
         raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
     if not is_float(x.dtype):
         raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
-    if mode not in MODES:
-        raise ParamError(f"{op}: mode must be one of {MODES}, got {mode!r}")
-    oh, ow = window_output_size(op, x.shape, kernel, stride, padding, (1, 1))
-    if 2 * padding[0] > kernel[0] or 2 * padding[1] > kernel[1]:
-        raise ParamError(f"{op}: padding {list(padding)} must be at most half the kernel "
-                         f"{list(kernel)} (input of shape {list(x.shape)})")
-    return oh, ow
+    return window_output_size(op, x.shape, kernel, stride, padding, (1, 1))
 
 
 def _pool_infer(x, mode, kernel, stride, padding):
@@ -99,6 +93,10 @@ def _torch_pool_2d(x, mode, kernel, stride=None, padding=0):
 # --- pool_2d_back --------------------------------------------------------------------------------
 def _pool_back_infer(g, x, y, mode, kernel, stride, padding):
     oh, ow = _check("pool_2d_back", x, mode, kernel, stride, padding)
+    params = dict(mode=mode, kernel=kernel, stride=stride, padding=padding)
+    if y.op == "pool_2d" and y.params != params:
+        raise ParamError(f"pool_2d_back: its parameters {params} differ from those of y, "
+                         f"pool_2d with {y.params}")
     want = (x.shape[0], x.shape[1], oh, ow)
     for name, t in (("gradient", g), ("pooled output", y)):
         if tuple(t.shape) != want:
@@ -243,7 +241,20 @@ def _pool_scale():
                        kernel=(2, 2), mode="max", padding=(0, 0), stride=(2, 2))]
 
 
-_PARAMS = dict(mode=choice(*MODES), kernel=pair, stride=pair, padding=pair)
+def half_the_kernel(kernel, padding) -> bool:
+    """pool_1d's and pool_2d's rule: padding at most half the kernel on every axis, so that
+    every window holds at least one image cell (as torch requires)."""
+    pads = padding if isinstance(padding, tuple) else (padding,)
+    sides = kernel if isinstance(kernel, tuple) else (kernel,)
+    return all(2 * p <= k for p, k in zip(pads, sides, strict=True))
+
+
+HALF_THE_KERNEL = Rule(("kernel", "padding"), half_the_kernel,
+                       "padding must be at most half the kernel (every window holds an image "
+                       "cell; avg divides by the full window)")
+_PARAMS = Params(dict(mode=choice_param(*MODES), kernel=size_param(pair=True),
+                      stride=size_param(pair=True), padding=size_param(0, pair=True)),
+                 rules=(HALF_THE_KERNEL,))
 register(OpDef("pool_2d", params=_PARAMS,
                scale=_pool_scale, infer=_pool_infer, backward=_pool_backward,
                kernels={"cpu": cpu_pool_2d, "cuda": "engine.backends.cuda.pool:cuda_pool_2d"},

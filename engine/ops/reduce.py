@@ -8,7 +8,7 @@ import math
 from engine.backends.cpu.reduce import cpu_sum
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.shape import broadcast_to, cont_if_strided, reshape
-from engine.params import boolean, int_tuple, ints
+from engine.params import Params, axes_param, bool_param, boolean, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import HALF_ROWS, HALF_SCALE_DTYPES, SQUARE, TRANSPOSED, scale_case
@@ -41,9 +41,7 @@ def reduced_shape(shape, axes, keepdims) -> tuple[int, ...]:
 def _sum_infer(x, axes, keepdims):
     if not is_float(x.dtype):
         raise DTypeError(f"sum: needs a float input, got {x.dtype}")
-    if not isinstance(keepdims, bool):
-        raise ParamError(f"sum: keepdims must be True or False, got {keepdims!r}")
-    if not isinstance(axes, tuple) or normalize_axes("sum", x.shape, axes) != axes:
+    if normalize_axes("sum", x.shape, axes) != axes:
         raise ShapeError(f"sum: axes must be a sorted tuple of distinct axes of shape "
                          f"{list(x.shape)}, got {axes!r}")
     return reduced_shape(x.shape, axes, keepdims), x.dtype
@@ -66,7 +64,10 @@ def mean(x, axis=None, keepdims=False):
     """Mean of x over `axis`: sum times 1/n, n the number of elements reduced."""
     axes = normalize_axes("mean", x.shape, axis)
     n = math.prod(x.shape[a] for a in axes)
-    return registered.scale(sum(x, axes, keepdims), scale=1.0 / n if n else float("nan"))
+    if n == 0:
+        raise ShapeError(f"mean: the axes {list(axes)} of shape {list(x.shape)} hold no "
+                         f"elements to average (it would divide by 0)")
+    return registered.scale(sum(x, axes, keepdims), scale=1.0 / n)
 
 
 def sum_rows(x):
@@ -174,7 +175,7 @@ def _sum_scale():
             scale_case("sum", [InputSpec("x", SQUARE)], dtype, axis=1, keepdims=False))]
 
 
-register(OpDef("sum", params=dict(axes=ints, keepdims=boolean),
+register(OpDef("sum", params=Params(dict(axes=ints_param(0), keepdims=bool_param())),
                scale=_sum_scale, infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
                build=sum, samples=_samples("sum"),
@@ -187,7 +188,9 @@ def _mean_scale():
             scale_case("mean", [InputSpec("x", SQUARE)], axis=-1, keepdims=False)]
 
 
-register(OpDef("mean", scale=_mean_scale, kind="composite", compose=mean, samples=_samples("mean"),
+register(OpDef("mean", scale=_mean_scale, kind="composite", compose=mean,
+               params=Params(dict(axis=axes_param(), keepdims=bool_param(default=False))),
+               samples=_samples("mean"),
                strategy=_strategy("mean"),
                torch=_torch_reduce(lambda x, **k: x.mean(**k)),
                doc="mean over axes: sum * (1/n)"))

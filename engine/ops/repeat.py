@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.backends.cpu.repeat import cpu_repeat, cpu_repeat_back
 from engine.errors import DTypeError, ShapeError
-from engine.params import int_tuple, ints
+from engine.params import Params, int_tuple, ints_param
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SIDE, SQUARE, scale_case
@@ -162,13 +162,14 @@ def _repeat_scale():
             scale_case("repeat", [InputSpec("x", (1, SIDE))], shape=SQUARE)]
 
 
-register(OpDef("repeat", params=dict(shape=ints), scale=_repeat_scale, infer=_repeat_infer,
+SHAPE = Params(dict(shape=ints_param(0)))
+register(OpDef("repeat", params=SHAPE, scale=_repeat_scale, infer=_repeat_infer,
                backward=lambda g, out, x, shape: (repeat_back(g, x.shape),),
                kernels={"cpu": cpu_repeat, "cuda": "engine.backends.cuda.indexing:cuda_repeat"},
                build=repeat, torch=_torch_repeat,
                samples=_repeat_samples, strategy=_repeat_strategy,
                doc="x tiled to a shape (each side a multiple of x's); gradient: repeat_back"))
-register(OpDef("repeat_back", params=dict(shape=ints), kind="backward", infer=_repeat_back_infer,
+register(OpDef("repeat_back", params=SHAPE, kind="backward", infer=_repeat_back_infer,
                backward=lambda g, out, gin, shape: (repeat(g, gin.shape),),
                kernels={"cpu": cpu_repeat_back,
                         "cuda": "engine.backends.cuda.indexing:cuda_repeat_back"},

@@ -30,7 +30,17 @@ import numpy as np
 
 from engine.backends.cpu.rope import cpu_rope, cpu_rope_back
 from engine.errors import DTypeError, ParamError, ShapeError
-from engine.params import choice, integer, number
+from engine.params import (
+    INT32_MAX,
+    MAX_FACTOR,
+    MIN_FACTOR,
+    Params,
+    Rule,
+    choice_param,
+    factor_param,
+    float_param,
+    int_param,
+)
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -40,15 +50,42 @@ from engine.tensor import is_float
 MODES = ("normal", "neox")
 DEFAULTS = dict(mode="normal", n_ctx_orig=0, freq_base=10000.0, freq_scale=1.0,
                 ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
-PARAMS = dict(n_dims=integer, mode=choice(*MODES), n_ctx_orig=integer, freq_base=number,
-              freq_scale=number, ext_factor=number, attn_factor=number, beta_fast=number,
-              beta_slow=number)
+def _yarn_base_ok(freq_base, n_ctx_orig, ext_factor) -> bool:
+    return freq_base != 1.0 or (n_ctx_orig == 0 and ext_factor == 0.0)
+
+
+# Every parameter's range keeps the kernels' arithmetic (engine.backends.rope_math) finite
+# for int32 positions: |theta| <= 2^31 max(1, 1/freq_base) max(1, freq_scale) / ff stays far
+# from overflow (cos(inf) is NaN); mscale's log(1 / freq_scale) needs 1/freq_scale finite;
+# YaRN's correction dims (yarn_corr_dims, computed whenever n_ctx_orig > 0) take
+# log(n_ctx_orig / (2 pi beta)), which needs 2 pi beta finite (beta <= 2.8e307; log(0)
+# otherwise), and divide by log(freq_base), which needs freq_base != 1 (the rule).
+_BETA_WHY = "YaRN's correction dims take log(n_ctx_orig / (2 pi beta)): finite and > 0"
+PARAMS = Params(dict(
+    n_dims=int_param(2, INT32_MAX, why="the dims rotated in pairs, at least one pair"),
+    mode=choice_param(*MODES),
+    n_ctx_orig=int_param(0, INT32_MAX, why="YaRN's original context (ggml's int); 0: none"),
+    freq_base=float_param(MIN_FACTOR, why="theta = pos freq_base^(-2i/n_dims) is at most "
+                                          "pos / freq_base"),
+    freq_scale=float_param(MIN_FACTOR, MAX_FACTOR, why="YaRN's mscale takes "
+                                                       "log(1 / freq_scale)"),
+    ext_factor=float_param(0.0, 1.0, why="YaRN's mix weight of the extrapolated angle; "
+                                         "0: none"),
+    attn_factor=factor_param(),
+    beta_fast=float_param(MIN_FACTOR, MAX_FACTOR, why=_BETA_WHY),
+    beta_slow=float_param(MIN_FACTOR, MAX_FACTOR, why=_BETA_WHY)),
+    rules=(Rule(("n_dims",), lambda n_dims: n_dims % 2 == 0,
+                "n_dims must be even (the dims rotate in pairs)"),
+           Rule(("freq_base", "n_ctx_orig", "ext_factor"), _yarn_base_ok,
+                "freq_base must not be 1 with YaRN (n_ctx_orig > 0 or ext_factor != 0): its "
+                "correction dims divide by log(freq_base)")))
 YARN = dict(ext_factor=1.0, freq_scale=0.25, n_ctx_orig=4096)
 
 
 def _check(op, x, pos, ff, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
            attn_factor, beta_fast, beta_slow):
-    """The shape, dtype and parameter rules of rope and rope_back (x is rope_back's g)."""
+    """The shape and dtype rules of rope and rope_back (x is rope_back's g), and n_dims
+    against D (the parameters on their own and together: PARAMS)."""
     srcs = (x, pos, *ff)
     if not is_float(x.dtype):
         raise DTypeError(f"{op}: x must be float, got {x.dtype} (shapes {shapes_str(*srcs)})")
@@ -71,14 +108,6 @@ def _check(op, x, pos, ff, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, e
         if ff[0].shape != (n_dims // 2,):
             raise ShapeError(f"{op}: freq_factors must have shape (n_dims/2,) = "
                              f"({n_dims // 2},), got shapes {shapes_str(*srcs)}")
-    if n_ctx_orig < 0:
-        raise ParamError(f"{op}: n_ctx_orig must be >= 0, got {n_ctx_orig}")
-    for name, v in (("freq_base", freq_base), ("freq_scale", freq_scale),
-                    ("beta_fast", beta_fast), ("beta_slow", beta_slow)):
-        if v <= 0.0:
-            raise ParamError(f"{op}: {name} must be positive, got {v}")
-    if ext_factor != 0.0 and freq_base == 1.0:
-        raise ParamError(f"{op}: YaRN (ext_factor {ext_factor}) needs freq_base != 1")
     return x.shape, x.dtype
 
 

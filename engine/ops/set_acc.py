@@ -19,7 +19,7 @@ import numpy as np
 from engine.backends.cpu.set_acc import cpu_acc, cpu_set
 from engine.errors import DTypeError, ShapeError
 from engine.ops.block import block, block_slices, check_block
-from engine.params import int_tuple, ints
+from engine.params import Params, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, scale_case
@@ -129,14 +129,15 @@ def _scale(name):
     return scale
 
 
-register(OpDef("set", params=dict(offset=ints),
+OFFSET = Params(dict(offset=ints_param(0, why="the block lies inside a")))
+register(OpDef("set", params=OFFSET,
                scale=_scale("set"), infer=_infer("set"), backward=_set_backward,
                kernels={"cpu": cpu_set, "cuda": "engine.backends.cuda.indexing:cuda_set"},
                build=set, torch=_torch("set"), samples=_samples("set"),
                strategy=_strategy("set"),
                doc="a with the block at offset replaced by b; gradient: g with the block "
                    "zeroed to a, g's block to b"))
-register(OpDef("acc", params=dict(offset=ints),
+register(OpDef("acc", params=OFFSET,
                scale=_scale("acc"), infer=_infer("acc"), backward=_acc_backward,
                kernels={"cpu": cpu_acc, "cuda": "engine.backends.cuda.indexing:cuda_acc"},
                build=acc, torch=_torch("acc"), samples=_samples("acc"),

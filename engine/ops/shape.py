@@ -14,7 +14,7 @@ from engine.backends.cpu import elementwise as cpu
 from engine.backends.cpu.patterns import as_patterns, native_half
 from engine.errors import ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
-from engine.params import int_tuple, ints
+from engine.params import Params, int_param, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
@@ -80,6 +80,9 @@ def transpose(x, axis1=-2, axis2=-1):
     """Swap two axes (by default the last two, i.e. the matrix transpose). A view."""
     if x.ndim < 2:
         raise ShapeError(f"transpose: needs at least 2 axes, got shape {list(x.shape)}")
+    for a in (axis1, axis2):
+        if not -x.ndim <= a < x.ndim:
+            raise ShapeError(f"transpose: axis {a} out of range for shape {list(x.shape)}")
     axes = list(range(x.ndim))
     a, b = axis1 % x.ndim, axis2 % x.ndim
     axes[a], axes[b] = axes[b], axes[a]
@@ -222,13 +225,14 @@ def _broadcast_strategy(draw, dtype):
     return Sample.make("broadcast_to", [draw_input(draw, "x", x_shape)], dtype, shape=shape)
 
 
-register(OpDef("reshape", params=dict(shape=ints),
+SHAPE = Params(dict(shape=ints_param(0, why="a node holds the shape with -1 resolved")))
+register(OpDef("reshape", params=SHAPE,
                kind="view", infer=_reshape_infer, backward=_reshape_backward,
                view=lambda ins, shape: ins[0].reshape(shape), build=reshape,
                torch=lambda x, shape: x.reshape(shape), samples=_reshape_samples,
                strategy=_reshape_strategy,
                doc="a view with a new shape (input must be contiguous)"))
-register(OpDef("permute", params=dict(axes=ints),
+register(OpDef("permute", params=Params(dict(axes=ints_param(0))),
                kind="view", infer=_permute_infer, backward=_permute_backward,
                view=lambda ins, axes: ins[0].transpose(axes), build=permute,
                torch=lambda x, axes: x.permute(axes), samples=_permute_samples,
@@ -240,6 +244,7 @@ def _transpose_scale():
 
 
 register(OpDef("transpose", scale=_transpose_scale, kind="composite", compose=transpose,
+               params=Params(dict(axis1=int_param(default=-2), axis2=int_param(default=-1))),
                torch=lambda x, axis1=-2, axis2=-1: x.transpose(axis1, axis2),
                samples=_transpose_samples, strategy=_transpose_strategy,
                doc="swap two axes (default: last two); a view"))
@@ -262,7 +267,7 @@ def _broadcast_to_scale():
     return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE)]
 
 
-register(OpDef("broadcast_to", params=dict(shape=ints),
+register(OpDef("broadcast_to", params=SHAPE,
                scale=_broadcast_to_scale, infer=_broadcast_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                kernels={"cpu": _cpu_broadcast_to,

@@ -48,7 +48,7 @@ from engine.backends.cpu.softmax import cpu_softmax, cpu_softmax_back
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.ops.shape import contiguous_inputs
-from engine.params import check_rows, number
+from engine.params import Params, alibi_param, check_rows, factor_param, number
 from engine.registry import OpDef, VJPOf, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import HALF_SCALE_DTYPES, SIDE, SQUARE, TRANSPOSED, scale_case
@@ -78,7 +78,7 @@ def check_max_bias(op, name, v) -> float:
     return v
 
 
-PARAMS = dict(scale=number, max_bias=check_max_bias)
+PARAMS = Params(dict(scale=factor_param(), max_bias=alibi_param()))
 
 
 def n_heads(shape) -> int:
@@ -111,8 +111,7 @@ def check_mask_sinks(op, x, rest):
                          f"logit per head (x's axis -3), got shapes {shapes_str(*srcs)}")
 
 
-def _softmax_infer(x, *rest, scale, max_bias=0.0):
-    check_scale("softmax", scale)
+def _softmax_infer(x, *rest, scale, max_bias):
     check_rows("softmax", x)
     if len(rest) > 2:
         raise ShapeError(f"softmax: takes x, mask and sinks, got {len(rest) + 1} inputs of "
@@ -164,7 +163,6 @@ def _softmax_backward(g, y, x, *rest, scale, max_bias=0.0):
 
 
 def _softmax_back_infer(g, y, scale):
-    check_scale("softmax_back", scale)
     check_rows("softmax_back", g, y)
     return y.shape, y.dtype
 
@@ -383,7 +381,7 @@ register(OpDef("softmax", params=PARAMS,
                samples=_softmax_samples, strategy=_softmax_strategy,
                doc="softmax(scale * x + slope_h * mask) along the last axis, with one sink "
                    "logit per head in the normaliser; the mask broadcasts to x"))
-register(OpDef("softmax_back", params=dict(scale=number),
+register(OpDef("softmax_back", params=Params(dict(scale=factor_param())),
                kind="backward", infer=_softmax_back_infer,
                no_grad="dedicated backward op",
                kernels={"cpu": cpu_softmax_back,

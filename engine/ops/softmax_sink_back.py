@@ -39,8 +39,7 @@ from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import SIGNED, draw_input, sample_strategy
 
 
-def _infer(g, x, *rest, scale, max_bias=0.0):
-    check_scale("softmax_sink_back", scale)
+def _infer(g, x, *rest, scale, max_bias):
     check_rows("softmax_sink_back", g, x)
     if len(rest) != 2:
         raise ShapeError(f"softmax_sink_back: takes g, x, mask and sinks, got "

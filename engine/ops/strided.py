@@ -29,7 +29,7 @@ from engine.ops.block import block
 from engine.ops.broadcast import sum_to
 from engine.ops.pad import pad
 from engine.ops.shape import cont_if_strided, reshape
-from engine.params import int_rows, int_tuple, ints, show_value
+from engine.params import Params, int_rows_param, int_tuple, ints_param, show_value
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.strategies import draw_input, sample_strategy, shapes
@@ -49,6 +49,9 @@ def _normalize_slices(slices, ndim: int) -> tuple[tuple[int, int, int], ...]:
 
 
 def _slice_infer(x, slices):
+    if len(slices) != x.ndim:
+        raise ShapeError(f"strided_slice: one (start, stop, step) triple per axis: {x.ndim} "
+                         f"axes of shape {list(x.shape)}, got {len(slices)}")
     out = []
     for axis, ((start, stop, step), n) in enumerate(zip(slices, x.shape, strict=True)):
         if step < 1 or not 0 <= start < stop <= n:
@@ -180,13 +183,14 @@ def _expand_strategy(draw, dtype):
     return Sample.make("expand", [draw_input(draw, "x", x_shape)], dtype, shape=shape)
 
 
-register(OpDef("strided_slice", params=dict(slices=int_rows(3)),
+register(OpDef("strided_slice", params=Params(dict(slices=int_rows_param(
+                   3, 0, why="a view never starts before its base"))),
                kind="view", infer=_slice_infer, backward=_slice_backward,
                view=_slice_view, build=strided_slice, torch=_torch_slice,
                samples=_slice_samples, strategy=_slice_strategy,
                doc="x[start:stop:step, ...] as a view (an offset and strides); gradient: g "
                    "spread over zeros"))
-register(OpDef("expand", params=dict(shape=ints), kind="view", infer=_expand_infer,
+register(OpDef("expand", params=Params(dict(shape=ints_param(0))), kind="view", infer=_expand_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                view=_expand_view, build=expand,
                torch=lambda x, shape: x.expand(shape), samples=_expand_samples,

@@ -39,16 +39,19 @@ Builders take the row's parameters positionally or by name, with the row's defau
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import numbers
+
+import ml_dtypes
 
 from engine import elementwise
 from engine.backends.cpu import elementwise as cpu
 from engine.elementwise import Unary
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.shape import cont_if_strided
-from engine.params import is_real, number
+from engine.params import Params, Rule, factor_param, float_param, is_real, number
 from engine.registry import (
     OPS,
     OpDef,
@@ -62,7 +65,7 @@ from engine.registry import (
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
-from engine.tensor import is_float
+from engine.tensor import dtype_name, is_float
 
 __all__ = ["activation_back"]     # the ops themselves: engine.ops exports their builders
 
@@ -74,14 +77,35 @@ def _number(op, name, value) -> float:
     return number(op, f"parameter {name}", value, finite=False)
 
 
-def _check_params(op, row: Unary, params) -> None:
-    if set(params) != set(row.params):
-        raise ParamError(f"{op}: takes parameters {list(row.params)}, got {sorted(params)}")
-    for k in row.params:
-        _number(op, k, params[k])
-    broken = row.check(op, params) if row.check else None
-    if broken:
-        raise ParamError(broken)
+# The ranges of the table's parameters, (row, parameter) -> Param; a parameter of a row
+# added later (a toy activation) is a factor. Each is required on a node (the builders give
+# the row's defaults) and named "parameter <name>" in messages.
+RANGES = {
+    ("scale", "scale"): factor_param(),                      # scale x
+    ("elu", "alpha"): factor_param(),                        # alpha (e^x - 1)
+    ("leaky_relu", "negative_slope"): factor_param(),        # negative_slope x
+    ("clamp", "min"): float_param(-math.inf, why="clamp's lower bound, -inf for none; "
+                                                 "+inf would clamp everything to inf"),
+    ("clamp", "max"): float_param(None, math.inf, why="clamp's upper bound, inf for none; "
+                                                     "-inf would clamp everything to -inf"),
+}
+RULES = {"clamp": "min must not exceed max"}     # what a row's own check requires
+# parameters that become outputs: a finite clamp bound beyond the dtype's range would be
+# stored as an infinity (min 1e300 in float32); +1 for a lower bound, -1 for an upper one
+OUTPUT_BOUNDS = {"clamp": (("min", 1), ("max", -1))}
+
+
+def declared(row: Unary) -> Params:
+    """The parameters of row's op and of its _back op: RANGES (a factor for a parameter it
+    does not name) and the row's own check as a rule (clamp's min <= max)."""
+    params = {k: dataclasses.replace(RANGES.get((row.name, k), factor_param()),
+                                     label=f"parameter {k}") for k in row.params}
+    if row.check is None:
+        return Params(params)
+    rule = Rule(row.params, lambda **values: not row.check(row.name, values),
+                RULES.get(row.name, f"{row.name}'s rule ({row.check.__name__})"),
+                explain=row.check)
+    return Params(params, rules=(rule,))
 
 
 def _infer(row: Unary):
@@ -89,7 +113,12 @@ def _infer(row: Unary):
         if not is_float(x.dtype):
             raise DTypeError(f"{row.name}: needs a float input, got {x.dtype} of shape "
                              f"{list(x.shape)}")
-        _check_params(row.name, row, params)
+        top = float(ml_dtypes.finfo(x.dtype).max)
+        for name, side in OUTPUT_BOUNDS.get(row.name, ()):
+            if math.isfinite(params[name]) and side * params[name] > top:
+                raise ParamError(f"{row.name}: {name} {params[name]!r} lies beyond "
+                                 f"{dtype_name(x.dtype)}'s range (+-{top:g}): every output "
+                                 "would be an infinity")
         return x.shape, x.dtype
     return infer
 
@@ -186,7 +215,6 @@ def _back_infer(row: Unary):
         if not g.contiguous:
             raise ShapeError(f"{name}: gradient of shape {list(g.shape)} is a non-contiguous "
                              f"view; use engine.ops.unary.activation_back, which inserts cont()")
-        _check_params(name, row, params)
         return x.shape, x.dtype
     return infer
 
@@ -257,7 +285,7 @@ def define_unary(row: Unary) -> None:
     op itself and, for an activation, `<name>_back`."""
     if elementwise.UNARY.get(row.name) is not row:
         elementwise.add_unary(row)
-    params = {k: _number for k in row.params}
+    params = declared(row)
     register(OpDef(row.name, params=params, infer=_infer(row), backward=_backward(row),
                    kernels={"cpu": cpu.unary(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"},

@@ -29,7 +29,7 @@ import functools
 
 from engine.backends.cpu.win_part import cpu_win_part, cpu_win_unpart
 from engine.errors import DTypeError, ShapeError
-from engine.params import integer
+from engine.params import Params, integer, size_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -183,7 +183,7 @@ def _win_unpart_scale():
                        height=h, width=w, window=SCALE_WINDOW)]
 
 
-register(OpDef("win_part", params=dict(window=positive), infer=_win_part_infer,
+register(OpDef("win_part", params=Params(dict(window=size_param())), infer=_win_part_infer,
                backward=lambda g, out, x, window: (win_unpart(g, x.shape[0], x.shape[1],
                                                               window),),
                kernels={"cpu": cpu_win_part,
@@ -192,7 +192,8 @@ register(OpDef("win_part", params=dict(window=positive), infer=_win_part_infer,
                scale=_win_part_scale, strategy=_win_part_strategy,
                doc="an (H, W, C) image cut into zero-padded (window, window, C) windows "
                    "(SAM, ggml WIN_PART); gradient: win_unpart"))
-register(OpDef("win_unpart", params=dict(height=positive, width=positive, window=positive),
+register(OpDef("win_unpart", params=Params(dict(height=size_param(), width=size_param(),
+                                                window=size_param())),
                infer=_win_unpart_infer,
                backward=lambda g, out, y, height, width, window: (win_part(g, window),),
                kernels={"cpu": cpu_win_unpart,

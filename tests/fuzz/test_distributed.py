@@ -99,7 +99,7 @@ def _fresh(env, name: str) -> Path:
     return where
 
 
-@fuzz_settings(short=2, long=30)
+@fuzz_settings(short=2, long=12)
 @given(tool=st.sampled_from(sorted(RUNS)), hostile=hostile_dirs(),
        workers=st.integers(1, 2))
 def test_hostile_working_directories(fuzz_env, tool, hostile, workers):
@@ -167,7 +167,7 @@ INTERPRETER_START = 0.5
 INTERPRETER_START_ERROR = "Fatal Python error: init_import_site"
 
 
-@fuzz_settings(short=2, long=40)
+@fuzz_settings(short=2, long=16)
 @given(tool=st.sampled_from(sorted(LONG_RUNS)),
        how=st.sampled_from(["ctrl-c", "sigint", "sigterm"]),
        delay=st.one_of(st.floats(0.0, 3.0), st.floats(3.0, 25.0)),
