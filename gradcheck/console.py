@@ -20,21 +20,12 @@ the environment this process already settled (NUMBA_CACHE_DIR), so it has none t
 
 from __future__ import annotations
 
-import signal
 import sys
 import warnings
 from collections.abc import Callable
 
-from gradcheck.usage import warning_line  # the standard library's argparse only
-
-EXIT_INTERRUPTED = 130          # as gradcheck.interrupted.EXIT_INTERRUPTED (not imported)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM while the command line loads (gradcheck.interrupted.Terminated's twin,
-    which the command lines install once they run)."""
-
-    signum = int(signal.SIGTERM)
+from gradcheck.interrupted import exit_status, signal_of, signal_word, sigterm_interrupts
+from gradcheck.usage import warning_line  # both: the standard library only
 
 
 def _one_line_warnings(tool: str) -> None:
@@ -46,24 +37,18 @@ def _one_line_warnings(tool: str) -> None:
     warnings.filterwarnings("ignore", message="GRADVERIFY_(THREADS|PARALLEL) must")
 
 
-def _terminate(signum, frame):
-    raise _Terminated("SIGTERM")
-
-
 def launch(tool: str, main: Callable[[], int]) -> None:
     """Run `main` (which imports its command line and runs it) and exit with its status;
     a Ctrl-C at any point, imports included: one line on stderr and exit 130; SIGTERM the
-    same with 143 (the command lines that sweep install their own handler while they run,
-    which writes the finished rows first)."""
+    same with 143 (gradcheck.interrupted; the command lines that sweep install their own
+    handler while they run, which writes the finished rows first)."""
     try:
-        signal.signal(signal.SIGTERM, _terminate)
-        _one_line_warnings(tool)
-        code = main()
+        with sigterm_interrupts():
+            _one_line_warnings(tool)
+            code = main()
     except KeyboardInterrupt as exc:
-        signum = int(getattr(exc, "signum", signal.SIGINT))
-        word = "terminated" if signum == signal.SIGTERM else "interrupted"
-        print(f"{tool}: {word}", file=sys.stderr)
-        code = 128 + signum
+        print(f"{tool}: {signal_word(signal_of(exc))}", file=sys.stderr)
+        code = exit_status(exc)
     sys.exit(code)
 
 

@@ -9,6 +9,9 @@ SIGTERM, whose default action ends a process on the spot with nothing written, i
 behave the same way where a long run is under way (`sigterm_interrupts`): it raises
 Terminated, a KeyboardInterrupt that remembers its signal, and the command exits 143.
 Any KeyboardInterrupt may carry `signum`; one without it is Ctrl-C's (SIGINT).
+
+The standard library only, but for report_interrupted's own import of reports: the console
+scripts (gradcheck.console) use the signal half before anything heavy is imported.
 """
 
 from __future__ import annotations
@@ -17,10 +20,6 @@ import contextlib
 import signal
 import sys
 import threading
-
-from reports.output import OutputError, render, write_atomic
-
-EXIT_INTERRUPTED = 130          # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 
 class Interrupted(KeyboardInterrupt):
@@ -55,6 +54,11 @@ def signal_word(signum: int) -> str:
     return "terminated" if signum == signal.SIGTERM else "interrupted"
 
 
+def interrupted_meta(signum: int) -> dict:
+    """What a report's meta says of a run `signum` stopped: `interrupted` and `signal`."""
+    return {"interrupted": True, "signal": signal.Signals(signum).name}
+
+
 @contextlib.contextmanager
 def sigterm_interrupts():
     """While the block runs, SIGTERM raises Terminated in the main thread, so that a sweep
@@ -86,6 +90,7 @@ def report_interrupted(tool: str, exc: KeyboardInterrupt, fmt: str, output=None,
     Interrupted's) written to `output` when given, marked `interrupted` (and `signal`) in
     the meta, one line on stderr saying so, and 130 (143 for SIGTERM). A sweep stopped
     before any row finished leaves `output` as it was."""
+    from reports.output import OutputError, render, write_atomic
     done = list(getattr(exc, "results", ()))
     status, word = exit_status(exc), signal_word(signal_of(exc))
     if not output:
@@ -95,8 +100,7 @@ def report_interrupted(tool: str, exc: KeyboardInterrupt, fmt: str, output=None,
         print(f"{tool}: {word} before any row finished; {output} left as it was",
               file=sys.stderr)
         return status
-    marked = {**(meta or {}), "interrupted": True,
-              "signal": signal.Signals(signal_of(exc)).name}
+    marked = {**(meta or {}), **interrupted_meta(signal_of(exc))}
     try:
         write_atomic(output, render(done, fmt, tool, marked, None, group_by, verbose=verbose))
     except OutputError as error:

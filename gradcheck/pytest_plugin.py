@@ -279,8 +279,8 @@ class Sweep:
         """The meta entries of an interrupted session ({} when it was not)."""
         if self.signum is None:
             return {}
-        import signal
-        return {"interrupted": True, "signal": signal.Signals(self.signum).name}
+        from gradcheck.interrupted import interrupted_meta
+        return interrupted_meta(self.signum)
 
     @pytest.hookimpl(tryfirst=True)     # before junitxml writes its file
     def pytest_sessionfinish(self, session):
