@@ -111,7 +111,8 @@ def _load(surface: str, path: str, option):
 
 # --- command lines ---------------------------------------------------------------------------
 
-def _main_of(tool: str):
+def main_of(tool: str):
+    """The `main(argv)` of the command line `tool` (gradcheck, optcheck, mnist-*)."""
     if tool == "gradcheck":
         from gradcheck.cli import main
         return main
@@ -166,7 +167,7 @@ def _cli(tool: str, argv: list[str], cwd: str, private: str):
         with _Captured(private) as captured:
             _one_line_warnings(tool)
             try:
-                rc = _main_of(tool)(list(argv))
+                rc = main_of(tool)(list(argv))
             except SystemExit as exc:
                 code = exc.code
                 if code is None or isinstance(code, int):

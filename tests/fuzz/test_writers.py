@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 
 from tests.fuzz.argvs import SPECS
 from tests.fuzz.checks import CLI_TIMEOUT, STATUS_LINES, _fail, _surveyed, fuzz_settings
+from tests.fuzz.child import main_of
 from tests.fuzz.userfiles import changes, fingerprint
 
 pytestmark = pytest.mark.fuzz
@@ -200,17 +201,6 @@ def test_a_full_device_after_the_run(fuzz_env, tool, option):
 
 # --- faults injected in-process ----------------------------------------------------------
 
-def _main(tool: str):
-    if tool == "gradcheck":
-        from gradcheck.cli import main
-        return main
-    if tool == "optcheck":
-        from optcheck.cli import main
-        return main
-    from mnist_target.cli import command_main
-    return lambda argv: command_main(tool.removeprefix("mnist-"), argv)
-
-
 def _inject(monkeypatch, fault: str, target: str) -> None:
     """Make the write of `target` (only) fail with `fault`."""
     import engine.files as files
@@ -260,7 +250,7 @@ def test_a_fault_at_write_time_keeps_the_previous_file(fuzz_env, tmp_path, monke
             for a in _base(tool, option, str(tmp_path))] + [option, target]
     _inject(monkeypatch, fault, target)
     try:
-        rc = _main(tool)(argv)
+        rc = main_of(tool)(argv)
     except SystemExit as exc:
         rc = exc.code
     monkeypatch.undo()

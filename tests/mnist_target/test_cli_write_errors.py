@@ -104,18 +104,24 @@ def test_train_io_error_keeps_the_previous_model(idx, tmp_path, capsys, monkeypa
     _no_temp_files(tmp_path)
 
 
+def _after_training(monkeypatch, then) -> None:
+    """mnist-train's training, then `then()`: the world changes before the model is
+    written."""
+    train_model = cli.train_model
+
+    def train_then(*args, **kwargs):
+        run = train_model(*args, **kwargs)
+        then()
+        return run
+
+    monkeypatch.setattr(cli, "train_model", train_then)
+
+
 def test_train_into_a_directory_that_vanished_during_training(idx, tmp_path, capsys,
                                                                monkeypatch):
     where = tmp_path / "runs"
     where.mkdir()
-
-    def then_remove(*args, **kwargs):
-        run = train_model(*args, **kwargs)
-        where.rmdir()
-        return run
-
-    train_model = cli.train_model
-    monkeypatch.setattr(cli, "train_model", then_remove)
+    _after_training(monkeypatch, where.rmdir)
     code = _code(train_main, ["--arch", "fc", "--out", str(where / "m.gguf"), "--data", idx,
                               *TINY])
     line = _error_line(capsys, code, "train")
@@ -126,14 +132,7 @@ def test_train_into_a_directory_that_vanished_during_training(idx, tmp_path, cap
 def test_train_onto_a_directory_that_appeared_during_training(idx, tmp_path, capsys,
                                                               monkeypatch):
     out = tmp_path / "m.gguf"
-
-    def then_mkdir(*args, **kwargs):
-        run = train_model(*args, **kwargs)
-        out.mkdir()
-        return run
-
-    train_model = cli.train_model
-    monkeypatch.setattr(cli, "train_model", then_mkdir)
+    _after_training(monkeypatch, out.mkdir)
     code = _code(train_main, ["--arch", "fc", "--out", str(out), "--data", idx, *TINY])
     assert _error_line(capsys, code, "train") == \
         f"mnist-train: cannot write {out}: it is a directory"
