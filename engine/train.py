@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 
 import numpy as np
 
@@ -147,7 +148,7 @@ class Trainer:
         self.optimizer = make_optimizer(optimizer, self.training, schedule=schedule,
                                         **(opt_params or {}))
         self._accumulated = 0
-        self.interrupted = False    # set by fit when Ctrl-C stopped it
+        self.interrupted = 0        # set by fit: the signal that stopped it (2: Ctrl-C)
 
     # --- one physical batch ---------------------------------------------------------------
     def eval_batch(self, data, labels=None, backward: bool = True,
@@ -208,7 +209,9 @@ class Trainer:
         accuracy. on_epoch(index, train, val): called after each completed epoch.
         Ctrl-C (KeyboardInterrupt) during an epoch stops training cleanly: the params are
         put back to their values after the last completed epoch (the initial values if none
-        completed), `self.interrupted` is set, and the completed epochs are returned. The
+        completed), `self.interrupted` is set to the signal behind it (SIGINT, 2; SIGTERM,
+        15, where a handler turned it into a KeyboardInterrupt with `signum`, as the console
+        scripts do), and the completed epochs are returned. The
         optimizer's state is not rolled back.
         """
         if not 0.0 <= val_split < 1.0:
@@ -219,7 +222,7 @@ class Trainer:
             raise ShapeError(f"no whole logical batch of {self.batch_logical} datapoints to "
                              f"train on in {len(dataset)} with val_split={val_split}")
         history = []
-        self.interrupted = False
+        self.interrupted = 0
         params = self.optimizer.params
         snapshot = [p.numpy().copy() for p in params]
         nbatches = len(dataset) // self.batch_physical
@@ -233,11 +236,11 @@ class Trainer:
                         if progress is not None:
                             progress(i, train, val)
                     result = self.epoch(dataset, idata_split=idata_split, progress=report)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 for p, value in zip(params, snapshot, strict=True):
                     p.set(value)
                 self._accumulated = 0
-                self.interrupted = True
+                self.interrupted = int(getattr(exc, "signum", signal.SIGINT))
                 break
             history.append(result)
             snapshot = [p.numpy().copy() for p in params]

@@ -12,7 +12,8 @@ under `python -m mnist_target`). Exit status: 0 done (regress: every bar met), 1
 regression bar missed (an interrupted regress run is one), 2 bad input (usage, data,
 files, backend) or an output that cannot be written (one line naming the file; every
 output goes through engine.files' atomic writer, so the previous file is kept), 130
-interrupted (train first writes the model after the last completed epoch, if there is one).
+interrupted, 143 terminated (SIGTERM; train first writes the model after the last completed
+epoch, if there is one).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from engine.backends.cpu.threads import (
 )
 from engine.errors import EngineError
 from engine.files import first_unwritable
+from gradcheck.interrupted import exit_status, signal_of, signal_word
 from gradcheck.usage import ArgumentParser
 from mnist_target import regress
 from mnist_target.data import load_mnist, to_dataset
@@ -190,11 +192,12 @@ def cmd_train(args) -> int:
                 f"{config.backend}")
     run = train_model(model, dataset, config, progress=not args.no_progress and
                       sys.stderr.isatty(), on_epoch=lambda r: _say(r.line()))
+    stopped = signal_word(run.interrupted)
     if run.interrupted:
         if not run.history:
-            _note(args, "interrupted before the first epoch completed; nothing written")
-            return 130
-        _note(args, f"interrupted; keeping the model after epoch {len(run.history)}")
+            _note(args, f"{stopped} before the first epoch completed; nothing written")
+            return 128 + run.interrupted
+        _note(args, f"{stopped}; keeping the model after epoch {len(run.history)}")
     model.save(args.out)      # engine.files.WriteError (full disk, ...): one line, exit 2
     _note(args, f"wrote {args.out} ({model.arch})")
     if args.graph_out:
@@ -204,7 +207,7 @@ def cmd_train(args) -> int:
     loss, loss_unc, acc, acc_unc = evaluate(model, test_images, test_labels,
                                             backend=config.backend)
     print(_test_line(loss, loss_unc, acc, acc_unc, len(test_labels)))
-    return 130 if run.interrupted else 0
+    return 128 + run.interrupted if run.interrupted else 0
 
 
 def _test_line(loss: float, loss_unc: float, acc: float, acc_unc: float, n: int) -> str:
@@ -326,9 +329,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except (EngineError, OutputError, ImportError) as exc:   # WriteError is an EngineError
         _note(args, str(exc))
         return 2
-    except KeyboardInterrupt:
-        _note(args, "interrupted")
-        return 130
+    except KeyboardInterrupt as exc:
+        _note(args, signal_word(signal_of(exc)))
+        return exit_status(exc)
 
 
 def main(argv=None, prog: str = MODULE_PROG) -> int:

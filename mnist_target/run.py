@@ -117,7 +117,7 @@ class TrainRun:
     model: Model
     config: TrainConfig
     history: list[EpochRecord]
-    interrupted: bool = False
+    interrupted: int = 0       # the signal that stopped training (2: Ctrl-C), 0: none
 
 
 def make_trainer(model: Model, config: TrainConfig) -> Trainer:
