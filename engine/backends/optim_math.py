@@ -13,7 +13,10 @@ element and is hoisted out of the loop: it runs once per step.
 The kernels hand these functions scalars, never arrays: under the CUDA simulator a kernel
 runs as Python and calls them as compiled CPU functions, which cannot take the simulator's
 device arrays; and the scalars come back from such a call as Python floats, which the
-per-element rounding takes back to the parameter's dtype.
+per-element rounding takes back to the parameter's dtype. The one reader of an array,
+`sgd_hp_scalars` / `adam_hp_scalars` (the scalars of the hyperparameter tensor `hp`, read by
+position), is a numba register_jitable function instead: compiled into the CPU and GPU
+kernels, called as plain Python by the simulator's.
 """
 
 from __future__ import annotations
@@ -21,7 +24,20 @@ from __future__ import annotations
 import collections
 import math
 
+from numba.extending import register_jitable
+
 from engine.backends.cpu.jit import scalar_math
+from engine.hyperparams import (
+    ADAM_BETA1,
+    ADAM_BETA2,
+    ADAM_EPS,
+    ADAM_LR,
+    ADAM_WEIGHT_DECAY,
+    SGD_DAMPENING,
+    SGD_LR,
+    SGD_MOMENTUM,
+    SGD_WEIGHT_DECAY,
+)
 
 SgdScalars = collections.namedtuple(
     "SgdScalars", ["neg_lr", "momentum", "keep", "weight_decay", "use_wd", "use_momentum"])
@@ -53,6 +69,20 @@ def adam_scalars(lr, beta1, beta2, eps, weight_decay, n, decoupled):
                        1.0 - lr * weight_decay if decoupled else 1.0,
                        (not decoupled) and weight_decay != 0.0, weight_decay, 1.0 - beta1,
                        (1.0 - beta1) < 0.5, beta2, 1.0 - beta2, eps)
+
+
+@register_jitable
+def sgd_hp_scalars(hp):
+    """sgd_scalars of the hyperparameter tensor hp (engine.hyperparams' layout)."""
+    return sgd_scalars(hp[SGD_LR], hp[SGD_MOMENTUM], hp[SGD_DAMPENING], hp[SGD_WEIGHT_DECAY])
+
+
+@register_jitable
+def adam_hp_scalars(hp, n, decoupled):
+    """adam_scalars of step n from the hyperparameter tensor hp (engine.hyperparams'
+    layout)."""
+    return adam_scalars(hp[ADAM_LR], hp[ADAM_BETA1], hp[ADAM_BETA2], hp[ADAM_EPS],
+                        hp[ADAM_WEIGHT_DECAY], n, decoupled)
 
 
 @scalar_math

@@ -75,27 +75,25 @@ TOY_OP = '''
 # numba.cuda) only when the op first runs on the CUDA backend. Its input may be a strided
 # view (a permuted or sliced upstream gradient in the backward pass): it is read through its
 # strides as 4-D, never reshaped to 1-D (on a GPU a device array refuses, or reads a
-# transposed one in memory order; the simulator's numpy arrays hid that until a GPU ran it)
+# transposed one in memory order; the simulator's numpy arrays hid that until a GPU ran it).
+# It is launched and indexed as the engine's kernels are (engine.backends.cuda.launch).
 TOY_CUDA_KERNEL = """
     from numba import cuda
 
     from engine.backends.cuda.arrays import with_rank
+    from engine.backends.cuda.launch import grid_stride, unravel4
 
 
     @cuda.jit
     def _double(dst, src):
-        n1, n2, n3 = dst.shape[1], dst.shape[2], dst.shape[3]
+        _, d1, d2, d3 = dst.shape
         for flat in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
-            l = flat % n3
-            k = (flat // n3) % n2
-            j = (flat // (n3 * n2)) % n1
-            i = flat // (n3 * n2 * n1)
+            i, j, k, l = unravel4(flat, d1, d2, d3)
             dst[i, j, k, l] = src[i, j, k, l] + src[i, j, k, l]
 
 
     def cuda_double(out, ins):
-        if out.size:
-            _double[(out.size + 127) // 128, 128](with_rank(out, 4), with_rank(ins[0], 4))
+        grid_stride(_double, out.size, with_rank(out, 4), with_rank(ins[0], 4))
 """
 
 

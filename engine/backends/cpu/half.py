@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
+from engine.backends.widening import HalfArrays, run_widened
 from engine.tensor import is_half
 
 F16, BF16 = 0, 1          # the formats' codes (fmt arguments), as compiled constants
@@ -163,41 +164,35 @@ def store(dst: np.ndarray, values: np.ndarray) -> None:
                  _format(dst.dtype))
 
 
+# widened_copy and store are looked up in this module at each call, not bound here: the
+# self-test's 16-bit mutants (engine.mutation) replace them in this module, and that must
+# reach every widened kernel
+HOST_ARRAYS = HalfArrays(
+    is_half=lambda a: isinstance(a, np.ndarray) and is_half(a.dtype),
+    overlap=np.shares_memory, widened_copy=lambda a: widened_copy(a),
+    empty32=lambda shape: np.empty(shape, np.float32),
+    store=lambda dst, values: store(dst, values))
+
+
 def widened(kernel, update: bool = False):
     """The float32 `kernel(out, ins, **params)` as a kernel on arrays of which some are
     16-bit (engine.tensor.is_half): each call widens the 16-bit inputs into float32
     temporaries, runs `kernel` on them (bound anew, so temporaries live only while the call
     runs: a plan of 16-bit tensors holds 16-bit buffers between calls), and rounds a 16-bit
-    output to nearest even on store. An input that is the output's own buffer (an update op
-    writing its param in place) gets the output's temporary; `update`: the kernel also
-    writes its other inputs in place (optimizer state), so the 16-bit ones are stored back
-    too. A bindable kernel (engine.backends.cpu.jit.bindable) stays one."""
+    output to nearest even on store (engine.backends.widening.run_widened, the CUDA
+    backend's too); `update`: the kernel writes its inputs in place too. A bindable kernel
+    (engine.backends.cpu.jit.bindable) stays one."""
     inner = getattr(kernel, "bind", None)
 
     def prepare(out, ins, **params):
-        half_out = is_half(out.dtype)
-
-        def run():
-            wide_out = widened_copy(out) if half_out and update else (
-                np.empty(out.shape, np.float32) if half_out else out)
-            wide_ins = []
-            for a in ins:
-                if not isinstance(a, np.ndarray) or not is_half(a.dtype):
-                    wide_ins.append(a)
-                elif half_out and np.shares_memory(a, out):
-                    wide_ins.append(wide_out)
-                else:
-                    wide_ins.append(widened_copy(a))
+        def wide_kernel(wide_out, wide_ins):
             if inner is not None:
                 inner(wide_out, wide_ins, **params)()
             else:
                 kernel(wide_out, wide_ins, **params)
-            if half_out:
-                store(out, wide_out)
-            if update:
-                for a, w in zip(ins, wide_ins, strict=True):
-                    if w is not a and w is not wide_out:
-                        store(a, w)
+
+        def run():
+            run_widened(wide_kernel, out, ins, update, HOST_ARRAYS)
         return run
 
     def call(out, ins, **params):

@@ -19,17 +19,11 @@ rounded to 16 bits.
 from __future__ import annotations
 
 from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
-from engine.backends.optim_math import adam_element, adam_scalars, sgd_element, sgd_scalars
-from engine.hyperparams import (
-    ADAM_BETA1,
-    ADAM_BETA2,
-    ADAM_EPS,
-    ADAM_LR,
-    ADAM_WEIGHT_DECAY,
-    SGD_DAMPENING,
-    SGD_LR,
-    SGD_MOMENTUM,
-    SGD_WEIGHT_DECAY,
+from engine.backends.optim_math import (
+    adam_element,
+    adam_hp_scalars,
+    sgd_element,
+    sgd_hp_scalars,
 )
 
 
@@ -43,7 +37,7 @@ def _sgd(p, g, buf, step, hp, nesterov, maximize):
     """
     step[0] += 1.0
     first = step[0] == 1.0
-    s = sgd_scalars(hp[SGD_LR], hp[SGD_MOMENTUM], hp[SGD_DAMPENING], hp[SGD_WEIGHT_DECAY])
+    s = sgd_hp_scalars(hp)
     for i in prange(p.size):
         p[i], b = sgd_element(p[i], g[i], buf[i], first, s, nesterov, maximize)
         if s.use_momentum:
@@ -61,8 +55,7 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
         p = p - lr / (1 - b1^t) * m / (sqrt(v or vmax) / sqrt(1 - b2^t) + eps)
     """
     step[0] += 1.0
-    s = adam_scalars(hp[ADAM_LR], hp[ADAM_BETA1], hp[ADAM_BETA2], hp[ADAM_EPS],
-                     hp[ADAM_WEIGHT_DECAY], step[0], decoupled)
+    s = adam_hp_scalars(hp, step[0], decoupled)
     for i in prange(p.size):
         p[i], m[i], v[i], vm = adam_element(p[i], g[i], m[i], v[i], vmax[i], s, amsgrad,
                                             maximize)

@@ -2,7 +2,7 @@
 x[r, j] maximal, a NaN counting as larger than any number (so the first NaN wins), as the
 CPU kernel, numpy and torch.
 
-Each row has a segment of threads (block_reduce.row_launch, row_segments). Thread t scans
+Each row has a segment of threads (launch.row_launch, the row skeleton). Thread t scans
 elements t, t + T, ... keeping the first best; then the (value, index) pairs meet in a
 shared-memory tree that keeps the better pair, the lower index on ties, so the answer does
 not depend on which thread saw which element.
@@ -14,9 +14,14 @@ import math
 
 from numba import cuda, float64, int64
 
-from engine.backends.cuda.arrays import strided
-from engine.backends.cuda.block_reduce import MAX_THREADS, row_launch, rows_view
-from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
+from engine.backends.cuda.arrays import rows_view, strided
+from engine.backends.cuda.launch import (
+    SCRATCH,
+    row_launch,
+    segment_passes,
+    segment_row,
+    segment_scratch,
+)
 
 
 @cuda.jit(device=True)
@@ -34,7 +39,7 @@ def _beats(v, i, w, k):
 def _argmax_kernel(x, out, rows, n, width):
     """out[r] = first argmax of x[r n : r n + n]."""
     values = segment_scratch()
-    indices = cuda.shared.array(MAX_THREADS, int64)
+    indices = cuda.shared.array(SCRATCH, int64)
     tid, lane, start, step = segment_passes(width)
     for first in range(start, rows, step):
         r, count, base = segment_row(first, tid, width, rows, n)

@@ -13,36 +13,24 @@ says why). The engine has no uint16 dtype, so a device array's dtype names its f
 and write and the copies move. A persistent bfloat16 tensor's device copy (`upload`) also
 takes and gives host arrays of ml_dtypes' bfloat16 (Tensor.host_view copies into one).
 
-Launch shapes under the simulator: it runs every CUDA thread of a block as a Python thread
-(starting one costs about as much as a few hundred loop steps) and each syncthreads as a
-barrier that a polling thread releases (milliseconds each, whatever the work between). A
-launch there is cheap when it has few threads that each loop over many elements and few
-barriers; `grid_stride_shape` gives grid-stride kernels that shape (SIM_THREADS threads in
-each of at most SIM_BLOCKS blocks) there, and the GPU's shape on a GPU.
+Kernels that take an array as a 1-D view over its memory (the row reductions) get it from
+`flat_view` (any strides: element strides returned beside it) or `rows_view` (C-contiguous
+rows); `pad4` brings (size, stride) axes to four. Each such kernel is compiled for one layout
+per dtype, `float32[::1]` / `float64[::1]`, whatever the strides of the tensors it is handed.
 """
 
 from __future__ import annotations
+
+import math
 
 import numba
 import numpy as np
 
 from engine.backends.cpu.half import BF16, F16
+from engine.errors import BackendError
 from engine.tensor import DTYPES, is_half
 
-SIMULATED = bool(numba.config.ENABLE_CUDASIM)
-SIM_THREADS = 32    # threads per block of a grid-stride launch under the simulator
-SIM_BLOCKS = 2      # blocks of a grid-stride launch under the simulator (more than one, so
-                    # that small test shapes still cover blockIdx > 0)
-
-
-def grid_stride_shape(n: int, threads: int, max_blocks: int) -> tuple[int, int]:
-    """(blocks, threads per block) of a grid-stride launch over n items: `threads` per block
-    and ceil(n / threads) blocks, at most `max_blocks` (at least one block); under the
-    simulator at most SIM_THREADS threads and SIM_BLOCKS blocks."""
-    if SIMULATED:
-        threads, max_blocks = min(threads, SIM_THREADS), min(max_blocks, SIM_BLOCKS)
-    return max(1, min(-(-n // threads), max_blocks)), threads
-
+SIMULATED = bool(numba.config.ENABLE_CUDASIM)   # launch shapes: engine.backends.cuda.launch
 
 _STORAGE = {DTYPES["f16"]: np.dtype(np.float16), DTYPES["bf16"]: np.dtype(np.uint16)}
 _FORMATS = {np.dtype(np.float16): F16, np.dtype(np.uint16): BF16}
@@ -189,3 +177,51 @@ def with_rank(arr, ndim: int):
     shape, strides = like_numpy(arr)
     pad = ndim - len(shape)
     return strided(arr, (1,) * pad + shape, (0,) * pad + strides)
+
+
+def element_strides(arr, op: str) -> tuple[int, ...]:
+    """arr's strides in elements; negative or unaligned strides raise."""
+    item = arr.dtype.itemsize
+    out = []
+    for n, s in zip(arr.shape, arr.strides, strict=True):
+        if n > 1 and (s < 0 or s % item):
+            raise BackendError(f"{op}: the cuda kernel needs non-negative strides that are "
+                               f"multiples of the item size, got strides {tuple(arr.strides)} "
+                               f"for shape {list(arr.shape)}")
+        out.append(s // item if n > 1 else 0)
+    return tuple(out)
+
+
+def flat_view(arr, op: str):
+    """(view, element strides): a 1-D view of the memory arr spans, from its first element
+    to its last, and the strides at which arr's elements lie in that view."""
+    strides = element_strides(arr, op)
+    if any(n == 0 for n in arr.shape):
+        return strided(arr, (0,), (arr.dtype.itemsize,)), strides
+    span = 1 + sum((n - 1) * s for n, s in zip(arr.shape, strides, strict=True))
+    return strided(arr, (span,), (arr.dtype.itemsize,)), strides
+
+
+def rows_view(arr, op: str):
+    """(view, rows, n): the 1-D view of a C-contiguous array of shape (..., n) whose row r
+    is view[r * n : (r + 1) * n]; a strided array raises (the ops insert `cont`)."""
+    shape = tuple(arr.shape)    # the simulator's shapes refuse negative indices
+    n = shape[-1] if shape else 1
+    rows = math.prod(shape[:-1])
+    expected = arr.dtype.itemsize
+    for d, s in zip(reversed(shape), reversed(tuple(arr.strides)), strict=True):
+        if d != 1 and s != expected:
+            raise BackendError(f"{op}: the cuda kernel needs C-contiguous inputs, got strides "
+                               f"{tuple(arr.strides)} for shape {list(arr.shape)}")
+        expected *= d
+    return strided(arr, (rows * n,), (arr.dtype.itemsize,)), rows, n
+
+
+def pad4(dims, op: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, strides) of [(size, stride)] axes, padded in front with unit axes to 4."""
+    if len(dims) > 4:
+        raise BackendError(f"{op}: the cuda kernel handles at most 4 axes that cannot be "
+                           f"merged on either side of a reduction, got sizes "
+                           f"{[n for n, _ in dims]} with strides {[s for _, s in dims]}")
+    pad = 4 - len(dims)
+    return (1,) * pad + tuple(n for n, _ in dims), (0,) * pad + tuple(s for _, s in dims)

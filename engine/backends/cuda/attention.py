@@ -30,7 +30,7 @@ is. D_i from the recomputed p and dP makes dP_ij - D_i vanish exactly where it s
 one-key row gets p = x / x = 1, D_i = dP_ij and dS = g_lse to the last bit (the CPU kernel
 multiplies by 1 / Z_i: the same within an ulp of float64). The saved O is not read.
 
-Kernels (grid-stride loops, arrays.grid_stride_shape):
+Kernels (grid-stride loops, engine.backends.cuda.launch):
 - `_attention_fwd`, one thread per query row (b, h, i): a first pass over the row's keys
   gives lse_i (a running maximum m and sum l of exp(s - m), rescaled when m grows); then,
   for each chunk of CHUNK output columns, a second pass recomputes s_ij, adds p_ij v_j into
@@ -74,11 +74,10 @@ from numba import cuda, float64
 from engine.backends.alibi_math import alibi_slope
 from engine.backends.cpu.half import BF16, F16
 from engine.backends.cuda import half
-from engine.backends.cuda.arrays import broadcast, grid_stride_shape, half_format, strided
+from engine.backends.cuda.arrays import broadcast, half_format, strided
+from engine.backends.cuda.launch import grid_stride, unravel3
 
 CHUNK = 128             # output columns a thread accumulates at once (float64, local memory)
-THREADS = 128           # threads per block
-MAX_BLOCKS = 1024       # blocks per launch; threads loop over further rows
 STATS = 3               # a query row's backward statistics: lse_i, the divisor Z_i or 1, D_i
 HALF_UNITS = {F16: 2.0 ** -11, BF16: 2.0 ** -8}     # the 16-bit formats' unit roundoffs
 
@@ -99,6 +98,24 @@ def _logit(q, k, mask, has_mask, b, h, hk, i, j, scale, cap, slope):
     if has_mask:
         u += slope * float64(mask[b, h, i, j])
     return u, chain
+
+
+@cuda.jit(device=True)
+def _query_row(row, nh, nq, group):
+    """(b, h, i, hk): batch, head and index of query row `row` of (B, nh, nq) in C order,
+    and its kv head h // group."""
+    b, h, i = unravel3(row, nh, nq)
+    return b, h, i, h // group
+
+
+@cuda.jit(device=True)
+def _chunk(acc, c0, total):
+    """The number of columns n of the chunk from column c0 of `total` (at most CHUNK), with
+    acc[:n] cleared for its sums."""
+    n = min(CHUNK, total - c0)
+    for e in range(n):
+        acc[e] = 0.0
+    return n
 
 
 @cuda.jit(device=True)
@@ -135,10 +152,7 @@ def _attention_fwd(q, k, v, mask, has_mask, out, scale, causal, cap, max_bias):
     group = nh // nhk
     acc = cuda.local.array(CHUNK, float64)
     for row in range(cuda.grid(1), nb * nh * nq, cuda.gridsize(1)):
-        i = row % nq
-        h = (row // nq) % nh
-        b = row // (nq * nh)
-        hk = h // group
+        b, h, i, hk = _query_row(row, nh, nq, group)
         slope = alibi_slope(float(h), float(nh), max_bias)
         end = _keys_end(i, nq, nk, causal)
         m = -math.inf
@@ -159,9 +173,7 @@ def _attention_fwd(q, k, v, mask, has_mask, out, scale, causal, cap, max_bias):
             continue
         lse = m + math.log(total)
         for c0 in range(0, nv, CHUNK):
-            n = min(CHUNK, nv - c0)
-            for e in range(n):
-                acc[e] = 0.0
+            n = _chunk(acc, c0, nv)
             for j in range(end):
                 s, _ = _logit(q, k, mask, has_mask, b, h, hk, i, j, scale, cap, slope)
                 p = math.exp(s - lse)
@@ -182,10 +194,7 @@ def _attention_back_q(g, q, k, v, mask, has_mask, fwd, dq, stats, scale, causal,
     group = nh // nhk
     acc = cuda.local.array(CHUNK, float64)
     for row in range(cuda.grid(1), nb * nh * nq, cuda.gridsize(1)):
-        i = row % nq
-        h = (row // nq) % nh
-        b = row // (nq * nh)
-        hk = h // group
+        b, h, i, hk = _query_row(row, nh, nq, group)
         lse = float64(fwd[b, h, i, nv])
         end = _keys_end(i, nq, nk, causal)
         if lse == -math.inf:                   # every key masked: no gradient
@@ -208,9 +217,7 @@ def _attention_back_q(g, q, k, v, mask, has_mask, fwd, dq, stats, scale, causal,
         stats[b, h, i, 2] = di
         g_lse = float64(g[b, h, i, nv])
         for c0 in range(0, nd, CHUNK):
-            n = min(CHUNK, nd - c0)
-            for d in range(n):
-                acc[d] = 0.0
+            n = _chunk(acc, c0, nd)
             for j in range(end):
                 s, chain = _logit(q, k, mask, has_mask, b, h, hk, i, j, scale, cap, slope)
                 p = _exp(s - lse) / z
@@ -235,9 +242,7 @@ def _attention_back_kv(g, q, k, v, mask, has_mask, stats, dk, dv, scale, causal,
     acc_v = cuda.local.array(CHUNK, float64)
     acc_k = cuda.local.array(CHUNK, float64)
     for row in range(cuda.grid(1), nb * nhk * nk, cuda.gridsize(1)):
-        j = row % nk
-        hk = (row // nk) % nhk
-        b = row // (nk * nhk)
+        b, hk, j = unravel3(row, nhk, nk)
         first = max(0, j - (nk - nq)) if causal else 0     # the first row that sees key j
         # dv's and dk's columns CHUNK at a time, both from one recomputation of each p
         for c0 in range(0, max(nv, nd), CHUNK):
@@ -291,10 +296,6 @@ def _mask_view(q, k, extra, like):
     return _rank4(mask), True
 
 
-def _launch(n: int):
-    return grid_stride_shape(n, THREADS, MAX_BLOCKS)
-
-
 def _c_view(buf, shape, offset_items: int):
     """A C-contiguous view of `shape` into 1-D contiguous `buf` from element offset_items."""
     item = buf.dtype.itemsize
@@ -314,9 +315,8 @@ def cuda_attention_fwd(out, ins, *, scale, causal, logit_softcap, max_bias):
     mask, has_mask = _mask_view(q, k, ins[3:], out)
     out4 = _rank4(out)
     rows = out4.shape[0] * out4.shape[1] * out4.shape[2]
-    _attention_fwd[_launch(rows)](_rank4(q), _rank4(k), _rank4(v), mask,
-                                  has_mask, out4, float(scale), bool(causal),
-                                  float(logit_softcap), float(max_bias))
+    grid_stride(_attention_fwd, rows, _rank4(q), _rank4(k), _rank4(v), mask, has_mask, out4,
+                float(scale), bool(causal), float(logit_softcap), float(max_bias))
 
 
 def _attention_back(out, ins, *, scale, causal, logit_softcap, max_bias, unit=None):
@@ -336,12 +336,10 @@ def _attention_back(out, ins, *, scale, causal, logit_softcap, max_bias, unit=No
     params = (float(scale), bool(causal), float(logit_softcap), float(max_bias))
     rows_q = q4.shape[0] * q4.shape[1] * q4.shape[2]
     rows_k = k4.shape[0] * k4.shape[1] * k4.shape[2]
-    if rows_q:
-        _attention_back_q[_launch(rows_q)](g4, q4, k4, v4, mask, has_mask, fwd4, dq, stats,
-                                           *params, unit)
-    if rows_k:
-        _attention_back_kv[_launch(rows_k)](g4, q4, k4, v4, mask, has_mask, stats, dk, dv,
-                                            *params)
+    grid_stride(_attention_back_q, rows_q, g4, q4, k4, v4, mask, has_mask, fwd4, dq, stats,
+                *params, unit)
+    grid_stride(_attention_back_kv, rows_k, g4, q4, k4, v4, mask, has_mask, stats, dk, dv,
+                *params)
 
 
 def cuda_attention_back(out, ins, **params):

@@ -3,7 +3,7 @@
     loss = (1/N) sum_r sum_c labels[r, c] (lse_r - logits[r, c])
     out[r, c] = (g / N) (exp(logits[r, c] - lse_r) - labels[r, c])        (backward)
 
-with lse_r = log(sum_c exp(logits[r, c])), taken stably in float64 (block_reduce's
+with lse_r = log(sum_c exp(logits[r, c])), taken stably in float64 (launch's
 segment_logsumexp). The loss is one block: a segment of threads per row (several rows at
 once when rows are short), the block's segments stepping through the rows together; each
 thread adds its terms privately in float64 and one shared-memory tree sums the threads, so
@@ -16,15 +16,16 @@ import math
 
 from numba import cuda, float64
 
-from engine.backends.cuda.arrays import strided
-from engine.backends.cuda.block_reduce import (
-    MAX_THREADS,
+from engine.backends.cuda.arrays import rows_view, strided
+from engine.backends.cuda.launch import (
+    SCRATCH,
     row_launch,
-    rows_view,
     segment_logsumexp,
+    segment_passes,
+    segment_row,
+    segment_scratch,
     segment_sum,
 )
-from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 
 @cuda.jit
@@ -61,7 +62,7 @@ def cuda_cross_entropy_loss(out, ins):
     """The dispatcher of cross_entropy_loss: ins = [logits, labels], out 0-d."""
     logits, rows, n = rows_view(ins[0], "cross_entropy_loss")
     labels, _, _ = rows_view(ins[1], "cross_entropy_loss")
-    _, threads, width = row_launch(rows, n, MAX_THREADS)    # one block of MAX_THREADS at most
+    _, threads, width = row_launch(rows, n, SCRATCH)    # one block of SCRATCH threads at most
     oflat = strided(out, (1,), (out.dtype.itemsize,))
     _cross_entropy_kernel[1, threads](logits, labels, oflat, rows, n, width)
 

@@ -1,5 +1,5 @@
 """CUDA kernel of the causal masks diag_mask_inf and diag_mask_zero: one thread per output
-element, in a grid-stride loop.
+element, in a grid-stride loop (engine.backends.cuda.launch).
 
 For x seen as 4-D (unit axes in front), rows i on axis -2 and columns j on axis -1:
 
@@ -18,21 +18,16 @@ import math
 from numba import cuda
 
 from engine.backends.cuda.arrays import with_rank
-from engine.backends.cuda.dropout import THREADS, blocks
+from engine.backends.cuda.launch import grid_stride, unravel4
 
 
 @cuda.jit
 def _diag_mask(x, out, n_past, fill):
     """out[a, b, i, j] = fill where j > n_past + i, x[a, b, i, j] elsewhere."""
-    nb, nr, nc = out.shape[1], out.shape[2], out.shape[3]
+    _, nb, nr, nc = out.shape
     value = out.dtype.type(fill)
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        j = flat % nc
-        rest = flat // nc
-        i = rest % nr
-        rest = rest // nr
-        b = rest % nb
-        a = rest // nb
+        a, b, i, j = unravel4(flat, nb, nr, nc)
         if j > n_past + i:
             out[a, b, i, j] = value
         else:
@@ -41,9 +36,8 @@ def _diag_mask(x, out, n_past, fill):
 
 def _launch(out, ins, n_past, fill):
     (x,) = ins
-    if out.size == 0:
-        return
-    _diag_mask[blocks(out.size), THREADS](with_rank(x, 4), with_rank(out, 4), n_past, fill)
+    if out.size:
+        grid_stride(_diag_mask, out.size, with_rank(x, 4), with_rank(out, 4), n_past, fill)
 
 
 def cuda_diag_mask_inf(out, ins, n_past):

@@ -7,15 +7,14 @@ draw the same mask, bit for bit:
     out[i] = x[i] * (1 / (1 - p) rounded to out's dtype)   if keep(seed, i, threshold)
              0                                              otherwise
 
-One thread per element in a grid-stride loop over the C-contiguous output; x may be any
-strided view, read through `c_order_rank4`: adjacent axes merged where the strides allow (a
-contiguous array becomes one axis), unit axes put in front up to four; the kernel splits a
-flat C-order position into that view's four indices.
+One thread per element in a grid-stride loop over the C-contiguous output (launched by
+engine.backends.cuda.launch); x may be any strided view, read through `c_order_rank4`:
+adjacent axes merged where the strides allow (a contiguous array becomes one axis), unit
+axes put in front up to four; the kernel splits a flat C-order position into that view's
+four indices (launch.unravel4).
 
-The hash is written out in the kernel rather than called: numba-cuda compiles a called
-function (device function or register_jitable) for the current GPU, so cuda.compile_ptx
-could not check this module on a machine without one. The tests compare the mask with the
-CPU kernel's.
+The hash is written out in the kernel, the CPU kernel's steps with its constants; the tests
+compare the mask with the CPU kernel's.
 """
 
 from __future__ import annotations
@@ -28,19 +27,12 @@ from numba import cuda
 from engine.backends.cpu.dropout import GAMMA, MIX1, MIX2, ONE, S11, S27, S30, S31, threshold
 from engine.backends.cpu.layout import coalesce
 from engine.backends.cuda.arrays import SIMULATED, strided
+from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.errors import BackendError
 
 RANK = 4                                   # kernels see strided arrays with four axes
-THREADS = 128                              # threads per block of the elementwise kernels
 if SIMULATED:   # numpy runs the hash there, and warns on its intended uint64 wrap-around
     warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning, __name__)
-MAX_BLOCKS = 4 if SIMULATED else 1024      # the simulator runs each thread as a Python thread
-
-
-def blocks(n: int) -> int:
-    """Blocks of THREADS for a grid-stride loop over n items (at least 1, at most
-    MAX_BLOCKS)."""
-    return max(1, min(MAX_BLOCKS, -(-n // THREADS)))
 
 
 def c_order_rank4(arr, what: str = "array"):
@@ -63,17 +55,14 @@ def _dropout(x, out, seed, thresh, scale):
     """out[i] = x[i] * scale where element i survives, else 0 (out flat, x 4-axis)."""
     s = out.dtype.type(scale)
     zero = out.dtype.type(0)
-    n1, n2, n3 = x.shape[1], x.shape[2], x.shape[3]
+    _, d1, d2, d3 = x.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         z = seed + (np.uint64(i) + ONE) * GAMMA
         z = (z ^ (z >> S30)) * MIX1
         z = (z ^ (z >> S27)) * MIX2
         z = z ^ (z >> S31)
-        i3 = i % n3
-        rest = i // n3
-        i2 = rest % n2
-        rest //= n2
-        out[i] = x[rest // n1, rest % n1, i2, i3] * (s if (z >> S11) >= thresh else zero)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
+        out[i] = x[i0, i1, i2, i3] * (s if (z >> S11) >= thresh else zero)
 
 
 def cuda_dropout(out, ins, p, seed):
@@ -82,8 +71,8 @@ def cuda_dropout(out, ins, p, seed):
     n = out.size
     if n == 0:
         return
-    _dropout[blocks(n), THREADS](c_order_rank4(x, "dropout's input"), out.reshape(n),
-                                 np.uint64(seed), threshold(p), 1.0 / (1.0 - p))
+    grid_stride(_dropout, n, c_order_rank4(x, "dropout's input"), out.reshape(n),
+                np.uint64(seed), threshold(p), 1.0 / (1.0 - p))
 
 
 PTX_SIGNATURES = [(_dropout, f"void({dt}[:, :, :, :], {dt}[::1], uint64, uint64, float64)")

@@ -24,8 +24,8 @@ layouts (a view without one may be typed "C" or "F", a compilation of its own).
 Every kernel is a grid-stride loop over out's elements in C order. Under the simulator,
 Python evaluates the math: log or sqrt of a negative number raise there (the samples keep
 their inputs inside the domains); and a launch there has at most SIM_BLOCKS blocks of
-SIM_THREADS threads (arrays.grid_stride_shape), since each thread is a Python thread,
-costly to start. Each thread then loops over more elements; no value changes.
+SIM_THREADS threads (engine.backends.cuda.launch.map_shape), since each thread is a Python
+thread, costly to start. Each thread then loops over more elements; no value changes.
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from numba import cuda
 from engine import elementwise as table
 from engine.backends.compile_scalar import compile_scalar
 from engine.backends.cpu.layout import coalesce
-from engine.backends.cuda.arrays import broadcast, grid_stride_shape, strided
+from engine.backends.cuda.arrays import broadcast, strided
+from engine.backends.cuda.launch import map_shape, unravel4
 
-THREADS_PER_BLOCK = 128
-MAX_BLOCKS = 4096       # the grid-stride loop covers any size
 STRIDED_AXES = 3        # merged axes per launch of a strided kernel (its views have 4)
 
 _device_jit = cuda.jit(device=True)
@@ -54,16 +53,6 @@ _COMPILED: dict = {}
 def scalar(fn):
     """Scalar function `fn` of the table compiled as a CUDA device function."""
     return compile_scalar(fn, _device_jit, _COMPILED)
-
-
-@cuda.jit(device=True, inline="always")
-def index_4d(i, d1, d2, d3):
-    """The 4-D index (i0, i1, i2, i3) of C-order position i in a shape (d0, d1, d2, d3)."""
-    i3 = i % d3
-    i //= d3
-    i2 = i % d2
-    i //= d2
-    return i // d1, i % d1, i2, i3
 
 
 # --- templates: out[i] for i = grid-stride over out's elements (names bound per op) ---------
@@ -77,7 +66,7 @@ def _map_strided(x, out, params):
     """out[i] = forward(widen(x[j]), *params), j the 4-D index of position i in x's shape."""
     _, d1, d2, d3 = x.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         out[i] = forward(widen(x[i0, i1, i2, i3]), *params)  # noqa: F821
 
 
@@ -91,7 +80,7 @@ def _gradient_strided(g, x, out, params):
     """out[i] = gradient(g[j], float(x[j]), *params), j the 4-D index of position i."""
     _, d1, d2, d3 = x.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         out[i] = gradient(g[i0, i1, i2, i3], float(x[i0, i1, i2, i3]), *params)  # noqa: F821
 
 
@@ -105,7 +94,7 @@ def _binary_strided(a, b, out):
     """out[i] = forward(a[j], b[j]), j the 4-D index of position i (broadcast views)."""
     _, d1, d2, d3 = a.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         out[i] = forward(a[i0, i1, i2, i3], b[i0, i1, i2, i3])  # noqa: F821
 
 
@@ -216,13 +205,6 @@ PTX_SIGNATURES = _signatures()
 
 
 # --- launching --------------------------------------------------------------------------------
-def _launch_shape(n: int) -> tuple[int, int]:
-    """(blocks, threads per block) for n elements: up to 128 threads (fewer for small n, a
-    whole number of warps), blocks capped (the grid-stride loop does the rest); fewer of
-    both under the simulator."""
-    return grid_stride_shape(n, min(THREADS_PER_BLOCK, 32 * -(-n // 32)), MAX_BLOCKS)
-
-
 def _launch(k: Kernels, out, ins, *args) -> None:
     """Run `kernel(*inputs, out, *args)` over out's elements, the inputs broadcast to out's
     shape: the flat kernel if every operand is contiguous, else the strided one."""
@@ -234,7 +216,7 @@ def _launch(k: Kernels, out, ins, *args) -> None:
     dims = coalesce(out.shape, *(v.strides for v in views), out.strides)
     if not dims or len(dims) == 1 and dims[0][1] == itemsizes:
         flat = [strided(v, (n,), (v.dtype.itemsize,)) for v in (*views, out)]
-        k.flat[_launch_shape(n)](*flat, *args)
+        k.flat[map_shape(n)](*flat, *args)
         return
     lead, inner = dims[:-STRIDED_AXES], dims[-STRIDED_AXES:]
     pad = 1 + STRIDED_AXES - len(inner)
@@ -246,7 +228,7 @@ def _launch(k: Kernels, out, ins, *args) -> None:
         inputs = [strided(v, shape, (0,) * pad + tuple(st[k] for _, st in inner), offsets[k])
                   for k, v in enumerate(views)]
         out_part = strided(out, (m,), (out.dtype.itemsize,), offsets[-1])
-        k.strided[_launch_shape(m)](*inputs, out_part, *args)
+        k.strided[map_shape(m)](*inputs, out_part, *args)
 
 
 # --- dispatchers: kernel(out, ins, **params) of op `name` -------------------------------------

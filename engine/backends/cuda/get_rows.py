@@ -6,9 +6,9 @@ repeated indices), both gathers: one thread per output element, no atomics.
 
 get_rows_back starts each sum from 0 and adds in the CPU kernel's order (the CPU adds the
 gradient rows into a zeroed table in (b, k) order), so both backends give the same bits.
-Each block stages the indices in shared memory, THREADS at a time, and every thread scans
-them for its own row: the work is rows x columns x indices comparisons, which suits the
-small tables of gradcheck and training inputs of moderate size.
+Each block stages the indices in shared memory, a block's size (at most launch.THREADS) at a
+time, and every thread scans them for its own row: the work is rows x columns x indices
+comparisons, which suits the small tables of gradcheck and training inputs of moderate size.
 
 Index range: the CPU dispatchers raise RowIndexError before touching memory; a CUDA
 dispatcher cannot read the indices without copying them to the host, so the kernels make
@@ -24,19 +24,16 @@ import math
 from numba import cuda
 
 from engine.backends.cuda.arrays import with_rank
-from engine.backends.cuda.dropout import THREADS, blocks
+from engine.backends.cuda.launch import THREADS, grid_stride, input_layouts, unravel3
 
 
 @cuda.jit
 def _get_rows(table, idx, out):
     """out[b, k, c] = table[idx[b, k], c], NaN where the index is outside the table."""
-    nk, nc = out.shape[1], out.shape[2]
+    _, nk, nc = out.shape
     nrows = table.shape[0]
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        c = flat % nc
-        bk = flat // nc
-        b = bk // nk
-        k = bk % nk
+        b, k, c = unravel3(flat, nk, nc)
         row = idx[b, k]
         if 0 <= row < nrows:
             out[b, k, c] = table[row, c]
@@ -49,27 +46,27 @@ def _get_rows_back(g, idx, out):
     """out[r, c] = sum of g[b, k, c] over (b, k) in C order with idx[b, k] = r; all of out
     NaN if any index lies outside [0, R). A block walks its elements in lockstep (the loop
     bounds are the same for all its threads) so that it can stage indices in shared
-    memory."""
+    memory (blocks of at most THREADS threads)."""
     staged = cuda.shared.array(THREADS, dtype=idx.dtype)
     tid = cuda.threadIdx.x
+    block = cuda.blockDim.x
     nrows, nc = out.shape[0], out.shape[1]
     nk = idx.shape[1]
     nidx = idx.shape[0] * nk
     zero = out.dtype.type(0)
-    stride = cuda.gridDim.x * THREADS
-    for base in range(cuda.blockIdx.x * THREADS, out.size, stride):
+    for base in range(cuda.blockIdx.x * block, out.size, cuda.gridDim.x * block):
         flat = base + tid
         r = flat // nc
         c = flat % nc
         total = zero
         bad = False
-        for chunk in range(0, nidx, THREADS):
+        for chunk in range(0, nidx, block):
             cuda.syncthreads()          # the previous chunk is no longer read
             s = chunk + tid
             if s < nidx:
                 staged[tid] = idx[s // nk, s % nk]
             cuda.syncthreads()
-            for j in range(min(THREADS, nidx - chunk)):
+            for j in range(min(block, nidx - chunk)):
                 row = staged[j]
                 if row < 0 or row >= nrows:
                     bad = True
@@ -87,7 +84,7 @@ def cuda_get_rows(out, ins):
         return
     idx2 = with_rank(idx, 2)
     out3 = out.reshape(tuple(idx2.shape) + (out.shape[out.ndim - 1],))
-    _get_rows[blocks(out.size), THREADS](table, idx2, out3)
+    grid_stride(_get_rows, out.size, table, idx2, out3)
 
 
 def cuda_get_rows_back(out, ins, nrows):
@@ -95,17 +92,9 @@ def cuda_get_rows_back(out, ins, nrows):
     g, idx = ins
     if out.size == 0:
         return
-    _get_rows_back[blocks(out.size), THREADS](with_rank(g, 3), with_rank(idx, 2), out)
+    grid_stride(_get_rows_back, out.size, with_rank(g, 3), with_rank(idx, 2), out)
 
 
-def _signatures():
-    """float32 and float64 tables and gradients, int32 indices; inputs strided or not."""
-    sigs = []
-    for dt in ("float32", "float64"):
-        for lay2, lay3 in (("[:, ::1]", "[:, :, ::1]"), ("[:, :]", "[:, :, :]")):
-            sigs.append((_get_rows, f"void({dt}{lay2}, int32{lay2}, {dt}[:, :, ::1])"))
-            sigs.append((_get_rows_back, f"void({dt}{lay3}, int32{lay2}, {dt}[:, ::1])"))
-    return sigs
-
-
-PTX_SIGNATURES = _signatures()
+PTX_SIGNATURES = [sig for dt, lay2, lay3 in input_layouts(2, 3) for sig in [
+    (_get_rows, f"void({dt}{lay2}, int32{lay2}, {dt}[:, :, ::1])"),
+    (_get_rows_back, f"void({dt}{lay3}, int32{lay2}, {dt}[:, ::1])")]]

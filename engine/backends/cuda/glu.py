@@ -21,18 +21,16 @@ from numba import cuda
 
 from engine import elementwise as table
 from engine.backends.cpu.glu import ACTIVATIONS, MAX_DIMS
-from engine.backends.cuda.arrays import grid_stride_shape, like_numpy, strided
-from engine.backends.cuda.elementwise import index_4d, scalar
-
-THREADS_PER_BLOCK = 128
-MAX_BLOCKS = 4096       # the grid-stride loop covers any size
+from engine.backends.cuda.arrays import like_numpy, strided
+from engine.backends.cuda.elementwise import scalar
+from engine.backends.cuda.launch import map_shape, unravel4
 
 
 def _glu(a, b, out):
     """out[i] = forward(a[j]) * b[j] in float64, j the 4-D index of position i."""
     _, d1, d2, d3 = a.shape
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         out[i] = forward(float(a[i0, i1, i2, i3])) * float(b[i0, i1, i2, i3])  # noqa: F821
 
 
@@ -75,9 +73,7 @@ def _dispatcher(op: str):
             return
         a, b = _halves(ins, out.shape[out.ndim - 1], swapped)   # (simulator: no shape[-1])
         flat = strided(out, (out.size,), (out.dtype.itemsize,))
-        n = out.size
-        launch = grid_stride_shape(n, min(THREADS_PER_BLOCK, 32 * -(-n // 32)), MAX_BLOCKS)
-        kernel(op)[launch](a, b, flat)
+        kernel(op)[map_shape(out.size)](a, b, flat)
     run.__name__ = f"cuda_{op}"
     return run
 

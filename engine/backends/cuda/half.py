@@ -20,9 +20,10 @@ and one float32 addition (their rounding), neither with a subnormal operand or r
 a flush-to-zero mode changes nothing (numba-cuda 0.30 cannot lower np.rint).
 
 `widened(kernel, update)` runs a float32 CUDA kernel on nodes of which some are 16-bit, as
-engine.backends.cpu.half.widened does on the CPU: per call, the 16-bit inputs are widened
-into new float32 device arrays (contiguous), the kernel runs on them, and a 16-bit output is
-rounded to nearest even on store; an update op's 16-bit inputs are stored back too.
+engine.backends.cpu.half.widened does on the CPU (both are engine.backends.widening's): per
+call, the 16-bit inputs are widened into new float32 device arrays (contiguous), the kernel
+runs on them, and a 16-bit output is rounded to nearest even on store; an update op's
+16-bit inputs are stored back too.
 """
 
 from __future__ import annotations
@@ -35,17 +36,10 @@ from numba import cuda
 from engine.backends.cpu.half import narrow, widen
 from engine.backends.cpu.jit import scalar_math
 from engine.backends.cpu.layout import coalesce
-from engine.backends.cuda.arrays import (
-    bits,
-    grid_stride_shape,
-    half_format,
-    overlap,
-    strided,
-)
-from engine.backends.cuda.elementwise import index_4d
+from engine.backends.cuda.arrays import bits, half_format, overlap, strided
+from engine.backends.cuda.launch import grid_stride, unravel4
+from engine.backends.widening import HalfArrays, run_widened
 
-THREADS = 128
-MAX_BLOCKS = 1024
 RANK = 4                  # the conversion kernels read and write strided views of 4 axes
 
 
@@ -79,7 +73,7 @@ def _widen_4d(dst, src, fmt):
     dst a flat uint32 view of a float32 array, src a uint16 view of any strides."""
     _, d1, d2, d3 = src.shape
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         dst[i] = widen_bits(src[i0, i1, i2, i3], fmt)
 
 
@@ -90,7 +84,7 @@ def _narrow_4d(dst, src, fmt):
     strides."""
     _, d1, d2, d3 = dst.shape
     for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
-        i0, i1, i2, i3 = index_4d(i, d1, d2, d3)
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         dst[i0, i1, i2, i3] = narrow_bits(src[i], fmt)
 
 
@@ -100,10 +94,6 @@ def _add(dst, src, fmt):
     even); both flat uint16."""
     for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = add(dst[i], src[i], fmt)
-
-
-def _shape(n: int) -> tuple[int, int]:
-    return grid_stride_shape(n, THREADS, MAX_BLOCKS)
 
 
 def _pieces(arr):
@@ -138,8 +128,7 @@ def widen_into(dst, src) -> None:
     flat = strided(dst, (dst.size,), (4,), 0, np.uint32)
     for view, start in _pieces(bits(src)):
         n = view.size
-        if n:
-            _widen_4d[_shape(n)](flat[start:start + n], view, np.int64(fmt))
+        grid_stride(_widen_4d, n, flat[start:start + n], view, np.int64(fmt))
 
 
 def narrow_into(dst, src) -> None:
@@ -149,8 +138,7 @@ def narrow_into(dst, src) -> None:
     flat = strided(src, (src.size,), (4,), 0, np.uint32)
     for view, start in _pieces(bits(dst)):
         n = view.size
-        if n:
-            _narrow_4d[_shape(n)](view, flat[start:start + n], np.int64(fmt))
+        grid_stride(_narrow_4d, n, view, flat[start:start + n], np.int64(fmt))
 
 
 def widened_copy(a):
@@ -166,41 +154,24 @@ def accumulate(dst, src) -> None:
     sum of each pair, rounded to nearest even (what numpy's float16 and ml_dtypes'
     bfloat16 additions give)."""
     if dst.size:
-        _add[_shape(dst.size)](bits(dst).reshape(dst.size), bits(src).reshape(src.size),
-                               np.int64(_format_of(dst)))
+        grid_stride(_add, dst.size, bits(dst).reshape(dst.size), bits(src).reshape(src.size),
+                    np.int64(_format_of(dst)))
+
+
+DEVICE_ARRAYS = HalfArrays(
+    is_half=lambda a: half_format(a) is not None, overlap=overlap,
+    widened_copy=widened_copy, empty32=lambda shape: cuda.device_array(shape, np.float32),
+    store=narrow_into)
 
 
 def widened(kernel, update: bool = False):
     """The float32 CUDA `kernel(out, ins, **params)` as a kernel on device arrays of which
     some are 16-bit (arrays.half_format): each call widens the 16-bit inputs into float32
     temporaries, runs `kernel` on them, and rounds a 16-bit output to nearest even on
-    store, so a plan's 16-bit buffers stay 16-bit between calls. An input that is the
-    output's own buffer (an update op writing its param in place) gets the output's
-    temporary, which starts from the output's values; `update`: the kernel also writes its
-    other inputs in place (optimizer state), so the 16-bit ones are stored back too."""
+    store (engine.backends.widening.run_widened, the CPU backend's too); `update`: the
+    kernel writes its inputs in place too."""
     def call(out, ins, **params):
-        half_out = half_format(out) is not None
-        if not half_out:
-            wide_out = out
-        elif update:
-            wide_out = widened_copy(out)
-        else:
-            wide_out = cuda.device_array(out.shape, np.float32)
-        wide_ins = []
-        for a in ins:
-            if half_format(a) is None:
-                wide_ins.append(a)
-            elif half_out and overlap(a, out):
-                wide_ins.append(wide_out)
-            else:
-                wide_ins.append(widened_copy(a))
-        kernel(wide_out, wide_ins, **params)
-        if half_out:
-            narrow_into(out, wide_out)
-        if update:
-            for a, w in zip(ins, wide_ins, strict=True):
-                if w is not a and w is not wide_out:
-                    narrow_into(a, w)
+        run_widened(lambda o, i: kernel(o, i, **params), out, ins, update, DEVICE_ARRAYS)
     call.__name__ = f"widened_{getattr(kernel, '__name__', 'kernel')}"
     call.__doc__ = kernel.__doc__
     return call

@@ -5,7 +5,8 @@ reads image cell
 
     y = oy*sh - ph + ky*dh,    x = ox*sw - pw + kx*dw        (0 outside the image).
 
-im2col runs one thread per column entry (a grid-stride loop over N*OH*OW*C*KH*KW) and copies
+im2col runs one thread per column entry (a grid-stride loop over N*OH*OW*C*KH*KW, launched
+by engine.backends.cuda.launch, as every kernel here) and copies
 one value, converting to the columns' dtype. im2col_back is the gather form of col2im: one
 thread per image cell (n, c, y, x) sums, in float64 as the CPU kernel does,
 
@@ -24,17 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from engine.backends.cuda.arrays import SIMULATED, strided
-
-THREADS = 128
-# grid-stride loops: a few blocks under the simulator (each thread is a Python thread),
-# enough to fill the device on a GPU
-MAX_BLOCKS = 4 if SIMULATED else 1024
-
-
-def blocks(total: int) -> int:
-    """Blocks of THREADS threads for a grid-stride loop over `total` items."""
-    return min((total + THREADS - 1) // THREADS, MAX_BLOCKS)
+from engine.backends.cuda.arrays import strided
+from engine.backends.cuda.launch import grid_stride, unravel3, unravel4
 
 
 @cuda.jit
@@ -43,15 +35,8 @@ def _im2col(x, out, kh, kw, sh, sw, ph, pw, dh, dw):
     n, oh, ow, ck = out.shape
     h, w = x.shape[2], x.shape[3]
     for idx in range(cuda.grid(1), n * oh * ow * ck, cuda.gridsize(1)):
-        k = idx % ck
-        r = idx // ck
-        ox = r % ow
-        r //= ow
-        oy = r % oh
-        i = r // oh
-        kx = k % kw
-        ky = (k // kw) % kh
-        ch = k // (kw * kh)
+        i, oy, ox, k = unravel4(idx, oh, ow, ck)
+        ch, ky, kx = unravel3(k, kh, kw)
         y = oy * sh - ph + ky * dh
         xx = ox * sw - pw + kx * dw
         if 0 <= y < h and 0 <= xx < w:
@@ -67,12 +52,7 @@ def _im2col_back(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
     n, c, h, w = dx.shape
     oh, ow = g.shape[1], g.shape[2]
     for idx in range(cuda.grid(1), n * c * h * w, cuda.gridsize(1)):
-        xx = idx % w
-        r = idx // w
-        y = r % h
-        r //= h
-        ch = r % c
-        i = r // c
+        i, ch, y, xx = unravel4(idx, c, h, w)
         acc = np.float64(0)        # not 0.0: the simulator would sum float32 g in float32
         for ky in range(kh):
             ty = y + ph - ky * dh
@@ -88,30 +68,23 @@ def _im2col_back(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
         dx[i, ch, y, xx] = acc
 
 
-def _launch_im2col(out, x, kh, kw, stride, padding, dilation):
-    total = out.size
-    if total:
-        _im2col[blocks(total), THREADS](x, out, kh, kw, stride[0], stride[1], padding[0],
-                                        padding[1], dilation[0], dilation[1])
-
-
-def _launch_im2col_back(dx, g, kh, kw, stride, padding, dilation):
-    total = dx.size
-    if total:
-        _im2col_back[blocks(total), THREADS](g, dx, kh, kw, stride[0], stride[1], padding[0],
-                                             padding[1], dilation[0], dilation[1])
+def _launch(kernel, out, src, kh, kw, stride, padding, dilation):
+    """`kernel` (_im2col or _im2col_back) from `src` into `out`, one thread per element of
+    out."""
+    grid_stride(kernel, out.size, src, out, kh, kw, stride[0], stride[1], padding[0],
+                padding[1], dilation[0], dilation[1])
 
 
 def cuda_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
     """Dispatcher of im2col: kernel(cols, [x], **params); cols has the columns' dtype."""
     (x,) = ins
-    _launch_im2col(out, x, kh, kw, stride, padding, dilation)
+    _launch(_im2col, out, x, kh, kw, stride, padding, dilation)
 
 
 def cuda_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype):
     """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype."""
     (g,) = ins
-    _launch_im2col_back(out, g, kh, kw, stride, padding, dilation)
+    _launch(_im2col_back, out, g, kh, kw, stride, padding, dilation)
 
 
 def _unit_axis(arr, axis: int):
@@ -125,16 +98,16 @@ def _unit_axis(arr, axis: int):
 def cuda_im2col_1d(out, ins, k, stride, padding, dilation, dtype):
     """Dispatcher of im2col_1d: the 2-D kernel on (N, C, 1, L) -> (N, 1, OL, C*K) views."""
     (x,) = ins
-    _launch_im2col(_unit_axis(out, 1), _unit_axis(x, 2), 1, k, (1, stride), (0, padding),
-                   (1, dilation))
+    _launch(_im2col, _unit_axis(out, 1), _unit_axis(x, 2), 1, k, (1, stride), (0, padding),
+            (1, dilation))
 
 
 def cuda_im2col_1d_back(out, ins, x_shape, k, stride, padding, dilation, dtype):
     """Dispatcher of im2col_1d_back: the 2-D kernel on (N, 1, OL, C*K) -> (N, C, 1, L)
     views."""
     (g,) = ins
-    _launch_im2col_back(_unit_axis(out, 2), _unit_axis(g, 1), 1, k, (1, stride), (0, padding),
-                        (1, dilation))
+    _launch(_im2col_back, _unit_axis(out, 2), _unit_axis(g, 1), 1, k, (1, stride),
+            (0, padding), (1, dilation))
 
 
 def _signatures():

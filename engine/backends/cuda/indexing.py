@@ -1,9 +1,10 @@
 """CUDA kernels of the block and tiling ops: concat, pad, set, acc, repeat, repeat_back.
 
 Every kernel is a gather: one thread computes one output element (a grid-stride loop over
-the C-contiguous output) and reads the inputs it needs, so each element is written exactly
-once, with no atomics, and the result never depends on the launch configuration. Arrays are
-brought to rank 4 with unit axes in front (arrays.with_rank); inputs may be strided views.
+the C-contiguous output, engine.backends.cuda.launch) and reads the inputs it needs, so each
+element is written exactly once, with no atomics, and the result never depends on the launch
+configuration. Arrays are brought to rank 4 with unit axes in front (arrays.with_rank);
+inputs may be strided views.
 
 concat, pad, set and acc are one kernel, `_fill_block`: a block of the output, lo <= i < hi
 on every axis, is read from `inside` at i - lo, and the rest of the output from `outside`:
@@ -30,32 +31,22 @@ from __future__ import annotations
 
 from numba import cuda, float64
 
-from engine.backends.cuda.arrays import SIMULATED, with_rank
+from engine.backends.cuda.arrays import with_rank
+from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.errors import BackendError
 
 RANK = 4                                   # kernels see every array with four axes
-THREADS = 128                              # threads per block
-MAX_BLOCKS = 4 if SIMULATED else 1024      # the simulator runs each thread as a Python thread
-
 SELECT, ADD, ZERO = 0, 1, 2                # the modes of _fill_block
-
-
-def _blocks(n: int) -> int:
-    """Blocks of THREADS for a grid-stride loop over n elements (at most MAX_BLOCKS)."""
-    return max(1, min(MAX_BLOCKS, -(-n // THREADS)))
 
 
 @cuda.jit
 def _fill_block(out, outside, inside, lo, hi, mode):
     """out = inside on the block lo <= i < hi, outside (or 0) elsewhere: see the module doc
     for the three modes. All arrays 4-D; lo, hi: 4-tuples of output indices."""
-    n1, n2, n3 = out.shape[1], out.shape[2], out.shape[3]
+    _, n1, n2, n3 = out.shape
     zero = out.dtype.type(0)
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i3 = flat % n3
-        i2 = (flat // n3) % n2
-        i1 = (flat // (n3 * n2)) % n1
-        i0 = flat // (n3 * n2 * n1)
+        i0, i1, i2, i3 = unravel4(flat, n1, n2, n3)
         in_block = (lo[0] <= i0 < hi[0] and lo[1] <= i1 < hi[1] and lo[2] <= i2 < hi[2]
                     and lo[3] <= i3 < hi[3])
         if in_block:
@@ -72,13 +63,10 @@ def _fill_block(out, outside, inside, lo, hi, mode):
 @cuda.jit
 def _repeat(out, x):
     """out[i] = x[i mod x.shape] per axis (4-D arrays, out's sides multiples of x's)."""
-    s0, s1, s2, s3 = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
-    n1, n2, n3 = out.shape[1], out.shape[2], out.shape[3]
+    s0, s1, s2, s3 = x.shape
+    _, n1, n2, n3 = out.shape
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        i3 = flat % n3
-        i2 = (flat // n3) % n2
-        i1 = (flat // (n3 * n2)) % n1
-        i0 = flat // (n3 * n2 * n1)
+        i0, i1, i2, i3 = unravel4(flat, n1, n2, n3)
         out[i0, i1, i2, i3] = x[i0 % s0, i1 % s1, i2 % s2, i3 % s3]
 
 
@@ -86,13 +74,10 @@ def _repeat(out, x):
 def _repeat_back(out, g):
     """out[k] = sum over tiles t, lexicographically, of g[t*s + k], s = out.shape (4-D
     arrays, g's sides multiples of out's), accumulated in float64."""
-    s0, s1, s2, s3 = out.shape[0], out.shape[1], out.shape[2], out.shape[3]
+    s0, s1, s2, s3 = out.shape
     r0, r1, r2, r3 = g.shape[0] // s0, g.shape[1] // s1, g.shape[2] // s2, g.shape[3] // s3
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        k3 = flat % s3
-        k2 = (flat // s3) % s2
-        k1 = (flat // (s3 * s2)) % s1
-        k0 = flat // (s3 * s2 * s1)
+        k0, k1, k2, k3 = unravel4(flat, s1, s2, s3)
         total = float64(0)               # as the CPU kernel's accumulators (the simulator too)
         for t0 in range(r0):
             for t1 in range(r1):
@@ -124,7 +109,7 @@ def _launch_fill_block(op, out, outside, inside, lo, mode):
     hi = [o + n for o, n in zip(lo, inside.shape, strict=True)]
     lo, hi = _padded(lo, out.ndim, 0), _padded(hi, out.ndim, 1)
     out4, (outside4, inside4) = _rank4(op, out, [outside, inside])
-    _fill_block[_blocks(out.size), THREADS](out4, outside4, inside4, lo, hi, mode)
+    grid_stride(_fill_block, out.size, out4, outside4, inside4, lo, hi, mode)
 
 
 def cuda_concat(out, ins, axis):
@@ -158,7 +143,7 @@ def cuda_repeat(out, ins, shape):
     if out.size == 0:
         return
     out4, (x4,) = _rank4("repeat", out, ins)
-    _repeat[_blocks(out.size), THREADS](out4, x4)
+    grid_stride(_repeat, out.size, out4, x4)
 
 
 def cuda_repeat_back(out, ins, shape):
@@ -166,7 +151,7 @@ def cuda_repeat_back(out, ins, shape):
     if out.size == 0:
         return
     out4, (g4,) = _rank4("repeat_back", out, ins)
-    _repeat_back[_blocks(out.size), THREADS](out4, g4)
+    grid_stride(_repeat_back, out.size, out4, g4)
 
 
 # --- signatures for the cuda-compile check --------------------------------------------------

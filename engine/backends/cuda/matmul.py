@@ -15,7 +15,7 @@ Under the simulator (which runs each thread as a Python thread, and each syncthr
 polling barrier of milliseconds) the tile is 4 x 4, and a product of more than
 SIM_TILED_MAX_WORK multiply-adds goes to `_matmul_direct` instead: no shared memory, no
 barrier, a grid-stride loop over out's elements in C order on a small grid
-(arrays.grid_stride_shape), each element's sum taken over k in order from zero. That is the
+(launch.grid_stride_shape), each element's sum taken over k in order from zero. That is the
 tiled kernel's sum term for term (its zero padding adds +0.0 to a sum that is never -0.0),
 so the two give the same bits there. A GPU always runs the tiled kernel.
 
@@ -28,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from engine.backends.cuda.arrays import SIMULATED, broadcast, grid_stride_shape, strided
+from engine.backends.cuda.arrays import SIMULATED, broadcast, strided
+from engine.backends.cuda.launch import grid_stride, unravel4
 
 # 16 x 16 threads per block on a GPU; 4 x 4 under the simulator, which runs each thread as a
 # Python thread (the same code, and small test shapes then span several tiles)
@@ -37,7 +38,6 @@ MAX_GRID_Y = 65535                        # CUDA's limit on gridDim.y and gridDi
 MAX_BATCH_BLOCKS = 4 if SIMULATED else MAX_GRID_Y
 # simulator only: products of more multiply-adds (batch x M x N x K) run without tiles
 SIM_TILED_MAX_WORK = 1024
-DIRECT_THREADS = 128                      # threads per block of _matmul_direct
 
 
 @cuda.jit
@@ -80,12 +80,7 @@ def _matmul_direct(a, b, out):
     kdim = a.shape[3]
     zero = out.dtype.type(0)
     for e in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        j = e % n
-        row = e // n
-        i = row % m
-        z = row // m
-        p = z // nq
-        q = z % nq
+        p, q, i, j = unravel4(e, nq, m, n)
         acc = zero
         for k in range(kdim):
             acc += a[p, q, i, k] * b[p, q, k, j]
@@ -109,7 +104,7 @@ def _launch(out, a, b):
     nbatch = out.shape[0] * out.shape[1]
     m, n = out.shape[2], out.shape[3]
     if SIMULATED and nbatch * m * n * a.shape[3] > SIM_TILED_MAX_WORK:
-        _matmul_direct[grid_stride_shape(out.size, DIRECT_THREADS, MAX_GRID_Y)](a, b, out)
+        grid_stride(_matmul_direct, out.size, a, b, out)
         return
     grid = (-(-n // TILE), min(-(-m // TILE), MAX_GRID_Y), min(nbatch, MAX_BATCH_BLOCKS))
     _matmul_tiled[grid, (TILE, TILE)](a, b, out)

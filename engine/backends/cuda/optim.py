@@ -14,27 +14,23 @@ launch of one thread (`_count_step`, ordered after the update on the stream) sto
 
 Parameter and state buffers are persistent tensors, C-contiguous, updated in place through
 1-D views; the gradient may be any strided view, read as a 4-axis view
-(dropout.c_order_rank4) at the flat C-order position of the parameter element.
+(dropout.c_order_rank4) at the flat C-order position of the parameter element
+(launch.unravel4); one thread per parameter element, in a grid-stride loop (launch).
 """
 
 from __future__ import annotations
 
 from numba import cuda
 
-from engine.backends.cuda.dropout import THREADS, blocks, c_order_rank4
-from engine.backends.optim_math import adam_element, adam_scalars, sgd_element, sgd_scalars
-from engine.errors import BackendError
-from engine.hyperparams import (
-    ADAM_BETA1,
-    ADAM_BETA2,
-    ADAM_EPS,
-    ADAM_LR,
-    ADAM_WEIGHT_DECAY,
-    SGD_DAMPENING,
-    SGD_LR,
-    SGD_MOMENTUM,
-    SGD_WEIGHT_DECAY,
+from engine.backends.cuda.dropout import c_order_rank4
+from engine.backends.cuda.launch import grid_stride, unravel4
+from engine.backends.optim_math import (
+    adam_element,
+    adam_hp_scalars,
+    sgd_element,
+    sgd_hp_scalars,
 )
+from engine.errors import BackendError
 
 
 @cuda.jit
@@ -47,12 +43,8 @@ def _count_step(step):
 @cuda.jit(device=True)
 def _grad_at(g, i):
     """The element of the 4-axis gradient view g at flat C-order position i."""
-    g1, g2, g3 = g.shape[1], g.shape[2], g.shape[3]
-    i3 = i % g3
-    rest = i // g3
-    i2 = rest % g2
-    rest //= g2
-    return g[rest // g1, rest % g1, i2, i3]
+    i0, i1, i2, i3 = unravel4(i, g.shape[1], g.shape[2], g.shape[3])
+    return g[i0, i1, i2, i3]
 
 
 @cuda.jit
@@ -64,7 +56,7 @@ def _sgd(p, g, buf, step, hp, nesterov, maximize):
         d = d + mu b if nesterov else b;   p = p - lr d
     """
     first = step[0] + 1.0 == 1.0
-    s = sgd_scalars(hp[SGD_LR], hp[SGD_MOMENTUM], hp[SGD_DAMPENING], hp[SGD_WEIGHT_DECAY])
+    s = sgd_hp_scalars(hp)
     for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
         p[i], b = sgd_element(p[i], _grad_at(g, i), buf[i], first, s, nesterov, maximize)
         if s.use_momentum:
@@ -81,8 +73,7 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
         m = m + (1 - b1)(d - m);   v = b2 v + (1 - b2) d^2;   vmax = max(vmax, v)
         p = p - lr / (1 - b1^n) * m / (sqrt(v or vmax) / sqrt(1 - b2^n) + eps)
     """
-    s = adam_scalars(hp[ADAM_LR], hp[ADAM_BETA1], hp[ADAM_BETA2], hp[ADAM_EPS],
-                     hp[ADAM_WEIGHT_DECAY], step[0] + 1.0, decoupled)
+    s = adam_hp_scalars(hp, step[0] + 1.0, decoupled)
     for i in range(cuda.grid(1), p.size, cuda.gridsize(1)):
         p[i], m[i], v[i], vm = adam_element(p[i], _grad_at(g, i), m[i], v[i], vmax[i], s,
                                             amsgrad, maximize)
@@ -107,11 +98,10 @@ def cuda_sgd_step(out, ins, nesterov=False, maximize=False):
     """Dispatcher of sgd_step: ins = param, grad, step, hp, momentum_buffer; `out` is the
     param's own buffer."""
     _, g, step, hp, buf = ins
-    n = out.size
-    if n:
-        _sgd[blocks(n), THREADS](_flat(out, "the parameter", "sgd_step"), _grad(g, "sgd_step"),
-                                 _flat(buf, "the momentum buffer", "sgd_step"), step, hp,
-                                 nesterov, maximize)
+    if out.size:
+        grid_stride(_sgd, out.size, _flat(out, "the parameter", "sgd_step"),
+                    _grad(g, "sgd_step"), _flat(buf, "the momentum buffer", "sgd_step"), step,
+                    hp, nesterov, maximize)
     _count_step[1, 1](step)
 
 
@@ -121,10 +111,9 @@ def _adam_step(op, out, ins, amsgrad, maximize, decoupled):
     m = _flat(ins[4], "exp_avg", op)
     v = _flat(ins[5], "exp_avg_sq", op)
     vmax = _flat(ins[6], "max_exp_avg_sq", op) if amsgrad else v
-    n = out.size
-    if n:
-        _adam[blocks(n), THREADS](_flat(out, "the parameter", op), _grad(g, op), m, v, vmax,
-                                  step, hp, decoupled, amsgrad, maximize)
+    if out.size:
+        grid_stride(_adam, out.size, _flat(out, "the parameter", op), _grad(g, op), m, v,
+                    vmax, step, hp, decoupled, amsgrad, maximize)
     _count_step[1, 1](step)
 
 

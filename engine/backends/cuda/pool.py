@@ -20,9 +20,9 @@ The backward kernels are gathers: each image cell finds the windows that cover i
 
     oy from ceil((y + ph - kh + 1) / sh) to (y + ph) // sh, within [0, OH)   (ox likewise),
 
-and sums their contributions itself. (That range is written out in each kernel rather than
-in a device function: numba-cuda compiles device functions for the current device, so a
-kernel calling one cannot be compiled to PTX on a machine without a GPU.)
+(`_windows`) and sums their contributions itself. Max and average pooling are one forward
+kernel, `_pool`: the same windows (`_cells`), the mode choosing what the cells are reduced
+with. Launches and index arithmetic are engine.backends.cuda.launch's.
 """
 
 from __future__ import annotations
@@ -32,48 +32,42 @@ import math
 import numpy as np
 from numba import cuda
 
-from engine.backends.cuda.im2col import THREADS, blocks
+from engine.backends.cuda.launch import grid_stride, unravel4
+
+
+@cuda.jit(device=True)
+def _cells(o, s, p, k, n):
+    """[lo, hi): the image cells, along one axis of n cells, of window o (stride s, padding
+    p, kernel size k) that lie inside the image."""
+    return max(o * s - p, 0), min(o * s - p + k, n)
+
+
+@cuda.jit(device=True)
+def _windows(y, s, p, k, n_out):
+    """[lo, hi): the windows, along one axis of n_out windows, that hold image cell y."""
+    t = y + p - k + 1
+    return (0 if t <= 0 else (t + s - 1) // s), min((y + p) // s + 1, n_out)
 
 
 @cuda.jit
-def _max_pool(x, out, kh, kw, sh, sw, ph, pw):
-    """out[n, c, oy, ox] = max of x[n, c, y, x] over the window's cells inside the image."""
+def _pool(x, out, kh, kw, sh, sw, ph, pw, inv, is_max):
+    """out[n, c, oy, ox] = the max (is_max) of x[n, c, y, x] over the window's cells inside
+    the image, or their sum (row-major) times inv = 1 / (kh*kw) in the tensor's dtype."""
     n, c, oh, ow = out.shape
     h, w = x.shape[2], x.shape[3]
     for idx in range(cuda.grid(1), n * c * oh * ow, cuda.gridsize(1)):
-        ox = idx % ow
-        r = idx // ow
-        oy = r % oh
-        r //= oh
-        ch = r % c
-        i = r // c
-        m = out.dtype.type(-math.inf)
-        for y in range(max(oy * sh - ph, 0), min(oy * sh - ph + kh, h)):
-            for xx in range(max(ox * sw - pw, 0), min(ox * sw - pw + kw, w)):
+        i, ch, oy, ox = unravel4(idx, c, oh, ow)
+        y0, y1 = _cells(oy, sh, ph, kh, h)
+        x0, x1 = _cells(ox, sw, pw, kw, w)
+        acc = out.dtype.type(-math.inf) if is_max else out.dtype.type(0)
+        for y in range(y0, y1):
+            for xx in range(x0, x1):
                 v = x[i, ch, y, xx]
-                if v > m or v != v:
-                    m = v
-        out[i, ch, oy, ox] = m
-
-
-@cuda.jit
-def _avg_pool(x, out, kh, kw, sh, sw, ph, pw, inv):
-    """out[n, c, oy, ox] = (sum of x over the window's cells inside the image) * inv, with
-    inv = 1 / (kh*kw) in the tensor's dtype."""
-    n, c, oh, ow = out.shape
-    h, w = x.shape[2], x.shape[3]
-    for idx in range(cuda.grid(1), n * c * oh * ow, cuda.gridsize(1)):
-        ox = idx % ow
-        r = idx // ow
-        oy = r % oh
-        r //= oh
-        ch = r % c
-        i = r // c
-        acc = out.dtype.type(0)
-        for y in range(max(oy * sh - ph, 0), min(oy * sh - ph + kh, h)):
-            for xx in range(max(ox * sw - pw, 0), min(ox * sw - pw + kw, w)):
-                acc += x[i, ch, y, xx]
-        out[i, ch, oy, ox] = acc * inv
+                if not is_max:
+                    acc += v
+                elif v > acc or v != v:
+                    acc = v
+        out[i, ch, oy, ox] = acc if is_max else acc * inv
 
 
 @cuda.jit
@@ -82,16 +76,9 @@ def _avg_pool_back(g, dx, kh, kw, sh, sw, ph, pw, inv):
     n, c, h, w = dx.shape
     oh, ow = g.shape[2], g.shape[3]
     for idx in range(cuda.grid(1), n * c * h * w, cuda.gridsize(1)):
-        xx = idx % w
-        r = idx // w
-        y = r % h
-        r //= h
-        ch = r % c
-        i = r // c
+        i, ch, y, xx = unravel4(idx, c, h, w)
+        oy0, oy1 = _windows(y, sh, ph, kh, oh)
         acc = dx.dtype.type(0)
-        t = y + ph - kh + 1              # windows oy0 <= oy < oy1 hold row y
-        oy0 = 0 if t <= 0 else (t + sh - 1) // sh
-        oy1 = min((y + ph) // sh + 1, oh)
         for oy in range(oy0, oy1):
             for kx in range(kw):         # the CPU kernel's order: kx ascending, ox descending
                 tx = xx + pw - kx
@@ -111,26 +98,15 @@ def _max_pool_back(g, x, yv, dx, kh, kw, sh, sw, ph, pw):
     n, c, h, w = dx.shape
     oh, ow = g.shape[2], g.shape[3]
     for idx in range(cuda.grid(1), n * c * h * w, cuda.gridsize(1)):
-        xx = idx % w
-        r = idx // w
-        y = r % h
-        r //= h
-        ch = r % c
-        i = r // c
+        i, ch, y, xx = unravel4(idx, c, h, w)
         v = x[i, ch, y, xx]
         acc = dx.dtype.type(0)
-        t = y + ph - kh + 1              # windows oy0 <= oy < oy1 hold row y
-        oy0 = 0 if t <= 0 else (t + sh - 1) // sh
-        oy1 = min((y + ph) // sh + 1, oh)
-        t = xx + pw - kw + 1             # windows ox0 <= ox < ox1 hold column xx
-        ox0 = 0 if t <= 0 else (t + sw - 1) // sw
-        ox1 = min((xx + pw) // sw + 1, ow)
+        oy0, oy1 = _windows(y, sh, ph, kh, oh)
+        ox0, ox1 = _windows(xx, sw, pw, kw, ow)
         for oy in range(oy0, oy1):
-            y0 = max(oy * sh - ph, 0)
-            y1 = min(oy * sh - ph + kh, h)
+            y0, y1 = _cells(oy, sh, ph, kh, h)
             for ox in range(ox0, ox1):
-                x0 = max(ox * sw - pw, 0)
-                x1 = min(ox * sw - pw + kw, w)
+                x0, x1 = _cells(ox, sw, pw, kw, w)
                 m = yv[i, ch, oy, ox]
                 if not (v == m or v != v or (y == y1 - 1 and xx == x1 - 1)):
                     continue
@@ -148,32 +124,30 @@ def _max_pool_back(g, x, yv, dx, kh, kw, sh, sw, ph, pw):
         dx[i, ch, y, xx] = acc
 
 
+def _geometry(kernel, stride, padding) -> tuple[int, ...]:
+    return (kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
+
+
+def _inv(out, kernel):
+    """1 / (kh kw) in out's dtype."""
+    return np.dtype(out.dtype).type(1.0 / (kernel[0] * kernel[1]))
+
+
 def cuda_pool_2d(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d: kernel(out, [x], **params)."""
     (x,) = ins
-    total = out.size
-    if not total:
-        return
-    geometry = (kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
-    if mode == "max":
-        _max_pool[blocks(total), THREADS](x, out, *geometry)
-    else:
-        inv = np.dtype(out.dtype).type(1.0 / (kernel[0] * kernel[1]))
-        _avg_pool[blocks(total), THREADS](x, out, *geometry, inv)
+    grid_stride(_pool, out.size, x, out, *_geometry(kernel, stride, padding),
+                _inv(out, kernel), mode == "max")
 
 
 def cuda_pool_2d_back(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d_back: kernel(dx, [g, x, y], **params), y = pool_2d's output."""
     g, x, y = ins
-    total = out.size
-    if not total:
-        return
-    geometry = (kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
+    geometry = _geometry(kernel, stride, padding)
     if mode == "max":
-        _max_pool_back[blocks(total), THREADS](g, x, y, out, *geometry)
+        grid_stride(_max_pool_back, out.size, g, x, y, out, *geometry)
     else:
-        inv = np.dtype(out.dtype).type(1.0 / (kernel[0] * kernel[1]))
-        _avg_pool_back[blocks(total), THREADS](g, out, *geometry, inv)
+        grid_stride(_avg_pool_back, out.size, g, out, *geometry, _inv(out, kernel))
 
 
 def _signatures():
@@ -181,8 +155,7 @@ def _signatures():
     sigs = []
     for t in ("float32", "float64"):
         src, dst, ints = f"{t}[:, :, :, :]", f"{t}[:, :, :, ::1]", ", ".join(["int64"] * 6)
-        sigs += [(_max_pool, f"void({src}, {dst}, {ints})"),
-                 (_avg_pool, f"void({src}, {dst}, {ints}, {t})"),
+        sigs += [(_pool, f"void({src}, {dst}, {ints}, {t}, boolean)"),
                  (_avg_pool_back, f"void({src}, {dst}, {ints}, {t})"),
                  (_max_pool_back, f"void({src}, {src}, {src}, {dst}, {ints})")]
     return sigs

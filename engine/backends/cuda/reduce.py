@@ -4,11 +4,11 @@
 
 The kept axes and the reduced axes of the (possibly strided) input are each merged where
 their memory allows and padded to 4 axes. Each output element has its own segment of
-threads, as each row has in the row kernels (row_segments): the whole block when the
-reduction is long, several outputs to a block when it is short. The segment's threads
-stride over the reduced elements in row-major order, accumulate in float64 and meet in a
-shared-memory tree (block_reduce). A full reduction to a scalar is one block.
-The order of additions depends on the shape only: same bits on every run.
+threads, as each row has in the row kernels (engine.backends.cuda.launch): the whole block
+when the reduction is long, several outputs to a block when it is short. The segment's
+threads stride over the reduced elements in row-major order, accumulate in float64 and meet
+in a shared-memory tree (launch.segment_sum). A full reduction to a scalar is one block. The
+order of additions depends on the shape only: same bits on every run.
 
 Under the simulator, which runs each thread as a Python thread and each syncthreads as a
 polling barrier of milliseconds, the grid is capped at SIM_BLOCKS blocks (the blocks loop
@@ -25,20 +25,20 @@ import math
 
 from numba import cuda, float64
 
-from engine.backends.cuda.arrays import SIM_BLOCKS, SIMULATED, grid_stride_shape, strided
-from engine.backends.cuda.block_reduce import (
-    MAX_BLOCKS,
-    MAX_THREADS,
-    flat_view,
+from engine.backends.cuda.arrays import SIMULATED, flat_view, pad4, strided
+from engine.backends.cuda.launch import (
+    SCRATCH,
+    SIM_BLOCKS,
+    grid_stride,
     offset4,
-    pad4,
     row_launch,
+    segment_passes,
+    segment_row,
+    segment_scratch,
     segment_sum,
 )
-from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 SIM_TREE_MAX_WORK = 1024    # simulator only: larger reductions (inputs read) run serially
-SERIAL_THREADS = 32         # threads per block of _sum_serial
 
 
 @cuda.jit
@@ -68,7 +68,7 @@ def _sum_serial(x, out, kshape, kstrides, rshape, rstrides, nred, width):
         for s = width/2, ..., 1:  partial[l] = partial[l] + partial[l + s]   l < s
         out[o] = partial[0]
     """
-    partial = cuda.local.array(MAX_THREADS, float64)
+    partial = cuda.local.array(SCRATCH, float64)
     for o in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
         base = offset4(o, kshape, kstrides)
         for lane in range(width):
@@ -113,7 +113,7 @@ def cuda_sum(out, ins, axes, keepdims):
     blocks, threads, width = row_launch(out.size, nred)
     args = (xflat, oflat, kshape, kstrides, rshape, rstrides, nred, width)
     if SIMULATED and out.size * nred > SIM_TREE_MAX_WORK:
-        _sum_serial[grid_stride_shape(out.size, SERIAL_THREADS, MAX_BLOCKS)](*args)
+        grid_stride(_sum_serial, out.size, *args)
         return
     if SIMULATED:
         blocks = min(blocks, SIM_BLOCKS)

@@ -1,6 +1,6 @@
-"""CUDA kernels of rope and rope_back (rotary position embeddings, ggml's ROPE and
-ROPE_BACK): one kernel, the rotation by +theta (rope) or -theta (rope_back), one thread
-per output element of x seen as (B, T, H, D).
+"""CUDA kernels of rope and rope_back (rotary position embeddings, ggml's ROPE and ROPE_BACK):
+one kernel, the rotation by +theta (rope) or -theta (rope_back), one thread per output
+element of x seen as (B, T, H, D), in a grid-stride loop (engine.backends.cuda.launch).
 
 An element j < n_dims belongs to pair i (normal: j = 2i or 2i + 1; neox: j = i or
 i + n_dims/2); its thread computes the pair's (c, s) (engine.backends.rope_math, float64,
@@ -18,7 +18,7 @@ from __future__ import annotations
 from numba import cuda
 
 from engine.backends.cuda.arrays import with_rank
-from engine.backends.cuda.dropout import THREADS, blocks
+from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.backends.rope_math import rope_cos_sin, rope_inv_freq, yarn_corr_dims
 
 
@@ -26,13 +26,10 @@ from engine.backends.rope_math import rope_cos_sin, rope_inv_freq, yarn_corr_dim
 def _rope(x, pos, ff, has_ff, out, n_dims, neox, sign, freq_base, freq_scale, corr_low,
           corr_high, ext_factor, attn_factor):
     """out = x with pairs of its first n_dims dims rotated by sign * theta (module doc)."""
-    nt, nh, nd = out.shape[1], out.shape[2], out.shape[3]
+    _, nt, nh, nd = out.shape
     half = n_dims // 2
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        j = flat % nd
-        h = (flat // nd) % nh
-        t = (flat // (nd * nh)) % nt
-        b = flat // (nd * nh * nt)
+        b, t, h, j = unravel4(flat, nt, nh, nd)
         if j >= n_dims:
             out[b, t, h, j] = x[b, t, h, j]
             continue
@@ -67,10 +64,9 @@ def _launch(out, ins, sign, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext
     low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     out4 = with_rank(out, 4)
     factors = ff[0] if ff else out.reshape(out.size)     # never read without factors
-    _rope[blocks(out.size), THREADS](with_rank(x, 4), pos, factors, bool(ff), out4,
-                                     int(n_dims), mode == "neox", float(sign),
-                                     float(freq_base), float(freq_scale), low, high,
-                                     float(ext_factor), float(attn_factor))
+    grid_stride(_rope, out.size, with_rank(x, 4), pos, factors, bool(ff), out4, int(n_dims),
+                mode == "neox", float(sign), float(freq_base), float(freq_scale), low, high,
+                float(ext_factor), float(attn_factor))
 
 
 def cuda_rope(out, ins, **params):

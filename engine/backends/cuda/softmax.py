@@ -11,10 +11,11 @@ along the last axis (n elements; rows are all leading axes):
 
 h is a row's head, axis 1 of x seen as 4-D (B, H, R, n); slope_h = alibi_slope(h, H,
 max_bias) (engine.backends.alibi_math, inlined; 1 without ALiBi); the sink terms only with
-sinks. Each row has a segment of threads (block_reduce.row_launch: a whole block for long
-rows, several rows per block for short ones; the kernels' prologue is row_segments') that
-stride over its elements; row maxima and sums are shared-memory trees in float64,
-exponentials are taken in float64, for float32 and float64 alike (as the CPU kernels).
+sinks. Each row has a segment of threads (engine.backends.cuda.launch: row_launch gives a
+whole block to a long row, several rows to a block when they are short; the kernels'
+skeleton is launch's too) that stride over its elements; row maxima and sums are
+shared-memory trees in float64, exponentials are taken in float64, for float32 and float64
+alike (as the CPU kernels).
 softmax_sink_back is a block per head, whose segments step through that head's rows,
 recomputing y and p_sink from x, mask and sinks; each row's term is added by its segment's
 first thread, and one tree sums the block's threads (the order depends on the shape only).
@@ -29,39 +30,43 @@ import math
 from numba import cuda, float64
 
 from engine.backends.alibi_math import alibi_slope
-from engine.backends.cuda import block_reduce
-from engine.backends.cuda.arrays import broadcast, with_rank
-from engine.backends.cuda.block_reduce import (
-    flat_view,
+from engine.backends.cuda import launch
+from engine.backends.cuda.arrays import broadcast, flat_view, rows_view, with_rank
+from engine.backends.cuda.launch import (
+    ROW_SIGNATURE,
+    launch_rows,
+    row_dot,
+    row_kernel,
     row_launch,
-    rows_view,
+    row_max,
     segment_logsumexp,
     segment_max,
+    segment_passes,
+    segment_row,
+    segment_scratch,
     segment_sum,
 )
-from engine.backends.cuda.row_segments import segment_passes, segment_row, segment_scratch
 
 
-@cuda.jit
-def _softmax_kernel(x, out, rows, n, scale, width):
-    """out[r n + j] = exp(s x[r n + j] - m_r) / sum_k exp(s x[r n + k] - m_r)."""
-    shared = segment_scratch()
-    tid, lane, start, step = segment_passes(width)
-    for first in range(start, rows, step):
-        _, count, base = segment_row(first, tid, width, rows, n)
-        m = -math.inf
-        for j in range(lane, count, width):
-            m = max(m, scale * float64(x[base + j]))
-        m = segment_max(shared, m, tid, width)
-        total = 0.0
-        for j in range(lane, count, width):
-            e = math.exp(scale * float64(x[base + j]) - m)
-            out[base + j] = e
-            total += e
-        total = segment_sum(shared, total, tid, width)
-        inv = 1.0 / total if count else 0.0    # rows past the end have none
-        for j in range(lane, count, width):
-            out[base + j] = float64(out[base + j]) * inv
+@cuda.jit(device=True)
+def _divide(out, base, count, total, tid, width):
+    """out[base + j] *= 1 / total over the row's count elements (rows past the end have
+    none), by the segment of `width` threads."""
+    inv = 1.0 / total if count else 0.0
+    for j in range(tid % width, count, width):
+        out[base + j] = float64(out[base + j]) * inv
+
+
+@cuda.jit(device=True)
+def _softmax_row(shared, x, x_, out, base, count, n, scale, tid, width):
+    """out[base + j] = exp(s x[base + j] - m) / sum_k exp(s x[base + k] - m)."""
+    m = row_max(shared, x, scale, base, count, tid, width)
+    total = 0.0
+    for j in range(tid % width, count, width):
+        e = math.exp(scale * float64(x[base + j]) - m)
+        out[base + j] = e
+        total += e
+    _divide(out, base, count, segment_sum(shared, total, tid, width), tid, width)
 
 
 @cuda.jit(device=True)
@@ -72,6 +77,21 @@ def _mask_base(r, lead, mstrides):
     nr = lead[2]
     h = (r // nr) % nh
     return (r // (nh * nr)) * mstrides[0] + h * mstrides[1] + (r % nr) * mstrides[2], h
+
+
+@cuda.jit(device=True)
+def _logit(x, mask, base, mbase, ms, j, scale, slope):
+    """z_j = s x[base + j] + slope mask[mbase + j ms] of a masked row, in float64."""
+    return scale * float64(x[base + j]) + slope * float64(mask[mbase + j * ms])
+
+
+@cuda.jit(device=True)
+def _masked_max(shared, x, mask, base, mbase, ms, count, scale, slope, sink, tid, width):
+    """max(sink, max_j z_j) over the row's count logits (_logit), by the segment."""
+    m = sink
+    for j in range(tid % width, count, width):
+        m = max(m, _logit(x, mask, base, mbase, ms, j, scale, slope))
+    return segment_max(shared, m, tid, width)
 
 
 @cuda.jit
@@ -90,22 +110,17 @@ def _softmax_masked_kernel(x, mask, sinks, has_sinks, out, lead, mstrides, n, sc
         mbase, h = _mask_base(r, lead, mstrides)
         slope = alibi_slope(float64(h), nh, max_bias)
         sink = float64(sinks[h]) if has_sinks else -math.inf
-        m = sink
-        for j in range(lane, count, width):
-            m = max(m, scale * float64(x[base + j]) + slope * float64(mask[mbase + j * ms]))
-        m = segment_max(shared, m, tid, width)
+        m = _masked_max(shared, x, mask, base, mbase, ms, count, scale, slope, sink, tid,
+                        width)
         total = 0.0
         for j in range(lane, count, width):
-            e = math.exp(scale * float64(x[base + j]) + slope * float64(mask[mbase + j * ms])
-                         - m)
+            e = math.exp(_logit(x, mask, base, mbase, ms, j, scale, slope) - m)
             out[base + j] = e
             total += e
         total = segment_sum(shared, total, tid, width)
         if has_sinks:
             total += math.exp(sink - m)
-        inv = 1.0 / total if count else 0.0    # rows past the end have none
-        for j in range(lane, count, width):
-            out[base + j] = float64(out[base + j]) * inv
+        _divide(out, base, count, total, tid, width)
 
 
 @cuda.jit
@@ -114,8 +129,7 @@ def _softmax_sink_back_kernel(g, x, mask, sinks, out, lead, mstrides, n, scale, 
     """out[h] = -sum over the rows r of head h of p_sink(r) sum_j g_j y_j, y and p_sink
     recomputed from x, mask and sinks (module doc); block b takes heads b, b + gridDim, ..."""
     shared = segment_scratch()
-    tid = cuda.threadIdx.x
-    lane = tid % width
+    tid, lane, _, _ = segment_passes(width)
     groups = cuda.blockDim.x // width
     nb = lead[0]
     nh = lead[1]
@@ -127,21 +141,16 @@ def _softmax_sink_back_kernel(g, x, mask, sinks, out, lead, mstrides, n, scale, 
         sink = float64(sinks[h])
         acc = 0.0
         for first in range(0, per_head, groups):
-            k = first + tid // width
-            count = n if k < per_head else 0
+            k, count, _ = segment_row(first, tid, width, per_head, n)
             r = ((k // nr) * nh + h) * nr + k % nr      # batch k // nr, row k % nr of head h
             base = r * n
             mbase, _ = _mask_base(r, lead, mstrides)
-            m = sink
-            for j in range(lane, count, width):
-                m = max(m, scale * float64(x[base + j])
-                        + slope * float64(mask[mbase + j * ms]))
-            m = segment_max(shared, m, tid, width)
+            m = _masked_max(shared, x, mask, base, mbase, ms, count, scale, slope, sink, tid,
+                            width)
             total = 0.0
             dot = 0.0
             for j in range(lane, count, width):
-                e = math.exp(scale * float64(x[base + j])
-                             + slope * float64(mask[mbase + j * ms]) - m)
+                e = math.exp(_logit(x, mask, base, mbase, ms, j, scale, slope) - m)
                 total += e
                 dot += float64(g[base + j]) * e
             total = segment_sum(shared, total, tid, width)
@@ -155,43 +164,37 @@ def _softmax_sink_back_kernel(g, x, mask, sinks, out, lead, mstrides, n, scale, 
             out[h] = acc
 
 
-@cuda.jit
-def _softmax_back_kernel(g, y, out, rows, n, scale, width):
-    """out[r n + j] = s y[r n + j] (g[r n + j] - sum_k g[r n + k] y[r n + k])."""
-    shared = segment_scratch()
-    tid, lane, start, step = segment_passes(width)
-    for first in range(start, rows, step):
-        _, count, base = segment_row(first, tid, width, rows, n)
-        dot = 0.0
-        for j in range(lane, count, width):
-            dot += float64(g[base + j]) * float64(y[base + j])
-        dot = segment_sum(shared, dot, tid, width)
-        for j in range(lane, count, width):
-            out[base + j] = scale * float64(y[base + j]) * (float64(g[base + j]) - dot)
+@cuda.jit(device=True)
+def _softmax_back_row(shared, g, y, out, base, count, n, scale, tid, width):
+    """out[base + j] = s y[base + j] (g[base + j] - sum_k g[base + k] y[base + k])."""
+    dot = row_dot(shared, g, 0.0, y, 0.0, base, count, tid, width)
+    for j in range(tid % width, count, width):
+        out[base + j] = scale * float64(y[base + j]) * (float64(g[base + j]) - dot)
 
 
-@cuda.jit
-def _log_softmax_kernel(x, out, rows, n, width):
-    """out[r n + j] = x[r n + j] - logsumexp_k x[r n + k]."""
-    shared = segment_scratch()
-    tid, lane, start, step = segment_passes(width)
-    for first in range(start, rows, step):
-        _, count, base = segment_row(first, tid, width, rows, n)
-        lse = segment_logsumexp(shared, x, base, count, tid, width)
-        for j in range(lane, count, width):
-            out[base + j] = float64(x[base + j]) - lse
+@cuda.jit(device=True)
+def _log_softmax_row(shared, x, x_, out, base, count, n, unused, tid, width):
+    """out[base + j] = x[base + j] - logsumexp_k x[base + k]."""
+    lse = segment_logsumexp(shared, x, base, count, tid, width)
+    for j in range(tid % width, count, width):
+        out[base + j] = float64(x[base + j]) - lse
+
+
+_softmax_kernel = row_kernel(_softmax_row, "_softmax_kernel")
+_softmax_back_kernel = row_kernel(_softmax_back_row, "_softmax_back_kernel")
+_log_softmax_kernel = row_kernel(_log_softmax_row, "_log_softmax_kernel")
 
 
 def cuda_softmax(out, ins, scale=1.0, max_bias=0.0):
     """The dispatcher of softmax: ins = [x], [x, mask] or [x, mask, sinks]."""
     if out.size == 0:
         return
+    if len(ins) == 1:
+        launch_rows(_softmax_kernel, "softmax", out, ins, scale)
+        return
     xf, rows, n = rows_view(ins[0], "softmax")
     of, _, _ = rows_view(out, "softmax")
     blocks, threads, width = row_launch(rows, n)
-    if len(ins) == 1:
-        _softmax_kernel[blocks, threads](xf, of, rows, n, float(scale), width)
-        return
     x4 = with_rank(ins[0], 4)
     mf, mstrides = flat_view(broadcast(ins[1], x4.shape), "softmax")
     sinks = rows_view(ins[2], "softmax")[0] if len(ins) > 2 else mf   # mf: never read
@@ -201,19 +204,12 @@ def cuda_softmax(out, ins, scale=1.0, max_bias=0.0):
 
 def cuda_softmax_back(out, ins, scale=1.0):
     """The dispatcher of softmax_back: ins = [g, y]."""
-    if out.size == 0:
-        return
-    g, y = ins
-    gf, rows, n = rows_view(g, "softmax_back")
-    yf, _, _ = rows_view(y, "softmax_back")
-    of, _, _ = rows_view(out, "softmax_back")
-    blocks, threads, width = row_launch(rows, n)
-    _softmax_back_kernel[blocks, threads](gf, yf, of, rows, n, float(scale), width)
+    launch_rows(_softmax_back_kernel, "softmax_back", out, ins, scale)
 
 
 def cuda_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     """The dispatcher of softmax_sink_back: ins = [g, x, mask, sinks], out (H,): a block
-    per head (up to MAX_BLOCKS; a block takes several heads beyond)."""
+    per head (up to launch.MAX_ROW_BLOCKS; a block takes several heads beyond)."""
     if out.size == 0:
         return
     g, x, mask, sinks = ins
@@ -225,29 +221,24 @@ def cuda_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     mf, mstrides = flat_view(broadcast(mask, x4.shape), "softmax_sink_back")
     nb, nh, nr, _ = x4.shape
     _, threads, width = row_launch(nb * nr, n)
-    _softmax_sink_back_kernel[min(nh, block_reduce.MAX_BLOCKS), threads](
+    _softmax_sink_back_kernel[min(nh, launch.MAX_ROW_BLOCKS), threads](
         gf, xf, mf, sf, of, tuple(x4.shape), mstrides, n, float(scale), float(max_bias), width)
 
 
 def cuda_log_softmax(out, ins):
     """The dispatcher of log_softmax: ins = [x]."""
-    if out.size == 0:
-        return
-    xf, rows, n = rows_view(ins[0], "log_softmax")
-    of, _, _ = rows_view(out, "log_softmax")
-    blocks, threads, width = row_launch(rows, n)
-    _log_softmax_kernel[blocks, threads](xf, of, rows, n, width)
+    launch_rows(_log_softmax_kernel, "log_softmax", out, ins)
 
 
 _TUPLE = "UniTuple(int64, 4)"
 PTX_SIGNATURES = [sig for t in ("float32", "float64") for sig in [
-    (_softmax_kernel, f"void({t}[::1], {t}[::1], int64, int64, float64, int64)"),
+    (_softmax_kernel, ROW_SIGNATURE.format(t=t)),
     (_softmax_masked_kernel,
      f"void({t}[::1], {t}[::1], {t}[::1], boolean, {t}[::1], {_TUPLE}, {_TUPLE}, int64, "
      "float64, float64, int64)"),
-    (_softmax_back_kernel, f"void({t}[::1], {t}[::1], {t}[::1], int64, int64, float64, int64)"),
+    (_softmax_back_kernel, ROW_SIGNATURE.format(t=t)),
     (_softmax_sink_back_kernel,
      f"void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {_TUPLE}, {_TUPLE}, int64, "
      "float64, float64, int64)"),
-    (_log_softmax_kernel, f"void({t}[::1], {t}[::1], int64, int64, int64)"),
+    (_log_softmax_kernel, ROW_SIGNATURE.format(t=t)),
 ]]

@@ -7,7 +7,8 @@ loads it before it makes any device copy).
 
 16-bit floats (arrays.half_format): copies and fills move their uint16 bit patterns
 (arrays.bits), the same kernels for both formats; dst += src widens both to float32, adds
-and rounds to nearest even (engine.backends.cuda.half.accumulate).
+and rounds to nearest even (engine.backends.cuda.half.accumulate). The kernels are
+grid-stride loops launched by engine.backends.cuda.launch.
 """
 
 from __future__ import annotations
@@ -17,48 +18,29 @@ from numba import cuda
 
 from engine.backends.cpu.half import BF16, F16
 from engine.backends.cuda import half
-from engine.backends.cuda.arrays import bits, grid_stride_shape, half_format, with_rank
+from engine.backends.cuda.arrays import bits, half_format, with_rank
+from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.tensor import DTYPES, register_device_filler
-
-THREADS = 128
-MAX_BLOCKS = 1024
-MAX_RANK = 6
 
 
 @cuda.jit
 def _copy_4d(dst, src):
-    n1, n2, n3 = src.shape[1], src.shape[2], src.shape[3]
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, dst.size, step):
-        i3 = i % n3
-        r = i // n3
-        i2 = r % n2
-        r = r // n2
-        i1 = r % n1
-        i0 = r // n1
+    _, d1, d2, d3 = src.shape
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
         dst[i] = src[i0, i1, i2, i3]
 
 
 @cuda.jit
 def _add(dst, src):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, dst.size, step):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = dst[i] + src[i]
 
 
 @cuda.jit
 def _fill(dst, value):
-    start = cuda.grid(1)
-    step = cuda.gridsize(1)
-    for i in range(start, dst.size, step):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
         dst[i] = value
-
-
-def _shape(n: int) -> tuple[int, int]:
-    """(blocks, threads) of a grid-stride launch over n elements (capped in the simulator)."""
-    return grid_stride_shape(n, THREADS, MAX_BLOCKS)
 
 
 def _as_4d(a):
@@ -75,7 +57,7 @@ def copy(dst, src) -> None:
         return
     if half_format(dst) is not None:
         dst, src = bits(dst), bits(src)
-    _copy_4d[_shape(dst.size)](dst.reshape(dst.size), _as_4d(src))
+    grid_stride(_copy_4d, dst.size, dst.reshape(dst.size), _as_4d(src))
 
 
 _PATTERN_DTYPES = {F16: DTYPES["f16"], BF16: DTYPES["bf16"]}
@@ -90,7 +72,7 @@ def fill(dst, value: float) -> None:
     if fmt is not None:
         pattern = np.asarray(value, np.float64).astype(_PATTERN_DTYPES[fmt]).view(np.uint16)
         dst, value = bits(dst), pattern[()]
-    _fill[_shape(dst.size)](dst.reshape(dst.size), dst.dtype.type(value))
+    grid_stride(_fill, dst.size, dst.reshape(dst.size), dst.dtype.type(value))
 
 
 def accumulate(dst, src) -> None:
@@ -101,7 +83,7 @@ def accumulate(dst, src) -> None:
     if half_format(dst) is not None:
         half.accumulate(dst, src)
         return
-    _add[_shape(dst.size)](dst.reshape(dst.size), src.reshape(src.size))
+    grid_stride(_add, dst.size, dst.reshape(dst.size), src.reshape(src.size))
 
 
 PTX_SIGNATURES = [(k, f"void({t}[::1], {t}[:, :, :, :])") for k in (_copy_4d,)

@@ -7,15 +7,15 @@ p = py * npx + px:
     win_unpart:  out[h, v, c]    = y[(h // w) * npx + v // w, h % w, v % w, c]
 
 Gathers, as the CPU kernels: one thread per output element (a grid-stride loop over the
-C-contiguous output), each element written once, the padding included; inputs may be
-strided views. No arithmetic, so both backends give the same bits.
+C-contiguous output, engine.backends.cuda.launch), each element written once, the padding
+included; inputs may be strided views. No arithmetic, so both backends give the same bits.
 """
 
 from __future__ import annotations
 
 from numba import cuda
 
-from engine.backends.cuda.dropout import THREADS, blocks
+from engine.backends.cuda.launch import grid_stride, input_layouts, unravel3, unravel4
 
 
 @cuda.jit
@@ -26,10 +26,7 @@ def _win_part(x, out, w):
     npx = (nw + w - 1) // w
     zero = out.dtype.type(0)
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        c = flat % nc
-        j = (flat // nc) % w
-        i = (flat // (nc * w)) % w
-        p = flat // (nc * w * w)
+        p, i, j, c = unravel4(flat, w, w, nc)
         h = (p // npx) * w + i
         v = (p % npx) * w + j
         if h < nh and v < nw:
@@ -44,35 +41,23 @@ def _win_unpart(y, out, w):
     nw, nc = out.shape[1], out.shape[2]
     npx = (nw + w - 1) // w
     for flat in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-        c = flat % nc
-        v = (flat // nc) % nw
-        h = flat // (nc * nw)
+        h, v, c = unravel3(flat, nw, nc)
         out[h, v, c] = y[(h // w) * npx + v // w, h % w, v % w, c]
 
 
 def cuda_win_part(out, ins, window):
     """Dispatcher of win_part: kernel(out, [x], window); out is (npy*npx, w, w, C)."""
     (x,) = ins
-    if out.size:
-        _win_part[blocks(out.size), THREADS](x, out, window)
+    grid_stride(_win_part, out.size, x, out, window)
 
 
 def cuda_win_unpart(out, ins, height, width, window):
     """Dispatcher of win_unpart: kernel(out, [y], height, width, window); out is
     (height, width, C)."""
     (y,) = ins
-    if out.size:
-        _win_unpart[blocks(out.size), THREADS](y, out, window)
+    grid_stride(_win_unpart, out.size, y, out, window)
 
 
-def _signatures():
-    """float32 and float64, inputs contiguous or strided, outputs contiguous."""
-    sigs = []
-    for dt in ("float32", "float64"):
-        for lay3, lay4 in (("[:, :, ::1]", "[:, :, :, ::1]"), ("[:, :, :]", "[:, :, :, :]")):
-            sigs.append((_win_part, f"void({dt}{lay3}, {dt}[:, :, :, ::1], int64)"))
-            sigs.append((_win_unpart, f"void({dt}{lay4}, {dt}[:, :, ::1], int64)"))
-    return sigs
-
-
-PTX_SIGNATURES = _signatures()
+PTX_SIGNATURES = [sig for dt, lay3, lay4 in input_layouts(3, 4) for sig in [
+    (_win_part, f"void({dt}{lay3}, {dt}[:, :, :, ::1], int64)"),
+    (_win_unpart, f"void({dt}{lay4}, {dt}[:, :, ::1], int64)")]]

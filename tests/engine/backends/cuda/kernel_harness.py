@@ -158,6 +158,13 @@ def replay(sample, op_names=None) -> list[str]:
     return checked
 
 
+def replay_family(sample, family, expected) -> None:
+    """`replay` the sample's kernel nodes of the ops `family`, and check that they were
+    exactly the ops expected[sample.op] (its graph exercises each kernel it should)."""
+    checked = replay(sample, family)
+    assert set(checked) == expected[sample.op], f"{sample}: checked {checked}"
+
+
 CUDA_DTYPES = ("f32", "f64", "f16", "bf16")    # the dtypes the CUDA kernels run
 HALF_NAMES = ("f16", "bf16")
 

@@ -337,8 +337,9 @@ def test_same_bits_on_every_run_and_any_grid(monkeypatch):
     fwd = [run_fwd(q, k, v, mask, **p) for _ in range(2)]
     back = [np.concatenate([d.ravel() for d in run_back(g, q, k, v, mask, fwd[0], **p)])
             for _ in range(2)]
-    monkeypatch.setattr(kernels, "THREADS", 1)       # one thread does every row
-    monkeypatch.setattr(kernels, "MAX_BLOCKS", 1)
+    from engine.backends.cuda import launch
+    monkeypatch.setattr(launch, "THREADS", 1)        # one thread does every row
+    monkeypatch.setattr(launch, "MAX_BLOCKS", 1)
     fwd.append(run_fwd(q, k, v, mask, **p))
     back.append(np.concatenate([d.ravel() for d in run_back(g, q, k, v, mask, fwd[0], **p)]))
     assert all(f.tobytes() == fwd[0].tobytes() for f in fwd)

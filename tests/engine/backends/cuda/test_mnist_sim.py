@@ -127,10 +127,10 @@ def test_direct_matmul_gives_the_tiled_bits(dtype, monkeypatch):
 ], ids=["strided", "split-axes", "scalar", "widest"])
 def test_serial_sum_gives_the_tree_bits(case, dtype, monkeypatch):
     _simulator_only()
-    from engine.backends.cuda import block_reduce, reduce
+    from engine.backends.cuda import launch, reduce
     shape, order, axes, max_threads = case
     if max_threads is not None:     # segments narrower than the rows, at a simulator's cost
-        monkeypatch.setattr(block_reduce, "MAX_THREADS", max_threads)
+        monkeypatch.setattr(launch, "MAX_THREADS", max_threads)
     x = _mixed(np.random.default_rng(14), shape, dtype).transpose(order)
     kept = tuple(n for i, n in enumerate(x.shape) if i not in axes)
 

@@ -94,19 +94,19 @@ def compare(op: str, arrays, out_shape, out_dtype=None, **params):
 
 
 @pytest.fixture
-def block_reduce():
-    """engine.backends.cuda.block_reduce, with every kernel module of this family imported
-    first (so that a patched limit is not copied into a module imported while patched)."""
-    from engine.backends.cuda import block_reduce, resolve_kernel
+def launch():
+    """engine.backends.cuda.launch, with every kernel module of this family imported first
+    (so that a patched limit is not copied into a module imported while patched)."""
+    from engine.backends.cuda import launch, resolve_kernel
     for op in ("sum", *ROW_OPS):
         resolve_kernel(OPS[op])
-    return block_reduce
+    return launch
 
 
-def test_rows_longer_than_a_block(block_reduce, monkeypatch):
+def test_rows_longer_than_a_block(launch, monkeypatch):
     """Rows of 21 elements with blocks capped at 8 threads (as rows of more than
     MAX_THREADS elements, at a simulator's cost): threads stride over their row 3 times."""
-    monkeypatch.setattr(block_reduce, "MAX_THREADS", 8)
+    monkeypatch.setattr(launch, "MAX_THREADS", 8)
     rng = np.random.default_rng(5)
     x = rng.uniform(-2.0, 2.0, (3, 21)).astype(np.float32)
     g = rng.uniform(-1.0, 1.0, (3, 21)).astype(np.float32)
@@ -124,7 +124,7 @@ def test_rows_longer_than_a_block(block_reduce, monkeypatch):
 
 
 @pytest.mark.parametrize("op", ["softmax", "norm", "rms_norm_back", "sum", "softmax_sink_back"])
-def test_more_rows_than_the_grid(op, block_reduce, monkeypatch):
+def test_more_rows_than_the_grid(op, launch, monkeypatch):
     """With one block allowed, its row segments step over all 40 rows (the last step has
     rows past the end, which must neither write nor divide by zero), and the result is the
     same bits as with a block per 32 rows (softmax_sink_back: per head): the grid never
@@ -141,7 +141,7 @@ def test_more_rows_than_the_grid(op, block_reduce, monkeypatch):
                                    (5,), {"scale": 0.5, "max_bias": 2.0})}
     arrays, shape, params = cases[op]
     many_blocks = compare(op, arrays, shape, **params)
-    monkeypatch.setattr(block_reduce, "MAX_BLOCKS", 1)
+    monkeypatch.setattr(launch, "MAX_ROW_BLOCKS", 1)
     one_block = compare(op, arrays, shape, **params)
     assert one_block.tobytes() == many_blocks.tobytes()
 
