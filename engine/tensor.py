@@ -43,6 +43,15 @@ HOST, DEVICE, BOTH = 1, 2, 3   # where the current copy of a persistent tensor's
 OPERATOR_OPS = ("add", "sub", "mul", "div", "matmul", "neg", "transpose")
 OPERATORS: dict[str, Callable] = {}
 
+
+def _binary_operator(op: str, reflected: bool = False) -> Callable:
+    """Tensor's operator method for the binary op OPERATORS[op] (looked up at each call, as
+    engine.ops fills OPERATORS in): a.op(b), or b.op(a) when `reflected` (__radd__, ...)."""
+    def method(self, other):
+        return OPERATORS[op](other, self) if reflected else OPERATORS[op](self, other)
+    method.__name__ = f"__{'r' if reflected else ''}{'truediv' if op == 'div' else op}__"
+    return method
+
 # How a device backend fills its copy of a persistent tensor in place (Tensor.fill):
 # (accepts(device_copy) -> bool, fill(device_copy, value)) pairs, registered by each device
 # backend when its module is loaded, which happens before it makes any device copy.
@@ -263,32 +272,12 @@ class Tensor:
                 f"dtype={dtype_name(self.dtype)}{flags})")
 
     # --- operators: thin sugar over the ops (see OPERATORS) -----------------------------
-    def __add__(self, other):
-        return OPERATORS["add"](self, other)
-
-    def __radd__(self, other):
-        return OPERATORS["add"](other, self)
-
-    def __sub__(self, other):
-        return OPERATORS["sub"](self, other)
-
-    def __rsub__(self, other):
-        return OPERATORS["sub"](other, self)
-
-    def __mul__(self, other):
-        return OPERATORS["mul"](self, other)
-
-    def __rmul__(self, other):
-        return OPERATORS["mul"](other, self)
-
-    def __truediv__(self, other):
-        return OPERATORS["div"](self, other)
-
-    def __rtruediv__(self, other):
-        return OPERATORS["div"](other, self)
-
-    def __matmul__(self, other):
-        return OPERATORS["matmul"](self, other)
+    __add__, __radd__ = _binary_operator("add"), _binary_operator("add", reflected=True)
+    __sub__, __rsub__ = _binary_operator("sub"), _binary_operator("sub", reflected=True)
+    __mul__, __rmul__ = _binary_operator("mul"), _binary_operator("mul", reflected=True)
+    __truediv__ = _binary_operator("div")
+    __rtruediv__ = _binary_operator("div", reflected=True)
+    __matmul__ = _binary_operator("matmul")
 
     def __neg__(self):
         return OPERATORS["neg"](self)

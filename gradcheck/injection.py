@@ -5,11 +5,12 @@ An injection spec is one of:
 
 - `scale[:FACTOR]` (FACTOR_MUTATIONS): the backward rules of the ops a case is made of,
   every input gradient multiplied by FACTOR (default 1.01);
-- the name of a mutant of `gradcheck.mutants.MUTANTS` (e.g. `softmax_back_no_subtraction`):
+- the name of a mutant of `gradcheck.mutants.MUTANTS` (e.g. `softmax_back_no_subtraction`,
+  declared beside its op and registered in engine.mutation):
   that one documented bug in its op, whatever the case is made of.
 
 Both are in place only within `injected(...)` and restored afterwards, even on error (see
-gradcheck.patches). A mutant that changes a kernel must be in place when the plan is made
+engine.mutation.patches). A mutant that changes a kernel must be in place when the plan is made
 (graph.compute), not only while the backward graph is built.
 """
 
@@ -17,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 
+from engine.mutation.patches import backward_replaced, scaled_backward
 from engine.registry import OPS
 from gradcheck.mutants import MUTANTS
-from gradcheck.patches import backward_replaced, scaled_backward
 
 # name -> (make(real_backward, factor), default factor, description): mutations of every op
 # of a case, taking a FACTOR

@@ -1,4 +1,5 @@
-"""gradcheck's self-test: every known bug of `gradcheck.mutants` must be caught.
+"""gradcheck's self-test: every known bug of `gradcheck.mutants` must be caught (the mutants
+declared beside their ops in engine/ops and registered in engine.mutation).
 
 For each mutant, the cases of its tier that exercise the bug are checked by `check_sample`
 with the mutant in place: for a fast-tier mutant the registry samples of its ops (smallest
@@ -31,10 +32,11 @@ from collections import Counter
 
 from tqdm import tqdm
 
+from engine.mutation import Mutant
 from engine.registry import get_op
 from gradcheck.check import check_sample
 from gradcheck.cotangents import registry_cases
-from gradcheck.mutants import CONTROL, MUTANTS, Mutant
+from gradcheck.mutants import CONTROL, MUTANTS
 from gradcheck.precision import JUDGED
 from reports import Result
 

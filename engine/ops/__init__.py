@@ -13,8 +13,8 @@ ops, such as `cont_if_strided`):
 An op registered later, by a module outside engine/ops (engine.registry.register), is
 reachable here too: `ops.<name>` falls back to the registry.
 
-Op modules import each other only along an acyclic order (tests/test_layering.py checks
-it); where an op needs the op of a module that imports its own, it builds it through
+Op modules import each other only along an acyclic order (tests/test_import_contracts.py
+checks it); where an op needs the op of a module that imports its own, it builds it through
 `engine.registry.registered.<name>`.
 """
 

@@ -444,3 +444,54 @@ register(OpDef("attention_back", params=PARAMS, kind="backward", infer=_back_inf
                vjp_of=VJPOf("attention_fwd", _back_primals, wrt=("q", "k", "v")),
                doc="the gradient of attention_fwd, P recomputed from the saved log-sum-exp: "
                    "dq, dk, dv raveled and concatenated"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation import attention as bugs  # noqa: E402  (the kernel-bug makers)
+from engine.mutation.patches import all_of, kernel_replaced  # noqa: E402
+
+
+def _gqa_groups(case) -> str:
+    """"mixed" where attention's kv heads h // G and h % Hkv of some query head h differ
+    (Hkv > 1 and G > 1), else "same"."""
+    shapes = {s.name: s.shape for s in case.inputs}
+    hq, hkv = shapes["q"][-3], shapes["k"][-3]
+    return "mixed" if hkv > 1 and hq // hkv > 1 else "same"
+
+
+mutation.register(
+    Mutant("attention_back_drops_d_term", ("attention", "attention_back"),
+           "attention's backward drops the softmax Jacobian's -D_i (D_i = sum_d dO_id O_id): "
+           "dS = P (dP + g_lse) instead of P (dP - D_i + g_lse)",
+           lambda: kernel_replaced("attention_back", bugs.attention_back_without_d),
+           kind="dropped term"),
+    Mutant("attention_back_unmasked_lse", ("attention", "attention_back"),
+           "attention's backward recomputes P from the log-sum-exp of the row without its "
+           "mask and causal cut, instead of the saved (masked) one",
+           lambda: kernel_replaced("attention_back", bugs.attention_back_wrong_lse(masked=False)),
+           where=lambda case: case.kwargs.get("causal") or any(
+               s.name == "mask" for s in case.inputs), kind="wrong saved statistic"),
+    Mutant("attention_back_unscaled_lse", ("attention", "attention_back"),
+           "attention's backward recomputes P from the log-sum-exp of the row's dot products "
+           "without the scale",
+           lambda: kernel_replaced("attention_back", bugs.attention_back_wrong_lse(scaled=False)),
+           where=lambda case: case.kwargs.get("scale", 0.5) != 1.0,
+           kind="wrong saved statistic"),
+    Mutant("attention_gqa_grad_wrong_groups", ("attention", "attention_back"),
+           "grouped-query attention's K and V gradients summed over the query heads h with "
+           "h % Hkv = c instead of h // G = c (G = Hq / Hkv)",
+           lambda: kernel_replaced("attention_back", bugs.attention_back_gqa_wrong_groups),
+           where=lambda case: _gqa_groups(case) == "mixed",
+           kind="wrong broadcast reduction"),
+    Mutant("attention_causal_skip_one_key_short", ("attention",),
+           "causal attention's query blocks (attention:causal_skip, from 129 query rows) "
+           "stop their products one key short: each block's last row loses its diagonal "
+           "key",
+           lambda: all_of(*(lambda op=op: kernel_replaced(
+               op, bugs.attention_causal_skip_one_key_short)
+               for op in ("attention_fwd", "attention_back"))),
+           where=lambda case: case.kwargs.get("causal") and case.dtype == "f32",
+           tier="scale", max_cases=1, kind="chunk boundary"),
+)

@@ -192,3 +192,75 @@ def mul(a, b):
     if isinstance(a, numbers.Number) and isinstance(b, Tensor):
         return scale(b, a)
     return _mul(a, b)
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+import math  # noqa: E402  (imported here, with the declarations that use them)
+
+from engine import mutation  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.kernels import slices_broadcast_operands  # noqa: E402
+from engine.mutation.patches import backward_replaced, chunks_replaced  # noqa: E402
+from engine.registry import registered  # noqa: E402
+
+
+def _sum_to_wrong_axis(g, shape):
+    """sum_to that reduces each broadcast (size-1) axis's left neighbour instead of the axis
+    itself, then reshapes: wrong numbers where the two lengths agree, a ShapeError elsewhere."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    right = [lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1]
+    axes = sorted(set(range(lead)) | {(a - 1) % g.ndim for a in right})
+    return registered.reshape(registered.sum(g, tuple(axes)), shape)
+
+
+def _add_wrong_axis(real):
+    return lambda g, out, a, b: (_sum_to_wrong_axis(g, a.shape), _sum_to_wrong_axis(g, b.shape))
+
+
+def _add_square_case(dtype):
+    return [Sample.make("add", [InputSpec("a", (3, 3)), InputSpec("b", (3, 1))], dtype)]
+
+
+def _one_element_grad_mean(real):
+    """add's backward (as add1 builds on it) with a one-element b's gradient the mean of g."""
+    def backward(g, out, a, b):
+        ga, gb = real(g, out, a, b)
+        n = math.prod(g.shape)
+        if math.prod(b.shape) == 1 and n > 1:
+            gb = registered.scale(gb, 1.0 / n)
+        return ga, gb
+    return backward
+
+
+mutation.register(
+    Mutant("div_drops_denominator_grad", ("div",),
+           "div's backward returns no gradient for the denominator b (zero)",
+           lambda: backward_replaced("div", lambda real: lambda g, out, a, b:
+                                     (real(g, out, a, b)[0], None)), kind="dropped term"),
+    Mutant("add_broadcast_wrong_axis", ("add",),
+           "add's broadcast gradient reduced over the axis left of each broadcast axis, then "
+           "reshaped: a shape error on the registry's cases (caught by shape check), wrong "
+           "numbers on the extra case a (3,3) + b (3,1), which the registry lacks",
+           lambda: backward_replaced("add", _add_wrong_axis), extra=_add_square_case,
+           kind="wrong broadcast reduction"),
+    Mutant("split_slices_broadcast_operand", ("sub",),
+           "sub's thread split slices every operand with the output's number of axes, so a "
+           "row b (1, C) broadcast over the rows is sliced too (an empty slice past the "
+           "first chunk: the kernel cannot broadcast it and raises)",
+           lambda: chunks_replaced("sub", slices_broadcast_operands),
+           where=lambda case: case.inputs[1].shape == (1, SIDE), tier="scale",
+           max_cases=1, kind="broadcast split"),
+    # add's code, which add1 is made of: add1's cases catch it
+    Mutant("add1_grad_mean_not_sum", ("add1",),
+           "the one-element operand's gradient is the mean of g instead of its sum (ggml "
+           "0.20.2's ADD1 backward: 'TODO: should probably be sum instead of mean')",
+           lambda: backward_replaced("add", _one_element_grad_mean),
+           where=lambda case: math.prod(case.inputs[0].shape) > 1,
+           kind="wrong broadcast reduction"),
+)
+mutation.exempt("relu_back", "no mutant yet: relu's dedicated gradient op, checked against "
+                "relu's VJP by gradcheck.backward_ops; relu_grad_scaled breaks the rule that "
+                "builds it, not its kernel")

@@ -102,3 +102,11 @@ register(OpDef("block", params=Params(dict(
                build=block, torch=_torch_block, samples=_block_samples,
                strategy=_block_strategy,
                doc="a block of x (x[o0:o0+s0, ...]) as a view; gradient: pad with zeros"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("block", "no mutant yet: its gradient is pad of g (pad's kernel has the mutant "
+                         "pad_border_unwritten, run on pad's cases only); covered only by "
+                         "--inject scale")

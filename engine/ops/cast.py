@@ -102,3 +102,10 @@ register(OpDef("cast", params=Params(dict(dtype=choice_param(*FLOAT_NAMES))),
                build=cast, torch=_torch_cast, samples=_cast_samples, strategy=_cast_strategy,
                scale=_cast_scale,
                doc="x rounded to another float dtype; gradient: g cast back"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("cast", "no mutant yet: its gradient is g cast back to x's dtype; covered only by"
+                        " --inject scale")

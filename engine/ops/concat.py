@@ -107,3 +107,10 @@ register(OpDef("concat", params=Params(dict(axis=int_param(
                build=concat, torch=_torch_concat,
                samples=_concat_samples, strategy=_concat_strategy,
                doc="a and b joined along an axis; gradient: the two blocks of g"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("concat", "no mutant yet: its gradient is two blocks of g; covered only by "
+                          "--inject scale")

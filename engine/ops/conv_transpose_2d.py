@@ -122,3 +122,10 @@ register(OpDef("conv_transpose_2d", kind="composite", compose=conv_transpose_2d,
                torch=_torch_conv_transpose_2d, samples=_samples, strategy=_strategy,
                doc="transposed 2-D convolution, no padding (ggml's conv_transpose_2d_p0): "
                    "matmul of pixels with the kernel, then col2im (im2col_back)"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("conv_transpose_2d", "composite: permute, cont, reshape, matmul and im2col_back, "
+                                     "whose mutants cover its gradient")

@@ -138,3 +138,28 @@ register(OpDef("cross_entropy_loss_back", params={}, kind="backward", infer=_bac
                build=cross_entropy_loss_back, torch=_torch_cross_entropy_back,
                samples=_back_samples, vjp_of=VJPOf("cross_entropy_loss", _back_primals, "logits"),
                doc="g * (softmax(logits) - labels) / N: the gradient of cross_entropy_loss"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import kernel_replaced  # noqa: E402
+
+
+def _cross_entropy_back_not_divided(real):
+    def kernel(out, ins, **params):
+        real(out, ins, **params)
+        out *= out.size // out.shape[-1]            # the row count N the kernel divided by
+    return kernel
+
+
+def _several_rows(case) -> bool:
+    return math.prod(case.inputs[0].shape[:-1]) > 1
+
+
+mutation.register(
+    Mutant("cross_entropy_back_not_divided", ("cross_entropy_loss",),
+           "cross_entropy_loss_back forgets to divide by the row count N",
+           lambda: kernel_replaced("cross_entropy_loss_back", _cross_entropy_back_not_divided),
+           where=_several_rows, kind="scaled gradient"),
+)

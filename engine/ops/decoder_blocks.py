@@ -341,3 +341,12 @@ register(OpDef("attention_block", kind="composite", compose=attention_block,
                    "on q and k, grouped-query attention, output projection, residual"))
 
 __all__ = ["attention_block", "mlp_block"]
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("attention_block", "composite: rms_norm, matmul, rope, attention and add, whose "
+                                   "mutants (or stated reasons) cover its gradient")
+mutation.exempt("mlp_block", "composite: rms_norm, matmul, swiglu and add, whose mutants (or "
+                             "stated reasons) cover its gradient")

@@ -136,3 +136,23 @@ for _op, _build, _kernel in (("diag_mask_inf", diag_mask_inf, cpu_diag_mask_inf)
                    scale=_scale(_op), strategy=_strategy(_op),
                    doc=f"x with {FILL[_op]} at [..., i, j] for j > n_past + i (causal mask); "
                        "gradient: diag_mask_zero(g, n_past)"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import all_of, backward_replaced  # noqa: E402
+
+
+def _mask_from_the_diagonal(real):
+    return lambda g, out, x, n_past: real(g, out, x, n_past=0)
+
+
+mutation.register(
+    Mutant("diag_mask_grad_ignores_n_past", ("diag_mask_inf", "diag_mask_zero"),
+           "the causal mask's backward masks as if n_past were 0: the gradient of the cells "
+           "between the diagonal and n_past is dropped",
+           lambda: all_of(*(lambda op=op: backward_replaced(op, _mask_from_the_diagonal)
+                            for op in ("diag_mask_inf", "diag_mask_zero"))),
+           where=lambda case: case.kwargs["n_past"] > 0, kind="off-by-one window"),
+)

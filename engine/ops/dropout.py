@@ -104,3 +104,33 @@ register(OpDef("dropout", params=PARAMS,
                samples=_dropout_samples, strategy=_dropout_strategy,
                doc="x * mask / (1 - p), mask a hash of (seed, index); gradient: the same "
                    "mask on g"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import kernel_replaced  # noqa: E402
+
+
+def dropout_mask_in_memory_order(kernel):
+    """dropout of a strided (permuted) x: the mask taken by each element's position in x's
+    memory instead of its index in the output (C order); right on contiguous inputs."""
+    def mutated(out, ins, p, seed):
+        (x,) = ins
+        order = np.argsort([-s for s in x.strides], kind="stable")
+        stored = x.transpose(order)                  # x in its memory's axis order
+        if x.flags.c_contiguous or not stored.flags.c_contiguous:
+            return kernel(out, ins, p=p, seed=seed)
+        masked = np.empty(stored.shape, out.dtype)
+        kernel(masked, [stored], p=p, seed=seed)
+        out[...] = masked.transpose(np.argsort(order))
+    return mutated
+
+
+mutation.register(
+    Mutant("dropout_mask_in_memory_order", ("dropout",),
+           "dropout of a permuted input takes each element's mask by its place in memory "
+           "instead of its index: only the one permuted dropout case shows it",
+           lambda: kernel_replaced("dropout", dropout_mask_in_memory_order),
+           where=mutation.permuted, kind="permuted stride"),
+)

@@ -180,3 +180,40 @@ register(OpDef("get_rows_back", params=Params(dict(
                vjp_of=VJPOf("get_rows", _get_rows_back_primals, "table"),
                doc="scatter-add of g into zeros of (nrows, C) at the indices: the gradient "
                    "of get_rows; its own gradient is get_rows"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.cpu import threads  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import kernel_replaced  # noqa: E402
+
+
+def scatter_split_by_indices(kernel):
+    """get_rows_back split among the engine's threads by ranges of the indices (instead of
+    column bands) once the work is big enough to split: a table row indexed from two
+    ranges is written by two threads, and one thread's adds are lost. Deterministically:
+    each range's sums are written, not added, over the rows it indexes, in range order."""
+    def mutated(out, ins, nrows):
+        g, idx = ins
+        parts = threads.parts()
+        if parts == 1 or g.size + out.size < threads.MIN_ELEMENTS:
+            return kernel(out, ins, nrows=nrows)
+        g2, idx1 = g.reshape(-1, g.shape[-1]), idx.reshape(-1)
+        out[...] = 0
+        mine = np.empty_like(out)
+        for lo, hi in threads.bounds(idx1.size, parts):
+            kernel(mine, [g2[lo:hi], idx1[lo:hi]], nrows=nrows)    # this range's sums
+            rows = np.unique(idx1[lo:hi])
+            out[rows] = mine[rows]                     # a store where an add was due
+    return mutated
+
+
+mutation.register(
+    Mutant("get_rows_back_lost_updates", ("get_rows",),
+           "get_rows_back's scatter-add, once big enough to split, split among the engine's "
+           "threads by ranges of indices instead of column bands: a table row indexed from "
+           "two ranges keeps one range's adds (4096 indices into 97 rows)",
+           lambda: kernel_replaced("get_rows_back", scatter_split_by_indices),
+           where=mutation.contiguous, tier="scale", max_cases=1, kind="scatter race"),
+)

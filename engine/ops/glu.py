@@ -195,3 +195,39 @@ for _op, _act in ACTIVATIONS.items():
                    scale=_scale(_op), strategy=_strategy(_op),
                    doc=f"gated linear unit with {_act}: act(x[..., :n]) * x[..., n:] (fused; "
                        "swapped exchanges the halves) or act(a) * b (split)"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import all_of, backward_replaced  # noqa: E402
+from engine.ops.shape import cont_if_strided  # noqa: E402
+
+
+def _glu_halves_unswapped(real):
+    """The real gradient of the fused input with its two halves exchanged when swapped."""
+    def backward(g, out, *xs, swapped=False):
+        grads = real(g, out, *xs, swapped=swapped)
+        if len(xs) != 1 or not swapped:
+            return grads
+        n = xs[0].shape[-1] // 2
+        gx = cont_if_strided(grads[0])
+        lead = gx.shape[:-1]
+        first = registered.block(gx, (0,) * len(lead) + (0,), lead + (n,))
+        second = registered.block(gx, (0,) * len(lead) + (n,), lead + (n,))
+        return (registered.concat(second, first, axis=-1),)
+    return backward
+
+
+mutation.register(
+    Mutant("glu_grad_halves_unswapped", ("swiglu", "geglu"),
+           "the fused GLU's gradient joined as (activated half, gate half) even when "
+           "swapped=True put the activated half second",
+           lambda: all_of(*(lambda op=op: backward_replaced(op, _glu_halves_unswapped)
+                            for op in ("swiglu", "geglu"))),
+           where=lambda case: len(case.inputs) == 1 and case.kwargs.get("swapped"),
+           kind="transposed gradient"),
+)
+for _op in ("reglu", "geglu_erf", "geglu_quick"):
+    mutation.exempt(_op, "no mutant of its own: its backward is made by the same function as "
+                         "swiglu's and geglu's, which glu_grad_halves_unswapped breaks")

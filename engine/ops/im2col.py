@@ -21,6 +21,8 @@ from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
 from engine.params import (
     Params,
+    check_float_dtype,
+    check_float_input,
     choice_param,
     int_tuple,
     integer,
@@ -36,23 +38,23 @@ from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes,
 from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
 
 
-def _check_image(op: str, x) -> None:
-    if x.ndim != 4:
-        raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
-    if not is_float(x.dtype):
-        raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
+def check_columns_input(op: str, x, layout: str, dtype) -> None:
+    """The input of a columns op (im2col, im2col_1d): a float input laid out as `layout`
+    ("NCHW", "NCL"), and a float dtype for the columns."""
+    check_float_input(op, x, layout)
+    check_float_dtype(op, dtype)
 
 
-def _float_dtype(op: str, dtype) -> None:
-    if not is_float(as_dtype(dtype)):
-        raise DTypeError(f"{op}: dtype must be a float dtype (f16, bf16, f32, f64), got "
-                         f"{dtype!r}")
+def torch_in(t, dtype):
+    """The torch tensor t converted to our dtype `dtype` (a name or a numpy dtype): the torch
+    references' columns and images."""
+    import torch
+    return t.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
 
 
 # --- im2col ------------------------------------------------------------------------------------
 def _im2col_infer(x, kh, kw, stride, padding, dilation, dtype):
-    _check_image("im2col", x)
-    _float_dtype("im2col", dtype)
+    check_columns_input("im2col", x, "NCHW", dtype)
     oh, ow = window_output_size("im2col", x.shape, (kh, kw), stride, padding, dilation)
     return (x.shape[0], oh, ow, x.shape[1] * kh * kw), as_dtype(dtype)
 
@@ -83,14 +85,12 @@ def _torch_im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dty
     cols = torch.nn.functional.unfold(x, (kh, kw), dilation=dilation, padding=padding,
                                       stride=stride)               # (N, C*KH*KW, OH*OW)
     cols = cols.transpose(1, 2).reshape(x.shape[0], oh, ow, -1)
-    if dtype is not None:
-        cols = cols.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
-    return cols
+    return cols if dtype is None else torch_in(cols, dtype)
 
 
 # --- im2col_back ----------------------------------------------------------------------------------
 def _im2col_back_infer(g, x_shape, kh, kw, stride, padding, dilation, dtype):
-    _float_dtype("im2col_back", dtype)
+    check_float_dtype("im2col_back", dtype)
     if not is_float(g.dtype):
         raise DTypeError(f"im2col_back: needs a float gradient, got {g.dtype}")
     if len(x_shape) != 4:
@@ -127,7 +127,7 @@ def _torch_im2col_back(g, x_shape, kh, kw, stride, padding, dilation, dtype):
     dx = torch.nn.functional.fold(g.reshape(g.shape[0], oh_ow, -1).transpose(1, 2),
                                   tuple(x_shape[2:]), (kh, kw), dilation=dilation,
                                   padding=padding, stride=stride)
-    return dx.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
+    return torch_in(dx, dtype)
 
 
 def _im2col_back_primals(g, x_shape, kh, kw, stride, padding, dilation, dtype):
@@ -234,3 +234,27 @@ register(OpDef("im2col_back", params=Params(dict(x_shape=ints_param(0), **_PARAM
                build=im2col_back, torch=_torch_im2col_back, samples=_im2col_back_samples,
                vjp_of=VJPOf("im2col", _im2col_back_primals),
                doc="gradient of im2col: columns added back onto the image (col2im)"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import kernel_replaced  # noqa: E402
+
+
+def _im2col_back_no_dilation(real):
+    def kernel(out, ins, **params):
+        real(out, ins, **{**params, "dilation": (1, 1)})
+    return kernel
+
+
+def _dilated(case) -> bool:
+    return pair("im2col", "dilation", case.kwargs.get("dilation", 1)) != (1, 1)
+
+
+mutation.register(
+    Mutant("im2col_back_ignores_dilation", ("im2col", "conv_2d"),
+           "im2col_back scatters the columns as if the dilation were 1",
+           lambda: kernel_replaced("im2col_back", _im2col_back_no_dilation), where=_dilated,
+           max_cases=1, kind="off-by-one window"),
+)

@@ -23,8 +23,10 @@ import numpy as np
 
 from engine.backends.cpu.im2col import cpu_im2col, cpu_im2col_back
 from engine.errors import DTypeError, ShapeError
+from engine.ops.im2col import check_columns_input, torch_in
 from engine.params import (
     Params,
+    check_float_dtype,
     choice_param,
     int_tuple,
     integer,
@@ -36,21 +38,7 @@ from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
-from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
-
-
-def check_signal(op: str, x) -> None:
-    """An NCL float input."""
-    if x.ndim != 3:
-        raise ShapeError(f"{op}: needs an NCL input (3 axes), got shape {list(x.shape)}")
-    if not is_float(x.dtype):
-        raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
-
-
-def _float_dtype(op: str, dtype) -> None:
-    if not is_float(as_dtype(dtype)):
-        raise DTypeError(f"{op}: dtype must be a float dtype (f16, bf16, f32, f64), got "
-                         f"{dtype!r}")
+from engine.tensor import DTYPES, as_dtype, dtype_name, is_float
 
 
 def _params(op, k, stride, padding, dilation) -> dict:
@@ -61,8 +49,7 @@ def _params(op, k, stride, padding, dilation) -> dict:
 
 # --- im2col_1d --------------------------------------------------------------------------------
 def _infer(x, k, stride, padding, dilation, dtype):
-    check_signal("im2col_1d", x)
-    _float_dtype("im2col_1d", dtype)
+    check_columns_input("im2col_1d", x, "NCL", dtype)
     (ol,) = window_output_size("im2col_1d", x.shape, (k,), (stride,), (padding,), (dilation,))
     return (x.shape[0], ol, x.shape[1] * k), as_dtype(dtype)
 
@@ -86,18 +73,15 @@ def cpu_im2col_1d(out, ins, k, stride, padding, dilation, dtype):
 
 
 def _torch_im2col_1d(x, k, stride=1, padding=0, dilation=1, dtype=None):
-    import torch
     import torch.nn.functional as F
     cols = F.unfold(x.unsqueeze(2), (1, k), dilation=(1, dilation), padding=(0, padding),
                     stride=(1, stride)).transpose(1, 2)          # (N, OL, C*K)
-    if dtype is not None:
-        cols = cols.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
-    return cols
+    return cols if dtype is None else torch_in(cols, dtype)
 
 
 # --- im2col_1d_back ---------------------------------------------------------------------------
 def _back_infer(g, x_shape, k, stride, padding, dilation, dtype):
-    _float_dtype("im2col_1d_back", dtype)
+    check_float_dtype("im2col_1d_back", dtype)
     if not is_float(g.dtype):
         raise DTypeError(f"im2col_1d_back: needs a float gradient, got {g.dtype} of shape "
                          f"{list(g.shape)}")
@@ -133,13 +117,10 @@ def cpu_im2col_1d_back(out, ins, x_shape, k, stride, padding, dilation, dtype):
 
 
 def _torch_im2col_1d_back(g, x_shape, k, stride=1, padding=0, dilation=1, dtype=None):
-    import torch
     import torch.nn.functional as F
     dx = F.fold(g.transpose(1, 2), (1, x_shape[-1]), (1, k), dilation=(1, dilation),
                 padding=(0, padding), stride=(1, stride))[:, :, 0]
-    if dtype is not None:
-        dx = dx.to(getattr(torch, TORCH_DTYPE_NAMES[dtype_name(dtype)]))
-    return dx
+    return dx if dtype is None else torch_in(dx, dtype)
 
 
 def _back_primals(g, x_shape, k, stride, padding, dilation, dtype):
@@ -249,3 +230,14 @@ register(OpDef("im2col_1d_back", params=Params(dict(x_shape=ints_param(0), **_PA
                vjp_of=VJPOf("im2col_1d", _back_primals),
                doc="gradient of im2col_1d: columns added back onto the signal (col2im); its "
                    "own backward is im2col_1d"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("im2col_1d", "no mutant yet: its gradient is im2col_1d_back, which has none "
+                             "either; covered only by --inject scale")
+mutation.exempt("im2col_1d_back", "no mutant yet: a dedicated backward op (the 1-D twin of "
+                                  "im2col_back, whose mutant im2col_back_ignores_dilation is not "
+                                  "applied to it); checked against im2col_1d's VJP by "
+                                  "gradcheck.backward_ops")

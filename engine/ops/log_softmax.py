@@ -61,3 +61,16 @@ register(OpDef("log_softmax", params={}, infer=_log_softmax_infer, backward=_log
                torch=lambda x: x.log_softmax(-1), samples=_log_softmax_samples,
                strategy=_log_softmax_strategy,
                doc="log(softmax(x)) along the last axis (stable log-sum-exp)"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import backward_replaced  # noqa: E402
+
+mutation.register(
+    Mutant("log_softmax_drops_normaliser", ("log_softmax",),
+           "log_softmax's gradient g - softmax * sum(g) loses its second term: just g",
+           lambda: backward_replaced("log_softmax", lambda real: lambda g, out, x: (g,)),
+           kind="dropped term"),
+)

@@ -169,3 +169,64 @@ register(OpDef("matmul", params={}, scale=_matmul_scale, infer=_infer, backward=
                kernels={"cpu": cpu_matmul, "cuda": "engine.backends.cuda.matmul:cuda_matmul"},
                build=matmul, torch=_torch_matmul, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.cpu import paths  # noqa: E402
+from engine.backends.cpu.matmul import dense_lines  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import backward_replaced, prepare_replaced, scaled  # noqa: E402
+from engine.ops.shape import cont_if_strided, reshape  # noqa: E402
+
+
+def _matmul_grad_a_untransposed(real):
+    """grad_a = g @ b with b merely reshaped to b^T's shape: on square b exactly g @ b."""
+    def backward(g, out, a, b):
+        bt_shape = b.shape[:-2] + (b.shape[-1], b.shape[-2])
+        grad_a = sum_to(matmul(g, reshape(cont_if_strided(b), bt_shape)), a.shape)
+        return grad_a, real(g, out, a, b)[1]
+    return backward
+
+
+def sparse_product_drops_last_nonzero(prepare):
+    """matmul:sparse: each row of the sparse operand's CSR loses its last entry (its row
+    end taken one short): that non-zero's term is missing from the product. Rows denser
+    than 1 / SPARSE_ENTRY_COST (which a row split gives to BLAS) are left right."""
+    def mutated(out, ins, **params):
+        run = prepare(out, ins, **params)
+        a, b = ins
+
+        def call():
+            with paths.recording() as took:
+                run()
+            side = next((p for p in took if p.startswith("matmul:sparse")), None)
+            if side is None:
+                return
+            left = side.startswith("matmul:sparse_left")
+            s, d, dest = (a, b, out) if left else (b.T, a.T, out.T)
+            nonzero = s != 0
+            counts = nonzero.sum(axis=1)
+            rows = np.flatnonzero((counts > 0) & ~dense_lines(counts, s.shape[1]))
+            last = s.shape[1] - 1 - np.argmax(nonzero[rows, ::-1], axis=1)
+            dest[rows] -= s[rows, last][:, None] * d[last]
+        return call
+    return mutated
+
+
+mutation.register(
+    Mutant("matmul_grad_scaled", ("matmul",),
+           "both of matmul's gradients multiplied by 1.01", scaled("matmul", 1.01),
+           kind="scaled gradient"),
+    Mutant("matmul_grad_a_untransposed", ("matmul",),
+           "grad_a = g @ b instead of g @ b^T, b 'transposed' by a reshape to b^T's shape "
+           "(shapes stay valid; on square b it is exactly g @ b)",
+           lambda: backward_replaced("matmul", _matmul_grad_a_untransposed),
+           kind="transposed gradient"),
+    Mutant("sparse_product_drops_last_nonzero", ("matmul",),
+           "the zero-skipping product (matmul:sparse) loses the last non-zero of each "
+           "sparse row of its CSR",
+           lambda: prepare_replaced("matmul", sparse_product_drops_last_nonzero),
+           where=lambda case: case.inputs[0].kind == "sparse", tier="scale", max_cases=1,
+           kind="dropped tail"),
+)

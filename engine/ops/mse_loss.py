@@ -71,3 +71,10 @@ register(OpDef("mse_loss", kind="composite", compose=mse_loss, torch=_torch_mse_
                samples=_samples, strategy=_strategy,
                doc="mean((a - b)^2) over every element, a 0-d loss; both inputs "
                    "differentiable"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("mse_loss", "composite: mean(sqr(sub(a, b))), differentiated through those "
+                            "ops (sum's and sub's mutants; sqr's stated reason)")

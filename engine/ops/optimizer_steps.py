@@ -84,17 +84,21 @@ sgd_step = register(OpDef(
     kernels={"cpu": cpu.sgd_step, "cuda": "engine.backends.cuda.optim:cuda_sgd_step"},
     doc="SGD step in place: momentum, dampening, Nesterov, L2 weight decay, maximize "
         "(torch.optim.SGD)")).build
-adam_step = register(OpDef(
-    "adam_step", kind="update", infer=_adam_infer("adam_step"), no_grad=NO_GRAD,
-    params=ADAM_PARAMS,
-    kernels={"cpu": cpu.adam_kernel(decoupled=False),
-             "cuda": "engine.backends.cuda.optim:cuda_adam_step"},
-    doc="Adam step in place: bias correction, L2 weight decay, AMSGrad, maximize "
-        "(torch.optim.Adam)")).build
-adamw_step = register(OpDef(
-    "adamw_step", kind="update", infer=_adam_infer("adamw_step"), no_grad=NO_GRAD,
-    params=ADAM_PARAMS,
-    kernels={"cpu": cpu.adam_kernel(decoupled=True),
-             "cuda": "engine.backends.cuda.optim:cuda_adamw_step"},
-    doc="AdamW step in place: Adam with decoupled weight decay (torch.optim.AdamW, ggml's "
-        "OPT_STEP_ADAMW)")).build
+
+
+def _register_adam(op: str, decoupled: bool, doc: str):
+    """Register Adam's step as `op`, with decoupled weight decay (AdamW) or L2 (Adam); its
+    builder."""
+    return register(OpDef(op, kind="update", infer=_adam_infer(op), no_grad=NO_GRAD,
+                          params=ADAM_PARAMS,
+                          kernels={"cpu": cpu.adam_kernel(decoupled=decoupled),
+                                   "cuda": f"engine.backends.cuda.optim:cuda_{op}"},
+                          doc=doc)).build
+
+
+adam_step = _register_adam("adam_step", False,
+                           "Adam step in place: bias correction, L2 weight decay, AMSGrad, "
+                           "maximize (torch.optim.Adam)")
+adamw_step = _register_adam("adamw_step", True,
+                            "AdamW step in place: Adam with decoupled weight decay "
+                            "(torch.optim.AdamW, ggml's OPT_STEP_ADAMW)")

@@ -114,3 +114,10 @@ register(OpDef("out_prod", kind="composite", compose=out_prod, torch=_torch_out_
                samples=_out_prod_samples, scale=_out_prod_scale, strategy=_out_prod_strategy,
                doc="sum over k of outer products: out[..., n, m] = sum_k a[..., k, m] "
                    "b[..., k, n] (ggml OUT_PROD); a's batch broadcasts to b's"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("out_prod", "composite: matmul of transpose(b) and a, whose mutants cover its "
+                            "gradient")

@@ -97,3 +97,31 @@ register(OpDef("pad", params=Params(dict(pads=int_rows_param(
                build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,
                doc="zero padding, one (before, after) pair per axis; gradient: the interior "
                    "block"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import kernel_replaced  # noqa: E402
+
+
+def pad_border_unwritten(kernel):
+    """pad copies x into the interior block but never zeroes the border (the padding):
+    right only on a buffer that was zero before."""
+    def mutated(out, ins, pads):
+        before = out.copy()
+        kernel(out, ins, pads=pads)
+        interior = tuple(slice(b, b + n) for (b, _), n in zip(pads, ins[0].shape, strict=True))
+        inside = out[interior].copy()
+        out[...] = before
+        out[interior] = inside
+    return mutated
+
+
+mutation.register(
+    Mutant("pad_border_unwritten", ("pad",),
+           "pad copies x into the interior but never zeroes the border: right on a zeroed "
+           "buffer, NaN on reused memory",
+           lambda: kernel_replaced("pad", pad_border_unwritten),
+           where=lambda case: any(any(p) for p in case.kwargs["pads"]), kind="unwritten edge"),
+)

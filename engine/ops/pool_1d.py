@@ -19,10 +19,16 @@ first, as reshape needs.
 
 from __future__ import annotations
 
-from engine.ops.im2col_1d import check_signal
 from engine.ops.pool_2d import HALF_THE_KERNEL, MODES, pool_2d
 from engine.ops.shape import cont_if_strided, reshape
-from engine.params import Params, choice_param, integer, size_param, window_output_size
+from engine.params import (
+    Params,
+    check_float_input,
+    choice_param,
+    integer,
+    size_param,
+    window_output_size,
+)
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -31,7 +37,7 @@ from engine.strategies import DISTINCT, SIGNED, draw_input, sample_strategy, sha
 
 def _check(x, mode, kernel, stride, padding) -> int:
     """Validate an NCL float input (the parameters are declared); return OL."""
-    check_signal("pool_1d", x)
+    check_float_input("pool_1d", x, "NCL")
     (ol,) = window_output_size("pool_1d", x.shape, (kernel,), (stride,), (padding,), (1,))
     return ol
 

@@ -25,7 +25,15 @@ from __future__ import annotations
 
 from engine.backends.cpu.pool_2d import cpu_pool_2d, cpu_pool_2d_back
 from engine.errors import DTypeError, ParamError, ShapeError
-from engine.params import Params, Rule, choice_param, pair, size_param, window_output_size
+from engine.params import (
+    Params,
+    Rule,
+    check_float_input,
+    choice_param,
+    pair,
+    size_param,
+    window_output_size,
+)
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import scale_case
@@ -38,7 +46,6 @@ from engine.strategies import (
     shapes,
     window_axis,
 )
-from engine.tensor import is_float
 
 # engine.ops.pool_2d_back is pool_2d_back(g, x, y, mode, kernel, ...), not the registry's
 # builder (y optional)
@@ -49,10 +56,7 @@ MODES = ("max", "avg")
 
 def _check(op, x, mode, kernel, stride, padding) -> tuple[int, int]:
     """Validate an NCHW float input (the parameters: _PARAMS); return (OH, OW)."""
-    if x.ndim != 4:
-        raise ShapeError(f"{op}: needs an NCHW input (4 axes), got shape {list(x.shape)}")
-    if not is_float(x.dtype):
-        raise DTypeError(f"{op}: needs a float input, got {x.dtype} of shape {list(x.shape)}")
+    check_float_input(op, x, "NCHW")
     return window_output_size(op, x.shape, kernel, stride, padding, (1, 1))
 
 
@@ -269,3 +273,103 @@ register(OpDef("pool_2d_back", params=_PARAMS, kind="backward", infer=_pool_back
                vjp_of=VJPOf("pool_2d", _pool_back_primals),
                doc="gradient of pool_2d given its output y: g routed to each window's first "
                    "cell equal to y (max) or spread as g/(kh*kw) (avg)"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.cpu import paths  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.kernels import as_if_contiguous  # noqa: E402
+from engine.mutation.patches import kernel_replaced  # noqa: E402
+
+
+def _pool_max_to_neighbour(real):
+    """Max backward: each window's gradient lands one column right of its maximum (off the
+    image at the right edge)."""
+    def kernel(out, ins, **params):
+        real(out, ins, **params)
+        if params["mode"] == "max":
+            out[..., 1:] = out[..., :-1].copy()
+            out[..., 0] = 0
+    return kernel
+
+
+def _pool_avg_window_shifted(real):
+    """Avg backward: windows start one column left (the column padding read as pw + 1)."""
+    def kernel(out, ins, **params):
+        if params["mode"] == "avg":
+            ph, pw = params["padding"]
+            params = {**params, "padding": (ph, pw + 1)}
+        real(out, ins, **params)
+    return kernel
+
+
+def _pool_back_reads_gradient_as_contiguous(real):
+    """pool_2d_back reads its incoming gradient in memory order, ignoring its strides (ggml
+    0.20.2's pool_2d backward does): right whenever that gradient is contiguous."""
+    def kernel(out, ins, **params):
+        g, *rest = ins
+        real(out, [as_if_contiguous(g), *rest], **params)
+    return kernel
+
+
+def pool_back_tiled_edge_unzeroed(kernel):
+    """pool_2d_back (max, windows tiling the image, pool_2d_back:tiled): the rows and
+    columns past the last window (H > OH*kh or W > OW*kw) are not zeroed; right only on a
+    buffer that was zero before."""
+    def mutated(out, ins, **params):
+        kh, kw = params["kernel"]
+        oh, ow = ins[0].shape[2], ins[0].shape[3]
+        before = out.copy()
+        with paths.recording() as took:
+            kernel(out, ins, **params)
+        if took["pool_2d_back:tiled"]:
+            out[:, :, oh * kh:, :] = before[:, :, oh * kh:, :]
+            out[:, :, :, ow * kw:] = before[:, :, :, ow * kw:]
+    return mutated
+
+
+def _mode(mode):
+    return lambda case: case.kwargs.get("mode") == mode
+
+
+def _pools_tile_with_a_remainder(case) -> bool:
+    """Max pooling whose windows tile the image (stride = kernel, no padding, windows of at
+    most 4 a side: the tiled kernels) with rows or columns past the last window (pool_1d's
+    cases, made of pool_2d, too)."""
+    kw = case.kwargs
+    if case.op == "pool_1d":
+        k, s, p, h, w = (1, kw["kernel"]), (1, kw["stride"] or kw["kernel"]), \
+            (0, kw["padding"]), 1, case.inputs[0].shape[-1]
+    else:
+        k = pair("pool_2d", "kernel", kw["kernel"])
+        s = pair("pool_2d", "stride", kw["stride"] or kw["kernel"])
+        p = pair("pool_2d", "padding", kw["padding"])
+        h, w = case.inputs[0].shape[-2:]
+    return (kw["mode"] == "max" and s == k and p == (0, 0) and max(k) <= 4
+            and bool(h % k[0] or w % k[1]))
+
+
+mutation.register(
+    Mutant("pool_max_grad_to_neighbour", ("pool_2d",),
+           "pool_2d_back (max) routes each window's gradient to the cell right of its "
+           "maximum", lambda: kernel_replaced("pool_2d_back", _pool_max_to_neighbour),
+           where=_mode("max"), kind="off-by-one window"),
+    Mutant("pool_avg_window_shifted", ("pool_2d",),
+           "pool_2d_back (avg) spreads each window's gradient over a window shifted one "
+           "column left", lambda: kernel_replaced("pool_2d_back", _pool_avg_window_shifted),
+           where=_mode("avg"), kind="off-by-one window"),
+    Mutant("pool_back_reads_gradient_as_contiguous", ("pool_2d",),
+           "pool_2d_back reads its incoming gradient in memory order, ignoring its strides "
+           "(ggml 0.20.2's bug, which broke its MNIST CNN): only a cotangent=permuted case "
+           "hands it a strided gradient",
+           lambda: kernel_replaced("pool_2d_back", _pool_back_reads_gradient_as_contiguous),
+           where=lambda case: case.cotangent == "permuted", cotangents=True,
+           kind="permuted stride"),
+    Mutant("pool_back_tiled_edge_unzeroed", ("pool_2d", "pool_1d"),
+           "pool_2d_back's tiled max kernel (windows tiling the image) does not zero the "
+           "rows and columns past the last window: right on a zeroed buffer, NaN on reused "
+           "memory; only windows that leave a remainder (pool_1d, kernel 3 over 8) show it",
+           lambda: kernel_replaced("pool_2d_back", pool_back_tiled_edge_unzeroed),
+           where=_pools_tile_with_a_remainder, max_cases=1, kind="unwritten edge"),
+)

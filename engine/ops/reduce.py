@@ -203,3 +203,138 @@ register(OpDef("sum_rows", kind="composite", compose=sum_rows, samples=_sum_rows
                scale=_sum_rows_scale,
                strategy=_sum_rows_strategy, torch=lambda x: x.sum(dim=-1, keepdim=True),
                doc="ggml's SUM_ROWS: sum over the last axis, kept as size 1"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+import functools  # noqa: E402  (imported here, with the declarations that use them)
+
+import numpy as np  # noqa: E402
+
+from engine import mutation  # noqa: E402
+from engine.backends.cpu import threads  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.kernels import prepared, reads_as_contiguous, unwritten  # noqa: E402
+from engine.mutation.patches import half_kernel_replaced, prepare_replaced  # noqa: E402
+from engine.tensor import is_half  # noqa: E402
+
+
+def sum_chunks_drop_tail(prepare):
+    """sum:chunks: when x.size is not a multiple of the chunk count, the last chunk stops
+    one element short (its bound taken as size - 1): the last element is never added."""
+    def mutated(out, ins, **params):
+        run, chunked = prepared(prepare, out, ins, params, "sum:chunks")
+        if not chunked:
+            return run
+        x_flat, acc = run.args[0], run.args[1]          # call(_sum_all, x, acc, out)
+        if x_flat.size % acc.shape[0] == 0:
+            return run
+        return functools.partial(run.func, x_flat[:-1], *run.args[1:])
+    return mutated
+
+
+def sum_chunks_overlap(prepare):
+    """sum:chunks: each chunk runs one element past its bound (an inclusive end), so the
+    first element of every chunk after the first is added twice."""
+    def mutated(out, ins, **params):
+        run, chunked = prepared(prepare, out, ins, params, "sum:chunks")
+        if not chunked:
+            return run
+        x_flat, acc, flat_out = run.args[0], run.args[1], run.args[2]
+        size = -(-x_flat.size // acc.shape[0])          # the kernel's chunk length
+
+        def call():
+            run()
+            again = x_flat[size::size][:acc.shape[0] - 1]
+            flat_out[0] += np.sum(again, dtype=np.float64)
+        return call
+    return mutated
+
+
+def sum_rows_float32_accumulator(prepare):
+    """sum:rows: the rows added into one accumulator row of the input's dtype (float32 for
+    a float32 x) instead of float64 rows, one per chunk: a chain of float32 additions as
+    long as the reduced axis (over 1.5 million rows a relative error of about 1e-5, well
+    inside float32's fixed tolerance of 1e-3, 23 times torch's float32 error)."""
+    def mutated(out, ins, **params):
+        run, chunked = prepared(prepare, out, ins, params, "sum:rows")
+        if not chunked:
+            return run
+        # call(_sum_rows, x, rows, run, acc, out, fmt)
+        x, acc = ins[0], run.args[3]
+        return functools.partial(run.func, *run.args[:3], np.empty((1, acc.shape[1]), x.dtype),
+                                 *run.args[4:])
+    return mutated
+
+
+def sum_runs_split_drops_tail(prepare):
+    """sum:runs_split: the ranges of kept elements given to the threads are n // parts
+    long each, so the last n % parts kept elements are never summed (never written)."""
+    def mutated(out, ins, **params):
+        run, split = prepared(prepare, out, ins, params, "sum:runs_split")
+        parts = threads.parts()
+        covered = out.size // parts * parts
+        if not split or covered == out.size:
+            return run
+        return unwritten(run, out.reshape(-1), slice(covered, None))
+    return mutated
+
+
+def sum_accumulated_in_half(real_sum):
+    """sum on 16-bit nodes accumulated serially in the 16-bit type (each partial sum rounded
+    to nearest in it) instead of in float32: over 256 rows of values in [0.5, 1] the
+    partial sums reach 256, where float16's spacing is 0.25."""
+    def mutated(out, ins, axes, keepdims):
+        (x,) = ins
+        if not is_half(out.dtype):
+            return real_sum(out, ins, axes=axes, keepdims=keepdims)
+        reduced = [a % x.ndim for a in axes]
+        kept = [a for a in range(x.ndim) if a not in reduced]
+        rows = np.transpose(x, reduced + kept).reshape(-1, *[x.shape[a] for a in kept])
+        out[...] = np.add.accumulate(rows, axis=0, dtype=out.dtype)[-1].reshape(out.shape)
+    return mutated
+
+
+def _axis(axis):
+    return lambda case: case.kwargs.get("axis") == axis and mutation.contiguous(case)
+
+
+mutation.register(
+    Mutant("sum_reads_permuted_input_as_contiguous", ("sum",),
+           "sum reads a permuted input in memory order, ignoring its strides: invisible in "
+           "a whole-tensor sum, wrong in a sum over some axes of a permuted input",
+           lambda: prepare_replaced("sum", reads_as_contiguous),
+           where=lambda case: mutation.permuted(case) and case.kwargs.get("axis") is not None,
+           kind="permuted stride"),
+    Mutant("sum_chunks_drop_tail", ("sum",),
+           "the whole-tensor sum in chunks (sum:chunks, from 8,192 elements) drops the last "
+           "element when the size is not a multiple of the chunk count",
+           lambda: prepare_replaced("sum", sum_chunks_drop_tail),
+           where=_axis(None), tier="scale", max_cases=1, kind="dropped tail"),
+    Mutant("sum_chunks_overlap", ("sum",),
+           "the whole-tensor sum in chunks (sum:chunks) runs each chunk one element past its "
+           "end: the first element of every later chunk is added twice",
+           lambda: prepare_replaced("sum", sum_chunks_overlap),
+           where=_axis(None), tier="scale", max_cases=1, kind="chunk boundary"),
+    Mutant("sum_rows_float32_accumulator", ("sum",),
+           "the sum over rows (sum:rows, from 2^17 elements) adds 1.5 million rows into one "
+           "float32 accumulator row instead of float64 rows per chunk: a relative error "
+           "of 1e-5, within float32's fixed tolerance; the precision verdict catches it",
+           lambda: prepare_replaced("sum", sum_rows_float32_accumulator),
+           where=_axis(0), tier="scale", max_cases=1, kind="float32 accumulator"),
+    Mutant("sum_runs_split_drops_tail", ("sum",),
+           "the kept elements' sums on the engine's threads (sum:runs_split) in ranges of "
+           "n // threads: the last n % threads elements are never summed (NaN on reused "
+           "memory)", lambda: prepare_replaced("sum", sum_runs_split_drops_tail),
+           where=_axis(1), tier="scale", max_cases=1, kind="dropped tail"),
+    Mutant("sum_f16_accumulated_in_f16", ("sum",),
+           "sum on float16 nodes accumulates serially in float16 (every partial sum rounded) "
+           "instead of float32: over 320 rows of values in [0.5, 1] the sums err some 14 "
+           "times (bar 8) what torch does, within float16's fixed tolerance",
+           lambda: half_kernel_replaced("sum", sum_accumulated_in_half),
+           where=lambda case: case.dtype == "f16" and case.kwargs.get("axis") == 0,
+           tier="scale", max_cases=1, kind="16-bit accumulator"),
+)
+mutation.exempt("mean", "composite: sum scaled by 1/n; sum's mutants and --inject scale "
+                        "cover its gradient")
+mutation.exempt("sum_rows", "composite: sum over the last axis (keepdims), whose mutants "
+                            "cover it")

@@ -178,3 +178,19 @@ register(OpDef("repeat_back", params=SHAPE, kind="backward", infer=_repeat_back_
                vjp_of=VJPOf("repeat", _repeat_back_primals),
                doc="the sum of g's tiles of a shape: the gradient of repeat; its own "
                    "gradient is repeat"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.kernels import reads_as_contiguous  # noqa: E402
+from engine.mutation.patches import prepare_replaced  # noqa: E402
+
+mutation.register(
+    Mutant("repeat_back_reads_gradient_as_contiguous", ("repeat",),
+           "repeat_back reads its incoming gradient in memory order, ignoring its strides: "
+           "only the cotangent=permuted case hands it a strided gradient",
+           lambda: prepare_replaced("repeat_back", reads_as_contiguous),
+           where=lambda case: case.cotangent == "permuted", cotangents=True,
+           kind="permuted stride"),
+)

@@ -290,3 +290,30 @@ register(OpDef("rope_back", params=PARAMS, kind="backward", infer=_rope_back_inf
                scale=_scale("rope_back", "g"), strategy=_strategy("rope_back", "g"),
                vjp_of=VJPOf("rope", _rope_back_primals),
                doc="g rotated by -theta: the gradient of rope; its own gradient is rope"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import backward_replaced, kernel_replaced  # noqa: E402
+from engine.registry import get_op  # noqa: E402
+
+
+def _rope_other_pairing(real):
+    def backward(g, out, x, pos, *ff, mode, **params):
+        other = {"neox": "normal", "normal": "neox"}[mode]
+        return real(g, out, x, pos, *ff, mode=other, **params)
+    return backward
+
+
+mutation.register(
+    Mutant("rope_back_rotates_forward", ("rope",),
+           "rope_back rotates g by +theta (rope's own kernel) instead of -theta: the "
+           "transpose of a rotation taken as the rotation itself",
+           lambda: kernel_replaced("rope_back", lambda real: get_op("rope").kernels["cpu"]),
+           kind="transposed gradient"),
+    Mutant("rope_grad_pairs_swapped", ("rope",),
+           "rope's backward rotates neox's pairs (i, i + n_dims/2) where the forward rotated "
+           "adjacent ones (2i, 2i + 1), and the other way round",
+           lambda: backward_replaced("rope", _rope_other_pairing), kind="transposed gradient"),
+)

@@ -143,3 +143,12 @@ register(OpDef("acc", params=OFFSET,
                build=acc, torch=_torch("acc"), samples=_samples("acc"),
                strategy=_strategy("acc"),
                doc="a with b added onto the block at offset; gradient: g to a, g's block to b"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("acc", "no mutant yet: its gradient is g and a block (a view) of g; covered "
+                       "only by --inject scale")
+mutation.exempt("set", "no mutant yet: its gradient is set(g, 0) and block(g); covered only by "
+                       "--inject scale")

@@ -276,3 +276,62 @@ register(OpDef("broadcast_to", params=SHAPE,
                torch=lambda x, shape: x.expand(shape).contiguous(),
                samples=_broadcast_samples, strategy=_broadcast_strategy,
                doc="numpy-style broadcast, materialised"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.cpu import layout  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.kernels import prepared  # noqa: E402
+from engine.mutation.patches import backward_replaced, prepare_replaced  # noqa: E402
+
+
+def _permute_forward_axes(real):
+    def backward(g, out, x, axes):
+        return (permute(g, axes),)
+    return backward
+
+
+def _not_an_involution(case) -> bool:
+    axes = case.kwargs["axes"]
+    return any(axes[axes[i]] != i for i in range(len(axes)))
+
+
+def _permute_cube_case(dtype):
+    return [Sample.make("permute", [InputSpec("x", (3, 3, 3))], dtype, axes=(2, 0, 1))]
+
+
+def tiled_copy_skips_ragged_rows(prepare):
+    """cont of a transposed view: the tiled copy (copy:tiled) copies whole 8 x 8 tiles and
+    the ragged columns, but not the rows past the last whole tile (x.shape[-2] % 8 of
+    them, per thread's chunk), which are never written."""
+    def mutated(out, ins, **params):
+        run, tiled = prepared(prepare, out, ins, params, "copy:tiled")
+        (x,) = ins
+        whole = x.shape[-2] // 8 * 8
+        if not tiled or whole == x.shape[-2]:
+            return run
+        return layout.copy_call(out[..., :whole, :], x[..., :whole, :])
+    return mutated
+
+
+mutation.register(
+    Mutant("permute_grad_forward_axes", ("permute",),
+           "permute's backward applies the forward axes instead of their inverse; invisible "
+           "on swaps, a shape error on non-cubic 3-cycles (caught by shape check), wrong "
+           "numbers on the extra cubic case (3,3,3)",
+           lambda: backward_replaced("permute", _permute_forward_axes),
+           where=_not_an_involution, extra=_permute_cube_case, kind="transposed gradient"),
+    Mutant("tiled_copy_skips_ragged_rows", ("cont",),
+           "cont's tiled transposed copy (copy:tiled) leaves the rows past the last whole "
+           "8-row tile unwritten (1031 = 128 * 8 + 7; per thread's chunk)",
+           lambda: prepare_replaced("cont", tiled_copy_skips_ragged_rows),
+           where=lambda case: len(case.inputs[0].shape) == 2, tier="scale", max_cases=1,
+           kind="unwritten edge"),
+)
+mutation.exempt("reshape", "no mutant yet: its gradient is g reshaped back to x's shape; "
+                           "covered only by --inject scale")
+mutation.exempt("broadcast_to", "no mutant yet: its gradient is g summed back to x's shape "
+                                "(sum_to); covered only by --inject scale")
+mutation.exempt("transpose", "composite: a permute, whose mutant permute_grad_forward_axes "
+                             "covers its gradient")

@@ -389,3 +389,89 @@ register(OpDef("softmax_back", params=Params(dict(scale=factor_param())),
                build=softmax_back, torch=_torch_softmax_back, samples=_softmax_back_samples,
                strategy=_softmax_back_strategy, vjp_of=VJPOf("softmax", _softmax_back_primals),
                doc="scale * y * (g - sum(g * y, last axis)): the gradient of softmax"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.alibi_math import alibi_slope  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import (  # noqa: E402
+    backward_replaced,
+    kernel_replaced,
+    prepare_replaced,
+)
+
+
+def _softmax_back_no_subtraction(real):
+    """s y g instead of s y (g - sum(g y)): the real result with the subtracted term added
+    back."""
+    def kernel(out, ins, **params):
+        real(out, ins, **params)
+        g, y = ins
+        out += params.get("scale", 1.0) * y * np.sum(g * y, axis=-1, keepdims=True)
+    return kernel
+
+
+def _sink_gradient_dropped(real):
+    """softmax's backward without the sinks' gradient (None: no gradient, zeros)."""
+    def backward(g, out, x, *rest, **params):
+        grads = real(g, out, x, *rest, **params)
+        return grads[:2] + (None,) if len(rest) == 2 else grads
+    return backward
+
+
+def _alibi_mask_grad_next_heads_slope(real):
+    """softmax's backward scaling head h's mask gradient by head h + 1's ALiBi slope."""
+    def backward(g, out, x, *rest, scale, max_bias=0.0):
+        grads = real(g, out, x, *rest, scale=scale, max_bias=max_bias)
+        if not rest or max_bias == 0.0:
+            return grads
+        heads = n_heads(x.shape)
+        shifted = np.array([alibi_slope(h + 1.0, float(heads), max_bias)
+                            for h in range(heads)])
+        gz = registered.softmax_back(g, out, 1.0)
+        shifted = shifted.reshape((heads, 1, 1)[-min(3, gz.ndim):]).astype(gz.dtype)
+        gm = sum_to(registered.mul(gz, constant(shifted, gz.dtype)), rest[0].shape)
+        return (grads[0], gm) + tuple(grads[2:])
+    return backward
+
+
+def softmax_ragged_row_sum(prepare):
+    """softmax over rows whose length is not a multiple of 8: the row sum stops one element
+    short, so every element is divided by the sum without the last exponential:
+    y'_j = e_j / (S - e_last) = y_j / (1 - y_last)."""
+    def mutated(out, ins, **params):
+        run = prepare(out, ins, **params)
+        if out.shape[-1] % 8 == 0:
+            return run
+
+        def call():
+            run()
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[...] = out / (1.0 - out[..., -1:].astype(np.float64))
+        return call
+    return mutated
+
+
+mutation.register(
+    Mutant("softmax_back_no_subtraction", ("softmax",),
+           "softmax_back computes s * y * g instead of s * y * (g - sum(g * y))",
+           lambda: kernel_replaced("softmax_back", _softmax_back_no_subtraction),
+           kind="dropped term"),
+    Mutant("softmax_sink_without_gradient", ("softmax",),
+           "softmax's backward drops the attention sinks' gradient (as ggml 0.20.2's "
+           "SOFT_MAX backward, which never writes one)",
+           lambda: backward_replaced("softmax", _sink_gradient_dropped),
+           where=lambda case: len(case.inputs) == 3 and case.inputs[2].grad,
+           kind="dropped term"),
+    Mutant("softmax_alibi_slopes_off_by_one_head", ("softmax",),
+           "softmax's backward scales head h's mask gradient by ALiBi's slope of head h + 1",
+           lambda: backward_replaced("softmax", _alibi_mask_grad_next_heads_slope),
+           where=lambda case: case.kwargs.get("max_bias", 0.0) > 0 and case.inputs[1].grad,
+           kind="scaled gradient"),
+    Mutant("softmax_ragged_row_sum", ("softmax",),
+           "softmax's row sum stops one element short on rows whose length is not a "
+           "multiple of 8: each y_j becomes y_j / (1 - y_last)",
+           lambda: prepare_replaced("softmax", softmax_ragged_row_sum),
+           where=lambda case: case.inputs[0].shape[-1] % 8 != 0, kind="dropped tail"),
+)

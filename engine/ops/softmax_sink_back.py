@@ -116,3 +116,11 @@ register(OpDef("softmax_sink_back", params=PARAMS, kind="backward", infer=_infer
                vjp_of=VJPOf("softmax", _primals, "sinks"),
                doc="-sum over each head's rows of p_sink * sum(g * y, last axis): the "
                    "gradient of softmax's sinks"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("softmax_sink_back", "no mutant of its own: the sinks' gradient op of softmax's "
+                                     "backward, which softmax_sink_without_gradient drops; "
+                                     "checked against softmax's VJP by gradcheck.backward_ops")

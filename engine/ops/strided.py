@@ -197,3 +197,12 @@ register(OpDef("expand", params=Params(dict(shape=ints_param(0))), kind="view", 
                strategy=_expand_strategy,
                doc="x's axes of side 1 repeated to `shape` as a view (stride 0); gradient: "
                    "the sum over them"))
+
+
+# --- mutants: none yet for these ops, and why (engine.mutation, tests/engine/test_mutation.py) --
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use it)
+
+mutation.exempt("expand", "no mutant yet: its gradient is g summed back to x's shape (sum_to); "
+                          "covered only by --inject scale")
+mutation.exempt("strided_slice", "no mutant yet: its gradient spreads and pads g; covered only by"
+                                 " --inject scale")

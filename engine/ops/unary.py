@@ -319,3 +319,79 @@ for _row in list(elementwise.UNARY.values()):
 # the builders under their names, for modules that import them from here (the engine.ops
 # package exports every registered op's builder itself)
 globals().update({name: OPS[name].build for name in elementwise.UNARY})
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+import numpy as np  # noqa: E402  (imported here, with the declarations that use them)
+
+from engine import mutation  # noqa: E402
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.kernels import chunk_ends_one_short  # noqa: E402
+from engine.mutation.patches import (  # noqa: E402
+    chunks_replaced,
+    kernel_replaced,
+    prepare_replaced,
+    scaled,
+)
+
+
+def hardswish_back_middle_slope_beyond_3(prepare):
+    """hardswish_back: above 3 the slope of the middle piece, x/3 + 1/2, instead of 1 (the
+    branch for x > 3 lost): only inputs beyond 3 show it."""
+    def mutated(out, ins, **params):
+        run = prepare(out, ins, **params)
+        g, x = ins
+
+        def call():
+            run()
+            beyond = np.asarray(x) > 3.0
+            out[beyond] = (g * (x / 3.0 + 0.5))[beyond]
+        return call
+    return mutated
+
+
+def _silu_back_negative_branch(real):
+    def kernel(out, ins, **params):
+        real(out, ins, **params)
+        g, x = (np.broadcast_to(a, out.shape) for a in ins)
+        below = x < 0
+        out[below] = (g / (1.0 + np.exp(-x)))[below]
+    return kernel
+
+
+mutation.register(
+    Mutant("relu_grad_scaled", ("relu",),
+           "relu's gradient multiplied by 1.01", scaled("relu", 1.01), kind="scaled gradient"),
+    Mutant("hardswish_back_middle_slope_beyond_3", ("hardswish",),
+           "hardswish_back uses the middle piece's slope x/3 + 1/2 above 3 instead of 1: "
+           "only the wide-range cases (|x| in [3.1, 150]) reach it",
+           lambda: prepare_replaced("hardswish_back", hardswish_back_middle_slope_beyond_3),
+           where=lambda case: case.inputs[0].high > 3.0, max_cases=1, kind="wrong branch"),
+    Mutant("split_chunk_ends_one_short", ("tanh",),
+           "tanh's thread split (from 2^20 elements) ends every chunk but the last one row "
+           "short: the row before each chunk boundary is never computed",
+           lambda: chunks_replaced("tanh", chunk_ends_one_short),
+           where=mutation.contiguous, tier="scale", max_cases=1, kind="chunk boundary"),
+    # silu_back's code, as swiglu's backward takes it: swiglu's cases catch it
+    Mutant("swiglu_silu_grad_wrong_below_zero", ("swiglu",),
+           "silu's derivative, as swiglu's backward takes it (silu_back), is sigmoid(x) on "
+           "the negative branch: the term x sigmoid(x) (1 - sigmoid(x)) dropped where x < 0",
+           lambda: kernel_replaced("silu_back", _silu_back_negative_branch),
+           kind="wrong branch"),
+)
+
+# the ops of this module with no mutant, and why (tests/engine/test_mutation.py)
+for _op in ("neg", "scale", "sqr", "sqrt", "log", "sgn", "step"):
+    mutation.exempt(_op, "no mutant yet: its gradient is composed of engine ops written in its "
+                         "elementwise row; covered only by --inject scale")
+for _op in ("sin", "cos", "sigmoid", "gelu", "gelu_erf", "gelu_quick", "elu", "leaky_relu",
+            "softplus", "expm1", "clamp"):
+    mutation.exempt(_op, f"no mutant yet: its gradient is its dedicated op {_op}_back (a "
+                         "kernel with no mutant either); covered only by --inject scale")
+for _op in ("sin", "cos", "tanh", "sigmoid", "gelu", "gelu_erf", "gelu_quick", "elu",
+            "leaky_relu", "softplus", "expm1", "clamp"):
+    mutation.exempt(f"{_op}_back", f"no mutant yet: the dedicated gradient op of {_op}, "
+                                   f"checked against {_op}'s VJP by gradcheck.backward_ops; "
+                                   "no known bug is injected into its kernel")
+mutation.exempt("silu", "its gradient is its dedicated op silu_back, whose kernel the mutant "
+                        "swiglu_silu_grad_wrong_below_zero breaks (caught through swiglu)")

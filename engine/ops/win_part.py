@@ -202,3 +202,44 @@ register(OpDef("win_unpart", params=Params(dict(height=size_param(), width=size_
                scale=_win_unpart_scale, strategy=_win_unpart_strategy,
                doc="windows (npy * npx, window, window, C) put back into a (height, width, "
                    "C) image, padding dropped (ggml WIN_UNPART); gradient: win_part"))
+
+
+# --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
+from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.mutation import Mutant  # noqa: E402
+from engine.mutation.patches import backward_replaced  # noqa: E402
+from engine.registry import registered  # noqa: E402
+
+
+def _window_counts(case) -> tuple[int, int]:
+    h, w = case.inputs[0].shape[:2]
+    window = case.kwargs["window"]
+    return -(-h // window), -(-w // window)
+
+
+def _window_grid(case) -> bool:
+    npy, npx = _window_counts(case)
+    return npy == npx > 1
+
+
+def _win_part_column_major(real):
+    def backward(g, out, x, window):
+        npy, npx = -(-x.shape[0] // window), -(-x.shape[1] // window)
+        rest = g.shape[1:]
+        swapped = registered.reshape(registered.cont(registered.transpose(
+            registered.reshape(g, (npx, npy, *rest)), 0, 1)), g.shape)
+        return real(swapped, out, x, window=window)
+    return backward
+
+
+mutation.register(
+    Mutant("win_part_grad_windows_column_major", ("win_part",),
+           "win_part's backward reads the windows of g in column-major order (px * npy + "
+           "py) instead of ggml's row-major py * npx + px: invisible on a single row or "
+           "column of windows, wrong on a grid",
+           lambda: backward_replaced("win_part", _win_part_column_major),
+           where=_window_grid, kind="transposed gradient"),
+)
+mutation.exempt("win_unpart", "no mutant yet: its gradient is win_part of g (the mutant above "
+                              "breaks win_part's backward, not this); covered only by "
+                              "--inject scale")

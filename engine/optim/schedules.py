@@ -32,14 +32,24 @@ def _in_unit(name, value, low_open=False):
                                   f"got {value!r}")
 
 
+def _check_fields(schedule, name: str, counts=(), factors=(), positive_factors=()) -> None:
+    """The fields of `schedule` (`name` in messages): `counts` positive ints, `factors` in
+    [0, 1], `positive_factors` in (0, 1]; HyperparameterError naming the first that is not."""
+    for field in counts:
+        _positive_int(f"{name}: {field}", getattr(schedule, field))
+    for field in factors:
+        _in_unit(f"{name}: {field}", getattr(schedule, field))
+    for field in positive_factors:
+        _in_unit(f"{name}: {field}", getattr(schedule, field), low_open=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class StepDecay:
     step_size: int
     gamma: float = 0.1
 
     def __post_init__(self):
-        _positive_int("step_decay: step_size", self.step_size)
-        _in_unit("step_decay: gamma", self.gamma)
+        _check_fields(self, "step_decay", counts=("step_size",), factors=("gamma",))
 
     def __call__(self, t: int) -> float:
         return self.gamma ** (t // self.step_size)
@@ -51,8 +61,7 @@ class Cosine:
     min_factor: float = 0.0
 
     def __post_init__(self):
-        _positive_int("cosine: t_max", self.t_max)
-        _in_unit("cosine: min_factor", self.min_factor)
+        _check_fields(self, "cosine", counts=("t_max",), factors=("min_factor",))
 
     def __call__(self, t: int) -> float:
         m = self.min_factor
@@ -65,8 +74,8 @@ class LinearWarmup:
     start_factor: float = 1.0 / 3.0
 
     def __post_init__(self):
-        _positive_int("linear_warmup: warmup_steps", self.warmup_steps)
-        _in_unit("linear_warmup: start_factor", self.start_factor, low_open=True)
+        _check_fields(self, "linear_warmup", counts=("warmup_steps",),
+                      positive_factors=("start_factor",))
 
     def __call__(self, t: int) -> float:
         s = self.start_factor

@@ -361,7 +361,7 @@ def _saved(tmp_path, op_name):
 def test_a_graph_file_meets_the_same_declarations(tmp_path, op_name, params, words):
     from engine.graph_format import GraphFileError
     from engine.graph_io import load_graph
-    from tests.engine.test_graph_io import node_edit, rewrite
+    from tests.engine.test_graph_io_malformed import node_edit, rewrite
     path = _saved(tmp_path, op_name)
     load_graph(path)                                  # as saved: loads
     rewrite(path, node_edit("graph.node.params", op_name, params))

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from engine.gguf_io import load_gguf
 from engine.graph_format import GraphFileError, decode_params, encode_params
 from engine.graph_io import save_graph
-from tests.engine.test_graph_io import node_edit, rewrite, sample_graph
+from tests.engine.test_graph_io import sample_graph
+from tests.engine.test_graph_io_malformed import node_edit, rewrite
 from tests.engine.test_op_params import MISSING, OPS, _drawn, _first_case, subject
 from tests.fuzz.checks import _fail, _surveyed, check_cli, check_load, fuzz_settings
 

@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.mutation.kernels import as_if_contiguous as _as_if_contiguous
+from engine.mutation.patches import backward_replaced, kernel_replaced, scaled_backward
 from engine.registry import OpDef, VJPOf, all_ops, at_x, get_op, register, unregister
 from engine.samples import InputSpec, Sample
 from gradcheck.adapters.torch_adapter import TorchAdapter
 from gradcheck.backward_ops import forward_point
 from gradcheck.check import check_sample
 from gradcheck.cotangents import registry_cases
-from gradcheck.mutants import MUTANTS, _as_if_contiguous
-from gradcheck.patches import backward_replaced, kernel_replaced, scaled_backward
+from gradcheck.mutants import MUTANTS
 from gradcheck.runner import checkable_ops, list_ops
 
 BACKWARD_OPS = sorted(name for name, op in all_ops().items() if op.kind == "backward")

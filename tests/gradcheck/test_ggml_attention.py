@@ -19,7 +19,7 @@ from gradcheck.adapters.ggml import attention as ggml_attention
 from gradcheck.backprop import loss_weights
 from gradcheck.numeric import compare
 from gradcheck.runner import run_checks
-from tests.gradcheck.test_ggml_adapter import assert_agrees
+from tests.gradcheck.ggml_agreement import assert_agrees
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libggml") is None,
                                 reason="the libggml-python wheel is not installed")
@@ -135,7 +135,7 @@ def test_flash_attention_forward_agrees_with_our_engine(adapter, case):
 
 
 def test_an_attention_case_gets_a_forward_only_row_that_says_so():
-    (row, flash) = run_checks([UNFUSED[1]], adapter=GgmlAdapter(), use_torch=False)
+    (row, flash) = run_checks([UNFUSED[1]], engine=GgmlAdapter(), use_torch=False)
     assert row.status == "pass" and "check" not in row.labels
     assert flash.status == "pass" and flash.name == f"{UNFUSED[1]} [{FLASH}: forward only]"
     assert flash.labels["check"] == "forward only" and flash.labels["variant"] == FLASH

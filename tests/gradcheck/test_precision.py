@@ -8,11 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from engine.mutation.patches import kernel_replaced
 from engine.registry import get_op
 from engine.samples import InputSpec, Sample
 from gradcheck import precision
 from gradcheck.check import check_sample
-from gradcheck.patches import kernel_replaced
 
 
 def test_ratio_is_the_error_over_the_bound_scaled_to_the_bar():

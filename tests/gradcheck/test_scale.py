@@ -8,12 +8,14 @@ import numpy as np
 import pytest
 
 from engine.backends.cpu import threads
+from engine.mutation.kernels import chunk_ends_one_short
+from engine.mutation.patches import chunks_replaced, prepare_replaced
+from engine.ops.reduce import sum_rows_float32_accumulator
 from engine.registry import all_ops, get_op
-from gradcheck import cotangents, kernel_mutants, precision, scale
+from gradcheck import cotangents, precision, scale
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.check import check_sample
 from gradcheck.cli import main
-from gradcheck.patches import chunks_replaced, prepare_replaced
 from gradcheck.runner import checkable_ops, select_samples
 
 # checkable ops without scale cases, and why (a view op has no kernel of its own: what it
@@ -72,7 +74,7 @@ def test_without_torch_the_reference_is_the_plain_float64_engine():
 def test_a_chunk_boundary_bug_is_caught_by_the_scale_tier_only():
     case = _scale_case("relu", "relu(type=f32,x=[1031,1031])")
     small = select_samples(["relu"], "f32")[0]
-    with chunks_replaced("relu", kernel_mutants.chunk_ends_one_short):
+    with chunks_replaced("relu", chunk_ends_one_short):
         assert check_sample(small).status == "pass"
         r = check_sample(case)
     assert r.status == "fail"
@@ -81,7 +83,7 @@ def test_a_chunk_boundary_bug_is_caught_by_the_scale_tier_only():
 
 def test_a_float32_accumulator_is_caught_by_the_precision_verdict():
     case = _scale_case("sum", "x=[1500007,3]")
-    with prepare_replaced("sum", kernel_mutants.sum_rows_float32_accumulator):
+    with prepare_replaced("sum", sum_rows_float32_accumulator):
         r = check_sample(case)
     assert r.status == "fail", r.metrics
     assert "precision" in r.message and r.metrics["ratio"] > precision.PRECISION_RATIO

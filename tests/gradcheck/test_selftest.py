@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from engine.backends.cpu import CPU, half
+from engine.mutation.patches import kernel_replaced, scaled
+from engine.ops.pad import pad_border_unwritten
 from engine.registry import all_ops, get_op
-from gradcheck import kernel_mutants
 from gradcheck.check import check_sample
 from gradcheck.injection import injected, parse
-from gradcheck.mutants import CONTROL, KINDS, MUTANTS, TIERS, Mutant, scaled
-from gradcheck.patches import kernel_replaced
+from gradcheck.mutants import CONTROL, KINDS, MUTANTS, TIERS, Mutant
 from gradcheck.selftest import caught_by, mutant_cases, power, run_mutant, run_self_test
 from reports import Result
 
@@ -150,7 +150,7 @@ def test_an_unwritten_edge_shows_only_on_garbage():
     poisons the engine's memory (NaN) so that it shows."""
     x = np.arange(6.0).reshape(2, 3)
     pads = ((1, 0), (0, 2))
-    kernel = kernel_mutants.pad_border_unwritten(get_op("pad").kernels["cpu"])
+    kernel = pad_border_unwritten(get_op("pad").kernels["cpu"])
     fresh, reused = np.zeros((3, 5)), np.full((3, 5), np.nan)
     for out in (fresh, reused):
         kernel(out, [x], pads=pads)

@@ -2,7 +2,7 @@
 
 Every op gets kernels of its own, made from the templates below: each template is a plain,
 vectorisable `prange` loop that calls scalar math by a global name (`forward`, `gradient`,
-`widen`), and `_specialise` makes a copy of it whose globals bind those names to the op
+`widen`), and `specialise` makes a copy of it whose globals bind those names to the op
 row's scalar math, compiled with numba.njit (engine.backends.compile_scalar), which LLVM
 inlines into the loop. numba compiles each copy once per dtype and caches it on disk under
 a name of its own (the template's, the op's and a digest of the row's source).
@@ -30,7 +30,7 @@ from engine import elementwise as table
 from engine.backends import sequence
 from engine.backends.compile_scalar import compile_scalar, source_digest
 from engine.backends.cpu import layout, threads
-from engine.backends.cpu.jit import OPTIONS, bindable, call, parallel_kernel, prange
+from engine.backends.cpu.jit import OPTIONS, bindable, call, parallel_kernel, prange, scalar_math
 
 # the scalar math is compiled into each kernel that calls it (LLVM inlines it there) and
 # cached with it; the functions themselves get no cache entries of their own
@@ -43,7 +43,7 @@ def scalar(fn):
     return compile_scalar(fn, _scalar_jit, _COMPILED)
 
 
-# --- templates: the names forward, gradient and widen are bound per op (_specialise) -------
+# --- templates: the names forward, gradient and widen are bound per op (specialise) -------
 def _map(x, out, params):
     """out[i] = forward(widen(x[i]), *params) over 1-D contiguous arrays (out may alias x);
     widen is float for rows computing in float64, else the identity."""
@@ -93,19 +93,24 @@ def _binary_rows(a, a_rows, a_step, b, b_rows, b_step, out, run):
                 o[j] = value
 
 
+@scalar_math
+def row_index(r, d1, d2):
+    """(i0, i1, i2): where row r of the d0*d1*d2 rows of a (d0, d1, d2, d3) array lies
+    (the 4-D templates' outer loop, here and in engine.backends.cpu.glu)."""
+    return r // (d1 * d2), (r // d2) % d1, r % d2
+
+
 def _binary_4d(a, b, out):
     """out = forward(a, b) over 4-D arrays of out's shape (any strides; the general
     fallback)."""
     d0, d1, d2, d3 = out.shape
     for r in prange(d0 * d1 * d2):
-        i0 = r // (d1 * d2)
-        i1 = (r // d2) % d1
-        i2 = r % d2
+        i0, i1, i2 = row_index(r, d1, d2)
         for i3 in range(d3):
             out[i0, i1, i2, i3] = forward(a[i0, i1, i2, i3], b[i0, i1, i2, i3])  # noqa: F821
 
 
-def _specialise(template, op_name: str, *sources, **bound):
+def specialise(template, op_name: str, *sources, **bound):
     """`template` compiled for op `op_name` (serial and parallel, jit.parallel_kernel), its
     global names `bound` to compiled scalar math. numba's disk cache keys a function by its
     qualified name: each op's copy gets its own, which also carries the digest of the
@@ -141,7 +146,7 @@ def unary(name: str):
         return cont
     row = table.UNARY[name]
     widen = float if row.in_float64 else scalar(table.identity)
-    kernel = _specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
+    kernel = specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
     return _map_dispatcher(name, kernel, lambda dtype, params: row.kernel_args(
         name, params, float if row.in_float64 else dtype.type))
 
@@ -151,7 +156,7 @@ def unary_back(name: str):
     for unary op `name` of the table. g must be C-contiguous (the op's builder makes it
     so); a strided x is gathered into out and mapped in place."""
     row = table.UNARY[name]
-    kernel = _specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
+    kernel = specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
 
     def prepare(out, ins, **params):
         g, x = ins
@@ -170,7 +175,7 @@ def binary(name: str):
     layouts as 4-D views."""
     row = table.BINARY[name]
     forward = scalar(row.forward)
-    flat, by_rows, general = (_specialise(t, name, row.forward, forward=forward)
+    flat, by_rows, general = (specialise(t, name, row.forward, forward=forward)
                               for t in (_binary_flat, _binary_rows, _binary_4d))
 
     def prepare(out, ins):
@@ -200,7 +205,7 @@ def _binary_views(kernel, a, b, out):
                       for idx in np.ndindex(*shape[:lead])))   # several for > 4 axes only
 
 
-_copy = _specialise(_map, "copy", table.identity, forward=scalar(table.identity),
+_copy = specialise(_map, "copy", table.identity, forward=scalar(table.identity),
                     widen=scalar(table.identity))
 
 

@@ -21,13 +21,10 @@ the inputs) is split along axis 0 into chunks on the engine's threads (`split:cp
 
 from __future__ import annotations
 
-import types
-
 from engine import elementwise as table
-from engine.backends.compile_scalar import source_digest
 from engine.backends.cpu import threads
-from engine.backends.cpu.elementwise import scalar
-from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
+from engine.backends.cpu.elementwise import row_index, scalar, specialise
+from engine.backends.cpu.jit import bindable, call, prange
 
 # op -> the elementwise row of its activation (ggml's GLU_OP_* and their unary ops)
 ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_erf": "gelu_erf",
@@ -40,9 +37,7 @@ def _glu_4d(a, b, out):
     strides; `forward` is bound per activation)."""
     d0, d1, d2, d3 = out.shape
     for r in prange(d0 * d1 * d2):
-        i0 = r // (d1 * d2)
-        i1 = (r // d2) % d1
-        i2 = r % d2
+        i0, i1, i2 = row_index(r, d1, d2)
         for i3 in range(d3):
             out[i0, i1, i2, i3] = (forward(float(a[i0, i1, i2, i3]))  # noqa: F821
                                    * float(b[i0, i1, i2, i3]))
@@ -52,12 +47,7 @@ def _specialise(op: str):
     """_glu_4d with `forward` bound to op's activation, under a cache name of its own that
     carries the digest of the activation's source (numba watches this file only)."""
     row = table.UNARY[ACTIVATIONS[op]]
-    fn = types.FunctionType(_glu_4d.__code__, {**_glu_4d.__globals__,
-                                               "forward": scalar(row.forward)},
-                            f"_glu_4d__{op}")
-    fn.__qualname__ = f"_glu_4d__{op}_{source_digest(row.forward)}"
-    fn.__doc__ = _glu_4d.__doc__
-    return parallel_kernel(fn)
+    return specialise(_glu_4d, op, row.forward, forward=scalar(row.forward))
 
 
 def halves(ins, n: int, swapped: bool):

@@ -192,40 +192,27 @@ def _balanced_row(starts, target):
 
 
 @kernel
+def _entries4(d, indices, values, p):
+    """Entries p to p + 3: their rows of d and their values, (r1, r2, r3, r4, v1, v2, v3,
+    v4), for _accumulate's unrolled blocks."""
+    return (d[indices[p]], d[indices[p + 1]], d[indices[p + 2]], d[indices[p + 3]],
+            values[p], values[p + 1], values[p + 2], values[p + 3])
+
+
+@kernel
 def _accumulate(orow, d, indices, values, p, e):
     """orow += sum over q in [p, e) of values[q] * d[indices[q]], eight entries at a time
     summed as a tree, then four, two, one."""
     n = orow.shape[0]
     while p + 8 <= e:
-        r1 = d[indices[p]]
-        r2 = d[indices[p + 1]]
-        r3 = d[indices[p + 2]]
-        r4 = d[indices[p + 3]]
-        r5 = d[indices[p + 4]]
-        r6 = d[indices[p + 5]]
-        r7 = d[indices[p + 6]]
-        r8 = d[indices[p + 7]]
-        v1 = values[p]
-        v2 = values[p + 1]
-        v3 = values[p + 2]
-        v4 = values[p + 3]
-        v5 = values[p + 4]
-        v6 = values[p + 5]
-        v7 = values[p + 6]
-        v8 = values[p + 7]
+        r1, r2, r3, r4, v1, v2, v3, v4 = _entries4(d, indices, values, p)
+        r5, r6, r7, r8, v5, v6, v7, v8 = _entries4(d, indices, values, p + 4)
         for j in range(n):
             orow[j] += (((v1 * r1[j] + v2 * r2[j]) + (v3 * r3[j] + v4 * r4[j]))
                         + ((v5 * r5[j] + v6 * r6[j]) + (v7 * r7[j] + v8 * r8[j])))
         p += 8
     if p + 4 <= e:
-        r1 = d[indices[p]]
-        r2 = d[indices[p + 1]]
-        r3 = d[indices[p + 2]]
-        r4 = d[indices[p + 3]]
-        v1 = values[p]
-        v2 = values[p + 1]
-        v3 = values[p + 2]
-        v4 = values[p + 3]
+        r1, r2, r3, r4, v1, v2, v3, v4 = _entries4(d, indices, values, p)
         for j in range(n):
             orow[j] += (v1 * r1[j] + v2 * r2[j]) + (v3 * r3[j] + v4 * r4[j])
         p += 4

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 from engine.backends.cpu.softmax import as_rows
 
 
@@ -47,16 +47,23 @@ def _rms_norm_back_rows(g, x, out, eps):
             out[r, j] = s * np.float64(g[r, j]) - c * np.float64(x[r, j])
 
 
+@kernel
+def _row_mean(x, r):
+    """The mean of row r of x, summed in float64 in order (norm's first pass)."""
+    n = x.shape[1]
+    total = 0.0
+    for j in range(n):
+        total += np.float64(x[r, j])
+    return total / n
+
+
 @parallel_kernel
 def _norm_rows(x, out, eps):
     """out[r, j] = (x[r, j] - mu_r) / sqrt(var_r + eps), mean mu_r and biased variance var_r
     of row r (two passes: the variance sums squared deviations from the mean)."""
     rows, n = x.shape
     for r in prange(rows):
-        total = 0.0
-        for j in range(n):
-            total += np.float64(x[r, j])
-        mu = total / n
+        mu = _row_mean(x, r)
         ss = 0.0
         for j in range(n):
             d = np.float64(x[r, j]) - mu
@@ -72,10 +79,7 @@ def _norm_back_rows(g, x, out, eps):
     xhat = (x - mu) s, s = 1 / sqrt(var + eps)."""
     rows, n = x.shape
     for r in prange(rows):
-        total = 0.0
-        for j in range(n):
-            total += np.float64(x[r, j])
-        mu = total / n
+        mu = _row_mean(x, r)
         ss = 0.0
         gsum = 0.0
         gd = 0.0
@@ -92,23 +96,17 @@ def _norm_back_rows(g, x, out, eps):
             out[r, j] = s * (np.float64(g[r, j]) - gmean - (np.float64(x[r, j]) - mu) * c)
 
 
-def cpu_rms_norm(out, ins, eps):
-    (x,) = ins
-    _rms_norm_rows(as_rows(x, "rms_norm"), as_rows(out, "rms_norm"), float(eps))
+def _row_dispatcher(rows_kernel, op: str):
+    """The dispatcher of `op`: kernel(out, ins, eps) runs `rows_kernel` on the (rows, C) views
+    of its inputs (x, or g and x) and of out, in that order."""
+    def dispatch(out, ins, eps):
+        rows_kernel(*(as_rows(a, op) for a in (*ins, out)), float(eps))
+    dispatch.__name__ = dispatch.__qualname__ = f"cpu_{op}"
+    dispatch.__doc__ = f"Dispatcher of {op}: kernel(out, ins, eps)."
+    return dispatch
 
 
-def cpu_rms_norm_back(out, ins, eps):
-    g, x = ins
-    _rms_norm_back_rows(as_rows(g, "rms_norm_back"), as_rows(x, "rms_norm_back"),
-                        as_rows(out, "rms_norm_back"), float(eps))
-
-
-def cpu_norm(out, ins, eps):
-    (x,) = ins
-    _norm_rows(as_rows(x, "norm"), as_rows(out, "norm"), float(eps))
-
-
-def cpu_norm_back(out, ins, eps):
-    g, x = ins
-    _norm_back_rows(as_rows(g, "norm_back"), as_rows(x, "norm_back"),
-                    as_rows(out, "norm_back"), float(eps))
+cpu_rms_norm = _row_dispatcher(_rms_norm_rows, "rms_norm")
+cpu_rms_norm_back = _row_dispatcher(_rms_norm_back_rows, "rms_norm_back")
+cpu_norm = _row_dispatcher(_norm_rows, "norm")
+cpu_norm_back = _row_dispatcher(_norm_back_rows, "norm_back")

@@ -49,6 +49,12 @@ MAX_TILE = 4
 
 
 @kernel
+def _plane(a, p, c):
+    """Plane p of the N*C planes of the NCHW array a (C = c): a[p // c, p % c], a view."""
+    return a[p // c, p % c]
+
+
+@kernel
 def _window_span(o, k, s, p, size):
     """(first, stop): the image indices first <= i < stop, along one axis, of the cells of
     window o (kernel k, stride s, padding p) that lie inside the image [0, size)."""
@@ -95,8 +101,7 @@ def _pool(x, out, is_max, kh, kw, sh, sw, ph, pw):
     start = -np.inf if is_max else 0.0
     inv = out.dtype.type(1.0 / (kh * kw))
     for p in prange(n * c):
-        xp = x[p // c, p % c]
-        op = out[p // c, p % c]
+        xp, op = _plane(x, p, c), _plane(out, p, c)
         for oy in range(oh):
             orow = op[oy]
             for ox in range(ow):
@@ -128,8 +133,7 @@ def _max_pool_tiled(x, out, rows, cols):
     oh, ow = out.shape[2], out.shape[3]
     kh, kw = len(rows), len(cols)
     for p in prange(n * c):
-        xp = x[p // c, p % c]
-        op = out[p // c, p % c]
+        xp, op = _plane(x, p, c), _plane(out, p, c)
         for oy in range(oh):
             for ox in range(ow):
                 m = xp[oy * kh, ox * kw]
@@ -157,10 +161,7 @@ def _max_pool_back_tiled(g, x, y, dx, rows, cols):
     oh, ow = g.shape[2], g.shape[3]
     kh, kw = len(rows), len(cols)
     for p in prange(n * c):
-        xp = x[p // c, p % c]
-        yp = y[p // c, p % c]
-        gp = g[p // c, p % c]
-        dp = dx[p // c, p % c]
+        xp, yp, gp, dp = _plane(x, p, c), _plane(y, p, c), _plane(g, p, c), _plane(dx, p, c)
         for oy in range(oh):
             for ox in range(ow):
                 m = yp[oy, ox]
@@ -191,10 +192,7 @@ def _max_pool_back(g, x, y, dx, kh, kw, sh, sw, ph, pw):
     n, c, h, w = x.shape
     oh, ow = g.shape[2], g.shape[3]
     for p in prange(n * c):
-        xp = x[p // c, p % c]
-        yp = y[p // c, p % c]
-        gp = g[p // c, p % c]
-        dp = dx[p // c, p % c]
+        xp, yp, gp, dp = _plane(x, p, c), _plane(y, p, c), _plane(g, p, c), _plane(dx, p, c)
         for yy in range(h):
             for xx in range(w):
                 dp[yy, xx] = 0
@@ -225,8 +223,7 @@ def _avg_pool_back(g, dx, kh, kw, sh, sw, ph, pw):
     oh, ow = g.shape[2], g.shape[3]
     inv = dx.dtype.type(1.0 / (kh * kw))
     for p in prange(n * c):
-        gp = g[p // c, p % c]
-        dp = dx[p // c, p % c]
+        gp, dp = _plane(g, p, c), _plane(dx, p, c)
         for y in range(h):
             for xx in range(w):
                 dp[y, xx] = 0

@@ -1,6 +1,6 @@
 """Changes put into the op registry for the duration of a block, and taken out after.
 
-A known bug (a mutant of gradcheck.mutants, or `--inject scale`) is one of these patches:
+A known bug (a mutant of engine.mutation, or `--inject scale`) is one of these patches:
 the op's backward rule, or one of its kernels, replaced by a function made from the real
 one. On leaving the block, even on error, the registry holds the very same objects as
 before.
@@ -25,10 +25,9 @@ import contextlib
 import types
 from collections.abc import Callable
 
-from engine import ops
 from engine.backends.cpu import CPU, half, threads
 from engine.backends.cpu.jit import bindable
-from engine.registry import get_op
+from engine.registry import get_op, registered
 from engine.tensor import is_half
 
 
@@ -136,6 +135,11 @@ def all_of(*patches: Callable[[], contextlib.AbstractContextManager]):
 def scaled_backward(backward: Callable, factor: float) -> Callable:
     """A backward rule whose every input gradient is `factor` times `backward`'s."""
     def mutated(g, out, *srcs, **params):
-        return tuple(None if sg is None else ops.scale(sg, factor)
+        return tuple(None if sg is None else registered.scale(sg, factor)
                      for sg in backward(g, out, *srcs, **params))
     return mutated
+
+
+def scaled(op_name: str, factor: float) -> Callable:
+    """The patch of a mutant that scales every gradient of op `op_name` by `factor`."""
+    return lambda: backward_replaced(op_name, lambda real: scaled_backward(real, factor))
