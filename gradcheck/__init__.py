@@ -9,7 +9,7 @@ import importlib
 
 _EXPORTS = {"check_function": "gradcheck.api", "check_numpy": "gradcheck.api",
             "check_torch": "gradcheck.api", "check_sample": "gradcheck.check",
-            "check_ops": "gradcheck.runner", "checkable_ops": "gradcheck.runner",
+            "check_ops": "gradcheck.request", "checkable_ops": "gradcheck.runner",
             "run_checks": "gradcheck.runner", "select_samples": "gradcheck.runner"}
 
 __all__ = sorted(_EXPORTS)

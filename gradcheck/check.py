@@ -24,7 +24,7 @@ Everything else is gradcheck's and the same for every engine:
 This module runs those and makes the comparisons; the verdict on them is the pure function
 gradcheck.verdict.judge.
 
-An adapter with `isolated` set runs in a worker process (gradcheck.isolated): when the
+An adapter with `isolated` set runs in a worker process (checkkit.isolated): when the
 worker dies or hangs, the case is a `crash` row.
 
 A dedicated backward op, which has no gradient of its own, is checked against the VJP of
@@ -43,22 +43,22 @@ import time
 import numpy as np
 
 import engine
+from checkkit.isolated import IsolatedAdapter
+from checkkit.loading import AdapterError
+from checkkit.raised import SignalWatch, raised_message
+from checkkit.worker import RemoteError, WorkerCrash
 from engine.registry import get_op
 from engine.tensor import is_float
 from gradcheck import precision
-from gradcheck.adapters.base import AdapterError
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.adapters.raised import SignalWatch, raised_message
 from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
 from gradcheck.backward_ops import check_backward_op, is_backward_op_case, with_vjp_check
 from gradcheck.cross_backend import compares_with_cpu, versus_cpu
-from gradcheck.isolated import IsolatedAdapter
 from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
 from gradcheck.reference import float64_reference, settled, torch_reference
 from gradcheck.scale import check_scale_sample
 from gradcheck.verdict import Outcomes, judge
-from gradcheck.worker import RemoteError, WorkerCrash
 from reports import Result
 
 
@@ -103,7 +103,7 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
     adapter given they must stay at their defaults, else ValueError). Never raises for a
     failing case: errors, crashes and unsupported cases are results; whatever the adapter
     raises (SystemExit, KeyboardInterrupt and BaseExceptions of its own included) is an
-    error row, and only the user's Ctrl-C (gradcheck.adapters.raised) goes on up.
+    error row, and only the user's Ctrl-C (checkkit.raised) goes on up.
     use_torch False leaves the torch reference out (no import: start-up is faster by its
     import time)."""
     if adapter is None:

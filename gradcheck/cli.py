@@ -24,29 +24,26 @@ import argparse
 import os
 import sys
 
-from engine.backends import BACKENDS, get_backend
-from engine.backends.cpu.threads import environment_problem
-from engine.errors import BackendError, UnknownOpError
-from gradcheck.adapters import MAX_GGML_THREADS, AdapterError, describe, get_adapter
-from gradcheck.cotangents import TIERS
-from gradcheck.injection import describe_injections, parse
-from gradcheck.interrupted import Interrupted, report_interrupted, sigterm_interrupts
-from gradcheck.modes import MODES
-from gradcheck.repro import parse_case
-from gradcheck.runner import (
-    DTYPES,
-    MAX_RANDOM,
-    check_ggml_coverage,
-    check_ops,
-    describe_engines,
-    list_ops,
-    run_checks,
+from checkkit.console import stoppable
+from checkkit.interrupted import Interrupted, report_interrupted
+from checkkit.jobs import UsageProblem
+from checkkit.loading import AdapterError
+from checkkit.options import (
+    add_report_options,
+    argv_of,
+    environment_problem,
+    refused,
+    rows_of,
 )
-from gradcheck.selftest import run_self_test
-from gradcheck.usage import ArgumentParser
-from gradcheck.worker import DEFAULT_CASE_TIMEOUT
+from checkkit.usage import ArgumentParser
+from checkkit.worker import DEFAULT_CASE_TIMEOUT
+from engine.backends import BACKENDS
+from gradcheck.cotangents import TIERS
+from gradcheck.injection import describe_injections
+from gradcheck.modes import MODES
+from gradcheck.request import GradcheckRequest, run_plan
+from gradcheck.runner import DTYPES, list_ops
 from reports import emit, first_unwritable
-from reports.output import FORMATS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,110 +104,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inject", metavar="MUTATION[:FACTOR]",
                    help=f"inject a known bug into the backward rules, to see it caught "
                         f"({describe_injections()})")
-    p.add_argument("--format", choices=FORMATS, default="plain",
-                   help="output format (default plain)")
-    p.add_argument("--output", metavar="FILE",
-                   help="write the report to FILE (atomically) instead of standard output")
     p.add_argument("--no-torch", action="store_true",
                    help="leave out the torch autograd reference (starts faster: no torch "
                         "import)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--verbose", action="store_true",
-                   help="plain table: every column (default: the few a person reads, fitted "
-                        "to the terminal)")
-    p.add_argument("--workers", type=int, metavar="N",
-                   help="run the cases as pytest items on N local processes (pytest-xdist; "
-                        "the same report); across hosts: see pytest --gradcheck")
+    add_report_options(p, "gradcheck", "cases")
     return p
 
 
+def request_of(args) -> GradcheckRequest:
+    """The request these command-line arguments make."""
+    return GradcheckRequest(
+        op=tuple(args.op or ()), dtype=args.dtype, filter=args.filter, tier=args.tier,
+        random=args.random, seed=args.seed, engine=args.engine,
+        backend=tuple(args.backend or ()), mode=args.mode, inject=args.inject,
+        no_torch=args.no_torch, ggml_lib=args.ggml_lib, ggml_threads=args.ggml_threads,
+        case_timeout=args.case_timeout, coverage=args.coverage, self_test=args.self_test,
+        repro=args.repro)
 
 
-def _engine_usage_error(args) -> str | None:
-    """What makes these arguments unusable with the chosen engine (None if nothing)."""
-    ours = args.engine == "engine"
-    if args.ggml_lib and args.engine != "ggml":
-        return f"--ggml-lib applies to --engine ggml, not to --engine {args.engine}"
-    if args.ggml_threads is not None and args.engine != "ggml":
-        return f"--ggml-threads applies to --engine ggml, not to --engine {args.engine}"
-    if args.ggml_threads is not None and not 1 <= args.ggml_threads <= MAX_GGML_THREADS:
-        return (f"--ggml-threads must lie in [1, {MAX_GGML_THREADS}], got "
-                f"{args.ggml_threads}")
-    if args.coverage and args.engine != "ggml":
-        return f"--coverage applies to --engine ggml, not to --engine {args.engine}"
-    if args.coverage and (args.random or args.filter or args.workers is not None):
-        return "--coverage runs the registry's cases as they are: no --random, -k or --workers"
-    if not args.case_timeout > 0:
-        return f"--case-timeout must be a positive number of seconds, got {args.case_timeout}"
-    if ours:
+def _workers_problem(args) -> str | None:
+    """What --workers cannot run (None if nothing)."""
+    if args.workers is None:
         return None
-    for given, flag, why in ((args.inject, "--inject", "injected bugs patch our engine's "
-                              "backward rules"),
-                             (args.backend, "--backend", "backends are our engine's"),
-                             (args.self_test, "--self-test", "the self-test injects bugs "
-                              "into our engine")):
-        if given:
-            return f"{flag} applies to our engine only ({why}), not to --engine {args.engine}"
-    return None
-
-
-def make_adapter(args):
-    """The adapter of --engine (None: ours, made per backend by the runner). Raises
-    AdapterError when it cannot be set up."""
-    if args.engine == "engine":
-        return None
-    options = {"lib_dir": os.path.abspath(args.ggml_lib)} if args.ggml_lib else {}
-    if args.ggml_threads is not None:
-        options["n_threads"] = args.ggml_threads
-    return get_adapter(args.engine, **options)
-
-
-def _distributed(args, parser, progress, backends):
-    """The cases of --op/--all as the pytest plugin's items on --workers N processes."""
-    if args.self_test or args.repro is not None:
-        parser.error("--workers applies to --op and --all, not to --self-test or --repro")
-    from gradcheck.pytest_plugin import SweepError, gradcheck_args, run_items  # pytest only here
-    plugin_args = gradcheck_args(
-        None if args.all else args.op, args.dtype, args.filter, random=args.random,
-        seed=args.seed, inject=args.inject, mode=args.mode, backends=backends,
-        use_torch=not args.no_torch, engine=args.engine, ggml_lib=args.ggml_lib,
-        ggml_threads=args.ggml_threads, case_timeout=args.case_timeout, tier=args.tier)
-    try:
-        return run_items("gradcheck", plugin_args, args.workers, progress)
-    except SweepError as exc:
-        parser.exit(2, f"gradcheck: {exc}\n")
-
-
-def _results(args, parser, adapter, case):
-    progress = not args.no_progress and sys.stderr.isatty()
-    backends = args.backend or ["cpu"]
-    if args.workers is not None:
-        return _distributed(args, parser, progress, backends)
-    if args.self_test:
-        return run_self_test(progress=progress)
     if args.coverage:
-        return check_ggml_coverage(adapter, args.dtype, progress=progress, mode=args.mode,
-                                   use_torch=not args.no_torch,
-                                   case_timeout=args.case_timeout, tier=args.tier)
-    if case is not None:
-        return run_checks([case], args.inject, False, args.mode, backends, not args.no_torch,
-                          adapter, args.case_timeout)
-    return check_ops(None if args.all else args.op, args.dtype, args.filter,
-                     random=args.random, seed=args.seed, inject=args.inject,
-                     progress=progress, mode=args.mode, backends=backends,
-                     use_torch=not args.no_torch, adapter=adapter,
-                     case_timeout=args.case_timeout, tier=args.tier)
+        return "--coverage runs the registry's cases as they are: no --random, -k or --workers"
+    if args.self_test or args.repro is not None:
+        return "--workers applies to --op and --all, not to --self-test or --repro"
+    return None
 
 
 def main(argv=None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
     anywhere (or SIGTERM): one line and 130 (143), a sweep's finished rows written to
     --output."""
-    try:
-        with sigterm_interrupts():
-            return _main(argv)
-    except KeyboardInterrupt as exc:
-        return report_interrupted("gradcheck", exc, "plain")
+    return stoppable("gradcheck", lambda: _main(argv))
 
 
 def keep_hypothesis_out_of_cwd(environ=os.environ) -> None:
@@ -227,55 +154,29 @@ def _main(argv) -> int:
     keep_hypothesis_out_of_cwd()
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = environment_problem()
-    if problem:
-        print(f"gradcheck: {problem}", file=sys.stderr)
+    if refused("gradcheck", environment_problem()):
         return 2
     if args.list:
         print(list_ops())
         return 0
-    if args.inject:
-        try:
-            parse(args.inject)
-        except ValueError as exc:
-            parser.error(str(exc))
-    if not 0 <= args.random <= MAX_RANDOM:
-        parser.error(f"--random must be a number of cases per op in [0, {MAX_RANDOM}], got "
-                     f"{args.random}")
-    problem = _engine_usage_error(args)
+    request = request_of(args)
+    problem = request.problem() or _workers_problem(args)
     if problem:
         parser.error(problem)
-    try:
-        case = None if args.repro is None else parse_case(args.repro)
-    except ValueError as exc:
-        print(f"gradcheck: --repro: {exc}", file=sys.stderr)
-        return 2
-    problem = first_unwritable(args.output)
-    if problem:
-        print(f"gradcheck: {problem}", file=sys.stderr)
+    if refused("gradcheck", first_unwritable(args.output)):
         return 2
     try:
-        for name in args.backend or ["cpu"]:
-            get_backend(name)
-        adapter = make_adapter(args)
-        described = (describe_engines(None, args.backend or ["cpu"]) if adapter is None
-                     else describe(adapter, args.engine))
-    except (BackendError, AdapterError) as exc:
+        with request.plan() as plan:     # checks the engine and the cases before any runs
+            print(f"gradcheck: {plan.describe}", file=sys.stderr)
+            meta = {"argv": argv_of(argv), **plan.meta}
+            try:
+                results = rows_of(request, plan, args, run_plan)
+            except Interrupted as exc:
+                return report_interrupted("gradcheck", exc, args.format, args.output, meta,
+                                          verbose=args.verbose)
+    except (UsageProblem, AdapterError) as exc:   # an isolated engine's worker cannot start
         print(f"gradcheck: {exc}", file=sys.stderr)
         return 2
-    print(f"gradcheck: engine under test: {described}", file=sys.stderr)
-    try:
-        results = _results(args, parser, adapter, case)
-    except Interrupted as exc:
-        meta = {"argv": list(sys.argv[1:] if argv is None else argv), "engine": described}
-        return report_interrupted("gradcheck", exc, args.format, args.output, meta,
-                                  verbose=args.verbose)
-    except (UnknownOpError, LookupError, AdapterError) as exc:
-        print(f"gradcheck: {exc}", file=sys.stderr)
-        return 2
-    meta = {"argv": list(sys.argv[1:] if argv is None else argv), "engine": described}
-    if args.inject:
-        meta["injected"] = args.inject
     return emit(results, tool="gradcheck", fmt=args.format, output=args.output, meta=meta,
                 footer=f"(injected: {args.inject})" if args.inject else None,
                 verbose=args.verbose)

@@ -7,14 +7,14 @@ variant name -> None when the variant can run the case, else why not (the row is
 case, arrays) -> (output, inputs)` runs the variant forward and returns its output, in the
 case's shape, and the input values it computed on (the case's, or as the engine had to
 round them: ggml's flash attention takes its mask in F16). An isolated adapter runs it in
-its worker (gradcheck.isolated), where an abort is a `crash` row.
+its worker (checkkit.isolated), where an abort is a `crash` row.
 
 The row, named `<case> [<variant>: forward only]`, is judged as a case's forward is
 (gradcheck.check): the output against the float64 reference's on the same inputs, under the
 case's dtype's tolerance, constant cells (infinities of the definition) held; NaN or Inf
 anywhere else fails. Its labels say `check: forward only` and the variant; no gradient is
 checked, and its message says so. Whatever either method raises (SystemExit and other
-BaseExceptions included; only the user's Ctrl-C goes on up, gradcheck.adapters.raised) is
+BaseExceptions included; only the user's Ctrl-C goes on up, checkkit.raised) is
 an error row: the variant's, or `<case> [forward_only_checks: forward only]` for the list.
 """
 
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import time
 
-from gradcheck.adapters.raised import SignalWatch, described, raised_message
+from checkkit.raised import SignalWatch, described, raised_message
+from checkkit.worker import RemoteError, WorkerCrash
 from gradcheck.backprop import loss_weights
 from gradcheck.numeric import compare
 from gradcheck.reference import float64_reference, settled
 from gradcheck.verdict import forward_problem
-from gradcheck.worker import RemoteError, WorkerCrash
 from reports import Result
 
 FORWARD_ONLY = "forward only"

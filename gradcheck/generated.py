@@ -27,14 +27,12 @@ import collections
 import copy
 import time
 
+from checkkit.raised import SignalWatch
 from engine.registry import get_op
 from engine.tensor import FLOAT_NAMES
-from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.adapters.raised import SignalWatch
 from gradcheck.check import check_sample, op_labels
-from gradcheck.isolated import IsolatedAdapter
+from gradcheck.engine_under_test import EngineUnderTest
 from gradcheck.repro import FAILING, with_repro
-from gradcheck.worker import DEFAULT_CASE_TIMEOUT
 from reports import Result
 
 SHRINK_CHECKS = 150      # new cases checked while shrinking a failure
@@ -139,32 +137,30 @@ def _minimal(result: Result, case, search: _Search) -> Result:
                        in_message=FAILING)
 
 
-def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", mode="auto",
-                      backend="cpu", inject=None, use_torch=True, adapter=None,
-                      case_timeout: float = DEFAULT_CASE_TIMEOUT,
+def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", engine=None, *,
+                      backend: str = "cpu", mode: str = "auto", use_torch: bool = True,
                       shrink_checks: int = SHRINK_CHECKS,
                       shrink_seconds: float = SHRINK_SECONDS) -> list[Result]:
-    """N generated cases of one op in `adapter`'s engine (default: ours on `backend`, with
-    the mutation `inject`), then, if one failed, errored or crashed, its shrunk case
-    (labelled generated: minimal), and an `unsupported` row for draws the engine cannot
-    run. An isolated adapter runs every case in one worker process (`case_timeout`: seconds
-    per engine call there); a crash is a failing case, and the next case restarts the
-    worker."""
+    """N generated cases of one op in `engine` (an EngineUnderTest, an adapter, or None:
+    ours; ours runs on `backend`, with the engine's mutation), then, if one failed, errored
+    or crashed, its shrunk case (labelled generated: minimal), and an `unsupported` row for
+    draws the engine cannot run. An isolated adapter runs every case in one worker process
+    (the engine's case_timeout: seconds per engine call there); a crash is a failing case,
+    and the next case restarts the worker."""
     op = get_op(op_name)
     if op.strategy is None:
         return [Result("gradcheck", f"{op_name}(generated)", "skip",
                        message="no strategy for generated cases", labels={"op": op_name})]
-    if adapter is None:
-        adapter = EngineAdapter(backend, inject)
-    elif inject or backend != "cpu":
-        raise ValueError("inject and backend apply to our engine only, not to engine "
-                         f"{adapter.name!r}")
-    if adapter.isolated and not isinstance(adapter, IsolatedAdapter):
-        with IsolatedAdapter(adapter, case_timeout) as isolated:
-            return _search(op, n, seed, dtype, mode, use_torch, isolated, shrink_checks,
-                           shrink_seconds)
-    return _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks,
-                   shrink_seconds)
+    engine, own = EngineUnderTest.of(engine)
+    if not engine.ours and backend != "cpu":
+        raise ValueError("backend applies to our engine only, not to engine "
+                         f"{engine.adapter.name!r}")
+    try:
+        return _search(op, n, seed, dtype, mode, use_torch, engine.on_backend(backend),
+                       shrink_checks, shrink_seconds)
+    finally:
+        if own:
+            engine.close()
 
 
 def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_seconds):

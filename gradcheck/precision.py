@@ -76,63 +76,25 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
+from checkkit.precision import (  # noqa: F401  (the rule optcheck shares, named here too)
+    FLOOR_ULPS,
+    PRECISION_RATIO,
+    bound,
+    magnitude,
+    max_abs_error,
+    ratio,
+    ulp,
+)
 from engine.registry import get_op
 from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, UNIT_ROUNDOFF, dtype_name, is_float
 from gradcheck.reference import plain_forward, plain_vjp, torch_available, torch_reference
 
-PRECISION_RATIO = 8.0     # an engine may err this many times the reference ...
-FLOOR_ULPS = 4.0          # ... plus this many of its dtype's ulps of the result's magnitude
 JUDGED = ("f16", "bf16", "f32")   # the dtypes judged (float64 is the truth)
 MODEL_DRAWS = 2           # random perturbations of the error model
 BIASED = ("f16", "bf16")  # the dtypes whose rounding bias is judged
 BIAS_ULPS = 0.1           # a result's mean signed error may be this many ulps ...
 BIAS_SIGMAS = 5.0         # ... plus this many standard errors of the mean
 BIAS_MIN_ELEMENTS = 16    # fewer inexact elements than this: no bias judged
-
-
-def ulp(dtype: str) -> float:
-    """The spacing of dtype `dtype`'s values at 1 (twice its unit roundoff)."""
-    return 2.0 * UNIT_ROUNDOFF[dtype]
-
-
-def max_abs_error(value, truth) -> float:
-    """max |value - truth| in float64 (inf where either holds a NaN or an infinity that the
-    other does not)."""
-    a = np.asarray(value, np.float64)
-    t = np.asarray(truth, np.float64)
-    if a.size == 0:
-        return 0.0
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(a - t)
-    same = (a == t) | (np.isnan(a) & np.isnan(t))
-    diff = np.where(same, 0.0, diff)
-    return float(np.max(np.where(np.isnan(diff), np.inf, diff)))
-
-
-def magnitude(*truths) -> float:
-    """The largest finite |value| of arrays `truths` (0 for none)."""
-    best = 0.0
-    for t in truths:
-        t = np.asarray(t, np.float64)
-        finite = t[np.isfinite(t)]
-        if finite.size:
-            best = max(best, float(np.max(np.abs(finite))))
-    return best
-
-
-def bound(ref_err: float, size: float, dtype: str) -> float:
-    """What a result of `dtype` may err: PRECISION_RATIO * ref_err plus the floor, FLOOR_ULPS
-    ulps of magnitude `size`."""
-    floor = FLOOR_ULPS * ulp(dtype) * size
-    return max(PRECISION_RATIO * ref_err + floor, np.finfo(np.float64).tiny)
-
-
-def ratio(err: float, ref_err: float, size: float, dtype: str) -> float:
-    """err over the bound (of magnitude `size`), scaled so that PRECISION_RATIO is the bar
-    (inf for a non-finite error)."""
-    if not np.isfinite(err):
-        return float("inf")
-    return err / bound(ref_err, size, dtype) * PRECISION_RATIO
 
 
 def ulps_at(truth, dtype: str) -> np.ndarray:

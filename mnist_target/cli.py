@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from checkkit.interrupted import exit_status, signal_of, signal_word
+from checkkit.usage import ArgumentParser
 from engine.backends import get_backend
 from engine.backends.cpu.threads import (
     MAX_THREADS,
@@ -33,8 +35,6 @@ from engine.backends.cpu.threads import (
 )
 from engine.errors import EngineError
 from engine.files import first_unwritable
-from gradcheck.interrupted import exit_status, signal_of, signal_word
-from gradcheck.usage import ArgumentParser
 from mnist_target import regress
 from mnist_target.data import load_mnist, to_dataset
 from mnist_target.idx import regular_file_problem

@@ -6,7 +6,7 @@
                                        config, threads=2)
 
 This drives ggml-opt (ggml 0.20's `ggml-opt.h`), as ggml's MNIST example does, with the
-libraries the gradcheck adapter loads (gradcheck.adapters.ggml.lib: the `libggml-python`
+libraries the gradcheck adapter loads (checkkit.ggml: the `libggml-python`
 wheel, or `--ggml-lib DIR`):
 - the model's weights in a static context allocated on the CPU backend, flagged with
   ggml_set_param; the forward graph (ggml's mnist_model_build: mul_mat + add + relu for the
@@ -34,98 +34,43 @@ import ctypes
 import dataclasses
 import time
 from ctypes import (
-    POINTER,
-    Structure,
     byref,
     c_bool,
     c_double,
-    c_float,
-    c_int,
-    c_int32,
     c_int64,
-    c_size_t,
     c_void_p,
 )
 
 import numpy as np
 
+from checkkit.ggml import (
+    BUILD_FORWARD,
+    BUILD_OPT,
+    GGML_OP_POOL_MAX,
+    GGML_TYPE_F32,
+    GRAPH_SIZE,
+    LOSS_CROSS_ENTROPY,
+    OPTIMIZER_ADAMW,
+    OptimizerParams,
+    OptParams,
+    load_training,
+)
 from engine.errors import EngineError
 from engine.train import EpochResult
 from mnist_target.models import CNN_CHANNELS, HW, NCLASSES, NINPUT, SHAPES, arch_name
 from mnist_target.run import EpochRecord, TrainConfig
 
-GRAPH_SIZE = 2048                       # GGML_DEFAULT_GRAPH_SIZE
-LOSS_CROSS_ENTROPY = 2                  # enum ggml_opt_loss_type
-BUILD_FORWARD, BUILD_OPT = 10, 30       # enum ggml_opt_build_type
-OPTIMIZER_ADAMW = 0                     # enum ggml_opt_optimizer_type
-GGML_TYPE_F32 = 0
-POOL_MAX = 0
-
-
-class OptimizerParams(Structure):
-    """struct ggml_opt_optimizer_params: adamw {alpha, beta1, beta2, eps, wd}, sgd {alpha, wd}."""
-    _fields_ = [("alpha", c_float), ("beta1", c_float), ("beta2", c_float), ("eps", c_float),
-                ("wd", c_float), ("sgd_alpha", c_float), ("sgd_wd", c_float)]
-
-
-class OptParams(Structure):
-    """struct ggml_opt_params (passed and returned by value)."""
-    _fields_ = [("backend_sched", c_void_p), ("ctx_compute", c_void_p), ("inputs", c_void_p),
-                ("outputs", c_void_p), ("loss_type", c_int), ("build_type", c_int),
-                ("opt_period", c_int32), ("get_opt_pars", c_void_p),
-                ("get_opt_pars_ud", c_void_p), ("optimizer", c_int)]
-
-
 P = c_void_p
-D = POINTER(c_double)
-# the functions of ggml-backend, ggml-alloc and ggml-opt this module calls (ggml 0.20)
-TRAINING_SIGNATURES = {
-    "libggml-base.so": {
-        "ggml_graph_overhead": (c_size_t, []),
-        "ggml_set_input": (None, [P]),
-        "ggml_reshape_2d": (P, [P, P, c_int64, c_int64]),
-        "ggml_backend_sched_new": (P, [POINTER(P), P, c_int, c_size_t, c_bool, c_bool]),
-        "ggml_backend_sched_free": (None, [P]),
-        "ggml_backend_free": (None, [P]),
-        "ggml_backend_alloc_ctx_tensors": (P, [P, P]),
-        "ggml_backend_buffer_free": (None, [P]),
-        "ggml_backend_tensor_set": (None, [P, c_void_p, c_size_t, c_size_t]),
-        "ggml_backend_tensor_get": (None, [P, c_void_p, c_size_t, c_size_t]),
-        "ggml_opt_default_params": (OptParams, [P, c_int]),
-        "ggml_opt_init": (P, [OptParams]),
-        "ggml_opt_free": (None, [P]),
-        "ggml_opt_dataset_init": (P, [c_int, c_int, c_int64, c_int64, c_int64, c_int64]),
-        "ggml_opt_dataset_free": (None, [P]),
-        "ggml_opt_dataset_data": (P, [P]),
-        "ggml_opt_dataset_labels": (P, [P]),
-        "ggml_opt_result_init": (P, []),
-        "ggml_opt_result_free": (None, [P]),
-        "ggml_opt_result_reset": (None, [P]),
-        "ggml_opt_result_loss": (None, [P, D, D]),
-        "ggml_opt_result_accuracy": (None, [P, D, D]),
-        "ggml_opt_result_ndata": (None, [P, POINTER(c_int64)]),
-        "ggml_opt_epoch": (None, [P, P, P, P, c_int64, P, P]),
-        "ggml_opt_get_constant_optimizer_params": (OptimizerParams, [P]),
-    },
-    "libggml-cpu.so": {
-        "ggml_backend_cpu_init": (P, []),
-        "ggml_backend_cpu_set_n_threads": (None, [P, c_int]),
-    },
-}
 
 
 def load_training_lib(lib_dir: str | None = None):
-    """ggml's libraries (gradcheck.adapters.ggml.lib.load) with the training API declared;
-    AdapterError (an EngineError here) when they are missing or of another version."""
-    from gradcheck.adapters.base import AdapterError
-    from gradcheck.adapters.ggml import lib as ggml_lib
+    """ggml's libraries with the training API declared (checkkit.ggml.load_training);
+    an EngineError here when they are missing or of another version."""
+    from checkkit.loading import AdapterError
     try:
-        lib = ggml_lib.load(lib_dir)
-        if not hasattr(lib, "ggml_opt_init"):
-            lib.declare(TRAINING_SIGNATURES)
+        return load_training(lib_dir)
     except AdapterError as exc:
         raise EngineError(str(exc)) from None
-    return lib
 
 
 def _ne(shape) -> tuple[int, ...]:
@@ -146,7 +91,7 @@ class GgmlModel:
 
     def __enter__(self) -> GgmlModel:
         lib = self.lib
-        from gradcheck.adapters.ggml.lib import InitParams
+        from checkkit.ggml import InitParams
         try:
             self.backend = self._own(lib.ggml_backend_cpu_init(), lib.ggml_backend_free,
                                      "ggml_backend_cpu_init")
@@ -210,7 +155,7 @@ class GgmlModel:
             for conv in ("conv1", "conv2"):
                 x = lib.ggml_conv_2d(ctx, w[f"{conv}.kernel"], x, 1, 1, 1, 1, 1, 1)
                 x = lib.ggml_relu(ctx, lib.ggml_add(ctx, x, w[f"{conv}.bias"]))
-                x = lib.ggml_pool_2d(ctx, x, POOL_MAX, 2, 2, 2, 2, 0.0, 0.0)
+                x = lib.ggml_pool_2d(ctx, x, GGML_OP_POOL_MAX, 2, 2, 2, 2, 0.0, 0.0)
             x = lib.ggml_cont(ctx, lib.ggml_permute(ctx, x, 1, 2, 0, 3))
             x = lib.ggml_reshape_2d(ctx, x, (HW // 4) ** 2 * 2 * CNN_CHANNELS, self.batch)
             logits = lib.ggml_add(ctx, lib.ggml_mul_mat(ctx, w["dense.weight"], x),

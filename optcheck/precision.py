@@ -34,9 +34,9 @@ import dataclasses
 
 import numpy as np
 
+from checkkit.precision import FLOOR_ULPS, PRECISION_RATIO, magnitude, max_abs_error, ratio
 from engine.ops.optimizer_steps import state_dtype
 from engine.tensor import dtype_name
-from gradcheck.precision import FLOOR_ULPS, PRECISION_RATIO, magnitude, max_abs_error, ratio
 from optcheck import harness
 from optcheck.numpy_optimizers import NUMPY_OPTIMIZERS
 from optcheck.torch_stepper import TorchStepper

@@ -1,13 +1,10 @@
-"""Run optcheck's families over optimizers and dtypes, and the user's own settings against
-torch.optim; one list of Results."""
+"""optcheck's families by name, one family run (run_family: one optimizer and dtype), and
+the user's own settings against torch.optim; a request (optcheck.request) orders the runs."""
 
 from __future__ import annotations
 
-from tqdm import tqdm
-
-from gradcheck.interrupted import interrupted_with
 from optcheck import closed_form, invariants, precision, torch_trajectories
-from optcheck.harness import DTYPES, OPTIMIZER_NAMES
+from optcheck.harness import DTYPES
 from reports.record import Result
 
 # family label -> module with run(optimizer, dtype, backend, steps, seed) -> list[Result] and
@@ -45,24 +42,6 @@ def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
     except Exception as exc:  # noqa: BLE001  (a broken family must not hide the others)
         return [Result("optcheck", f"{optimizer}: {family}", "error", {},
                        f"{type(exc).__name__}: {exc}", labels)]
-
-
-def run_checks(optimizers=OPTIMIZER_NAMES, families=tuple(FAMILIES), dtypes=DTYPES,
-               backend: str = "cpu", steps: int = 100, seed: int = 0,
-               progress: bool = False) -> list[Result]:
-    """Every family on every optimizer and dtype, grouped by family (a table per family).
-    Ctrl-C raises gradcheck.interrupted.Interrupted with the rows finished before it."""
-    jobs = [(f, o, d) for f in families for o in optimizers for d in dtypes]
-    results = []
-    try:
-        with tqdm(jobs, desc="optcheck", unit="run", disable=not progress,
-                  leave=False) as bar:
-            for family, optimizer, dtype in bar:
-                bar.set_postfix_str(f"{family} {optimizer} {dtype}")
-                results += run_family(family, optimizer, dtype, backend, steps, seed)
-    except KeyboardInterrupt as exc:       # Ctrl-C: the finished rows go with it
-        raise interrupted_with(results, exc) from None
-    return results
 
 
 def run_user_configs(configs: dict, dtypes=DTYPES, backend: str = "cpu", steps: int = 100,

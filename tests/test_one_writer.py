@@ -19,7 +19,7 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "gradcheck", "optcheck", "reports", "mnist_target", "bench")
+PACKAGES = ("engine", "checkkit", "gradcheck", "optcheck", "reports", "mnist_target", "bench")
 WRITER = "engine/files.py"
 WRITING_MODE = set("wax+")
 WRITING_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"}
@@ -33,11 +33,11 @@ QUALIFIED = {"os.replace", "os.rename", "os.link", "os.symlink", "shutil.copy",
 METHODS = {"write_text", "write_bytes", "tofile", "savefig"}
 # (file, enclosing function, call) -> why it is not a user's output
 ALLOWED = {
-    ("gradcheck/worker.py", "_serve", "os.open"):
+    ("checkkit/worker.py", "_serve", "os.open"):
         "the isolated worker's own stderr log, in the directory its parent made with mkdtemp",
-    ("gradcheck/worker.py", "_serve", "open"):
+    ("checkkit/worker.py", "_serve", "open"):
         "the isolated worker's faulthandler log, in that same private directory",
-    ("gradcheck/pytest_plugin.py", "run_items", "open"):
+    ("checkkit/distributed.py", "run_items", "open"):
         "the sweep's pytest.ini, in a TemporaryDirectory of its own",
     ("mnist_target/regress.py", "curves_html", ".savefig"):
         "the plots go to an in-memory buffer (io.StringIO), then into the HTML report",

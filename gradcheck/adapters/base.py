@@ -56,6 +56,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from checkkit.loading import AdapterError  # noqa: F401  (here too: the adapter API's error)
+
 
 def cotangent_axes(ndim: int) -> tuple[int, ...]:
     """The axis order of a "permuted" cotangent (engine.samples): all axes reversed. The
@@ -92,11 +94,6 @@ def cotangent_view(weights: np.ndarray, cotangent: str) -> np.ndarray:
     if cotangent == "sliced" and weights.ndim:
         return sliced_weights(weights)[(slice(1, -1),) * weights.ndim]
     return weights
-
-
-class AdapterError(Exception):
-    """An engine could not be set up (library missing, wrong version, missing symbol):
-    a usage error, exit status 2, reported before any case runs."""
 
 
 @dataclasses.dataclass

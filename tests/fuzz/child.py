@@ -158,14 +158,14 @@ class _Captured:
 def _cli(tool: str, argv: list[str], cwd: str, private: str):
     import warnings
 
+    from checkkit.console import one_line_warnings
     from engine.backends.cpu import threads
-    from gradcheck.console import _one_line_warnings
     saved_filters, saved_format = list(warnings.filters), warnings.formatwarning
     saved_threads, home = threads.get_num_threads(), os.getcwd()
     os.chdir(cwd)
     try:
         with _Captured(private) as captured:
-            _one_line_warnings(tool)
+            one_line_warnings(tool)
             try:
                 rc = main_of(tool)(list(argv))
             except SystemExit as exc:

@@ -1,7 +1,7 @@
 """A user's adapter that raises anything (SystemExit, GeneratorExit, KeyboardInterrupt, a
 BaseException of its own): at load, one usage line and exit 2; in a call, in-process or in
 its worker process, an error row naming what it raised, the other cases still run, exit 1.
-Only the user's real Ctrl-C (SIGINT to this process) interrupts (gradcheck.adapters.raised).
+Only the user's real Ctrl-C (SIGINT to this process) interrupts (checkkit.raised).
 """
 
 from __future__ import annotations
@@ -18,51 +18,10 @@ import time
 import pytest
 
 from gradcheck.cli import main
+from tests.gradcheck.user_adapter import adapter_source, write_module
 
 BAD = "x=[3,4]"            # the relu cases whose call raises: relu(type=f64,x=[3,4]), a view
 RELU_F64_CASES = 11         # relu's f64 cases (samples and cotangent variants)
-
-MODULE = '''
-import numpy as np
-from gradcheck.adapters.base import VJP
-
-
-class Boom(BaseException):
-    """An adapter's own BaseException."""
-
-
-def relu(arrays, weights):
-    (x,) = arrays
-    w = np.asarray(weights).astype(x.dtype)
-    return VJP(np.maximum(x, 0), [w * (x > 0)])
-
-
-def bad(case):
-    return "{bad}" in str(case)
-
-
-{top}
-
-class A:
-    name = "mine"
-    isolated = {isolated}
-
-    def __init__(self):
-        {init}
-
-    def describe(self):
-        {describe}
-
-    def unsupported(self, case):
-        if case.op not in ("relu", "clamp_back"):
-            return "relu only"
-        {unsupported}
-        return None
-
-    def vjp(self, case, arrays, weights):
-        {vjp}
-        return relu(arrays, weights)
-'''
 
 _names = itertools.count()
 
@@ -73,11 +32,9 @@ def adapter_module(tmp_path, monkeypatch, *, top="", isolated=False, init="pass"
     """A user's adapter module in tmp_path, importable (here and in a worker); its engine
     name. The statements given run in each method; `bad(case)`: the case raises."""
     name = f"gv_raising_{os.getpid()}_{next(_names)}"
-    body = MODULE.format(bad=BAD, top=top, isolated=isolated, init=init, describe=describe,
-                         unsupported=unsupported, vjp=vjp) + textwrap.dedent(extra)
-    (tmp_path / f"{name}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return f"{name}:A"
+    body = adapter_source(bad=BAD, top=top, isolated=isolated, init=init, describe=describe,
+                          unsupported=unsupported, vjp=vjp) + textwrap.dedent(extra)
+    return write_module(tmp_path, monkeypatch, name, body)
 
 
 def run_json(engine: str, tmp_path, capsys, ops=("relu",)) -> tuple[int, list[str], dict]:
@@ -234,7 +191,7 @@ def test_a_generated_case_whose_unsupported_raises_is_an_error_row(tmp_path, mon
     from gradcheck.adapters import get_adapter
     from gradcheck.generated import generated_results
     engine = adapter_module(tmp_path, monkeypatch, unsupported="raise SystemExit(6)")
-    rows = generated_results("relu", 3, 0, "f64", use_torch=False, adapter=get_adapter(engine),
+    rows = generated_results("relu", 3, 0, "f64", use_torch=False, engine=get_adapter(engine),
                              shrink_checks=3)
     assert rows and {r.status for r in rows} == {"error"}
     assert {r.message.split("; ")[0] for r in rows} == {
@@ -249,7 +206,7 @@ python_handles_sigint = pytest.mark.skipif(
 
 @python_handles_sigint
 def test_a_signal_watch_tells_a_real_sigint_from_a_raised_keyboard_interrupt():
-    from gradcheck.adapters.raised import SignalWatch
+    from checkkit.raised import SignalWatch
     before = signal.getsignal(signal.SIGINT)
     with SignalWatch() as watch:
         try:
@@ -268,7 +225,7 @@ def test_a_signal_watch_tells_a_real_sigint_from_a_raised_keyboard_interrupt():
 
 
 def test_signal_watches_nest_and_count_a_python_sigterm_handler():
-    from gradcheck.adapters.raised import SignalWatch
+    from checkkit.raised import SignalWatch
 
     class Terminated(KeyboardInterrupt):
         pass
@@ -293,7 +250,7 @@ def test_signal_watches_nest_and_count_a_python_sigterm_handler():
 
 
 def test_described_names_what_was_raised_on_one_line():
-    from gradcheck.adapters.raised import described
+    from checkkit.raised import described
 
     class Odd(BaseException):
         def __str__(self):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gradcheck.cli import main
+from tests.gradcheck.user_adapter import adapter_source, write_module
 
 
 def test_relu_passes(capsys):
@@ -71,16 +72,13 @@ def test_json_report_has_the_documented_schema(tmp_path, capsys):
 
 
 def test_unwritable_output_is_a_usage_error_and_runs_nothing(tmp_path, capsys):
-    assert main(["--op", "relu", "--output", str(tmp_path / "no" / "dir.json")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    from tests.cli_helpers import assert_unwritable_output_refused
+    assert_unwritable_output_refused(main, ["--op", "relu"], tmp_path, capsys)
 
 
 def test_empty_output_is_a_usage_error_not_stdout(capsys):
-    """`--output ''` used to print the report to stdout and exit 0."""
-    assert main(["--op", "relu", "--output", "", "--no-progress"]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.splitlines() == [
-        "gradcheck: cannot write '': an empty path"]
+    from tests.cli_helpers import assert_empty_output_refused
+    assert_empty_output_refused(main, ["--op", "relu"], capsys, "gradcheck")
 
 
 def test_existing_output_survives_a_failed_run(tmp_path):
@@ -261,46 +259,21 @@ def test_a_bad_repro_is_one_clear_usage_line(text, words, capsys):
     assert words in line and "<ast." not in line and "0x" not in line
 
 
-def _adapter_module(tmp_path, monkeypatch, name: str, body: str) -> str:
-    """A user's adapter module `name` written in tmp_path and importable; its engine name."""
-    (tmp_path / f"{name}.py").write_text(body)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return f"{name}:A"
-
-
-ADAPTER = '''
-class A:
-    name = "mine"
-    isolated = False
-    def __init__(self):
-        {init}
-    def describe(self):
-        {describe}
-    def unsupported(self, case):
-        return None
-    def vjp(self, case, arrays, weights):
-        raise NotImplementedError
-'''
-
-
 @pytest.mark.parametrize("body, words", [
     ("def broken(:\n", "importing gv_bad_0 raised SyntaxError: "),
     ("raise RuntimeError('no GPU here')\n", "importing gv_bad_1 raised RuntimeError: no GPU here"),
     ("1 / 0\n", "importing gv_bad_2 raised ZeroDivisionError: division by zero"),
     ("import sys\nsys.exit(3)\n", "importing gv_bad_3 raised SystemExit (sys.exit(3))"),
-    (ADAPTER.format(init="raise OSError('no device')", describe="return 'x'"),
-     "cannot be set up: OSError: no device"),
-    (ADAPTER.format(init="raise SystemExit(4)", describe="return 'x'"),
-     "cannot be set up: SystemExit (sys.exit(4))"),
-    (ADAPTER.format(init="pass", describe="raise KeyError('version')"),
-     "describe() raised KeyError: 'version'"),
+    (adapter_source(init="raise OSError('no device')"), "cannot be set up: OSError: no device"),
+    (adapter_source(init="raise SystemExit(4)"), "cannot be set up: SystemExit (sys.exit(4))"),
+    (adapter_source(describe="raise KeyError('version')"), "describe() raised KeyError: 'version'"),
     ("def __getattr__(name):\n    raise RuntimeError('lazy load failed')\n",
      "getting 'A' from gv_bad_7 raised RuntimeError: lazy load failed"),
 ])
 def test_a_broken_user_adapter_is_one_usage_line(body, words, tmp_path, monkeypatch,
                                                  capsys, request):
     index = request.node.callspec.indices["body"]
-    engine = _adapter_module(tmp_path, monkeypatch, f"gv_bad_{index}", body)
+    engine = write_module(tmp_path, monkeypatch, f"gv_bad_{index}", body)
     line = _one_line_usage_error(["--engine", engine, "--op", "relu", "--no-progress"],
                                  capsys)
     assert f"engine '{engine}'" in line and words in line
@@ -345,14 +318,8 @@ def test_a_missing_ggml_lib_directory_says_it_does_not_exist(tmp_path, capsys):
 def _interrupt_after(monkeypatch, n: int):
     """Ctrl-C (a KeyboardInterrupt) in the check of the (n+1)-th case."""
     import gradcheck.runner as runner
-    real, calls = runner.check_sample, []
-
-    def check_sample(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > n:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-    monkeypatch.setattr(runner, "check_sample", check_sample)
+    from tests.cli_helpers import interrupt_after
+    interrupt_after(monkeypatch, runner, "check_sample", n)
 
 
 def test_ctrl_c_in_a_sweep_writes_the_finished_rows_and_exits_130(tmp_path, monkeypatch,
@@ -379,11 +346,12 @@ def test_ctrl_c_before_any_row_leaves_the_output_as_it_was(tmp_path, monkeypatch
 
 
 def test_ctrl_c_in_generated_cases_keeps_the_registry_rows(tmp_path, monkeypatch, capsys):
+    import gradcheck.generated as generated
     import gradcheck.runner as runner
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(runner, "generated_results", interrupted)
+    monkeypatch.setattr(generated, "generated_results", interrupted)
     path = tmp_path / "r.json"
     assert main(["--op", "relu", "--dtype", "f64", "-k", "x=[3,4]", "--random", "3",
                  "--format", "json", "--output", str(path), "--no-progress"]) == 130
@@ -394,10 +362,10 @@ def test_ctrl_c_in_generated_cases_keeps_the_registry_rows(tmp_path, monkeypatch
 
 
 def test_ctrl_c_anywhere_else_is_one_line(monkeypatch, capsys):
-    import gradcheck.cli as cli
+    from gradcheck.request import GradcheckRequest
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(cli, "make_adapter", interrupted)
+    monkeypatch.setattr(GradcheckRequest, "make_adapter", interrupted)
     assert main(["--op", "relu"]) == 130
     assert capsys.readouterr().err == "gradcheck: interrupted\n"

@@ -1,34 +1,27 @@
 """gradcheck's plain report: the compact columns by default, every column with --verbose,
 unshortened in a file; the progress bar only when stderr is a terminal. The sweep is a
-stand-in (check_ops replaced), so these tests say what the command line prints, fast."""
+stand-in (run_plan replaced), so these tests say what the command line prints, fast."""
 
 from __future__ import annotations
-
-import io
-import sys
 
 import pytest
 
 import gradcheck.cli
 from gradcheck.cli import main
 from reports.record import Result
+from tests.cli_helpers import assert_progress_only_on_a_terminal
 
 CASE = ("pool_2d(type=f64,x=[2,3,6,5],kernel=[1,1],mode=max,padding=[0,0],stride=[1,2],"
         "cotangent=expanded)")
 REPRO = "gradcheck --op pool_2d -k 'pool_2d(type=f64,x=[1])'"
 
 
-class Tty(io.StringIO):
-    def isatty(self):
-        return True
-
-
 @pytest.fixture
 def sweep(monkeypatch):
-    """check_ops replaced by two rows (one failing); the progress flags it was given."""
+    """run_plan replaced by two rows (one failing); the progress flags it was given."""
     calls = []
 
-    def check_ops(*args, progress=False, **kwargs):
+    def run_plan(request, plan, progress=False):
         calls.append(progress)
         metrics = {"checked": 180, "checked_fraction": 1.0, "kinks": 2, "max_abs_err": 1e-12,
                    "max_rel_err": 2e-12, "worst": "x[0]: num 1, bp 1", "forward": "agree",
@@ -39,7 +32,7 @@ def sweep(monkeypatch):
                 Result("gradcheck", "pool_2d(type=f64,x=[1])", "fail",
                        {**metrics, "torch": "off", "repro": REPRO}, "torch: off", labels)]
 
-    monkeypatch.setattr(gradcheck.cli, "check_ops", check_ops)
+    monkeypatch.setattr(gradcheck.cli, "run_plan", run_plan)
     return calls
 
 
@@ -73,8 +66,4 @@ def test_a_text_file_gets_the_compact_columns_unshortened(sweep, tmp_path, monke
 
 
 def test_progress_only_when_stderr_is_a_terminal(sweep, monkeypatch, capsys):
-    main(["--op", "pool_2d"])
-    monkeypatch.setattr(sys, "stderr", Tty())
-    main(["--op", "pool_2d"])
-    main(["--op", "pool_2d", "--no-progress"])
-    assert sweep == [False, True, False]
+    assert_progress_only_on_a_terminal(main, ["--op", "pool_2d"], sweep, monkeypatch)

@@ -1,5 +1,6 @@
-"""The console scripts' entry points (gradcheck.console), run as the scripts run them: in a
-process of their own, for what only a process shows (imports, signals, the environment)."""
+"""The console scripts' entry points (each tool's console module, around
+checkkit.console.launch), run as the scripts run them: in a process of their own, for what
+only a process shows (imports, signals, the environment)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 import textwrap
 
 import pytest
+
+from tests.console_scripts import script_call
 
 # patches gradcheck.runner.check_sample: the first case runs, then "CASE-DONE" is printed and
 # the second case sleeps (a slow case to press Ctrl-C in)
@@ -43,9 +46,7 @@ sys.meta_path.insert(0, Slow())
 def _script(prelude: str, tool: str, argv) -> str:
     return prelude + textwrap.dedent(f"""
         sys.argv = [{tool!r}, *{list(argv)!r}]
-        from gradcheck import console
-        console.{tool}()
-        """)
+        """) + script_call(tool)
 
 
 def _interrupt_at(marker: str, code: str, env=None, sig=signal.SIGINT):

@@ -1,6 +1,7 @@
-"""Warnings from the console scripts (gradcheck.console): one line each, opening with the
-command's name, with the category where it says something; never Python's two lines with a
-source path. Run as the scripts run: in a process of their own."""
+"""Warnings from the console scripts (each tool's console module, around
+checkkit.console.launch): one line each, opening with the command's name, with the category
+where it says something; never Python's two lines with a source path. Run as the scripts
+run: in a process of their own."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import textwrap
 import warnings
 
 import pytest
+
+from tests.console_scripts import script_call
 
 ADAPTER = '''
 import os, warnings
@@ -43,14 +46,12 @@ class A:
 
 
 def _console(tool: str, argv, prelude: str = "", cwd=None, timeout=240):
-    """The console script `tool` (gradcheck.console's function of that name) on `argv`, in
+    """The console script `tool` (its entry point in pyproject.toml) on `argv`, in
     a process of its own, after `prelude`; the finished process."""
     code = prelude + textwrap.dedent(f"""
         import sys
         sys.argv = [{tool!r}, *{list(argv)!r}]
-        from gradcheck import console
-        console.{tool.replace('-', '_')}()
-        """)
+        """) + script_call(tool)
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -117,8 +118,8 @@ def test_warnings_before_main_runs_are_one_line_with_the_commands_name(tool):
 
 
 def test_warning_line_keeps_an_informative_category_only():
+    from checkkit.console import warning_line
     from engine.backends.cpu.environment import SettingWarning
-    from gradcheck.console import warning_line
     assert warning_line("optcheck", "x\n  y", RuntimeWarning) == \
         "optcheck: warning: RuntimeWarning: x y"
     assert warning_line("gradcheck", "plain", UserWarning) == "gradcheck: warning: plain"

@@ -28,7 +28,7 @@ class WithVariants(EngineAdapter):
 
 
 def test_variants_add_forward_only_rows_after_the_case():
-    rows = run_checks([CASE], adapter=WithVariants("cpu"), use_torch=False)
+    rows = run_checks([CASE], engine=WithVariants("cpu"), use_torch=False)
     assert [r.name for r in rows] == [str(CASE)] + [
         f"{CASE} [{v}: forward only]" for v in ("right", "off", "broken", "unable")]
     case, right, off, broken, unable = rows

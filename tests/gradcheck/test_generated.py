@@ -9,10 +9,11 @@ import shlex
 
 import pytest
 
+from checkkit.isolated import IsolatedAdapter
 from gradcheck.adapters import get_adapter
 from gradcheck.cli import main
+from gradcheck.engine_under_test import EngineUnderTest
 from gradcheck.generated import generated_results
-from gradcheck.isolated import IsolatedAdapter
 from tests.gradcheck.abort_adapter import ASSERT_TEXT, AbortAdapter, WrongAdapter, relu_vjp
 
 MODULE = "tests.gradcheck.test_generated"
@@ -50,7 +51,7 @@ def repro_of(row) -> list[str]:
 def test_a_crashing_case_is_shrunk_in_restarted_workers():
     engine = get_adapter(f"{MODULE}:WideAbortAdapter")
     with IsolatedAdapter(engine) as isolated:
-        rows = generated_results("relu", 20, 0, adapter=isolated, use_torch=False)
+        rows = generated_results("relu", 20, 0, engine=isolated, use_torch=False)
         restarts = isolated.worker.starts - 1
     *drawn, minimal, summary = rows
     assert restarts >= 2          # the first crash, and at least one while shrinking
@@ -71,7 +72,7 @@ def test_a_crashing_case_is_shrunk_in_restarted_workers():
 
 
 def test_the_repro_of_a_generated_crash_reruns_it(capsys):
-    rows = generated_results("relu", 20, 0, adapter=get_adapter(f"{MODULE}:WideAbortAdapter"),
+    rows = generated_results("relu", 20, 0, engine=get_adapter(f"{MODULE}:WideAbortAdapter"),
                              use_torch=False)
     minimal = next(r for r in rows if r.labels.get("generated") == "minimal")
     assert main(repro_of(minimal)[1:] + ["--no-progress", "--no-torch"]) == 1
@@ -79,13 +80,13 @@ def test_the_repro_of_a_generated_crash_reruns_it(capsys):
 
 
 def test_a_run_with_no_case_the_engine_can_run_is_one_unsupported_row():
-    rows = generated_results("relu", 5, 0, "f64", adapter=get_adapter(f"{MODULE}:WideAbortAdapter"))
+    rows = generated_results("relu", 5, 0, "f64", engine=get_adapter(f"{MODULE}:WideAbortAdapter"))
     assert [(r.name, r.status) for r in rows] == [("relu(generated)", "unsupported")]
     assert rows[0].metrics["checked_draws"] == 0
 
 
 def test_shrinking_stops_at_its_budget():
-    rows = generated_results("relu", 20, 0, adapter=get_adapter(f"{MODULE}:WideAbortAdapter"),
+    rows = generated_results("relu", 20, 0, engine=get_adapter(f"{MODULE}:WideAbortAdapter"),
                              use_torch=False, shrink_checks=0)
     *drawn, minimal, _ = rows
     assert minimal.name == drawn[-1].name and minimal is not drawn[-1]
@@ -95,14 +96,14 @@ def test_shrinking_stops_at_its_budget():
 
 def test_a_flaky_crash_does_not_confuse_hypothesis():
     """Each case is checked once: hypothesis never sees a case crash, then pass."""
-    rows = generated_results("relu", 20, 1, adapter=get_adapter(f"{MODULE}:FlakyAbortAdapter"),
+    rows = generated_results("relu", 20, 1, engine=get_adapter(f"{MODULE}:FlakyAbortAdapter"),
                              use_torch=False)
     minimal = [r for r in rows if r.labels.get("generated") == "minimal"]
     assert all(r.status == "crash" for r in minimal)
 
 
 def test_a_wrong_engine_in_process_names_itself_in_the_repro():
-    rows = generated_results("relu", 5, 0, "f64", adapter=WrongAdapter(), use_torch=False)
+    rows = generated_results("relu", 5, 0, "f64", engine=WrongAdapter(), use_torch=False)
     minimal = rows[-1]
     assert minimal.status == "fail" and minimal.labels["engine"] == "wrong"
     assert repro_of(minimal)[:3] == ["gradcheck", "--engine",
@@ -111,4 +112,4 @@ def test_a_wrong_engine_in_process_names_itself_in_the_repro():
 
 def test_inject_and_backend_are_our_engines():
     with pytest.raises(ValueError, match="our engine only"):
-        generated_results("relu", 2, 0, inject="scale:1.01", adapter=WrongAdapter())
+        EngineUnderTest(WrongAdapter(), inject="scale:1.01")

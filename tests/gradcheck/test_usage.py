@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from checkkit.usage import ArgumentParser
 from gradcheck import cli as gradcheck_cli
-from gradcheck.usage import ArgumentParser
 from optcheck import cli as optcheck_cli
 
 

@@ -7,13 +7,13 @@ import os
 
 import pytest
 
+from checkkit.crash_report import collapse_repeats, exit_description, stderr_tail
+from checkkit.isolated import IsolatedAdapter
+from checkkit.worker import Worker, WorkerCrash
 from engine.registry import get_op
 from gradcheck.adapters import AdapterError, AdapterSpec, get_adapter
 from gradcheck.check import check_sample
-from gradcheck.crash_report import collapse_repeats, exit_description, stderr_tail
-from gradcheck.isolated import IsolatedAdapter
 from gradcheck.runner import run_checks, select_samples
-from gradcheck.worker import Worker, WorkerCrash
 from tests.gradcheck.abort_adapter import ASSERT_TEXT, CRASH_CASE, AbortAdapter, RaisingAdapter
 
 MODULE = "tests.gradcheck.abort_adapter"
@@ -35,7 +35,7 @@ def relu_f64():
 def test_a_dying_case_is_a_crash_row_and_the_sweep_goes_on(adapter, words):
     engine = get_adapter(f"{MODULE}:{adapter}")
     with IsolatedAdapter(engine, timeout=1.5) as isolated:
-        results = run_checks(relu_f64(), adapter=isolated, use_torch=False)
+        results = run_checks(relu_f64(), engine=isolated, use_torch=False)
         assert isolated.worker.starts == 2          # one worker, one restart after the crash
     by_case = {r.name: r for r in results}
     crash = by_case.pop(CRASH_CASE)
@@ -50,7 +50,7 @@ def test_a_dying_case_is_a_crash_row_and_the_sweep_goes_on(adapter, words):
 
 
 def test_run_checks_isolates_an_isolated_adapter_itself():
-    results = run_checks(relu_f64()[:2], adapter=AbortAdapter(), use_torch=False)
+    results = run_checks(relu_f64()[:2], engine=AbortAdapter(), use_torch=False)
     assert [r.status for r in results] == ["pass", "crash"]
     assert results[1].labels["engine"] == "abort"
 
@@ -64,7 +64,7 @@ def test_check_sample_alone_isolates_too_but_names_no_repro():
 def test_an_exception_in_the_worker_is_an_error_row_not_a_crash():
     cases = relu_f64()
     with IsolatedAdapter(RaisingAdapter()) as isolated:
-        results = run_checks(cases, adapter=isolated, use_torch=False)
+        results = run_checks(cases, engine=isolated, use_torch=False)
         assert isolated.worker.starts == 1
     r = next(r for r in results if r.name == CRASH_CASE)
     assert r.status == "error" and r.message == "error: RuntimeError: engine refused the case"

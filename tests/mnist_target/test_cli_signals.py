@@ -1,4 +1,4 @@
-"""mnist-train stopped by Ctrl-C or SIGTERM (raised as gradcheck.interrupted.Terminated,
+"""mnist-train stopped by Ctrl-C or SIGTERM (raised as checkkit.interrupted.Terminated,
 which the console scripts' handler raises): the model after the last completed epoch is
 written, one line says which signal stopped it, and the exit status is 128 + the signal."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from checkkit.interrupted import Terminated
 from engine import train
-from gradcheck.interrupted import Terminated
 from mnist_target.cli import train_main
 from mnist_target.models import read_model
 from tests.mnist_target.data_files import write_idx_dir

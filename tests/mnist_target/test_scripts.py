@@ -25,11 +25,11 @@ def declared_scripts() -> dict[str, str]:
 
 
 def test_declared_mnist_scripts_exist_and_are_importable(monkeypatch):
-    """Each script is the launcher (gradcheck.console, Ctrl-C in imports is one line) of
+    """Each script is the launcher (checkkit.console, Ctrl-C in imports is one line) of
     its command's main function."""
     scripts = declared_scripts()
     assert {name: scripts.get(name) for name in SCRIPTS} == {
-        name: f"gradcheck.console:mnist_{command}" for name, command in SCRIPTS.items()}
+        name: f"mnist_target.console:mnist_{command}" for name, command in SCRIPTS.items()}
     for name, command in SCRIPTS.items():
         module, _, function = scripts[name].partition(":")
         entry = getattr(importlib.import_module(module), function)

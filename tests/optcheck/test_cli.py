@@ -84,14 +84,13 @@ def test_json_output_is_written_atomically_with_the_documented_columns(tmp_path,
 
 
 def test_unwritable_output_is_refused_before_running(tmp_path, capsys):
-    assert main(["--opt", "adam", "--output", str(tmp_path / "no" / "r.json")]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    from tests.cli_helpers import assert_unwritable_output_refused
+    assert_unwritable_output_refused(main, ["--opt", "adam"], tmp_path, capsys)
 
 
 def test_empty_output_is_a_usage_error_not_stdout(capsys):
-    assert main(["--opt", "sgd", "--output", "", "--no-progress"]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and len(err.splitlines()) == 1 and "cannot write '': an empty path" in err
+    from tests.cli_helpers import assert_empty_output_refused
+    assert_empty_output_refused(main, ["--opt", "sgd"], capsys, "optcheck")
 
 
 def test_steps_beyond_the_bound_say_the_bound(capsys):
@@ -121,14 +120,8 @@ def test_a_bad_thread_setting_is_one_usage_line(value, monkeypatch, capsys):
 def _interrupt_after(monkeypatch, n: int):
     """Ctrl-C (a KeyboardInterrupt) in the (n+1)-th family run."""
     import optcheck.runner as runner
-    real, calls = runner.run_family, []
-
-    def run_family(*args, **kwargs):
-        calls.append(1)
-        if len(calls) > n:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-    monkeypatch.setattr(runner, "run_family", run_family)
+    from tests.cli_helpers import interrupt_after
+    interrupt_after(monkeypatch, runner, "run_family", n)
 
 
 def test_ctrl_c_writes_the_finished_rows_and_exits_130(tmp_path, monkeypatch, capsys):

@@ -1,39 +1,32 @@
 """optcheck's plain report: its compact columns and a summary per family by default, the
 tables per family with --verbose; the progress bar only when stderr is a terminal. The
-checks are a stand-in (run_checks replaced), so these tests are fast."""
+checks are a stand-in (run_plan replaced), so these tests are fast."""
 
 from __future__ import annotations
-
-import io
-import sys
 
 import pytest
 
 import optcheck.cli
 from optcheck.cli import main
 from reports.record import Result
-
-
-class Tty(io.StringIO):
-    def isatty(self):
-        return True
+from tests.cli_helpers import assert_progress_only_on_a_terminal
 
 
 @pytest.fixture
 def checks(monkeypatch):
-    """run_checks replaced by a row per family and dtype; the progress flags it was given."""
+    """run_plan replaced by a row per family and dtype; the progress flags it was given."""
     calls = []
 
-    def run_checks(optimizers, families, dtypes, backend, steps, seed, progress):
+    def run_plan(request, plan, progress):
         calls.append(progress)
         return [Result("optcheck", f"adam: {family}_check(lr=0.01)", "pass",
                        {"max_abs_err": 1e-15, "max_rel_err": 2e-14, "first_step": None,
-                        "steps": steps},
+                        "steps": request.steps},
                        labels={"optimizer": "adam", "family": family, "check": "c",
-                               "backend": backend, "dtype": dtype})
-                for family in families for dtype in dtypes]
+                               "backend": request.backend, "dtype": dtype})
+                for family in request.families() for dtype in request.dtypes()]
 
-    monkeypatch.setattr(optcheck.cli, "run_checks", run_checks)
+    monkeypatch.setattr(optcheck.cli, "run_plan", run_plan)
     return calls
 
 
@@ -55,8 +48,4 @@ def test_verbose_gives_a_table_per_family_with_every_column(checks, capsys):
 
 
 def test_progress_only_when_stderr_is_a_terminal(checks, monkeypatch, capsys):
-    main(["--opt", "adam"])
-    monkeypatch.setattr(sys, "stderr", Tty())
-    main(["--opt", "adam"])
-    main(["--opt", "adam", "--no-progress"])
-    assert checks == [False, True, False]
+    assert_progress_only_on_a_terminal(main, ["--opt", "adam"], checks, monkeypatch)

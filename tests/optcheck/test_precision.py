@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradcheck.precision import FLOOR_ULPS, PRECISION_RATIO, ulp
+from checkkit.precision import FLOOR_ULPS, PRECISION_RATIO, ulp
 from optcheck import precision
 from optcheck.cli import main
 from optcheck.mutants import MUTANTS, mutated

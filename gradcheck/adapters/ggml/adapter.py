@@ -40,10 +40,11 @@ import os
 
 import numpy as np
 
+from checkkit import ggml as ggml_lib
+from checkkit.ggml import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
 from engine.tensor import is_float
 from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
 from gradcheck.adapters.ggml import attention as ggml_attention
-from gradcheck.adapters.ggml import lib as ggml_lib
 from gradcheck.adapters.ggml.coverage import DECLINED, F16_OPS, NO_BACKWARD, half_unsupported
 from gradcheck.adapters.ggml.graph import (
     GRAPH_SIZE,
@@ -54,7 +55,6 @@ from gradcheck.adapters.ggml.graph import (
     ne_of,
     same_layout,
 )
-from gradcheck.adapters.ggml.lib import GGML_TYPE_F32, GGML_TYPE_I32, MAX_DIMS
 from gradcheck.adapters.ggml.ops import OPS
 
 BASE_MEMORY = 16 << 20      # bytes: graph and tensor headers, compute work buffer

@@ -44,8 +44,8 @@ import math
 
 import numpy as np
 
+from checkkit.ggml import BASE, GGML_TYPE_F16, GGML_TYPE_F32
 from gradcheck.adapters.ggml.graph import Context
-from gradcheck.adapters.ggml.lib import BASE, GGML_TYPE_F16, GGML_TYPE_F32
 from gradcheck.adapters.ggml.rope import rope_ext
 
 FLASH = "ggml_flash_attn_ext"

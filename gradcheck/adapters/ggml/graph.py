@@ -25,7 +25,7 @@ import ctypes
 import ml_dtypes
 import numpy as np
 
-from gradcheck.adapters.ggml.lib import (
+from checkkit.ggml import (
     GGML_STATUS_SUCCESS,
     GGML_TYPE_BF16,
     GGML_TYPE_F16,

@@ -29,11 +29,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from checkkit.ggml import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX, GGML_TYPE_F32
 from engine.ops.reduce import normalize_axes
 from engine.params import pair
 from engine.tensor import as_dtype
 from gradcheck.adapters.ggml.graph import byte_offset, contiguous_nb, ggml_type, ne_of
-from gradcheck.adapters.ggml.lib import GGML_OP_POOL_AVG, GGML_OP_POOL_MAX, GGML_TYPE_F32
 from gradcheck.adapters.ggml.rope import rope_ext
 
 

@@ -7,9 +7,9 @@ forkserver (or spawn) start method, never fork: numba's and torch's threads may 
 the parent. When the child dies, or a call outlives its timeout, the call raises
 WorkerCrash, whose message names the signal or exit status, the tail of what the child wrote
 to its standard error (an assertion's text: `GGML_ASSERT(...) failed`) and the innermost
-Python frame it was in (gradcheck.crash_report); the next call starts a fresh child.
+Python frame it was in (checkkit.crash_report); the next call starts a fresh child.
 
-`gradcheck.isolated.IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a
+`checkkit.isolated.IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a
 worker; gradcheck wraps every adapter whose `isolated` is set in one.
 
 Whatever the adapter raises in the child, SystemExit, KeyboardInterrupt and BaseExceptions
@@ -32,14 +32,15 @@ import tempfile
 import time
 import warnings
 
-from gradcheck.adapters.base import AdapterError
-from gradcheck.adapters.raised import raised_message
-from gradcheck.crash_report import exit_description, innermost_frame, stderr_tail
+from checkkit.crash_report import exit_description, innermost_frame, stderr_tail
+from checkkit.loading import AdapterError
+from checkkit.raised import raised_message
 
 DEFAULT_CASE_TIMEOUT = 120.0   # seconds a call may take before it counts as a hang
 START_TIMEOUT = 120.0          # seconds a fresh worker may take to import and build its adapter
-# imported once by the forkserver, so that a restarted worker starts at fork speed
-PRELOAD = ["gradcheck.worker", "gradcheck.adapters", "engine.samples"]
+# imported once by the forkserver, so that a restarted worker starts at fork speed; with the
+# module of the spec's maker (the tool's adapters: gradcheck.adapters), which _context adds
+PRELOAD = ["checkkit.worker", "engine.samples"]
 
 
 class WorkerCrash(Exception):
@@ -50,11 +51,12 @@ class RemoteError(Exception):
     """The adapter raised in the worker; the message is "TypeName: message"."""
 
 
-def _context():
+def _context(spec):
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
+        maker = getattr(spec, "maker", "").partition(":")[0]
+        ctx.set_forkserver_preload(PRELOAD + ([maker] if maker else []))
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -159,7 +161,7 @@ class Worker:
         if self._proc is not None and self._proc.is_alive():
             return
         self._reap()
-        ctx = _context()
+        ctx = _context(self.spec)
         parent, child = ctx.Pipe()
         args = (child, self.spec, self._stderr, self._fault, list(sys.path))
         proc = ctx.Process(target=_serve, args=args,

@@ -28,6 +28,7 @@ from ctypes import (
     c_bool,
     c_char,
     c_char_p,
+    c_double,
     c_float,
     c_int,
     c_int32,
@@ -36,7 +37,7 @@ from ctypes import (
     c_void_p,
 )
 
-from gradcheck.adapters.base import AdapterError
+from checkkit.loading import AdapterError
 
 SUPPORTED = ((0, 20),)          # ggml major.minor releases whose C API this adapter matches
 BASE, CPU = "libggml-base.so", "libggml-cpu.so"
@@ -259,4 +260,72 @@ def load(lib_dir: str | None = None) -> GgmlLib:
     lib.ggml_cpu_init()
     _check_layout(lib)
     _LOADED[directory] = lib
+    return lib
+
+
+# --- the training API (ggml-opt): MNIST in ggml (mnist_target.ggml_train) ------------------
+GRAPH_SIZE = 2048                       # GGML_DEFAULT_GRAPH_SIZE
+LOSS_CROSS_ENTROPY = 2                  # enum ggml_opt_loss_type
+BUILD_FORWARD, BUILD_OPT = 10, 30       # enum ggml_opt_build_type
+OPTIMIZER_ADAMW = 0                     # enum ggml_opt_optimizer_type
+
+
+class OptimizerParams(ctypes.Structure):
+    """struct ggml_opt_optimizer_params: adamw {alpha, beta1, beta2, eps, wd}, sgd {alpha, wd}."""
+    _fields_ = [("alpha", c_float), ("beta1", c_float), ("beta2", c_float), ("eps", c_float),
+                ("wd", c_float), ("sgd_alpha", c_float), ("sgd_wd", c_float)]
+
+
+class OptParams(ctypes.Structure):
+    """struct ggml_opt_params (passed and returned by value)."""
+    _fields_ = [("backend_sched", c_void_p), ("ctx_compute", c_void_p), ("inputs", c_void_p),
+                ("outputs", c_void_p), ("loss_type", c_int), ("build_type", c_int),
+                ("opt_period", c_int32), ("get_opt_pars", c_void_p),
+                ("get_opt_pars_ud", c_void_p), ("optimizer", c_int)]
+
+
+D = POINTER(c_double)
+# the functions of ggml-backend, ggml-alloc and ggml-opt that training calls (ggml 0.20):
+# declared by load_training, for the MNIST target's ggml run and optimizer checks
+TRAINING_SIGNATURES = {
+    BASE: {
+        "ggml_graph_overhead": (c_size_t, []),
+        "ggml_set_input": (None, [P]),
+        "ggml_reshape_2d": (P, [P, P, c_int64, c_int64]),
+        "ggml_backend_sched_new": (P, [POINTER(P), P, c_int, c_size_t, c_bool, c_bool]),
+        "ggml_backend_sched_free": (None, [P]),
+        "ggml_backend_free": (None, [P]),
+        "ggml_backend_alloc_ctx_tensors": (P, [P, P]),
+        "ggml_backend_buffer_free": (None, [P]),
+        "ggml_backend_tensor_set": (None, [P, c_void_p, c_size_t, c_size_t]),
+        "ggml_backend_tensor_get": (None, [P, c_void_p, c_size_t, c_size_t]),
+        "ggml_opt_default_params": (OptParams, [P, c_int]),
+        "ggml_opt_init": (P, [OptParams]),
+        "ggml_opt_free": (None, [P]),
+        "ggml_opt_dataset_init": (P, [c_int, c_int, c_int64, c_int64, c_int64, c_int64]),
+        "ggml_opt_dataset_free": (None, [P]),
+        "ggml_opt_dataset_data": (P, [P]),
+        "ggml_opt_dataset_labels": (P, [P]),
+        "ggml_opt_result_init": (P, []),
+        "ggml_opt_result_free": (None, [P]),
+        "ggml_opt_result_reset": (None, [P]),
+        "ggml_opt_result_loss": (None, [P, D, D]),
+        "ggml_opt_result_accuracy": (None, [P, D, D]),
+        "ggml_opt_result_ndata": (None, [P, POINTER(c_int64)]),
+        "ggml_opt_epoch": (None, [P, P, P, P, c_int64, P, P]),
+        "ggml_opt_get_constant_optimizer_params": (OptimizerParams, [P]),
+    },
+    CPU: {
+        "ggml_backend_cpu_init": (P, []),
+        "ggml_backend_cpu_set_n_threads": (None, [P, c_int]),
+    },
+}
+
+
+def load_training(lib_dir: str | None = None) -> GgmlLib:
+    """ggml's libraries (load) with the training API of TRAINING_SIGNATURES declared too;
+    AdapterError when they are missing or of another version."""
+    lib = load(lib_dir)
+    if not hasattr(lib, "ggml_opt_init"):
+        lib.declare(TRAINING_SIGNATURES)
     return lib

@@ -5,7 +5,7 @@ SystemExit (a library calling sys.exit), GeneratorExit, KeyboardInterrupt or a
 BaseException subclass of its own. gradcheck makes each of them an error row (a usage error
 while the adapter is loaded, gradcheck.adapters.get_adapter) and goes on. One keeps its
 meaning: the user's Ctrl-C, SIGINT delivered to this process (and SIGTERM where a Python
-handler turns it into an exception, gradcheck.interrupted), which stops the run.
+handler turns it into an exception, checkkit.interrupted), which stops the run.
 
 A KeyboardInterrupt looks the same whether Python's SIGINT handler raised it or adapter code
 did. `SignalWatch` tells them apart: while one is open, every signal among SIGINT and SIGTERM
@@ -14,7 +14,7 @@ is counted before its handler runs, and an exception raised inside that is not a
 is the user's interruption exactly when such a signal arrived meanwhile (`reraise`). A
 signal that Python does not handle (ignored, or left to the system) raises nothing, and a
 thread other than the main one never runs a handler: what is raised there is the code's.
-A worker process of an isolated adapter (gradcheck.worker) ignores SIGINT (the parent, which
+A worker process of an isolated adapter (checkkit.worker) ignores SIGINT (the parent, which
 receives the same Ctrl-C, ends it), so that every KeyboardInterrupt there is the adapter's.
 
 What this cannot tell: an adapter that sends SIGINT to this process (os.kill,

@@ -1,4 +1,4 @@
-"""An adapter whose `vjp` runs in a worker process (gradcheck.worker), for engines that may
+"""An adapter whose `vjp` runs in a worker process (checkkit.worker), for engines that may
 abort or hang: a dead or hung worker is a WorkerCrash, which gradcheck reports as a
 `crash` row, and the next case starts a fresh worker. Whatever the adapter raises there
 (sys.exit and KeyboardInterrupt included) is a RemoteError, an `error` row.
@@ -6,9 +6,8 @@ abort or hang: a dead or hung worker is a WorkerCrash, which gradcheck reports a
 
 from __future__ import annotations
 
-from gradcheck.adapters import spec_of
-from gradcheck.adapters.base import AdapterError
-from gradcheck.worker import DEFAULT_CASE_TIMEOUT, Worker, WorkerCrash
+from checkkit.loading import AdapterError, spec_of
+from checkkit.worker import DEFAULT_CASE_TIMEOUT, Worker, WorkerCrash
 
 
 class IsolatedAdapter:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 # the packages whose warning categories say nothing their messages do not
-_OURS = {"engine", "gradcheck", "optcheck", "reports", "mnist_target"}
+_OURS = {"engine", "checkkit", "gradcheck", "optcheck", "reports", "mnist_target"}
 
 
 def warning_line(tool: str, message, category) -> str:
