@@ -35,9 +35,11 @@ TARGET_RATIO = 1.5
 TARGET_WARM_START = 3.0
 
 
-def median_time(fn, repeat: int) -> float:
-    fn()
-    fn()   # warm-up: compile, load caches, fault pages in
+def median_time(fn, repeat: int, warmup: int = 2) -> float:
+    """The median of `repeat` timed calls of fn, after `warmup` untimed ones (compile or
+    load the numba cache, fault pages in)."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

@@ -29,13 +29,12 @@ import argparse
 import gc
 import math
 import os
-import statistics
 import sys
-import time
 
 import numba
 import numpy as np
 import torch
+from bench_cpu import median_time
 from tabulate import tabulate
 
 import engine
@@ -65,17 +64,6 @@ def layer_shapes(size: int, layers: int) -> list[tuple[int, ...]]:
     return shapes + [(rest,)] if rest else shapes
 
 
-def median_step_time(step, repeats: int) -> float:
-    for _ in range(WARMUP_STEPS):   # compile or load the numba cache, fault pages in
-        step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def engine_step_time(cls, kwargs, params, grads, repeats) -> float:
     ps = []
     for i, a in enumerate(params):
@@ -85,7 +73,7 @@ def engine_step_time(cls, kwargs, params, grads, repeats) -> float:
     opt = cls(ps, **kwargs)
     for p, g in zip(ps, grads, strict=True):
         opt.grads[p].set(g)
-    return median_step_time(opt.step, repeats)
+    return median_time(opt.step, repeats, warmup=WARMUP_STEPS)
 
 
 def torch_step_time(cls, kwargs, params, grads, repeats, **impl) -> float:
@@ -95,7 +83,7 @@ def torch_step_time(cls, kwargs, params, grads, repeats, **impl) -> float:
         t.grad = torch.from_numpy(g)   # read only by the step: shared with the engine's input
         ts.append(t)
     opt = cls(ts, **kwargs, **impl)
-    return median_step_time(opt.step, repeats)
+    return median_time(opt.step, repeats, warmup=WARMUP_STEPS)
 
 
 def torch_has_fused(cls, kwargs) -> bool:

@@ -116,12 +116,17 @@ def gguf_fields(data: bytes) -> list[Field]:
         fields.append(Field(pos, size, f"v{kind}", label))
         pos += size
 
+    def u32(kind, label):
+        nonlocal pos
+        (value,) = struct.unpack_from("<I", data, pos)
+        fields.append(Field(pos, 4, kind, label))
+        pos += 4
+        return value
+
     for i in range(n_kv):
         key = string(f"kv {i} key")
         at = f"kv {i} ({key})"
-        (kind,) = struct.unpack_from("<I", data, pos)
-        fields.append(Field(pos, 4, "type", f"{at} type"))
-        pos += 4
+        kind = u32("type", f"{at} type")
         if kind == 8:
             string(f"{at} value")
         elif kind == 9:
@@ -136,9 +141,7 @@ def gguf_fields(data: bytes) -> list[Field]:
     for i in range(n_tensors):
         name = string(f"tensor {i} name")
         at = f"tensor {i} ({name})"
-        (n_dims,) = struct.unpack_from("<I", data, pos)
-        fields.append(Field(pos, 4, "u32", f"{at} n_dims"))
-        pos += 4
+        n_dims = u32("u32", f"{at} n_dims")
         fields.extend(Field(pos + 8 * d, 8, "u64", f"{at} ne[{d}]") for d in range(n_dims))
         pos += 8 * n_dims
         fields.extend([Field(pos, 4, "ttype", f"{at} type"),

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests.fuzz.checks import check_cli, fuzz_settings
 from tests.fuzz.runner import Child
+from tests.gradcheck.user_adapter import ADAPTER_HEAD, RELU
 
 pytestmark = pytest.mark.fuzz
 
@@ -70,10 +71,7 @@ GARBAGE = {
     "backend": ["return 42", "return Weird()", "return 'cuda'"],
 }
 
-MODULE = '''
-import numpy as np
-from gradcheck.adapters.base import VJP
-
+MODULE = RELU + '''
 
 class Boom(BaseException):
     pass
@@ -103,26 +101,9 @@ def hit(case):
     return {every} or "{bad}" in str(case)
 
 
-def relu(arrays, weights):
-    (x,) = arrays
-    w = np.asarray(weights).astype(x.dtype)
-    return VJP(np.maximum(x, 0), [w * (x > 0)])
-
-
 {import_}
 
-
-class A:
-    name = "fuzzed"
-    isolated = {isolated}
-
-    def __init__(self):
-        {init}
-
-    def describe(self):
-        {describe}
-        return "fuzzed adapter 1.0"
-
+''' + ADAPTER_HEAD + '''
     def unsupported(self, case):
         if case.op not in ("relu", "clamp_back"):
             return "relu and clamp_back only"
@@ -202,7 +183,9 @@ def _module(where: str, statement: str, isolated: bool, every: bool) -> str:
     """The adapter module's source: `statement` in the method `where` (at module level
     for "import"), `pass` in the others."""
     slots = {w: "pass" for w in WHERE} | {where: statement}
-    return MODULE.format(every=every or where == "backend", bad=BAD, isolated=isolated,
+    slots["describe"] += '\n        return "fuzzed adapter 1.0"'
+    return MODULE.format(name="fuzzed", every=every or where == "backend", bad=BAD,
+                         isolated=isolated,
                          variants=where == "forward_only_output",
                          import_=slots.pop("import"), **slots)
 

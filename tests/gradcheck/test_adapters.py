@@ -19,6 +19,7 @@ from gradcheck.api import assert_numpy, assert_torch, check_numpy, check_torch
 from gradcheck.check import check_sample
 from gradcheck.repro import repro_command
 from tests.gradcheck.abort_adapter import CRASH_CASE, WrongAdapter
+from tests.refusals import refusal_test
 
 OPS = ("relu", "softmax", "pool_2d", "conv_2d", "cross_entropy_loss", "matmul")
 
@@ -210,7 +211,7 @@ def test_torch_callable_with_a_reference_checks_its_forward():
 
 # --- the registry of engines -------------------------------------------------------------
 
-@pytest.mark.parametrize("name, match", [
+test_bad_engine_names_are_clear_errors = refusal_test(get_adapter, AdapterError, [
     ("tensorflow", "unknown engine 'tensorflow'; known: engine, torch, numpy, ggml"),
     ("no_such_module:Adapter", "cannot import no_such_module"),
     ("tests.gradcheck.abort_adapter:Nope", "has no attribute 'Nope'"),
@@ -219,9 +220,6 @@ def test_torch_callable_with_a_reference_checks_its_forward():
     ("tests.gradcheck.abort_adapter:CRASH_CASE", "is not an adapter"),
     (":Adapter", "expected module:attribute"),
 ])
-def test_bad_engine_names_are_clear_errors(name, match):
-    with pytest.raises(AdapterError, match=match):
-        get_adapter(name)
 
 
 def test_get_adapter_records_the_spec_that_rebuilds_it():
@@ -260,6 +258,6 @@ def test_ggml_is_imported_only_when_asked_for(monkeypatch):
     (case,) = smallest("pool_2d", "f32")
     assert repro_command(case, a) == \
         f"gradcheck --engine ggml --ggml-lib /opt/ggml/lib --op pool_2d -k '{case}'"
-    code = ("import sys, gradcheck.cli, gradcheck.api, gradcheck.worker; "
+    code = ("import sys, gradcheck.cli, gradcheck.api, checkkit.worker; "
             "assert 'gradcheck.adapters.ggml' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -39,36 +39,35 @@ def test_all_three_agree_passes():
     assert arbitrate(grad(), WORST) == Arbitration(None, torch_off=False)
 
 
-def test_backprop_off_numerical_and_torch_agree():
-    a = arbitrate(grad(bn=OFF, bt=OFF, nt=OK), WORST)
-    assert a.torch_off
-    assert a.problem == ("numerical: backprop of x is off (3/12 elements), numerical and "
-                         f"torch agree, worst {WORST}")
+BACKPROP_OFF = ("numerical: backprop of x is off (3/12 elements), numerical and torch agree, "
+                f"worst {WORST}")
+NUMERICAL_OFF = ("numerical: x: numerical gradient disagrees with backprop and torch (the "
+                 "float64 reference's forward does not match the backward of the engine and "
+                 "torch)")
+TORCH_OFF = ("torch: x: torch disagrees with backprop and numerical (3/12 elements; forward "
+             "differs from torch's, or the torch reference is wrong)")
+ALL_DISAGREE = "numerical: x: backprop, numerical and torch all disagree"
+
+# (backprop vs numerical, backprop vs torch, numerical vs torch): the problem named
+DISAGREEMENTS = {
+    "backprop off, numerical and torch agree": ((OFF, OFF, OK), BACKPROP_OFF),
+    "numerical off, backprop and torch agree": ((OFF, OK, OK), NUMERICAL_OFF),
+    "numerical off, backprop and torch agree (numerical vs torch off)": ((OFF, OK, OFF),
+                                                                         NUMERICAL_OFF),
+    "torch off, backprop and numerical agree": ((OK, OK, OFF), TORCH_OFF),
+    "torch off, backprop and numerical agree (backprop vs torch off)": ((OK, OFF, OFF),
+                                                                        TORCH_OFF),
+    "all three disagree": ((OFF, OFF, OFF), ALL_DISAGREE),
+    "all three disagree (backprop vs torch off alone)": ((OK, OFF, OK), ALL_DISAGREE),
+}
 
 
-@pytest.mark.parametrize("nt", [OK, OFF])
-def test_numerical_off_backprop_and_torch_agree(nt):
-    a = arbitrate(grad(bn=OFF, bt=OK, nt=nt), WORST)
-    assert a.torch_off
-    assert a.problem == ("numerical: x: numerical gradient disagrees with backprop and torch "
-                         "(the float64 reference's forward does not match the backward of "
-                         "the engine and torch)")
-
-
-@pytest.mark.parametrize("bt", [OK, OFF])
-def test_torch_off_backprop_and_numerical_agree(bt):
-    a = arbitrate(grad(bn=OK, bt=bt, nt=OFF), WORST)
-    assert a.torch_off
-    assert a.problem == ("torch: x: torch disagrees with backprop and numerical (3/12 "
-                         "elements; forward differs from torch's, or the torch reference is "
-                         "wrong)")
-
-
-@pytest.mark.parametrize("bn, bt, nt", [(OFF, OFF, OFF), (OK, OFF, OK)])
-def test_all_three_disagree(bn, bt, nt):
+@pytest.mark.parametrize("case", DISAGREEMENTS)
+def test_a_disagreement_marks_torch_off_and_names_the_one_that_is_off(case):
+    (bn, bt, nt), problem = DISAGREEMENTS[case]
     a = arbitrate(grad(bn=bn, bt=bt, nt=nt), WORST)
     assert a.torch_off
-    assert a.problem == "numerical: x: backprop, numerical and torch all disagree"
+    assert a.problem == problem
 
 
 def test_without_torch_backprop_vs_numerical_decides():

@@ -18,6 +18,7 @@ from mnist_target.cli import eval_main, regress_main, train_main
 from mnist_target.models import GRAPH_ARCH_KEY, Model
 from mnist_target.run import MAX_SEED, EpochRecord, TrainConfig, evaluate
 from tests.mnist_target.data_files import idx_images, idx_labels, write_idx_dir
+from tests.mnist_target.special_files import SPECIAL, make_special
 
 TINY = ["--epochs", "1", "--batch-logical", "4", "--batch-physical", "4", "--no-progress"]
 
@@ -54,23 +55,10 @@ def model_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("fifo", "not a regular file (it is a FIFO)"),
-    ("dev-zero", "not a regular file (it is a character device)"),
-    ("loop", "a symbolic link loop"),
-    ("broken link", "a symbolic link to a missing file"),
-    ("none", "no such file"),
-])
-def test_eval_of_a_file_that_is_not_one_says_what_it_is(tmp_path, capsys, no_hang, kind, message):
-    path = tmp_path / "m.gguf"
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "loop":
-        path.symlink_to(path)
-    elif kind == "broken link":
-        path.symlink_to(tmp_path / "nowhere.gguf")
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "loop", "broken link", "none"])
+def test_eval_of_a_file_that_is_not_one_says_what_it_is(tmp_path, capsys, no_hang, kind):
+    path = make_special(tmp_path / "m.gguf", kind)
+    message = {**SPECIAL, "none": "no such file"}[kind]
     line = _one_error_line(capsys, eval_main([str(path)]))
     assert line.startswith(f"mnist-eval: {path}: {message}")
 

@@ -5,8 +5,6 @@ the data replaced), so these tests are fast."""
 
 from __future__ import annotations
 
-import io
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -16,11 +14,7 @@ from mnist_target import regress
 from mnist_target.cli import main
 from mnist_target.run import TrainConfig
 from reports.record import Result
-
-
-class Tty(io.StringIO):
-    def isatty(self):
-        return True
+from tests.cli_helpers import assert_progress_only_on_a_terminal
 
 
 @pytest.fixture
@@ -70,8 +64,4 @@ def test_verbose_gives_every_column_also_beside_a_report_file(runs, tmp_path, ca
 
 
 def test_progress_only_when_stderr_is_a_terminal(runs, monkeypatch, capsys):
-    main(["regress", "--arch", "fc"])
-    monkeypatch.setattr(sys, "stderr", Tty())
-    main(["regress", "--arch", "fc"])
-    main(["regress", "--arch", "fc", "--no-progress"])
-    assert runs == [False, True, False]
+    assert_progress_only_on_a_terminal(main, ["regress", "--arch", "fc"], runs, monkeypatch)

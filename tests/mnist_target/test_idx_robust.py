@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from mnist_target import data_cache, idx
 from mnist_target.data import MnistCacheWarning, MnistDataError, load_mnist
 from tests.mnist_target.data_files import idx_images, idx_labels, sample_pixels, write_idx_dir
+from tests.mnist_target.special_files import SPECIAL, make_special
 
 IMAGES = "t10k-images-idx3-ubyte"
 
@@ -145,25 +146,7 @@ def test_corrupt_gzip_after_the_data_is_still_corrupt(tmp_path):
 
 
 def _special(tmp_path, kind):
-    path = tmp_path / IMAGES
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "loop":
-        path.symlink_to(path)
-    elif kind == "broken link":
-        path.symlink_to(tmp_path / "nowhere")
-    else:
-        path.mkdir()
-    return path
-
-
-SPECIAL = {"fifo": "not a regular file (it is a FIFO)",
-           "dev-zero": "not a regular file (it is a character device)",
-           "loop": "a symbolic link loop (too many levels of symbolic links)",
-           "broken link": "a symbolic link to a missing file",
-           "directory": "not a regular file (it is a directory)"}
+    return make_special(tmp_path / IMAGES, kind)
 
 
 @pytest.mark.parametrize("kind", SPECIAL)

@@ -10,7 +10,13 @@ import pytest
 from engine.optim.optimizers import Optimizer
 from optcheck import step_invariants
 from optcheck.invariants import run
-from tests.optcheck.invariant_mutants import MUTANT_STEPS, failing, mutant_kernels
+from tests.optcheck.invariant_mutants import MUTANT_STEPS
+from tests.optcheck.mutant_cases import (
+    assert_kernel_mutant_caught,
+    assert_patched_mutant_caught,
+    kernel_mutants,
+    patched_mutants,
+)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -40,12 +46,9 @@ KERNEL_MUTANTS = [   # (bug, optimizer, the invariant that must catch it)
 ]
 
 
-@pytest.mark.parametrize("dtype", ["f64", "f32"])
-@pytest.mark.parametrize(("bug", "optimizer", "check"), KERNEL_MUTANTS,
-                         ids=[f"{b}-{o}-{c}" for b, o, c in KERNEL_MUTANTS])
+@kernel_mutants(KERNEL_MUTANTS)
 def test_kernel_mutant_is_caught(bug, optimizer, check, dtype):
-    with mutant_kernels(bug):
-        assert failing(optimizer, dtype, (check,)) == {check}
+    assert_kernel_mutant_caught(bug, optimizer, check, dtype)
 
 
 # --- mutants of the checkpoint loader and of stepping ---------------------------------------
@@ -82,12 +85,9 @@ STEPPING_MUTANTS = {   # name -> (object, attribute, replacement from the origin
 }
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("name", sorted(STEPPING_MUTANTS))
+@patched_mutants(STEPPING_MUTANTS)
 def test_stepping_mutant_is_caught(name, optimizer, monkeypatch):
-    owner, attribute, make, check = STEPPING_MUTANTS[name]
-    monkeypatch.setattr(owner, attribute, make(getattr(owner, attribute)))
-    assert failing(optimizer, "f64", (check,)) == {check}
+    assert_patched_mutant_caught(STEPPING_MUTANTS, name, optimizer, monkeypatch)
 
 
 def test_loader_mutant_is_named_in_the_message(monkeypatch):

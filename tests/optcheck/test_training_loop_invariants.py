@@ -5,11 +5,15 @@ shuffling."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from engine.backends.cpu import CpuBackend
 from engine.train import Trainer
-from tests.optcheck.invariant_mutants import failing, mutant_kernels
+from tests.optcheck.mutant_cases import (
+    assert_kernel_mutant_caught,
+    assert_patched_mutant_caught,
+    kernel_mutants,
+    patched_mutants,
+)
 
 KERNEL_MUTANTS = [   # (bug, optimizer, the invariant that must catch it)
     ("noise", "sgd", "determinism"),
@@ -17,12 +21,9 @@ KERNEL_MUTANTS = [   # (bug, optimizer, the invariant that must catch it)
 ]
 
 
-@pytest.mark.parametrize("dtype", ["f64", "f32"])
-@pytest.mark.parametrize(("bug", "optimizer", "check"), KERNEL_MUTANTS,
-                         ids=[f"{b}-{o}-{c}" for b, o, c in KERNEL_MUTANTS])
+@kernel_mutants(KERNEL_MUTANTS)
 def test_kernel_mutant_is_caught(bug, optimizer, check, dtype):
-    with mutant_kernels(bug):
-        assert failing(optimizer, dtype, (check,)) == {check}
+    assert_kernel_mutant_caught(bug, optimizer, check, dtype)
 
 
 def _overwriting_accumulate(self, dst, src):
@@ -44,9 +45,6 @@ LOOP_MUTANTS = {   # name -> (object, attribute, replacement from the original, 
 }
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("name", sorted(LOOP_MUTANTS))
+@patched_mutants(LOOP_MUTANTS)
 def test_loop_mutant_is_caught(name, optimizer, monkeypatch):
-    owner, attribute, make, check = LOOP_MUTANTS[name]
-    monkeypatch.setattr(owner, attribute, make(getattr(owner, attribute)))
-    assert failing(optimizer, "f64", (check,)) == {check}
+    assert_patched_mutant_caught(LOOP_MUTANTS, name, optimizer, monkeypatch)

@@ -1,6 +1,7 @@
-"""reports writes through engine.files (the one atomic writer) and imports nothing else of
-ours; importing it loads no engine; write errors are OutputError, one line, exit 2 from
-emit, the previous report kept."""
+"""reports writes through engine.files (the one atomic writer; that it imports nothing else
+of ours is a contract of pyproject.toml, tests/test_import_contracts.py); importing it loads
+no engine; write errors are OutputError, one line, exit 2 from emit, the previous report
+kept."""
 
 from __future__ import annotations
 
@@ -12,19 +13,8 @@ import sys
 import pytest
 
 from reports import OutputError, Result, emit, write_atomic
-from tests.test_layering import MODULES, import_graph
 
 HAS_DEV_FULL = os.path.exists("/dev/full")
-
-
-def test_reports_imports_of_ours_the_writer_only():
-    """The layers table lets reports import layer 1; of it, engine.files alone is used."""
-    graph = import_graph(MODULES)
-    outside = sorted({f"{name} imports {target}" for name, edges in graph.items()
-                      if name.split(".")[0] == "reports" for target, _ in edges
-                      if target.split(".")[0] != "reports" and target != "engine.files"})
-    assert not outside, outside
-    assert any(target == "engine.files" for target, _ in graph["reports.output"])
 
 
 def test_importing_reports_loads_no_engine():
