@@ -132,6 +132,12 @@ def all_of(*patches: Callable[[], contextlib.AbstractContextManager]):
         yield
 
 
+def backwards_replaced(op_names, make: Callable):
+    """The patch (a zero-argument context factory) that replaces the backward rule of every
+    op of `op_names` with `make(real)` (backward_replaced), as one bug."""
+    return lambda: all_of(*(lambda op=op: backward_replaced(op, make) for op in op_names))
+
+
 def scaled_backward(backward: Callable, factor: float) -> Callable:
     """A backward rule whose every input gradient is `factor` times `backward`'s."""
     def mutated(g, out, *srcs, **params):

@@ -141,7 +141,7 @@ for _op, _build, _kernel in (("diag_mask_inf", diag_mask_inf, cpu_diag_mask_inf)
 # --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
 from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
 from engine.mutation import Mutant  # noqa: E402
-from engine.mutation.patches import all_of, backward_replaced  # noqa: E402
+from engine.mutation.patches import backwards_replaced  # noqa: E402
 
 
 def _mask_from_the_diagonal(real):
@@ -152,7 +152,6 @@ mutation.register(
     Mutant("diag_mask_grad_ignores_n_past", ("diag_mask_inf", "diag_mask_zero"),
            "the causal mask's backward masks as if n_past were 0: the gradient of the cells "
            "between the diagonal and n_past is dropped",
-           lambda: all_of(*(lambda op=op: backward_replaced(op, _mask_from_the_diagonal)
-                            for op in ("diag_mask_inf", "diag_mask_zero"))),
+           backwards_replaced(("diag_mask_inf", "diag_mask_zero"), _mask_from_the_diagonal),
            where=lambda case: case.kwargs["n_past"] > 0, kind="off-by-one window"),
 )

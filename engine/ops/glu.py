@@ -200,7 +200,7 @@ for _op, _act in ACTIVATIONS.items():
 # --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
 from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
 from engine.mutation import Mutant  # noqa: E402
-from engine.mutation.patches import all_of, backward_replaced  # noqa: E402
+from engine.mutation.patches import backwards_replaced  # noqa: E402
 from engine.ops.shape import cont_if_strided  # noqa: E402
 
 
@@ -223,8 +223,7 @@ mutation.register(
     Mutant("glu_grad_halves_unswapped", ("swiglu", "geglu"),
            "the fused GLU's gradient joined as (activated half, gate half) even when "
            "swapped=True put the activated half second",
-           lambda: all_of(*(lambda op=op: backward_replaced(op, _glu_halves_unswapped)
-                            for op in ("swiglu", "geglu"))),
+           backwards_replaced(("swiglu", "geglu"), _glu_halves_unswapped),
            where=lambda case: len(case.inputs) == 1 and case.kwargs.get("swapped"),
            kind="transposed gradient"),
 )
