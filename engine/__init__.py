@@ -10,6 +10,8 @@ Importing it loads every op module of engine/ops, which registers its ops (engin
     x.set(engine.init.normal((3, 4), seed=0)); g.compute(); grads[x].numpy()
 """
 
+from importlib import metadata as _metadata
+
 from engine import init, ops, optim
 from engine.errors import (
     BackendError,
@@ -25,7 +27,18 @@ from engine.planner import Plan
 from engine.registry import OPS, all_ops, get_op
 from engine.tensor import Flag, Tensor, constant, input_tensor, new_tensor, param
 
+try:
+    __version__ = _metadata.version("gradverify")
+except _metadata.PackageNotFoundError:      # run from a source tree that is not installed
+    __version__ = "unknown"
+
+
+def describe(backend: str = "cpu") -> str:
+    """The engine and its version on `backend`, as the checkers' reports name it."""
+    return f"engine {__version__} ({backend} backend)"
+
+
 __all__ = ["BackendError", "DTypeError", "EngineError", "Flag", "Graph", "OPS", "ParamError",
            "Plan", "ShapeError", "StalePlanError", "Tensor", "UnknownOpError", "all_ops",
-           "compute", "constant", "get_op", "init", "input_tensor", "new_tensor", "ops", "optim",
-           "param"]
+           "compute", "constant", "describe", "get_op", "init", "input_tensor", "new_tensor",
+           "ops", "optim", "param"]

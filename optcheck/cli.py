@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS, default="cpu", help="backend (default cpu)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of initial parameters and data (default 0)")
+    p.add_argument("--engine", default="engine", metavar="NAME",
+                   help="optimizer under test: engine (ours, default), torch (torch.optim's "
+                        "for-loop implementation), torch-foreach, torch-fused, or "
+                        "module:attribute naming your own adapter (optcheck.adapters.base)")
     p.add_argument("--self-test", action="store_true",
                    help="inject known bugs into the step kernels; each must be caught")
     hp = p.add_argument_group(
@@ -83,7 +87,8 @@ def request_of(args) -> OptcheckRequest:
     """The request these command-line arguments make."""
     return OptcheckRequest(
         opt=tuple(args.opt or ()), family=tuple(args.family or ()), dtype=args.dtype,
-        steps=args.steps, backend=args.backend, seed=args.seed, self_test=args.self_test,
+        steps=args.steps, backend=args.backend, seed=args.seed, engine=args.engine,
+        self_test=args.self_test,
         betas=args.betas, **{k: getattr(args, k) for k in (*HP_FIELDS, *FLAG_FIELDS)})
 
 

@@ -44,7 +44,8 @@ from collections.abc import Callable
 import numpy as np
 
 from optcheck.closed_form_toy import toy_cases
-from optcheck.harness import EXACT, Comparison, EngineStepper, result, tolerance
+from optcheck.harness import EXACT, Comparison, result, tolerance
+from optcheck.numpy_optimizers import FLAG_NAMES
 from reports.record import Result
 
 FAMILY = "closed-form"
@@ -62,6 +63,10 @@ def skip_reason(dtype: str) -> str | None:
             f"bounded by torch at the same precision)")
 
 
+class Unsupported(Exception):
+    """A scenario the optimizer under test cannot run; the message says why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     """One row: its `check` (snake_case), its one-line `case`, the function that runs it."""
@@ -72,9 +77,11 @@ class Scenario:
 
 
 def run(optimizer: str, dtype: str = "f64", backend: str = "cpu", steps: int = 100,
-        seed: int = 0) -> list[Result]:
-    """Every closed-form scenario of `optimizer` ('sgd', 'adam', 'adamw'), one Result each;
-    a scenario that raises becomes an "error" row carrying the exception."""
+        seed: int = 0, adapter=None) -> list[Result]:
+    """Every closed-form scenario of `optimizer` ('sgd', 'adam', 'adamw'), one Result each,
+    stepped by `adapter` (optcheck.adapters; default: our engine on `backend`); a scenario
+    that raises becomes an "error" row carrying the exception, one the adapter cannot run
+    an "unsupported" row with its reason."""
     for bad, why in ((optimizer not in ("sgd", "adam", "adamw"),
                       f"unknown optimizer {optimizer!r}; known: sgd, adam, adamw"),
                      (dtype not in _FLOAT, f"dtype must be one of {list(_FLOAT)}, got {dtype!r}"),
@@ -82,9 +89,12 @@ def run(optimizer: str, dtype: str = "f64", backend: str = "cpu", steps: int = 1
         if bad:
             raise ValueError(f"closed-form: {why}")
     rows = []
-    for s in scenarios(optimizer, dtype, backend, steps, seed):
+    for s in scenarios(optimizer, dtype, backend, steps, seed, adapter):
         try:
             rows.append(result(optimizer, FAMILY, s.check, s.case, dtype, backend, s.compare()))
+        except Unsupported as exc:
+            rows.append(result(optimizer, FAMILY, s.check, s.case, dtype, backend,
+                               message=str(exc), status="unsupported"))
         except Exception as exc:    # a scenario that cannot run is an error row, not a crash
             row = result(optimizer, FAMILY, s.check, s.case, dtype, backend, ok=False,
                          message=f"{type(exc).__name__}: {exc}")
@@ -92,13 +102,25 @@ def run(optimizer: str, dtype: str = "f64", backend: str = "cpu", steps: int = 1
     return rows
 
 
-def scenarios(optimizer: str, dtype: str, backend: str, steps: int, seed: int) -> list[Scenario]:
-    """The scenarios of one optimizer, their random values drawn now from `seed`."""
+def scenarios(optimizer: str, dtype: str, backend: str, steps: int, seed: int,
+              adapter=None) -> list[Scenario]:
+    """The scenarios of one optimizer, their random values drawn now from `seed`, stepped by
+    `adapter` (default: our engine on `backend`). The toy model's rows train with our
+    engine's Trainer: another adapter's are unsupported rows that say so."""
+    from optcheck.adapters.engine_adapter import EngineOptimizer
+    ours = adapter is None or isinstance(adapter, EngineOptimizer)
     rng = np.random.default_rng(seed)
-    ctx = _Context(optimizer, dtype, backend, steps, rng)
+    ctx = _Context(optimizer, dtype, backend, steps, rng,
+                   EngineOptimizer(backend) if adapter is None else adapter)
     own = sgd_scenarios(ctx) if optimizer == "sgd" else adam_scenarios(ctx)
-    toy = [Scenario(*c) for c in toy_cases(optimizer, dtype, backend)]
+    toy = [Scenario(check, case, compare if ours else _not_ours)
+           for check, case, compare in toy_cases(optimizer, dtype, backend)]
     return own + shared_scenarios(ctx) + toy
+
+
+def _not_ours() -> Comparison:
+    raise Unsupported("ggml's test-opt toy model is trained by our engine's Trainer (a "
+                      "graph, a dataset, gradient accumulation): it checks our engine only")
 
 
 @dataclasses.dataclass
@@ -108,6 +130,16 @@ class _Context:
     backend: str
     steps: int
     rng: np.random.Generator
+    adapter: object = None      # the optimizer under test (optcheck.adapters)
+
+    def stepper(self, hp, flags, p0):
+        """The adapter's optimizer over one parameter w0 = p0; Unsupported when it cannot
+        run these settings."""
+        flags = {**dict.fromkeys(FLAG_NAMES[self.opt], False), **flags}   # every flag said
+        reason = self.adapter.unsupported(self.opt, self.dtype, hp, flags)
+        if reason:
+            raise Unsupported(reason)
+        return self.adapter.stepper(self.opt, {"w0": p0}, hp, flags, self.dtype)
 
     def draw(self, lo: float, hi: float, shape=SHAPE, log: bool = False) -> np.ndarray:
         """Magnitudes in [lo, hi] (log-uniform when `log`) with random signs, rounded to the
@@ -127,12 +159,14 @@ class _Context:
         after every step t with want(t) (name -> expected array), within `tol` (default: the
         dtype's float error)."""
         tol = tol or self.tolerance
-        stepper = EngineStepper(self.opt, {"w0": p0}, hp, flags, self.dtype, self.backend)
+        stepper = self.stepper(hp, flags, p0)
         comp = Comparison()
+        p = np.asarray(p0, np.float64)
         for t in range(1, self.steps + 1):
-            p = stepper.params["w0"].numpy().astype(np.float64)
             stepper.step({"w0": grad(t, p)})
-            comp.add(t, stepper.snapshot(), want(t), self.dtype, tol=tol)
+            got, expected = stepper.snapshot(), want(t)
+            comp.add(t, got, expected, self.dtype, [n for n in expected if n in got], tol=tol)
+            p = np.asarray(got["w0"], np.float64)
         return comp
 
     def scenario(self, check, hp, flags, p0, grad, want, tol=None, **extra) -> Scenario:
@@ -299,8 +333,7 @@ def shared_scenarios(ctx: _Context) -> list[Scenario]:
 
 def _maximize(ctx, hp, flags, p0, grads) -> Comparison:
     """Maximize on g against minimize on -g: every tensor, every step, bit for bit."""
-    up, down = (EngineStepper(ctx.opt, {"w0": p0}, hp, {**flags, "maximize": m}, ctx.dtype,
-                              ctx.backend) for m in (True, False))
+    up, down = (ctx.stepper(hp, {**flags, "maximize": m}, p0) for m in (True, False))
     comp = Comparison()
     for t in range(1, ctx.steps + 1):
         up.step({"w0": grads[t - 1]})

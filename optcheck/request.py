@@ -5,8 +5,10 @@ pytest plugin (`pytest --optcheck`) and the Python API all build and run.
     rows = run_request(request)      # what `optcheck --opt adam --family torch --steps 200`
                                      #   runs, serially
 
-The jobs: each family (closed-form, torch, invariant, precision) on each optimizer and
-dtype, in that order (a table per family), `OPTIMIZER: FAMILY(type=DTYPE)`. The user's own
+The jobs: each family (closed-form, torch, invariant, precision, reference) on each
+optimizer and dtype, in that order (a table per family), `OPTIMIZER: FAMILY(type=DTYPE)`,
+of the optimizer under test, `engine` (optcheck.adapters: ours by default, torch.optim's
+implementations, yours as module:attribute). The user's own
 hyperparameters (lr, betas, ... : the command line's "your hyperparameters") add their
 trajectory rows after the jobs', and `self_test` runs the step-kernel mutants instead
 (optcheck.selftest). The plugin's options are the fields that choose the jobs
@@ -42,11 +44,13 @@ class OptcheckRequest(Request):
 
     opt: tuple[str, ...] = field((), metavar="NAME", doc="optimizer (repeatable; default all)")
     family: tuple[str, ...] = field((), metavar="NAME", doc="closed-form, torch, invariant, "
-                                    "precision (repeatable; default all)")
+                                    "precision, reference (repeatable; default all)")
     dtype: str = field("all", metavar="f16|bf16|f32|f64|all", doc="default all")
     steps: int = field(100, metavar="N", doc="steps per trajectory (default 100)")
     backend: str = field("cpu", metavar="NAME", doc="default cpu")
     seed: int = field(0, metavar="S", doc="default 0")
+    engine: str = field("engine", metavar="NAME", doc="optimizer under test: engine (ours), "
+                        "torch, torch-foreach, torch-fused, module:attribute")
     self_test: bool = field(False, plugin=False, doc="the step-kernel mutants")
     lr: float | None = _user("your learning rate")
     betas: tuple[float, float] | None = _user("your (beta1, beta2)")
@@ -98,6 +102,12 @@ class OptcheckRequest(Request):
             return f"{flag('steps')} must lie in [1, {MAX_STEPS}], got {self.steps}"
         if not 0 <= self.seed <= MAX_SEED:
             return f"{flag('seed')} must lie in [0, {MAX_SEED}], got {self.seed}"
+        if self.engine != "engine":
+            given = [n for n in (*HP_FIELDS, "betas", *FLAG_FIELDS, "self_test")
+                     if getattr(self, n) not in (None, False)]
+            if given:
+                return (f"{flag(given[0])} applies to our engine only for now, not to "
+                        f"{flag('engine')} {self.engine}")
         return None
 
     def user_configs(self) -> dict:
@@ -127,18 +137,25 @@ class OptcheckRequest(Request):
     def plan(self) -> Plan:
         """The family runs, in the report's order. UsageProblem on a backend that cannot
         run or a hyperparameter the optimizer refuses."""
+        from checkkit.loading import AdapterError
         from engine.backends import get_backend
         from engine.errors import EngineError
-        from optcheck.runner import run_family
-        with usage_problems(EngineError):
+        from optcheck.adapters import describe
+        from optcheck.runner import adapter_of, run_family
+        with usage_problems(EngineError, AdapterError):
             get_backend(self.backend)
             self.user_configs()
+            described = f"backend {self.backend}"
+            if self.engine != "engine":
+                described = describe(adapter_of(self.engine), self.engine)
+        which = {} if self.engine == "engine" else {"engine": self.engine}
         jobs = [Job(f"{o}: {f}(type={d})",
-                    functools.partial(run_family, f, o, d, self.backend, self.steps, self.seed),
-                    {"optimizer": o, "family": f, "backend": self.backend, "dtype": d})
+                    functools.partial(run_family, f, o, d, self.backend, self.steps, self.seed,
+                                      self.engine),
+                    {"optimizer": o, "family": f, "backend": self.backend, "dtype": d, **which})
                 for f in self.families() for o in self.optimizers() for d in self.dtypes()]
         return Plan(self.tool, [] if self.self_test else jobs,
-                    f"backend {self.backend}, {self.steps} steps, seed {self.seed}", {})
+                    f"{described}, {self.steps} steps, seed {self.seed}", which)
 
     def finish(self, rows) -> list:
         """The report's rows: the jobs' `rows`, then those of the user's own hyperparameters

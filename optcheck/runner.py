@@ -3,7 +3,7 @@ the user's own settings against torch.optim; a request (optcheck.request) orders
 
 from __future__ import annotations
 
-from optcheck import closed_form, invariants, precision, torch_trajectories
+from optcheck import closed_form, invariants, precision, reference, torch_trajectories
 from optcheck.harness import DTYPES
 from reports.record import Result
 
@@ -13,7 +13,22 @@ from reports.record import Result
 # first that diverges; 100 is the default, and 100 times that is already a long run
 MAX_STEPS = 10_000
 FAMILIES = {"closed-form": closed_form, "torch": torch_trajectories, "invariant": invariants,
-            "precision": precision}
+            "precision": precision, "reference": reference}
+# the families that step any optimizer adapter (optcheck.adapters); the others check our
+# engine's optimizers (against torch.optim, their invariants, their 16-bit state)
+ADAPTER_FAMILIES = ("closed-form", "reference")
+_ADAPTERS: dict = {}        # engine name -> its adapter, made once per process
+
+
+def adapter_of(engine):
+    """The optimizer adapter `engine` names (an adapter object is itself): made once per
+    process (optcheck.adapters.get_adapter; AdapterError when it cannot be)."""
+    if not isinstance(engine, str):
+        return engine
+    if engine not in _ADAPTERS:
+        from optcheck.adapters import get_adapter
+        _ADAPTERS[engine] = get_adapter(engine)
+    return _ADAPTERS[engine]
 
 
 def family_runner(family: str):
@@ -27,21 +42,38 @@ def skip_reason(family: str, dtype: str) -> str | None:
 
 
 def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
-               steps: int = 100, seed: int = 0) -> list[Result]:
-    """One family on one optimizer and dtype; an exception becomes one "error" row, a dtype
-    the family does not judge one "skip" row that says why."""
+               steps: int = 100, seed: int = 0, engine="engine") -> list[Result]:
+    """One family on one optimizer and dtype, of the optimizer `engine` (a name as for
+    --engine, or an optimizer adapter; its rows are labelled with its name); an exception
+    becomes one "error" row, a dtype the family does not judge one "skip" row that says
+    why, a family that checks our engine only one "unsupported" row for another."""
+    ours = engine == "engine"
     labels = {"optimizer": optimizer, "family": family, "check": "(family)",
               "backend": backend, "dtype": dtype}
+    name = engine if isinstance(engine, str) else getattr(engine, "name", "adapter")
+    if not ours:
+        labels["engine"] = name
     reason = skip_reason(family, dtype)
     if reason:
         return [Result("optcheck", f"{optimizer}: {family}(type={dtype})", "skip", {},
                        reason, labels)]
+    if not ours and family not in ADAPTER_FAMILIES:
+        return [Result("optcheck", f"{optimizer}: {family}(type={dtype})", "unsupported", {},
+                       f"the {family} family checks our engine's optimizers; another "
+                       f"optimizer is checked by the {' and '.join(ADAPTER_FAMILIES)} "
+                       f"families", labels)]
     try:
-        return family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
-                                     seed=seed)
+        if ours:
+            return family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
+                                         seed=seed)
+        rows = family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
+                                     seed=seed, adapter=adapter_of(engine))
     except Exception as exc:  # noqa: BLE001  (a broken family must not hide the others)
         return [Result("optcheck", f"{optimizer}: {family}", "error", {},
                        f"{type(exc).__name__}: {exc}", labels)]
+    for row in rows:
+        row.labels["engine"] = name
+    return rows
 
 
 def run_user_configs(configs: dict, dtypes=DTYPES, backend: str = "cpu", steps: int = 100,

@@ -4,7 +4,8 @@ the torch side of the torch family, as `harness.EngineStepper` is the engine sid
     side = TorchStepper("adam", init, hp, flags, ("cosine", {"t_max": 50, "min_factor": 0.1}))
     side.step(grads); side.snapshot(("step", "exp_avg", "exp_avg_sq"))
 
-torch.optim runs its single-tensor implementation (foreach=False) in the dtype of `init`,
+torch.optim runs its single-tensor implementation (foreach=False; `implementation`:
+"foreach" or "fused" for the others, IMPLEMENTATIONS) in the dtype of `init`,
 or in `dtype` ("f16", "bf16", "f32", "f64") where given; `round_to` (a 16-bit dtype) keeps
 each parameter's values in that dtype: after every step the parameter is rounded to it, to
 nearest even by torch's own conversion, and kept in its own dtype. With `dtype="f32",
@@ -24,6 +25,10 @@ import numpy as np
 
 from engine.tensor import TORCH_DTYPE_NAMES, dtype_name
 
+# torch.optim's implementations of one rule, as its constructors choose them
+IMPLEMENTATIONS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
+                   "fused": {"fused": True}}
+
 
 class TorchStepper:
     """torch.optim (foreach=False) over tensors initialised from `init` (name -> array), with
@@ -33,7 +38,7 @@ class TorchStepper:
 
     def __init__(self, optimizer: str, init: dict, hp: dict, flags: dict,
                  schedule: tuple[str, dict] | None = None, dtype: str | None = None,
-                 round_to: str | None = None):
+                 round_to: str | None = None, implementation: str = "for-loop"):
         import torch
 
         self.torch = torch
@@ -51,8 +56,9 @@ class TorchStepper:
             cls = torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW
             kw = dict(betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
                       amsgrad=flags["amsgrad"])
+        kw.update(IMPLEMENTATIONS[implementation])
         self.opt = cls(list(self.params.values()), lr=hp["lr"], weight_decay=hp["weight_decay"],
-                       maximize=flags["maximize"], foreach=False, **kw)
+                       maximize=flags["maximize"], **kw)
         self.scheduler = None
         if schedule is not None:
             self.scheduler = _torch_scheduler(torch, self.opt, hp["lr"], *schedule)

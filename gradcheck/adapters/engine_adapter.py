@@ -17,8 +17,6 @@ belong to this adapter: `EngineAdapter(backend, inject="scale:1.01")`.
 
 from __future__ import annotations
 
-from importlib import metadata
-
 import numpy as np
 
 import engine
@@ -113,11 +111,7 @@ class EngineAdapter:
         return AdapterSpec.of("engine", options)
 
     def describe(self) -> str:
-        try:
-            version = metadata.version("gradverify")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        return f"engine {version} ({self.backend} backend)"
+        return engine.describe(self.backend)
 
     def unsupported(self, case) -> str | None:
         if not getattr(case, "builds_engine_graph", True):

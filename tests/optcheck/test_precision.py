@@ -131,7 +131,7 @@ def test_cli_dtype_bf16_prints_ratios_and_exits_0(capsys):
     assert all(r["ratio"] < PRECISION_RATIO and "err_vs_f64" in r and "ref_err" in r
                for r in judged)
     assert {r["family"] for r in rows if r["status"] == "skip"} == {"closed-form", "torch",
-                                                                    "invariant"}
+                                                                    "invariant", "reference"}
 
 
 def test_cli_your_settings_in_16_bits_are_a_precision_row(capsys):

@@ -1,0 +1,61 @@
+"""The optimizer under test, as an adapter: what optcheck needs of any implementation of
+SGD, Adam or AdamW (ours, torch.optim's, a numpy update, yours).
+
+An adapter only steps parameters. Everything else (the closed forms, the float64 reference
+trajectories, tolerances, reports, exit codes) stays optcheck's. It has:
+
+    name: str                     as given to --engine ("engine", "torch-foreach", ...)
+    describe() -> str             the implementation and its version, for the report
+    unsupported(optimizer, dtype, hp, flags) -> str | None
+                                  why it cannot run this rule in this dtype with these
+                                  settings (a flag it lacks, a dtype it does not take); the
+                                  row is `unsupported` with that reason, never skipped
+    stepper(optimizer, init, hp, flags, dtype) -> Stepper
+
+`optimizer` is "sgd", "adam" or "adamw"; `init` maps parameter names (w0, w1, ...) to arrays
+in the dtype ("f32", "f64", ...); `hp` holds flat hyperparameters (lr, beta1, beta2, eps,
+weight_decay; or lr, momentum, dampening, weight_decay) and `flags` the flags (amsgrad,
+maximize; nesterov, maximize), all as torch.optim means them. A Stepper has:
+
+    step(grads)                   one update with these gradients (name -> array in the
+                                  dtype); the first call is step 1
+    snapshot() -> dict            the parameters (name -> array) and the state it exposes,
+                                  named as torch.optim's state: `w0.exp_avg`,
+                                  `w0.exp_avg_sq`, `w0.max_exp_avg_sq`,
+                                  `w0.momentum_buffer`, `w0.step`; optcheck compares every
+                                  name it is given, in float64
+
+An adapter whose code may abort the process would set `isolated`; the built-in ones do not.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from checkkit.loading import AdapterError  # noqa: F401  (the adapter API's error, here too)
+
+RULES = ("sgd", "adam", "adamw")
+
+
+@runtime_checkable
+class Stepper(Protocol):
+    def step(self, grads: dict) -> None:
+        """One update with these gradients."""
+
+    def snapshot(self) -> dict:
+        """Parameters and exposed state, by name (module doc)."""
+
+
+@runtime_checkable
+class OptimizerAdapter(Protocol):
+    name: str
+
+    def describe(self) -> str:
+        """The implementation and its version, e.g. 'torch 2.13.0 (foreach)'."""
+
+    def unsupported(self, optimizer: str, dtype: str, hp: dict, flags: dict) -> str | None:
+        """Why this rule, dtype and settings cannot run here (None: they can)."""
+
+    def stepper(self, optimizer: str, init: dict, hp: dict, flags: dict,
+                dtype: str) -> Stepper:
+        """A fresh optimizer over parameters initialised from `init`."""
