@@ -32,15 +32,13 @@ from checkkit.interrupted import (
     signal_word,
     sigterm_interrupts,
 )
-from checkkit.usage import warning_line  # both: the standard library only
+from checkkit.usage import format_warnings_as  # the standard library only
 
 
 def one_line_warnings(tool: str) -> None:
-    """Every warning from now on as warning_line(tool, ...) on stderr."""
-    def formatwarning(message, category, filename, lineno, line=None):
-        return warning_line(tool, message, category) + "\n"
-
-    warnings.formatwarning = formatwarning
+    """Every warning from now on as warning_line(tool, ...) on stderr (the bad-setting one
+    left to the command line, which refuses it in a line of its own)."""
+    format_warnings_as(tool)
     warnings.filterwarnings("ignore", message="GRADVERIFY_(THREADS|PARALLEL) must")
 
 

@@ -50,13 +50,6 @@ def refused(tool: str, problem: str | None) -> bool:
     return bool(problem)
 
 
-def environment_problem() -> str | None:
-    """What makes the engine's settings from the environment unusable (GRADVERIFY_THREADS,
-    ...), None when nothing does."""
-    from engine.backends.cpu.threads import environment_problem as problem
-    return problem()
-
-
 def rows_of(request, plan, args, run_plan) -> list:
     """The rows of `request`: `run_plan(request, plan, progress)` in this process, or its
     jobs as pytest items on --workers N processes (checkkit.distributed), finished by the

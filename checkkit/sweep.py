@@ -179,11 +179,8 @@ def _one_line_warnings(tool: str) -> None:
     loading the engine while the items are made, as the tools print them: one line,
     `TOOL: warning: ...` (checkkit.usage.warning_line). Those raised while an item runs
     are pytest's to record (the CLIs' --workers prints them, _Collect)."""
-    import warnings
-
-    from checkkit.usage import warning_line
-    warnings.formatwarning = (lambda message, category, filename, lineno, line=None:
-                              warning_line(tool, message, category) + "\n")
+    from checkkit.usage import format_warnings_as
+    format_warnings_as(tool)
 
 
 def _worker_numba_cache(worker: str) -> None:

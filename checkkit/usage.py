@@ -35,6 +35,13 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def format_warnings_as(tool: str) -> None:
+    """Every warning from now on printed as warning_line(tool, ...), one line."""
+    import warnings
+    warnings.formatwarning = (lambda message, category, filename, lineno, line=None:
+                              warning_line(tool, message, category) + "\n")
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, except that a usage error is one line, `PROG: error: MESSAGE (see
     PROG --help)`, and exit status 2: argparse's own prints the whole usage block first,

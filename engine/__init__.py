@@ -10,6 +10,7 @@ Importing it loads every op module of engine/ops, which registers its ops (engin
     x.set(engine.init.normal((3, 4), seed=0)); g.compute(); grads[x].numpy()
 """
 
+import functools as _functools
 from importlib import metadata as _metadata
 
 from engine import init, ops, optim
@@ -27,15 +28,20 @@ from engine.planner import Plan
 from engine.registry import OPS, all_ops, get_op
 from engine.tensor import Flag, Tensor, constant, input_tensor, new_tensor, param
 
-try:
-    __version__ = _metadata.version("gradverify")
-except _metadata.PackageNotFoundError:      # run from a source tree that is not installed
-    __version__ = "unknown"
+
+@_functools.cache
+def _version() -> str:
+    """The installed distribution's version (looked up once, when a report first asks: not
+    at every import of the engine)."""
+    try:
+        return _metadata.version("gradverify")
+    except _metadata.PackageNotFoundError:      # run from a source tree that is not installed
+        return "unknown"
 
 
 def describe(backend: str = "cpu") -> str:
     """The engine and its version on `backend`, as the checkers' reports name it."""
-    return f"engine {__version__} ({backend} backend)"
+    return f"engine {_version()} ({backend} backend)"
 
 
 __all__ = ["BackendError", "DTypeError", "EngineError", "Flag", "Graph", "OPS", "ParamError",

@@ -31,17 +31,17 @@ from checkkit.loading import AdapterError
 from checkkit.options import (
     add_report_options,
     argv_of,
-    environment_problem,
     refused,
     rows_of,
 )
 from checkkit.usage import ArgumentParser
 from checkkit.worker import DEFAULT_CASE_TIMEOUT
 from engine.backends import BACKENDS
+from engine.backends.cpu.threads import environment_problem
 from gradcheck.cotangents import TIERS
 from gradcheck.injection import describe_injections
 from gradcheck.modes import MODES
-from gradcheck.request import GradcheckRequest, run_plan
+from gradcheck.request import COVERAGE_AS_IS, GradcheckRequest, run_plan
 from gradcheck.runner import DTYPES, list_ops
 from reports import emit, first_unwritable
 
@@ -127,7 +127,7 @@ def _workers_problem(args) -> str | None:
     if args.workers is None:
         return None
     if args.coverage:
-        return "--coverage runs the registry's cases as they are: no --random, -k or --workers"
+        return COVERAGE_AS_IS
     if args.self_test or args.repro is not None:
         return "--workers applies to --op and --all, not to --self-test or --repro"
     return None

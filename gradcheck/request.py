@@ -34,6 +34,7 @@ from checkkit.worker import DEFAULT_CASE_TIMEOUT
 MAX_RANDOM = 10_000
 # ggml's GGML_MAX_N_THREADS: the most threads its compute takes
 MAX_GGML_THREADS = 512
+COVERAGE_AS_IS = "--coverage runs the registry's cases as they are: no --random, -k or --workers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ class GradcheckRequest(Request):
             return (f"{flag('ggml_threads')} must lie in [1, {MAX_GGML_THREADS}], got "
                     f"{self.ggml_threads}")
         if self.coverage and (self.random or self.filter):
-            return "--coverage runs the registry's cases as they are: no --random, -k or --workers"
+            return COVERAGE_AS_IS
         for name, why in (("inject", "injected bugs patch our engine's backward rules"),
                           ("backend", "backends are our engine's"),
                           ("self_test", "the self-test injects bugs into our engine")):

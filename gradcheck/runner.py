@@ -90,7 +90,8 @@ def run_checks(samples, engine=None, *, mode: str = "auto", use_torch: bool = Tr
     (gradcheck.forward_only: ggml's flash attention) add their rows after the case's."""
     engine, own = EngineUnderTest.of(engine)
     try:
-        jobs = [(s, running, local) for s in samples for running, local in engine.pairs()]
+        pairs = engine.pairs()
+        jobs = [(s, running, local) for s in samples for running, local in pairs]
         results = []
         try:
             with tqdm(jobs, desc="gradcheck", unit="case", disable=not progress,

@@ -25,6 +25,7 @@ from checkkit.sweep import RowsFailed
 from optcheck.adapters.numpy_adapter import NumpyUpdate
 from optcheck.numpy_optimizers import FLAG_NAMES
 from optcheck.runner import ADAPTER_FAMILIES, run_family
+from optcheck.torch_trajectories import scenario_of
 from reports.record import Result
 
 DEFAULTS = {"sgd": {"momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0},
@@ -46,12 +47,9 @@ def flat_settings(rule: str, hparams: dict) -> tuple[dict, dict]:
                          f"{', '.join(sorted(known))}")
     if "lr" not in hparams:
         raise ValueError(f"hparams must give lr, got {sorted(hparams)}")
-    given = {**DEFAULTS[rule], **hparams}
-    hp = {k: float(v) for k, v in given.items() if k not in FLAG_NAMES[rule] and k != "betas"}
-    if "betas" in given:
-        hp["beta1"], hp["beta2"] = (float(b) for b in given["betas"])
-    flags = {f: bool(given.get(f, False)) for f in FLAG_NAMES[rule]}
-    return hp, flags
+    user = scenario_of("user", {**DEFAULTS[rule], **dict.fromkeys(FLAG_NAMES[rule], False),
+                                **hparams})
+    return user.hp, user.flags
 
 
 def check_optimizer(init, update, rule: str = "adamw", hparams: dict | None = None, *,

@@ -22,12 +22,12 @@ from checkkit.jobs import UsageProblem
 from checkkit.options import (
     add_report_options,
     argv_of,
-    environment_problem,
     refused,
     rows_of,
 )
 from checkkit.usage import ArgumentParser
 from engine.backends import BACKENDS
+from engine.backends.cpu.threads import environment_problem
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES
 from optcheck.request import FLAG_FIELDS, HP_FIELDS, OptcheckRequest, run_plan
 from optcheck.runner import FAMILIES

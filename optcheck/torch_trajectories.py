@@ -146,7 +146,8 @@ class Scenario:
         return f"{self.check}(" + ",".join(parts) + ")"
 
 
-def _scenario(check: str, row: dict, schedule=None) -> Scenario:
+def scenario_of(check: str, row: dict, schedule=None) -> Scenario:
+    """The Scenario of a row of settings as torch names them (betas, flags among them)."""
     hp = {k: float(v) for k, v in row.items() if k not in FLAGS and k != "betas"}
     if "betas" in row:
         hp = {"lr": hp.pop("lr"), "beta1": float(row["betas"][0]),
@@ -158,9 +159,9 @@ def _scenario(check: str, row: dict, schedule=None) -> Scenario:
 def scenarios(optimizer: str, steps: int) -> list[Scenario]:
     """The grid rows of `optimizer`, then one row per learning-rate schedule."""
     valid = _sgd_valid if optimizer == "sgd" else (lambda row: True)
-    rows = [_scenario("grid", row) for row in pairwise_grid(GRID_FACTORS[optimizer], valid)]
+    rows = [scenario_of("grid", row) for row in pairwise_grid(GRID_FACTORS[optimizer], valid)]
     for name, args in SCHEDULES.items():
-        rows.append(_scenario(f"schedule_{name}", SCHEDULE_BASE[optimizer],
+        rows.append(scenario_of(f"schedule_{name}", SCHEDULE_BASE[optimizer],
                               (name, args(steps))))
     return rows
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.tensor import DTYPES
 from optcheck.adapters.base import RULES
+from optcheck.harness import to_engine_kwargs
 
 STATE_NAMES = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
 
@@ -30,18 +31,10 @@ class UpdateError(ValueError):
     """What the user's update handed back is not what it must be."""
 
 
-def torch_hparams(optimizer: str, hp: dict, flags: dict) -> dict:
-    """Flat hyperparameters and flags (beta1/beta2) as torch.optim names them (betas)."""
-    out = {k: v for k, v in hp.items() if k not in ("beta1", "beta2")}
-    if optimizer != "sgd":
-        out["betas"] = (hp["beta1"], hp["beta2"])
-    return {**out, **flags}
-
-
 class _NumpyStepper:
     def __init__(self, adapter, optimizer, init, hp, flags, dtype):
         self.update, self.dtype = adapter.update, DTYPES[dtype]
-        self.hparams = torch_hparams(optimizer, hp, flags)
+        self.hparams = to_engine_kwargs(optimizer, hp, flags)   # torch's names: betas
         self.params = {k: np.array(v, self.dtype) for k, v in init.items()}
         self.state = adapter.init({k: v.copy() for k, v in self.params.items()})
         self.t = 0

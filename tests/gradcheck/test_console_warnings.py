@@ -118,7 +118,7 @@ def test_warnings_before_main_runs_are_one_line_with_the_commands_name(tool):
 
 
 def test_warning_line_keeps_an_informative_category_only():
-    from checkkit.console import warning_line
+    from checkkit.usage import warning_line
     from engine.backends.cpu.environment import SettingWarning
     assert warning_line("optcheck", "x\n  y", RuntimeWarning) == \
         "optcheck: warning: RuntimeWarning: x y"

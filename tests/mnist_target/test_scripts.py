@@ -8,20 +8,13 @@ import importlib
 import importlib.metadata
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from mnist_target import cli
+from tests.console_scripts import declared_scripts
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 SCRIPTS = {"mnist-train": "train", "mnist-eval": "eval", "mnist-regress": "regress"}
-
-
-def declared_scripts() -> dict[str, str]:
-    """[project.scripts] of pyproject.toml: name -> "module:function"."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    return tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["scripts"]
 
 
 def test_declared_mnist_scripts_exist_and_are_importable(monkeypatch):
