@@ -42,7 +42,7 @@ from engine.hyperparams import (
 SgdScalars = collections.namedtuple(
     "SgdScalars", ["neg_lr", "momentum", "keep", "weight_decay", "use_wd", "use_momentum"])
 AdamScalars = collections.namedtuple(
-    "AdamScalars", ["neg_step_size", "bc2_sqrt", "decay", "use_l2", "l2", "w1", "lerp_low",
+    "AdamScalars", ["neg_step_size", "bc2_sqrt", "neg_decay", "use_l2", "l2", "w1", "lerp_low",
                     "beta2", "w2", "eps"])
 
 
@@ -59,14 +59,14 @@ def adam_scalars(lr, beta1, beta2, eps, weight_decay, n, decoupled):
     """Adam's (decoupled False) or AdamW's (True) scalars of step n (float64):
 
         neg_step_size = -lr / (1 - b1^n),   bc2_sqrt = sqrt(1 - b2^n)
-        decay = 1 - lr wd for AdamW, 1 for Adam (an unconditional multiply: a branch on it
-            kept LLVM from vectorising the CPU loop, 4-5x slower)
+        neg_decay = -lr wd for AdamW, 0 for Adam (an unconditional multiply-add: a branch
+            on it kept LLVM from vectorising the CPU loop, 4-5x slower)
         use_l2 = Adam with wd != 0, l2 = wd
         w1 = 1 - b1, lerp_low = w1 < 0.5 (which of its two forms torch's lerp takes)
         beta2 = b2, w2 = 1 - b2, eps
     """
     return AdamScalars(-lr / (1.0 - beta1 ** n), math.sqrt(1.0 - beta2 ** n),
-                       1.0 - lr * weight_decay if decoupled else 1.0,
+                       -lr * weight_decay if decoupled else 0.0,
                        (not decoupled) and weight_decay != 0.0, weight_decay, 1.0 - beta1,
                        (1.0 - beta1) < 0.5, beta2, 1.0 - beta2, eps)
 
@@ -103,10 +103,14 @@ def sgd_element(x, g, b, first, s, nesterov, maximize):
 @scalar_math
 def adam_element(x, g, m, v, vmax, s, amsgrad, maximize):
     """One Adam/AdamW element, `s` = adam_scalars(...): (new param, m, v, max v), in torch's
-    operation order (lerp form, addcdiv order), in x's dtype."""
+    operation order (lerp form, addcdiv order), in x's dtype, but for AdamW's decoupled
+    decay: torch multiplies the parameter by 1 - lr wd first, which in float32 rounds to 1
+    when lr wd < 2^-25 (lr 1e-4, wd 1e-5) and so decays nothing (pytorch/pytorch#64475);
+    here the decay -lr wd x joins the step before the one rounding of the new parameter, so
+    it acts however small it is (optcheck's known-bugs family, decay_rounding)."""
     t = type(x)
     d = -g if maximize else g
-    x = x * t(s.decay)
+    decay = t(s.neg_decay) * x
     if s.use_l2:
         d = d + t(s.l2) * x
     # m.lerp_(d, 1 - b1), in the two forms torch's lerp uses
@@ -117,5 +121,5 @@ def adam_element(x, g, m, v, vmax, s, amsgrad, maximize):
         vmax = v
     denom_v = vmax if amsgrad else v
     # torch's addcdiv order: (value * m) / denom
-    return (x + (t(s.neg_step_size) * m) / (math.sqrt(denom_v) / t(s.bc2_sqrt) + t(s.eps)),
-            m, v, vmax)
+    step = (t(s.neg_step_size) * m) / (math.sqrt(denom_v) / t(s.bc2_sqrt) + t(s.eps))
+    return x + (step + decay), m, v, vmax

@@ -262,8 +262,11 @@ class Adam(Optimizer):
 
 class AdamW(Adam):
     """AdamW (Loshchilov & Hutter 2019): Adam with decoupled weight decay, as
-    torch.optim.AdamW and ggml's OPT_STEP_ADAMW: p <- (1 - lr wd) p before the Adam update,
-    and no L2 term in the gradient. Default weight decay 0.01, as torch's."""
+    torch.optim.AdamW and ggml's OPT_STEP_ADAMW: p <- p - lr wd p - lr * (Adam's step), and
+    no L2 term in the gradient. The decay joins the step before the parameter is rounded
+    (torch multiplies by 1 - lr wd first, which float32 rounds to 1 when lr wd is below
+    2^-25, so that its decay does nothing; engine.backends.optim_math.adam_element).
+    Default weight decay 0.01, as torch's."""
 
     name, op = "adamw", "adamw_step"
     DEFAULT_WEIGHT_DECAY = 1e-2

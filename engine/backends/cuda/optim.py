@@ -69,7 +69,7 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
     (torch.optim.Adam / AdamW), n = step[0] + 1:
 
         d = -g if maximize else g
-        AdamW: p = (1 - lr wd) p          Adam: d += wd p
+        AdamW: p = p - lr wd p (in the one rounding of the update)   Adam: d += wd p
         m = m + (1 - b1)(d - m);   v = b2 v + (1 - b2) d^2;   vmax = max(vmax, v)
         p = p - lr / (1 - b1^n) * m / (sqrt(v or vmax) / sqrt(1 - b2^n) + eps)
     """
