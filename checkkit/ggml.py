@@ -62,6 +62,16 @@ class GgmlTensor(ctypes.Structure):
                 ("padding", c_char * 8)]
 
 
+class Cplan(ctypes.Structure):
+    """struct ggml_cplan (ggml-cpu.h): ggml_graph_plan returns it by value; the caller sets
+    work_data to a buffer of work_size bytes (or NULL when 0) before ggml_graph_compute, so a
+    graph computed again and again needs no context memory per compute (as
+    ggml_graph_compute_with_ctx takes)."""
+    _fields_ = [("work_size", c_size_t), ("work_data", c_void_p), ("n_threads", c_int),
+                ("threadpool", c_void_p), ("abort_callback", c_void_p),
+                ("abort_callback_data", c_void_p), ("use_ref", c_bool)]
+
+
 P, I64 = c_void_p, c_int64
 _UNARY = ("sqr", "sqrt", "log", "sin", "cos", "abs", "sgn", "neg", "step", "relu", "silu",
           "exp", "expm1", "softplus", "gelu_quick", "sum", "sum_rows", "mean", "cont",
@@ -121,10 +131,17 @@ SIGNATURES: dict[str, dict[str, tuple]] = {
                             c_int]),
         "ggml_conv_2d": (P, [P, P, P, c_int, c_int, c_int, c_int, c_int, c_int]),
         "ggml_pool_2d": (P, [P, P, c_int, c_int, c_int, c_int, c_int, c_float, c_float]),
+        # the optimizer steps (optcheck's ggml adapter): a, grad, m, v, adamw_params (7 f32:
+        # alpha, beta1, beta2, eps, wd, beta1h, beta2h); a, grad, sgd_params (2 f32: alpha,
+        # wd). `a` must be a param; the result is `a` updated in place
+        "ggml_opt_step_adamw": (P, [P, P, P, P, P, P]),
+        "ggml_opt_step_sgd": (P, [P, P, P, P]),
     },
     CPU: {
         "ggml_cpu_init": (None, []),
         "ggml_graph_compute_with_ctx": (c_int, [P, P, c_int]),
+        "ggml_graph_plan": (Cplan, [P, c_int, P]),
+        "ggml_graph_compute": (c_int, [P, POINTER(Cplan)]),
     },
 }
 

@@ -107,6 +107,17 @@ class EngineStepper:
         snap.update({k: v.astype(np.float64) for k, v in self.opt.state_arrays().items()})
         return snap
 
+    def save(self) -> dict:
+        """Copies of the parameters and of every state tensor (the step count among them)."""
+        return {"params": {k: p.numpy() for k, p in self.params.items()},
+                "state": self.opt.state_arrays()}
+
+    def restore(self, saved: dict) -> None:
+        """Continue from `save()`'s copies."""
+        for k, p in self.params.items():
+            p.set(saved["params"][k])
+        self.opt.load_state_arrays(saved["state"])
+
 
 @dataclasses.dataclass
 class Comparison:
@@ -118,6 +129,7 @@ class Comparison:
     first_step: int | None = None
     first_tensor: str | None = None
     first_err: float | None = None
+    first_what: str = ""        # what was wrong, where not an error's size (NaN, shape)
     compared: int = 0
 
     @property
@@ -132,7 +144,7 @@ class Comparison:
             w = np.asarray(want[name], np.float64)
             g = np.asarray(got[name], np.float64)
             if g.shape != w.shape:
-                self._first(step, name, float("inf"))
+                self._first(step, name, float("inf"), f"shape {g.shape}, expected {w.shape}")
                 continue
             self.compared += 1
             err = np.abs(g - w)
@@ -148,17 +160,23 @@ class Comparison:
             over = finite & (err > atol * scale + rtol * np.abs(w))
             if bad_nan.any() or over.any():
                 worst = float("inf") if bad_nan.any() else float(err[over].max())
-                self._first(step, name, worst)
+                what = ""
+                if bad_nan.any():
+                    kinds = sorted({"NaN" if np.isnan(x) else "inf" for x in g[bad_nan]})
+                    what = f"{' and '.join(kinds)} where the reference has " + \
+                        ("finite values" if np.isfinite(w[bad_nan]).all() else "others")
+                self._first(step, name, worst, what)
 
-    def _first(self, step, name, err):
+    def _first(self, step, name, err, what=""):
         if self.first_step is None:
             self.first_step, self.first_tensor, self.first_err = step, name, err
+            self.first_what = what
 
     def describe(self) -> str:
         if self.ok:
             return ""
-        return (f"first diverged at step {self.first_step} in {self.first_tensor} "
-                f"(|error| {self.first_err:.3g})")
+        detail = self.first_what or f"|error| {self.first_err:.3g}"
+        return f"first diverged at step {self.first_step} in {self.first_tensor} ({detail})"
 
 
 def result(optimizer: str, family: str, check: str, case: str, dtype: str, backend: str,
@@ -181,3 +199,10 @@ def result(optimizer: str, family: str, check: str, case: str, dtype: str, backe
     return Result("optcheck", f"{optimizer}: {case}", status, m, message,
                   {"optimizer": optimizer, "family": family, "check": check,
                    "backend": backend, "dtype": dtype})
+
+
+def status_of(exc: BaseException) -> str:
+    """The status of a row whose run raised `exc`: "crash" when the optimizer's worker
+    process died or hung (checkkit.worker.WorkerCrash: an abort in C code), else "error"."""
+    from checkkit.worker import WorkerCrash
+    return "crash" if isinstance(exc, WorkerCrash) else "error"

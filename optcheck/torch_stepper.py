@@ -44,25 +44,57 @@ class TorchStepper:
         self.torch = torch
         self.round_to = None if round_to is None else _torch_dtype(torch, round_to)
         self.params = {}
-        for k, v in init.items():
-            # through float64 (exact for every float dtype): torch takes no ml_dtypes array
-            t = torch.tensor(np.asarray(v, np.float64))
-            t = t.to(_torch_dtype(torch, dtype) if dtype else _numpy_torch_dtype(torch, v))
-            self.params[k] = t.requires_grad_(True)
-        if optimizer == "sgd":
-            cls, kw = torch.optim.SGD, dict(momentum=hp["momentum"], dampening=hp["dampening"],
-                                             nesterov=flags["nesterov"])
-        else:
-            cls = torch.optim.Adam if optimizer == "adam" else torch.optim.AdamW
-            kw = dict(betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"],
-                      amsgrad=flags["amsgrad"])
-        kw.update(IMPLEMENTATIONS[implementation])
-        self.opt = cls(list(self.params.values()), lr=hp["lr"], weight_decay=hp["weight_decay"],
-                       maximize=flags["maximize"], **kw)
+        self._build(optimizer, [(init, hp, flags, dtype)], implementation)
         self.scheduler = None
         if schedule is not None:
             self.scheduler = _torch_scheduler(torch, self.opt, hp["lr"], *schedule)
         self.steps_taken = 0
+
+    def _build(self, optimizer, groups, implementation) -> None:
+        """The torch optimizer over `groups` ((init, hp, flags, dtype or None) each, one
+        param group apiece), with the implementation's constructor options."""
+        torch = self.torch
+        param_groups = []
+        for init, hp, flags, dtype in groups:
+            tensors = []
+            for k, v in init.items():
+                # through float64 (exact for every float dtype): torch takes no ml_dtypes array
+                t = torch.tensor(np.asarray(v, np.float64))
+                t = t.to(_torch_dtype(torch, dtype) if dtype else _numpy_torch_dtype(torch, v))
+                self.params[k] = t.requires_grad_(True)
+                tensors.append(t)
+            param_groups.append({"params": tensors, **group_options(optimizer, hp, flags)})
+        cls = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam,
+               "adamw": torch.optim.AdamW}[optimizer]
+        self.opt = cls(param_groups, **IMPLEMENTATIONS[implementation])
+
+    @classmethod
+    def grouped(cls, optimizer: str, groups, implementation: str = "for-loop") -> TorchStepper:
+        """One torch optimizer over several param groups (optcheck.adapters.base.Group: each
+        its own parameters, hyperparameters, flags and dtype)."""
+        import torch
+
+        self = cls.__new__(cls)
+        self.torch, self.round_to, self.params = torch, None, {}
+        self._build(optimizer, [(g.init, g.hp, g.flags, g.dtype) for g in groups],
+                    implementation)
+        self.scheduler, self.steps_taken = None, 0
+        return self
+
+    def save(self) -> dict:
+        """Copies of the parameters, torch's state dict and the step count."""
+        import copy
+        return {"params": {k: p.detach().clone() for k, p in self.params.items()},
+                "state": copy.deepcopy(self.opt.state_dict()), "steps": self.steps_taken}
+
+    def restore(self, saved: dict) -> None:
+        """Continue from `save()`'s copies (torch's load_state_dict)."""
+        import copy
+        with self.torch.no_grad():
+            for k, p in self.params.items():
+                p.copy_(saved["params"][k])
+        self.opt.load_state_dict(copy.deepcopy(saved["state"]))
+        self.steps_taken = saved["steps"]
 
     @property
     def lr(self) -> float:
@@ -89,11 +121,13 @@ class TorchStepper:
     def snapshot(self, state_names) -> dict:
         """Parameters and the state named as the engine names it; state torch keeps no
         tensor for (SGD's step, its momentum buffer when momentum = 0) reads as the engine
-        holds it: the step count, and zeros."""
+        holds it: the step count, and zeros. `state_names`: the names, or a dict from each
+        parameter to its names (param groups with different flags)."""
         snap = self.numpy_params()
         for k, p in self.params.items():
             state = self.opt.state.get(p, {})
-            for name in state_names:
+            names = state_names[k] if isinstance(state_names, dict) else state_names
+            for name in names:
                 if name == "step" and "step" not in state:
                     snap[f"{k}.step"] = np.array([float(self.steps_taken)])
                 elif name == "step":
@@ -102,10 +136,20 @@ class TorchStepper:
                     snap[f"{k}.{name}"] = np.zeros(p.shape)
                 else:
                     snap[f"{k}.{name}"] = _float64(state[name])
-            extra = sorted(set(state) - set(state_names))
+            extra = sorted(set(state) - set(names))
             if extra:
                 raise RuntimeError(f"torch keeps state {extra} for {k} that the engine lacks")
         return snap
+
+
+def group_options(optimizer: str, hp: dict, flags: dict) -> dict:
+    """torch.optim's options of one param group of `optimizer` from flat `hp` and `flags`."""
+    if optimizer == "sgd":
+        kw = dict(momentum=hp["momentum"], dampening=hp["dampening"],
+                  nesterov=flags["nesterov"])
+    else:
+        kw = dict(betas=(hp["beta1"], hp["beta2"]), eps=hp["eps"], amsgrad=flags["amsgrad"])
+    return dict(lr=hp["lr"], weight_decay=hp["weight_decay"], maximize=flags["maximize"], **kw)
 
 
 def _torch_dtype(torch, name: str):

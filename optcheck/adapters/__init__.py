@@ -5,6 +5,11 @@
     torch-foreach      torch.optim, foreach implementation
     torch-fused        torch.optim, fused implementation (where the installed torch has it
                        on the CPU; otherwise every row says so, unsupported)
+    ggml               ggml's ggml_opt_step_adamw and ggml_opt_step_sgd (GgmlOptimizer;
+                       options: lib_dir, n_threads), stepped in a worker process
+    optax              optax's sgd, adam, adamw and amsgrad on jax's CPU, with torch.optim's
+                       settings mapped onto chains of optax transforms (OptaxOptimizer; the
+                       extra: pip install 'gradverify[optax]')
     module:attribute   your own adapter: a class or factory called with the options, or an
                        adapter object (see optcheck.adapters.base)
 
@@ -27,6 +32,8 @@ ENGINES = {
     "torch": ("optcheck.adapters.torch_adapter", "TorchForLoop"),
     "torch-foreach": ("optcheck.adapters.torch_adapter", "TorchForeach"),
     "torch-fused": ("optcheck.adapters.torch_adapter", "TorchFused"),
+    "ggml": ("optcheck.adapters.ggml_adapter", "GgmlOptimizer"),
+    "optax": ("optcheck.adapters.optax_adapter", "OptaxOptimizer"),
 }
 # what an adapter must have; the last one tells an adapter object from its factory
 REQUIRED = ("name", "describe", "unsupported", "stepper")

@@ -25,16 +25,42 @@ maximize; nesterov, maximize), all as torch.optim means them. A Stepper has:
                                   `w0.momentum_buffer`, `w0.step`; optcheck compares every
                                   name it is given, in float64
 
-An adapter whose code may abort the process would set `isolated`; the built-in ones do not.
+Optional, where the implementation has them (a combination an adapter lacks is an
+`unsupported` row that says so, never a skipped one):
+
+    grouped_stepper(optimizer, groups) -> Stepper
+                                  one optimizer over several param groups (a list of Group:
+                                  each its own parameters, hyperparameters, flags and
+                                  dtype; parameter names are distinct across groups); its
+                                  snapshot names every group's tensors as above
+    Stepper.save() -> object      everything needed to resume (parameters, state, step
+                                  count), as an independent copy
+    Stepper.restore(saved)        on a fresh stepper made with the same arguments: continue
+                                  exactly where the saved one was
+
+An adapter whose code may abort the process sets `isolated = True` (ggml's does): optcheck
+then steps it in a worker process, where an abort is a `crash` row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol, runtime_checkable
 
 from checkkit.loading import AdapterError  # noqa: F401  (the adapter API's error, here too)
 
 RULES = ("sgd", "adam", "adamw")
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One param group: its parameters (name -> array in `dtype`), flat hyperparameters and
+    flags (as for `stepper`) and its dtype ("f32", "f64", ...)."""
+
+    init: dict
+    hp: dict
+    flags: dict
+    dtype: str
 
 
 @runtime_checkable

@@ -64,6 +64,16 @@ class _NumpyStepper:
             out[k] = new.copy()
         return out
 
+    def save(self):
+        """Copies of the parameters, the user's state and the step count: the state must
+        hold everything the update needs (nothing kept in a closure or a global)."""
+        import copy
+        return copy.deepcopy((self.params, self.state, self.t))
+
+    def restore(self, saved) -> None:
+        import copy
+        self.params, self.state, self.t = copy.deepcopy(saved)
+
     def snapshot(self) -> dict:
         snap = {k: v.astype(np.float64) for k, v in self.params.items()}
         if isinstance(self.state, dict):

@@ -14,21 +14,32 @@ STATE = {"sgd": ("momentum_buffer",), "adam": ("step", "exp_avg", "exp_avg_sq"),
          "adamw": ("step", "exp_avg", "exp_avg_sq")}
 
 
-class _TorchStepper:
-    """TorchStepper with the Stepper interface: snapshots of the state torch keeps."""
+def state_names(optimizer: str, flags: dict) -> tuple[str, ...]:
+    """The state torch.optim keeps for a parameter of `optimizer` with these flags."""
+    names = STATE[optimizer]
+    if optimizer != "sgd" and flags.get("amsgrad"):
+        names = (*names, "max_exp_avg_sq")
+    return names
 
-    def __init__(self, optimizer, init, hp, flags, dtype, implementation):
-        self.side = TorchStepper(optimizer, init, hp, flags, implementation=implementation)
-        names = STATE[optimizer]
-        if optimizer != "sgd" and flags.get("amsgrad"):
-            names = (*names, "max_exp_avg_sq")
-        self.names = names
+
+class _TorchStepper:
+    """TorchStepper with the Stepper interface: snapshots of the state torch keeps, save and
+    restore through torch's state dict."""
+
+    def __init__(self, side: TorchStepper, names: dict):
+        self.side, self.names = side, names     # parameter -> its state names
 
     def step(self, grads: dict) -> None:
         self.side.step(grads)
 
     def snapshot(self) -> dict:
         return self.side.snapshot(self.names)
+
+    def save(self) -> dict:
+        return self.side.save()
+
+    def restore(self, saved) -> None:
+        self.side.restore(saved)
 
 
 class TorchOptimizer:
@@ -51,7 +62,7 @@ class TorchOptimizer:
         import numpy as np
         probe = {"w0": np.zeros(1, np.float64 if dtype == "f64" else np.float32)}
         try:
-            stepper = _TorchStepper(optimizer, probe, hp, flags, dtype, self.implementation)
+            stepper = self.stepper(optimizer, probe, hp, flags, dtype)
             stepper.step({"w0": np.ones(1, probe["w0"].dtype)})
         except (RuntimeError, ValueError, TypeError) as exc:
             return (f"torch {self.torch.__version__} has no {self.implementation} "
@@ -59,7 +70,14 @@ class TorchOptimizer:
         return None
 
     def stepper(self, optimizer, init, hp, flags, dtype):
-        return _TorchStepper(optimizer, init, hp, flags, dtype, self.implementation)
+        side = TorchStepper(optimizer, init, hp, flags, dtype=dtype,
+                            implementation=self.implementation)
+        return _TorchStepper(side, dict.fromkeys(init, state_names(optimizer, flags)))
+
+    def grouped_stepper(self, optimizer, groups):
+        side = TorchStepper.grouped(optimizer, groups, self.implementation)
+        return _TorchStepper(side, {k: state_names(optimizer, g.flags)
+                                    for g in groups for k in g.init})
 
 
 class TorchForLoop(TorchOptimizer):
