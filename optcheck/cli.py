@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="optimizer to check (repeatable; 'all' for every one)")
     p.add_argument("--family", action="append", choices=[*FAMILIES, "all"],
                    help="check family (repeatable; default all): closed-form scenarios, "
-                        "torch.optim trajectories over a hyperparameter grid, invariants")
+                        "torch.optim trajectories over a hyperparameter grid, invariants, "
+                        "16-bit precision, the float64 reference, cases made from known "
+                        "optimizer bugs")
     p.add_argument("--dtype", choices=[*DTYPES, "all"], default="all",
                    help="parameter dtype (default all)")
     p.add_argument("--steps", type=int, default=100, metavar="N",
@@ -64,8 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of initial parameters and data (default 0)")
     p.add_argument("--engine", default="engine", metavar="NAME",
                    help="optimizer under test: engine (ours, default), torch (torch.optim's "
-                        "for-loop implementation), torch-foreach, torch-fused, or "
-                        "module:attribute naming your own adapter (optcheck.adapters.base)")
+                        "for-loop implementation), torch-foreach, torch-fused, ggml (ggml's "
+                        "ggml_opt_step_adamw and ggml_opt_step_sgd), optax (the extra "
+                        "gradverify[optax]), or module:attribute naming your own adapter "
+                        "(optcheck.adapters.base)")
+    p.add_argument("--ggml-lib", metavar="DIR",
+                   help="with --engine ggml: load ggml's libraries from DIR (default: those "
+                        "of the libggml-python wheel)")
     p.add_argument("--self-test", action="store_true",
                    help="inject known bugs into the step kernels; each must be caught")
     hp = p.add_argument_group(
@@ -88,6 +95,7 @@ def request_of(args) -> OptcheckRequest:
     return OptcheckRequest(
         opt=tuple(args.opt or ()), family=tuple(args.family or ()), dtype=args.dtype,
         steps=args.steps, backend=args.backend, seed=args.seed, engine=args.engine,
+        ggml_lib=args.ggml_lib,
         self_test=args.self_test,
         betas=args.betas, **{k: getattr(args, k) for k in (*HP_FIELDS, *FLAG_FIELDS)})
 

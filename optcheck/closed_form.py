@@ -44,7 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from optcheck.closed_form_toy import toy_cases
-from optcheck.harness import EXACT, Comparison, result, tolerance
+from optcheck.harness import EXACT, Comparison, result, status_of, tolerance
 from optcheck.numpy_optimizers import FLAG_NAMES
 from reports.record import Result
 
@@ -95,10 +95,10 @@ def run(optimizer: str, dtype: str = "f64", backend: str = "cpu", steps: int = 1
         except Unsupported as exc:
             rows.append(result(optimizer, FAMILY, s.check, s.case, dtype, backend,
                                message=str(exc), status="unsupported"))
-        except Exception as exc:    # a scenario that cannot run is an error row, not a crash
+        except Exception as exc:    # a scenario that cannot run is a row, never raised
             row = result(optimizer, FAMILY, s.check, s.case, dtype, backend, ok=False,
                          message=f"{type(exc).__name__}: {exc}")
-            rows.append(dataclasses.replace(row, status="error"))
+            rows.append(dataclasses.replace(row, status=status_of(exc)))
     return rows
 
 

@@ -26,6 +26,11 @@ torch.optim as it is in d (state in d): its parameters' error (`native_err`) and
 
 The rows are the torch family's (its pairwise hyperparameter grid and its schedules).
 float64 is the truth itself: its rows skip.
+
+Any optimizer adapter (optcheck.adapters) takes the engine's place the same way, on the grid
+rows (an adapter takes no schedule), judged over the tensors its snapshot exposes: an
+implementation that keeps 16-bit moments for a 16-bit parameter (torch.optim's for-loop,
+optax#1552) errs far beyond torch with float32 state, and the row says so.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from checkkit.precision import FLOOR_ULPS, PRECISION_RATIO, magnitude, max_abs_e
 from engine.ops.optimizer_steps import state_dtype
 from engine.tensor import dtype_name
 from optcheck import harness
+from optcheck.adapters.torch_adapter import state_names as torch_state_names
 from optcheck.numpy_optimizers import NUMPY_OPTIMIZERS
 from optcheck.torch_stepper import TorchStepper
 from optcheck.torch_trajectories import (
@@ -95,11 +101,13 @@ def _rounded(grads: dict, np_dtype) -> dict:
 
 
 def measure(optimizer: str, scenario: Scenario, dtype: str, backend: str = "cpu",
-            steps: int = 100, seed: int = 0, native: bool = True) -> dict[str, TensorErrors]:
+            steps: int = 100, seed: int = 0, native: bool = True,
+            adapter=None) -> dict[str, TensorErrors]:
     """The errors of every parameter and state tensor (by name: `w0`, `w0.exp_avg`, ...) of
-    the engine, the reference and (`native`, 16-bit dtypes) torch.optim as it is, against the
-    float64 trajectory (module doc). The step counters are not judged: they must equal the
-    truth's exactly, or this raises."""
+    the engine (or of the optimizer adapter `adapter`: the tensors it exposes), the
+    reference and (`native`, 16-bit dtypes) torch.optim as it is, against the float64
+    trajectory (module doc). The step counters are not judged: they must equal the truth's
+    exactly, or this raises."""
     np_dtype = harness.DTYPE_OF[dtype]
     init64, offsets = initial_params(seed, "f64")
     init = {k: np.asarray(v).astype(np_dtype) for k, v in init64.items()}
@@ -107,8 +115,11 @@ def measure(optimizer: str, scenario: Scenario, dtype: str, backend: str = "cpu"
     init_fn, update_fn = NUMPY_OPTIMIZERS[optimizer]
     truth_state = {k: init_fn(p, scenario.hp, scenario.flags) for k, p in truth.items()}
     schedule = engine_schedule(scenario)
-    engine_side = harness.EngineStepper(optimizer, init, scenario.hp, scenario.flags, dtype,
-                                        backend, schedule)
+    if adapter is None:
+        engine_side = harness.EngineStepper(optimizer, init, scenario.hp, scenario.flags,
+                                            dtype, backend, schedule)
+    else:
+        engine_side = adapter.stepper(optimizer, init, scenario.hp, scenario.flags, dtype)
     ref = TorchStepper(optimizer, init, scenario.hp, scenario.flags, scenario.schedule,
                        dtype="f32", round_to=None if dtype == "f32" else dtype)
     as_is = (TorchStepper(optimizer, init, scenario.hp, scenario.flags, scenario.schedule)
@@ -127,17 +138,21 @@ def measure(optimizer: str, scenario: Scenario, dtype: str, backend: str = "cpu"
         if as_is is not None:
             as_is.step(grads)
         got = engine_side.snapshot()
-        if state_names is None:
-            state_names = sorted({k.split(".", 1)[1] for k in got if "." in k})
+        if state_names is None:     # what the side under test exposes, and all torch keeps
+            state_names = sorted({k.split(".", 1)[1] for k in got if "." in k}
+                                 | set(torch_state_names(optimizer, scenario.flags)))
         want = ref.snapshot(state_names)
         plain = as_is.snapshot(state_names) if as_is is not None else None
         for k in truth:
-            if float(got[f"{k}.step"][0]) != float(truth_state[k]["step"][0]):
+            if k not in got:
+                raise ValueError(f"the adapter's snapshot lacks the parameter {k}")
+            if f"{k}.step" in got and \
+                    float(got[f"{k}.step"][0]) != float(truth_state[k]["step"][0]):
                 raise RuntimeError(f"{k}.step is {got[f'{k}.step'][0]}, expected "
                                    f"{truth_state[k]['step'][0]}")
             names = [(k, truth[k], dtype)] + [
                 (f"{k}.{s}", v, dtype_name(state_dtype(np_dtype)))
-                for s, v in truth_state[k].items() if s != "step"]
+                for s, v in truth_state[k].items() if s != "step" and f"{k}.{s}" in got]
             for name, t, judged_in in names:
                 _, e, r, n, w = seen.setdefault(name, (judged_in, [], [], [], []))
                 e.append(got[name])
@@ -170,13 +185,16 @@ def verdict(errors: dict[str, TensorErrors], dtype: str) -> tuple[bool, dict, st
 
 
 def _row(optimizer: str, scenario: Scenario, dtype: str, backend: str, steps: int,
-         seed: int) -> Result:
+         seed: int, adapter=None) -> Result:
     label = dict(optimizer=optimizer, family=FAMILY, check=scenario.check,
                  case=str(scenario), dtype=dtype, backend=backend)
+    reason = adapter and adapter.unsupported(optimizer, dtype, scenario.hp, scenario.flags)
+    if reason:
+        return harness.result(**label, status="unsupported", message=reason, steps=steps)
     try:
-        errors = measure(optimizer, scenario, dtype, backend, steps, seed)
+        errors = measure(optimizer, scenario, dtype, backend, steps, seed, adapter=adapter)
     except Exception as exc:  # a row that cannot run is reported, never raised
-        return harness.result(**label, status="error",
+        return harness.result(**label, status=harness.status_of(exc),
                               message=f"{type(exc).__name__}: {exc}", steps=steps)
     ok, metrics, message = verdict(errors, dtype)
     return harness.result(**label, ok=ok, message=message, steps=steps, **metrics)
@@ -192,10 +210,11 @@ def _torch_missing(optimizer, check, dtype, backend) -> list[Result]:
 
 
 def run(optimizer: str, dtype: str = "bf16", backend: str = "cpu", steps: int = 100,
-        seed: int = 0) -> list[Result]:
+        seed: int = 0, adapter=None) -> list[Result]:
     """The precision family for one optimizer ('sgd', 'adam', 'adamw') and dtype ('f16',
-    'bf16', 'f32'): one Result per row of the torch family's grid and schedules. Without
-    torch: one "skip" Result."""
+    'bf16', 'f32'): one Result per row of the torch family's grid and schedules (an
+    optimizer adapter, which takes no schedule: the grid rows). Without torch: one "skip"
+    Result."""
     if optimizer not in NUMPY_OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(NUMPY_OPTIMIZERS)}")
     if skip_reason(dtype):
@@ -205,7 +224,8 @@ def run(optimizer: str, dtype: str = "bf16", backend: str = "cpu", steps: int = 
     missing = _torch_missing(optimizer, "torch_available", dtype, backend)
     if missing:
         return missing
-    return [_row(optimizer, s, dtype, backend, steps, seed) for s in scenarios(optimizer, steps)]
+    return [_row(optimizer, s, dtype, backend, steps, seed, adapter)
+            for s in scenarios(optimizer, steps) if adapter is None or s.schedule is None]
 
 
 def run_config(optimizer: str, hp: dict, flags: dict, dtype: str = "bf16",

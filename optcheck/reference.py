@@ -9,7 +9,10 @@ current parameters, rounded to the dtype, and the float64 reference takes the ve
 gradient. After every step every parameter and every state tensor the adapter exposes
 (optcheck.adapters.base: `w0.exp_avg`, ...) is compared with the reference within the
 dtype's tolerance; the row names the first step and tensor that diverge. A rule, dtype or
-setting the adapter cannot run is an `unsupported` row with its reason.
+setting the adapter cannot run is an `unsupported` row with its reason. A failing row also
+says which known bug its trajectory matches, if any: the gradients and snapshots are replayed
+through optcheck.diagnosis's variants of the rule (metric `diagnosis`: the variants named,
+"none", or "failed" when the diagnosis itself could not run).
 
 Unlike the torch family, which compares our engine with torch.optim at the same precision,
 this one needs nothing of the implementation but its updates: it is how optcheck judges
@@ -39,11 +42,23 @@ def skip_reason(dtype: str) -> str | None:
             f"judges {dtype} trajectories")
 
 
+@dataclasses.dataclass
+class Trace:
+    """What `follow` handed the adapter and saw, for the diagnosis of a failing row: the
+    initial parameters, and per step the gradients and the adapter's snapshot (float64)."""
+
+    init: dict = dataclasses.field(default_factory=dict)
+    grads: list = dataclasses.field(default_factory=list)
+    observed: list = dataclasses.field(default_factory=list)
+
+
 def follow(adapter, optimizer: str, scenario, dtype: str, steps: int,
-           seed: int) -> harness.Comparison:
+           seed: int, trace: Trace | None = None) -> harness.Comparison:
     """`steps` steps of `adapter` and of the float64 reference on the same gradients,
-    compared after each (module doc)."""
+    compared after each (module doc); `trace`, when given, records them."""
     init, offsets = initial_params(seed, dtype)
+    if trace is not None:
+        trace.init = {k: np.asarray(v, np.float64) for k, v in init.items()}
     stepper = adapter.stepper(optimizer, init, scenario.hp, scenario.flags, dtype)
     init_fn, update_fn = NUMPY_OPTIMIZERS[optimizer]
     params = {k: np.asarray(v, np.float64) for k, v in init.items()}
@@ -66,6 +81,9 @@ def follow(adapter, optimizer: str, scenario, dtype: str, steps: int,
         missing = sorted(set(params) - set(got))
         if missing:
             raise ValueError(f"the adapter's snapshot lacks the parameters {missing}")
+        if trace is not None:
+            trace.grads.append({k: np.asarray(g, np.float64) for k, g in grads.items()})
+            trace.observed.append({k: np.array(v, np.float64) for k, v in got.items()})
         names = [n for n in want if n in got]
         comparison.add(step, got, want, dtype, names, tol=harness.tolerance(dtype, steps))
         current = {k: got[k] for k in params}
@@ -97,12 +115,27 @@ def _row(adapter, optimizer, scenario, dtype, backend, steps, seed, grid_size) -
     reason = adapter.unsupported(optimizer, dtype, scenario.hp, scenario.flags)
     if reason:
         return harness.result(**label, message=reason, status="unsupported", **metrics)
+    trace = Trace()
     try:
-        comparison = follow(adapter, optimizer, scenario, dtype, steps, seed)
+        comparison = follow(adapter, optimizer, scenario, dtype, steps, seed, trace)
     except Exception as exc:  # a row that cannot run is reported, never raised
         row = harness.result(**label, ok=False, message=f"{type(exc).__name__}: {exc}",
                              **metrics)
-        return dataclasses.replace(row, status="error")
-    message = "" if comparison.ok else (f"{comparison.describe()} from the float64 "
-                                        f"reference")
+        return dataclasses.replace(row, status=harness.status_of(exc))
+    message = ""
+    if not comparison.ok:
+        sentence, metrics["diagnosis"] = _diagnosis(optimizer, scenario, dtype, trace)
+        message = f"{comparison.describe()} from the float64 reference; {sentence}"
     return harness.result(**label, comparison=comparison, message=message, **metrics)
+
+
+def _diagnosis(optimizer, scenario, dtype, trace: Trace) -> tuple[str, str]:
+    """(the sentence, the metric) of optcheck.diagnosis on a failing row's trace: the
+    variants named ("none" when it matches none), or "failed" with why; never raises."""
+    try:
+        from optcheck.diagnosis import diagnose
+        found = diagnose(optimizer, scenario.hp, scenario.flags, dtype, trace.init,
+                         trace.grads, trace.observed)
+    except Exception as exc:  # noqa: BLE001  (the diagnosis is a courtesy to a failed row)
+        return f"diagnosis failed: {type(exc).__name__}: {exc}", "failed"
+    return found.message, " or ".join(found.named) or "none"

@@ -5,14 +5,15 @@ pytest plugin (`pytest --optcheck`) and the Python API all build and run.
     rows = run_request(request)      # what `optcheck --opt adam --family torch --steps 200`
                                      #   runs, serially
 
-The jobs: each family (closed-form, torch, invariant, precision, reference) on each
-optimizer and dtype, in that order (a table per family), `OPTIMIZER: FAMILY(type=DTYPE)`,
-of the optimizer under test, `engine` (optcheck.adapters: ours by default, torch.optim's
-implementations, yours as module:attribute). The user's own
+The jobs: each family (closed-form, torch, invariant, precision, reference, known-bugs)
+on each optimizer and dtype, in that order (a table per family),
+`OPTIMIZER: FAMILY(type=DTYPE)`, of the optimizer under test, `engine` (optcheck.adapters:
+ours by default, torch.optim's implementations, ggml's, optax's, yours as
+module:attribute). The user's own
 hyperparameters (lr, betas, ... : the command line's "your hyperparameters") add their
-trajectory rows after the jobs', and `self_test` runs the step-kernel mutants instead
-(optcheck.selftest). The plugin's options are the fields that choose the jobs
-(checkkit.request); the others are the command line's.
+trajectory rows after the jobs', and `self_test` runs the step-kernel mutants instead,
+then the diagnosis's known variants (optcheck.selftest). The plugin's options are the
+fields that choose the jobs (checkkit.request); the others are the command line's.
 
 This module imports nothing heavy at load (the plugin imports it at every pytest start-up).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 from checkkit.jobs import Job, Plan, UsageProblem, run_jobs, usage_problems
 from checkkit.request import Request, cli_flag, field
@@ -44,13 +46,16 @@ class OptcheckRequest(Request):
 
     opt: tuple[str, ...] = field((), metavar="NAME", doc="optimizer (repeatable; default all)")
     family: tuple[str, ...] = field((), metavar="NAME", doc="closed-form, torch, invariant, "
-                                    "precision, reference (repeatable; default all)")
+                                    "precision, reference, known-bugs (repeatable; "
+                                    "default all)")
     dtype: str = field("all", metavar="f16|bf16|f32|f64|all", doc="default all")
     steps: int = field(100, metavar="N", doc="steps per trajectory (default 100)")
     backend: str = field("cpu", metavar="NAME", doc="default cpu")
     seed: int = field(0, metavar="S", doc="default 0")
     engine: str = field("engine", metavar="NAME", doc="optimizer under test: engine (ours), "
-                        "torch, torch-foreach, torch-fused, module:attribute")
+                        "torch, torch-foreach, torch-fused, ggml, optax, module:attribute")
+    ggml_lib: str | None = field(None, metavar="DIR", doc="with --optcheck-engine ggml: its "
+                                 "libraries (default: the libggml-python wheel's)")
     self_test: bool = field(False, plugin=False, doc="the step-kernel mutants")
     lr: float | None = _user("your learning rate")
     betas: tuple[float, float] | None = _user("your (beta1, beta2)")
@@ -66,6 +71,8 @@ class OptcheckRequest(Request):
         set_ = functools.partial(object.__setattr__, self)
         set_("opt", tuple(self.opt or ()))
         set_("family", tuple(self.family or ()))
+        if self.ggml_lib:          # worker processes may start elsewhere
+            set_("ggml_lib", os.path.abspath(self.ggml_lib))
 
     def _chosen(self, name: str, known) -> tuple[str, ...]:
         """The values of field `name` (a tuple or one value; none or "all": all `known`)."""
@@ -102,6 +109,9 @@ class OptcheckRequest(Request):
             return f"{flag('steps')} must lie in [1, {MAX_STEPS}], got {self.steps}"
         if not 0 <= self.seed <= MAX_SEED:
             return f"{flag('seed')} must lie in [0, {MAX_SEED}], got {self.seed}"
+        if self.ggml_lib is not None and self.engine != "ggml":
+            return (f"{flag('ggml_lib')} applies to {flag('engine')} ggml, not to "
+                    f"{flag('engine')} {self.engine}")
         if self.engine != "engine":
             given = [n for n in (*HP_FIELDS, "betas", *FLAG_FIELDS, "self_test")
                      if getattr(self, n) not in (None, False)]
@@ -142,12 +152,16 @@ class OptcheckRequest(Request):
         from engine.errors import EngineError
         from optcheck.adapters import describe
         from optcheck.runner import adapter_of, run_family
+        shared = {}            # what the jobs share, closed with the plan
         with usage_problems(EngineError, AdapterError):
             get_backend(self.backend)
             self.user_configs()
             described = f"backend {self.backend}"
             if self.engine != "engine":
-                described = describe(adapter_of(self.engine), self.engine)
+                adapter = adapter_of(self.engine, self.engine_options())
+                described = describe(adapter, self.engine)
+                if getattr(adapter, "isolated", False) and hasattr(adapter, "close"):
+                    shared["close"] = adapter.close    # its worker process (restarts on use)
         which = {} if self.engine == "engine" else {"engine": self.engine}
         jobs = [Job(f"{o}: {f}(type={d})",
                     functools.partial(run_family, f, o, d, self.backend, self.steps, self.seed,
@@ -155,7 +169,12 @@ class OptcheckRequest(Request):
                     {"optimizer": o, "family": f, "backend": self.backend, "dtype": d, **which})
                 for f in self.families() for o in self.optimizers() for d in self.dtypes()]
         return Plan(self.tool, [] if self.self_test else jobs,
-                    f"{described}, {self.steps} steps, seed {self.seed}", which)
+                    f"{described}, {self.steps} steps, seed {self.seed}", which, **shared)
+
+    def engine_options(self) -> dict:
+        """The options the adapter of `engine` is made with (optcheck.adapters.get_adapter):
+        ggml's library directory."""
+        return {"lib_dir": self.ggml_lib} if self.ggml_lib is not None else {}
 
     def finish(self, rows) -> list:
         """The report's rows: the jobs' `rows`, then those of the user's own hyperparameters
@@ -172,12 +191,12 @@ class OptcheckRequest(Request):
 
 def run_plan(request: OptcheckRequest, plan: Plan, progress: bool = False) -> list:
     """The rows of `request`, its `plan` run serially in this process, then the user's own
-    settings' rows (the self-test: the mutants' rows, in float64). Ctrl-C raises
-    checkkit.interrupted.Interrupted with the rows finished before it."""
+    settings' rows (the self-test: the mutants' rows, then the diagnosis's, in float64).
+    Ctrl-C raises checkkit.interrupted.Interrupted with the rows finished before it."""
     if request.self_test:
         from optcheck.selftest import run_self_test
         return run_self_test(request.families(), "f64", request.steps, request.seed,
-                             request.backend, progress)
+                             request.backend, progress, diagnosis=True)
     return request.finish(run_jobs(plan.jobs, progress, "optcheck", "run"))
 
 

@@ -3,7 +3,15 @@ the user's own settings against torch.optim; a request (optcheck.request) orders
 
 from __future__ import annotations
 
-from optcheck import closed_form, invariants, precision, reference, torch_trajectories
+from optcheck import (
+    adapter_invariants,
+    closed_form,
+    invariants,
+    known_bugs,
+    precision,
+    reference,
+    torch_trajectories,
+)
 from optcheck.harness import DTYPES
 from reports.record import Result
 
@@ -13,22 +21,29 @@ from reports.record import Result
 # first that diverges; 100 is the default, and 100 times that is already a long run
 MAX_STEPS = 10_000
 FAMILIES = {"closed-form": closed_form, "torch": torch_trajectories, "invariant": invariants,
-            "precision": precision, "reference": reference}
-# the families that step any optimizer adapter (optcheck.adapters); the others check our
-# engine's optimizers (against torch.optim, their invariants, their 16-bit state)
-ADAPTER_FAMILIES = ("closed-form", "reference")
-_ADAPTERS: dict = {}        # engine name -> its adapter, made once per process
+            "precision": precision, "reference": reference, "known-bugs": known_bugs}
+# the families that step any optimizer adapter (optcheck.adapters); the torch family
+# compares our engine's optimizers with torch.optim's at the same precision. The invariant
+# family runs optcheck.adapter_invariants for an adapter, and for our engine its own
+# invariants (training loop, checkpoint files, schedules) and the adapter ones it lacks
+ADAPTER_FAMILIES = ("closed-form", "reference", "invariant", "precision", "known-bugs")
+ENGINE_ALSO = ("lr_zero", "param_groups")   # adapter invariants our engine's family adds
+_ADAPTERS: dict = {}        # engine name -> (its options, its adapter), made once per process
 
 
-def adapter_of(engine):
-    """The optimizer adapter `engine` names (an adapter object is itself): made once per
-    process (optcheck.adapters.get_adapter; AdapterError when it cannot be)."""
+def adapter_of(engine, options: dict | None = None):
+    """The optimizer adapter `engine` names (an adapter object is itself), made with
+    `options` (ggml's lib_dir, optcheck.request) once per process and options; None: the
+    one made last for `engine`, else one without options (optcheck.adapters.get_adapter;
+    AdapterError when it cannot be made)."""
     if not isinstance(engine, str):
         return engine
-    if engine not in _ADAPTERS:
+    made = _ADAPTERS.get(engine)
+    if made is None or (options is not None and made[0] != options):
         from optcheck.adapters import get_adapter
-        _ADAPTERS[engine] = get_adapter(engine)
-    return _ADAPTERS[engine]
+        options = dict(options or {})
+        _ADAPTERS[engine] = (options, get_adapter(engine, **options))
+    return _ADAPTERS[engine][1]
 
 
 def family_runner(family: str):
@@ -64,10 +79,20 @@ def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
                        f"families", labels)]
     try:
         if ours:
-            return family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
+            rows = family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
                                          seed=seed)
-        rows = family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
-                                     seed=seed, adapter=adapter_of(engine))
+            if family == "invariant":
+                from optcheck.adapters.engine_adapter import EngineOptimizer
+                rows += adapter_invariants.run(optimizer, dtype, EngineOptimizer(backend),
+                                               backend, seed, checks=ENGINE_ALSO)
+                for row in rows:
+                    row.labels.pop("engine", None)
+            return rows
+        if family == "invariant":
+            rows = adapter_invariants.run(optimizer, dtype, adapter_of(engine), backend, seed)
+        else:
+            rows = family_runner(family)(optimizer, dtype=dtype, backend=backend, steps=steps,
+                                         seed=seed, adapter=adapter_of(engine))
     except Exception as exc:  # noqa: BLE001  (a broken family must not hide the others)
         return [Result("optcheck", f"{optimizer}: {family}", "error", {},
                        f"{type(exc).__name__}: {exc}", labels)]

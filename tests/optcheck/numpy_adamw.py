@@ -25,11 +25,12 @@ def _update(params, grads, state, step, hparams, eps_inside=False):
         v = b2 * state[k]["exp_avg_sq"] + (1 - b2) * g * g
         if hparams.get("amsgrad"):
             v_max = np.maximum(state[k].get("max_exp_avg_sq", v), v)
-        p = p * (1 - lr * wd)
         m_hat = m / (1 - b1 ** step)
         v_hat = (v_max if hparams.get("amsgrad") else v) / (1 - b2 ** step)
         denom = np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps
-        new_params[k] = (p - lr * m_hat / denom).astype(p.dtype)
+        # the decay joins the step before p is rounded: p * (1 - lr*wd) on its own rounds
+        # to p in float32 when lr*wd < 2^-25 (pytorch/pytorch#64475)
+        new_params[k] = (p - (lr * m_hat / denom + lr * wd * p)).astype(p.dtype)
         new_state[k] = {"exp_avg": m, "exp_avg_sq": v}
         if hparams.get("amsgrad"):
             new_state[k]["max_exp_avg_sq"] = v_max
@@ -42,6 +43,13 @@ def update(params, grads, state, step, hparams):
 
 def update_eps_inside_sqrt(params, grads, state, step, hparams):
     return _update(params, grads, state, step, hparams, eps_inside=True)
+
+
+def update_decay_multiplied_first(params, grads, state, step, hparams):
+    """The decay as its own multiply, p * (1 - lr*wd), before the step (torch's order)."""
+    lr, wd = hparams["lr"], hparams["weight_decay"]
+    decayed = {k: (p * (1 - lr * wd)).astype(p.dtype) for k, p in params.items()}
+    return _update(decayed, grads, state, step, {**hparams, "weight_decay": 0.0})
 
 
 def update_wrong_shape(params, grads, state, step, hparams):

@@ -35,9 +35,9 @@ def test_default_is_compact_with_a_summary_per_family(checks, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["case", "family", "dtype", "status", "max_rel_err"]
     assert "family       passed  failed  errors" in lines
-    # a row per family (5) and dtype (4: f16, bf16, f32, f64)
+    # a row per family (6) and dtype (4: f16, bf16, f32, f64)
     assert any(line.split() == ["closed-form", "4", "0", "0"] for line in lines)
-    assert lines[-1] == "20 passed"
+    assert lines[-1] == "24 passed"
 
 
 def test_verbose_gives_a_table_per_family_with_every_column(checks, capsys):
