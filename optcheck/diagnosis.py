@@ -11,6 +11,8 @@ one the trajectory matches.
     bias correction applied to eps             adam, adamw      eps, b2 != 0
     duplicated bias correction                 adam, adamw      b1 or b2 != 0
     betas swapped                              adam, adamw      b1 != b2
+    betas rounded to float32                   adam, adamw      b1 or b2 not a float32
+      (1 - b2 from a float32 b2: ggml's opt step)
     step counter starting at 0                 adam, adamw      always (NaN at step 1)
     step counter advancing per parameter       adam, adamw;     two tensors or more; b1 or
                                                sgd              b2 != 0 (sgd: mu, tau != 0)
@@ -79,6 +81,7 @@ from optcheck.update_pieces import (
     l2_decay,
     momentum,
     nesterov,
+    round_betas,
     store_state_in,
     swap_betas,
 )
@@ -178,6 +181,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in [
              {"corrections": (bias_corrections(times=2),)}, _any_beta),
     _variant("betas swapped", ADAM_RULES, {"betas": (swap_betas(),)},
              lambda s: s.beta1 != s.beta2, ("adamw", ADAM_DEMO)),
+    _variant("betas rounded to float32", ADAM_RULES, {"betas": (round_betas(),)},
+             lambda s: any(float(np.float32(b)) != b for b in (s.beta1, s.beta2))),
     _variant("step counter starting at 0", ADAM_RULES, {"count": (count_steps(start=0),)}),
     _variant("step counter advancing per parameter", ALL_RULES, {"count": (count_shared(),)},
              lambda s: s.tensors > 1 and (_damped(s) if "momentum" in s.hp else _any_beta(s)),
@@ -341,11 +346,19 @@ class Diagnosis:
             same = "".join(f", as does `{t}` (the same updates here)" for t in self.ties)
             return (f"matches `{self.best}` to {_e(self.best_err)} over {self.steps} steps"
                     f"{same} ({nxt})")
+        if not np.isfinite(self.best_err) and not np.isfinite(self.correct_err):
+            return ("matches no known variant: the trajectory holds NaN or inf where every "
+                    "variant's and the correct rule's are finite")
         closest = f"closest: `{self.best}`, {_e(self.best_err)}"
         if self.correct_err <= self.threshold:
-            return (f"matches no known variant: the parameters and float state match "
-                    f"{CORRECT} to {_e(self.correct_err)} ({closest}); what diverged is not "
-                    f"compared here (the step counter?)")
+            if self.best_err * SEPARATION <= self.correct_err:
+                return (f"most like `{self.best}` ({_e(self.best_err)}, against "
+                        f"{CORRECT}'s {_e(self.correct_err)}; both within the dtype's "
+                        f"rounding here, so not named)")
+            return (f"matches no known variant: {CORRECT} replays the parameters and float "
+                    f"state to {_e(self.correct_err)}, within the dtype's rounding "
+                    f"({closest}); what diverged is small, or not compared here (the step "
+                    f"counter)")
         if self.best_err <= self.threshold:
             rival = (CORRECT, self.correct_err)
             if self.next_best and self.next_err < self.correct_err:

@@ -140,32 +140,69 @@ class Comparison:
             tol: tuple[float, float] | None = None) -> None:
         """Compare one step's snapshots over `names` (default: every name in `want`)."""
         atol, rtol = tol or TOLERANCES[dtype]
+        finite: list[tuple[str, np.ndarray, np.ndarray]] = []   # (name, got, want)
         for name in names or want:
-            w = np.asarray(want[name], np.float64)
-            g = np.asarray(got[name], np.float64)
-            if g.shape != w.shape:
-                self._first(step, name, float("inf"), f"shape {g.shape}, expected {w.shape}")
+            w = np.asarray(want[name], np.float64).reshape(-1)
+            g = np.asarray(got[name], np.float64).reshape(-1)
+            if np.shape(got[name]) != np.shape(want[name]):
+                self._flush(step, finite, atol, rtol)
+                finite = []
+                self._first(step, name, float("inf"),
+                            f"shape {np.shape(got[name])}, expected {np.shape(want[name])}")
                 continue
             self.compared += 1
-            err = np.abs(g - w)
-            bad_nan = ~np.isfinite(g) & ~(np.isnan(g) & np.isnan(w)) & (g != w)
-            scale = max(1.0, float(np.max(np.abs(w), initial=0.0, where=np.isfinite(w))))
-            finite = np.isfinite(err)
-            if finite.any():
-                self.max_abs_err = max(self.max_abs_err, float(err[finite].max()))
-                nonzero = finite & (w != 0)     # relative to zero means nothing
-                if nonzero.any():
-                    rel = err[nonzero] / np.abs(w[nonzero])
-                    self.max_rel_err = max(self.max_rel_err, float(rel.max()))
-            over = finite & (err > atol * scale + rtol * np.abs(w))
-            if bad_nan.any() or over.any():
-                worst = float("inf") if bad_nan.any() else float(err[over].max())
-                what = ""
-                if bad_nan.any():
-                    kinds = sorted({"NaN" if np.isnan(x) else "inf" for x in g[bad_nan]})
-                    what = f"{' and '.join(kinds)} where the reference has " + \
-                        ("finite values" if np.isfinite(w[bad_nan]).all() else "others")
-                self._first(step, name, worst, what)
+            if np.isfinite(g).all() and np.isfinite(w).all():
+                finite.append((name, g, w))     # the common case: judged all at once
+            else:
+                self._flush(step, finite, atol, rtol)
+                finite = []
+                self._add_one(step, name, g, w, atol, rtol)
+        self._flush(step, finite, atol, rtol)
+
+    def _flush(self, step, tensors, atol, rtol) -> None:
+        """Judge tensors whose values and references are all finite, in one pass: each
+        element against atol * max(1, max |want| of its tensor) + rtol * |want|."""
+        tensors = [t for t in tensors if t[1].size]
+        if not tensors:
+            return
+        got = np.concatenate([g for _, g, _ in tensors])
+        want = np.concatenate([w for _, _, w in tensors])
+        sizes = np.array([w.size for _, _, w in tensors])
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        err, size = np.abs(got - want), np.abs(want)
+        self.max_abs_err = max(self.max_abs_err, float(err.max()))
+        nonzero = size != 0                 # relative to zero means nothing
+        if nonzero.any():
+            self.max_rel_err = max(self.max_rel_err, float((err[nonzero] /
+                                                            size[nonzero]).max()))
+        scale = np.repeat(np.maximum(1.0, np.maximum.reduceat(size, starts)), sizes)
+        over = err > atol * scale + rtol * size
+        if over.any():
+            first = int(np.searchsorted(starts, int(np.argmax(over)), side="right")) - 1
+            a, b = starts[first], starts[first] + sizes[first]
+            self._first(step, tensors[first][0], float(err[a:b][over[a:b]].max()))
+
+    def _add_one(self, step, name, g, w, atol, rtol) -> None:
+        """add() of one tensor holding a NaN or an infinity (on either side)."""
+        err = np.abs(g - w)
+        bad_nan = ~np.isfinite(g) & ~(np.isnan(g) & np.isnan(w)) & (g != w)
+        scale = max(1.0, float(np.max(np.abs(w), initial=0.0, where=np.isfinite(w))))
+        finite = np.isfinite(err)
+        if finite.any():
+            self.max_abs_err = max(self.max_abs_err, float(err[finite].max()))
+            nonzero = finite & (w != 0)
+            if nonzero.any():
+                rel = err[nonzero] / np.abs(w[nonzero])
+                self.max_rel_err = max(self.max_rel_err, float(rel.max()))
+        over = finite & (err > atol * scale + rtol * np.abs(w))
+        if bad_nan.any() or over.any():
+            worst = float("inf") if bad_nan.any() else float(err[over].max())
+            what = ""
+            if bad_nan.any():
+                kinds = sorted({"NaN" if np.isnan(x) else "inf" for x in g[bad_nan]})
+                what = f"{' and '.join(kinds)} where the reference has " + \
+                    ("finite values" if np.isfinite(w[bad_nan]).all() else "others")
+            self._first(step, name, worst, what)
 
     def _first(self, step, name, err, what=""):
         if self.first_step is None:

@@ -112,12 +112,9 @@ class OptcheckRequest(Request):
         if self.ggml_lib is not None and self.engine != "ggml":
             return (f"{flag('ggml_lib')} applies to {flag('engine')} ggml, not to "
                     f"{flag('engine')} {self.engine}")
-        if self.engine != "engine":
-            given = [n for n in (*HP_FIELDS, "betas", *FLAG_FIELDS, "self_test")
-                     if getattr(self, n) not in (None, False)]
-            if given:
-                return (f"{flag(given[0])} applies to our engine only for now, not to "
-                        f"{flag('engine')} {self.engine}")
+        if self.engine != "engine" and self.self_test:
+            return (f"{flag('self_test')} checks optcheck itself on our engine; it takes no "
+                    f"{flag('engine')} {self.engine}")
         return None
 
     def user_configs(self) -> dict:
@@ -184,7 +181,7 @@ class OptcheckRequest(Request):
         from optcheck.runner import run_user_configs
         try:
             return rows + run_user_configs(self.user_configs(), self.dtypes(), self.backend,
-                                           self.steps, self.seed)
+                                           self.steps, self.seed, self.engine)
         except KeyboardInterrupt as exc:
             raise interrupted_with(rows, exc) from None
 

@@ -102,10 +102,20 @@ def run_family(family: str, optimizer: str, dtype: str, backend: str = "cpu",
 
 
 def run_user_configs(configs: dict, dtypes=DTYPES, backend: str = "cpu", steps: int = 100,
-                     seed: int = 0) -> list[Result]:
+                     seed: int = 0, engine="engine") -> list[Result]:
     """The row of the user's own settings, for each optimizer in `configs` (optimizer ->
     (hp, flags), or None when the user gave none) and each dtype: the torch family's where
-    it runs in the dtype, else the precision family's (16-bit parameters)."""
+    it runs in the dtype, else the precision family's (16-bit parameters); for another
+    optimizer (`engine`), the reference family's, in the dtypes it judges."""
+    if engine != "engine":
+        adapter, name = adapter_of(engine), engine if isinstance(engine, str) else "adapter"
+        rows = [reference.user_row(adapter, optimizer, *config, dtype, steps, seed, backend)
+                for optimizer, config in configs.items() if config is not None
+                for dtype in dtypes if reference.skip_reason(dtype) is None]
+        for row in rows:
+            row.labels["engine"] = name
+        return rows
+
     def family(dtype):
         return torch_trajectories if not torch_trajectories.skip_reason(dtype) else precision
     return [row for optimizer, config in configs.items() if config is not None

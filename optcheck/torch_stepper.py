@@ -163,8 +163,12 @@ def _numpy_torch_dtype(torch, array):
 
 
 def _float64(t) -> np.ndarray:
-    """A float64 numpy copy of torch tensor `t`, of any float dtype (exact)."""
-    return t.detach().double().numpy().copy()
+    """A float64 numpy copy of torch tensor `t`, of any float dtype (exact): numpy widens
+    the dtypes it has; bfloat16, which it lacks, goes through torch's float64."""
+    try:
+        return t.detach().numpy().astype(np.float64)
+    except TypeError:           # bfloat16: no numpy dtype
+        return t.detach().double().numpy()
 
 
 def _torch_scheduler(torch, opt, lr: float, name: str, args: dict):

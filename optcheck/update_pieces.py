@@ -161,6 +161,15 @@ def swap_betas() -> Piece:
     return Piece("swap_betas", apply)
 
 
+def round_betas(dtype=np.float32) -> Piece:
+    """b1 and b2 rounded to `dtype` (kept in a float32 tensor or variable), and every
+    coefficient derived from them (1 - b, b^t) computed from the rounded values."""
+    def apply(w: Work) -> None:
+        w.hp = {**w.hp, "beta1": float(dtype(w.hp["beta1"])),
+                "beta2": float(dtype(w.hp["beta2"]))}
+    return Piece("round_betas", apply)
+
+
 # --------------------------------------------------------------------------- weight decay
 
 def l2_decay() -> Piece:
