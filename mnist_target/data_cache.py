@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from checkkit.cache import default_cache_dir
 from engine.errors import EngineError
 from engine.gguf_io import load_gguf, save_gguf
 from mnist_target.idx import regular_file_problem
@@ -32,13 +33,6 @@ PIXEL_OFFSET = 128  # cached int8 = pixel k - 128
 
 class MnistCacheWarning(UserWarning):
     """The MNIST cache could not be used or written; the data was decoded from its source."""
-
-
-def default_cache_dir() -> Path:
-    """$GRADVERIFY_CACHE if set, else $XDG_CACHE_HOME/gradverify, else ~/.cache/gradverify."""
-    if os.environ.get("GRADVERIFY_CACHE"):
-        return Path(os.environ["GRADVERIFY_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gradverify"
 
 
 def cached_pixels(source: Source, cache_dir: str | os.PathLike[str] | None = None

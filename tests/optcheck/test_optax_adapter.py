@@ -252,3 +252,13 @@ def test_without_optax_the_engine_is_one_line_saying_how_to_install(monkeypatch,
     assert main(["--engine", "optax", "--opt", "adam", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'gradverify[optax]'" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("rule", ["sgd", "adamw"])
+def test_maximize_is_minimizing_minus_g_bit_for_bit(adapter, rule):
+    """optax has no maximize: the stepper negates the gradient before the update, so the
+    closed-form family's bit-for-bit maximize rows hold on any CPU (negated inside the
+    compiled update, XLA would contract multiply-adds differently)."""
+    rows = closed_form.run(rule, "f64", steps=20, adapter=adapter)
+    maximize = [r for r in rows if r.labels["check"] == "maximize"]
+    assert maximize and all(r.status == "pass" for r in maximize), maximize
