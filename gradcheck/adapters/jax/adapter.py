@@ -1,0 +1,151 @@
+"""JaxAdapter: a registry case's jax equivalent under jax.vjp, on jax's CPU device.
+
+For a case it runs the op's jax equivalent (gradcheck.adapters.jax.ops and .nn) in the
+case's dtypes (x64 enabled, so float64 stays float64; float16 and bfloat16 as jax has them)
+and returns the output and jax.vjp's pullback of the loss weights (cast to the output's
+dtype): the gradient of sum(output * weights) with respect to each checked input. Integer
+inputs (indices, positions) and inputs whose spec has grad False are held constant.
+
+The forward and its VJP are one jax.jit-compiled function per op, parameters, input shapes
+and dtypes (gradcheck runs each case twice: the second run reuses it), kept in jax's
+persistent compilation cache under <cache>/jax (checkkit.cache) unless the user has chosen
+a cache directory for jax.
+
+Unsupported, with the reason in the row:
+- layouts: jax arrays have no strides, so a case whose inputs are permuted, sliced or
+  expanded views of their leaves, or whose upstream gradient is not contiguous, would only
+  repeat its contiguous case (not applicable);
+- the dedicated backward ops without a backward of their own (softmax_back, norm_back,
+  pool_2d_back, the activations' `<name>_back`, ...): jax has no op of its own for them;
+  their forward op's cases check jax's VJP;
+- an op with no jax equivalent here (a new registry op).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from checkkit.cache import default_cache_dir
+from engine.registry import get_op
+from engine.tensor import is_float
+from gradcheck.adapters.base import VJP, AdapterError
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as exc:      # the extra is not installed: JaxAdapter() says how to
+    jax = jnp = None
+    _MISSING: ImportError | None = exc
+else:
+    _MISSING = None
+
+INSTALL_HINT = ("jax is not installed (needs jax and jaxlib, CPU only): "
+                "pip install 'gradverify[jax]'")
+NO_STRIDES = "not applicable: jax arrays have no strides"
+
+
+def jax_ops() -> dict:
+    """Registry op name -> its jax equivalent, f(*inputs, **params)."""
+    from gradcheck.adapters.jax import nn, ops
+    return {**ops.OPS, **nn.OPS}
+
+
+class JaxAdapter:
+    name = "jax"
+    isolated = False
+    backend = "cpu"
+
+    def __init__(self, jit: bool = True):
+        if _MISSING is not None:
+            raise AdapterError(f"engine 'jax': {INSTALL_HINT} ({_MISSING})")
+        jax.config.update("jax_enable_x64", True)
+        if jit:
+            _persistent_cache()
+        self.jit = jit
+        self.device = jax.devices("cpu")[0]
+        self.ops = jax_ops()
+        self._compiled: dict = {}
+
+    def describe(self) -> str:
+        return f"jax {jax.__version__} (jax.vjp on CPU{', jit' if self.jit else ''})"
+
+    def function(self, case):
+        """The case's jax equivalent, f(*inputs, **params); None where there is none."""
+        return self.ops.get(case.op)
+
+    def unsupported(self, case) -> str | None:
+        views = [f"{spec.name} is a {_view_kind(spec)} view" for spec in case.inputs
+                 if spec.is_view]
+        if views:
+            return f"{NO_STRIDES} ({', '.join(views)}; its contiguous case checks the op)"
+        cotangent = getattr(case, "cotangent", "contiguous")
+        if cotangent != "contiguous":
+            return (f"{NO_STRIDES} (a {cotangent} upstream gradient is the contiguous one "
+                    "in jax; its contiguous case checks the op)")
+        if self.function(case) is None:
+            opdef = get_op(case.op)
+            if opdef.kind == "backward" and opdef.backward is None:
+                forward = opdef.vjp_of.op if opdef.vjp_of else "its forward op"
+                return (f"{case.op} is a dedicated backward op, which jax has no op of its "
+                        f"own for: jax's VJP of {forward} is checked in {forward}'s cases")
+            return f"op {case.op} has no jax equivalent in the jax adapter"
+        return None
+
+    def vjp(self, case, arrays, weights) -> VJP:
+        """jax's output and gradient of sum(f(*inputs) * weights), in the inputs' dtypes."""
+        arrays = [np.asarray(a) for a in arrays]
+        checked = tuple(bool(spec.grad and is_float(a.dtype))
+                        for spec, a in zip(case.inputs, arrays, strict=True))
+        run = self._runner(case, arrays, checked)
+        with jax.default_device(self.device):
+            out, grads = run(tuple(arrays), np.asarray(weights, np.float64))
+        out = np.asarray(out)
+        grads = list(grads) if grads is not None else [None] * len(arrays)
+        return VJP(out.copy(), [np.asarray(g).copy() if ok and g is not None else None
+                                for ok, g in zip(checked, grads, strict=True)])
+
+    def _runner(self, case, arrays, checked):
+        """run(arrays, weights) -> (output, gradients or None): jit-compiled once per op,
+        parameters, shapes and dtypes (and which inputs are checked)."""
+        key = (case.op, repr(case.params), checked,
+               tuple((a.shape, a.dtype.str) for a in arrays))
+        if key in self._compiled:
+            return self._compiled[key]
+        fn, params = self.function(case), case.kwargs
+
+        def run(values, weights):
+            def forward(*diff):
+                it = iter(diff)
+                return fn(*(next(it) if ok else v for ok, v in zip(checked, values,
+                                                                   strict=True)), **params)
+            diff = [v for ok, v in zip(checked, values, strict=True) if ok]
+            if not diff:
+                return forward(), None
+            out, pullback = jax.vjp(forward, *diff)
+            if not jnp.issubdtype(out.dtype, jnp.floating):
+                return out, None
+            got = iter(pullback(weights.reshape(out.shape).astype(out.dtype)))
+            return out, [next(got) if ok else None for ok in checked]
+        if self.jit:
+            run = jax.jit(run)
+        self._compiled[key] = run
+        return run
+
+
+def _view_kind(spec) -> str:
+    if spec.permute:
+        return "permuted"
+    return " and ".join(k for k in ("slice", "expand") if getattr(spec, k)).replace(
+        "slice", "sliced").replace("expand", "expanded")
+
+
+def _persistent_cache() -> None:
+    """jax's compiled functions kept on disk, in <cache>/jax (checkkit.cache), so that a
+    second run does not compile them again; left alone when the user has chosen a cache
+    directory for jax."""
+    if jax.config.jax_compilation_cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    jax.config.update("jax_compilation_cache_dir", str(default_cache_dir() / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
