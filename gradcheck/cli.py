@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--repro", metavar="CASE",
                       help="re-run one case given as printed by a failing generated case")
     p.add_argument("--engine", default="engine", metavar="NAME",
-                   help="engine under test: engine (ours, default), torch, ggml, jax, or "
-                        "module:attribute naming your own adapter")
+                   help="engine under test: engine (ours, default), torch, ggml, jax, "
+                        "tinygrad, or module:attribute naming your own adapter")
     p.add_argument("--ggml-lib", metavar="DIR",
                    help="with --engine ggml: load ggml's libraries from DIR (default: those "
                         "of the libggml-python wheel)")

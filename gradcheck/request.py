@@ -53,7 +53,7 @@ class GradcheckRequest(Request):
     random: int = field(0, metavar="N", doc="also N generated cases per op: one item per op")
     seed: int = field(0, metavar="S", doc="of the generated cases")
     engine: str = field("engine", metavar="NAME", doc="engine under test: engine (ours), "
-                        "torch, ggml, jax, module:attribute")
+                        "torch, ggml, jax, tinygrad, module:attribute")
     backend: tuple[str, ...] = field((), metavar="NAME", doc="backend of our engine "
                                      "(repeatable; default cpu)")
     mode: str = field("auto", metavar="auto|full|fast", doc="default auto")

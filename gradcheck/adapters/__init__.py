@@ -5,6 +5,8 @@
                        case's dtype (TorchAdapter; option: fn, any torch callable)
     numpy              a forward and a VJP callable on numpy arrays (NumpyAdapter)
     ggml               ggml's C API through ctypes (GgmlAdapter; option: lib_dir)
+    tinygrad           the registry op as tinygrad code under tinygrad's autodiff, on its
+                       CPU device (TinygradAdapter; option: device, CPU or PYTHON)
     jax                the registry op's jax equivalent under jax.vjp on the CPU, in the
                        case's dtype (JaxAdapter; option: jit)
     module:attribute   your own adapter: a class or factory called with the options, or an
@@ -33,6 +35,7 @@ ENGINES = {
     "torch": ("gradcheck.adapters.torch_adapter", "TorchAdapter"),
     "numpy": ("gradcheck.adapters.numpy_adapter", "NumpyAdapter"),
     "ggml": ("gradcheck.adapters.ggml", "GgmlAdapter"),
+    "tinygrad": ("gradcheck.adapters.tinygrad_adapter", "TinygradAdapter"),
     "jax": ("gradcheck.adapters.jax", "JaxAdapter"),
 }
 # what an adapter must have; the last one tells an adapter object from its factory
