@@ -78,7 +78,7 @@ def test_optcheck_items_are_its_family_runs(tmp_path):
                  "--collect-only", "-q"], tmp_path)
     assert _ids(proc.stdout, "optcheck") == [
         f"optcheck::adam: {f}(type=f64)" for f in ("closed-form", "torch", "invariant",
-                                                   "precision", "reference")]
+                                                   "precision", "reference", "known-bugs")]
 
 
 def test_without_its_option_the_plugin_adds_nothing_and_loads_nothing_of_ours(tmp_path):
