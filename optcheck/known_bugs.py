@@ -207,16 +207,22 @@ def check_mixed_dtype_groups(adapter, optimizer, dtype, seed):
                   groups=len(groups), steps=100)
 
 
-def _single(adapter, optimizer, dtype, seed, steps, every=None, params_only=False,
-            **hp_changes):
+def _started(adapter, optimizer, dtype, seed, **hp_changes):
+    """(offsets, the adapter's stepper, the float64 reference) from the torch family's
+    tensors, at the case's settings (the first the adapter runs)."""
     hp, flags = first_supported(adapter, optimizer, dtype,
                                 _candidates(optimizer, **hp_changes))
     init, offsets = initial_params(seed, dtype)
     init = cast(init, dtype)
     stepper = adapter.stepper(optimizer, init, hp, flags, dtype)
-    reference = Reference(optimizer, init, dict.fromkeys(init, (hp, flags)))
+    return offsets, stepper, Reference(optimizer, init, dict.fromkeys(init, (hp, flags)))
+
+
+def _single(adapter, optimizer, dtype, seed, steps, every=None, params_only=False,
+            **hp_changes):
+    offsets, stepper, reference = _started(adapter, optimizer, dtype, seed, **hp_changes)
     return _trajectory(stepper, reference, _feedback(offsets), steps,
-                       dict.fromkeys(init, dtype), steps, every, params_only)
+                       dict.fromkeys(reference.params, dtype), steps, every, params_only)
 
 
 def check_first_step_vs_100(adapter, optimizer, dtype, seed):
@@ -242,12 +248,8 @@ def check_step_counter(adapter, optimizer, dtype, seed):
 def _extreme(adapter, optimizer, dtype, seed, scale, **hp_changes):
     if optimizer == "sgd":
         hp_changes.pop("eps", None)
-    hp, flags = first_supported(adapter, optimizer, dtype,
-                                _candidates(optimizer, **hp_changes))
-    init, _ = initial_params(seed, dtype)
-    init = cast(init, dtype)
-    stepper = adapter.stepper(optimizer, init, hp, flags, dtype)
-    reference = Reference(optimizer, init, dict.fromkeys(init, (hp, flags)))
+    _, stepper, reference = _started(adapter, optimizer, dtype, seed, **hp_changes)
+    init = dict(reference.params)       # the names and shapes (the values move)
     rng = np.random.default_rng(seed + 1)
     info = np.finfo(NP_DTYPES[dtype])
     big, small = float(info.max), float(info.smallest_subnormal)

@@ -107,16 +107,22 @@ def _backward(op):
     return backward
 
 
+def glu_halves(tensors, swapped=False):
+    """(a, b) of a GLU's inputs, in any array library that slices: the two inputs of the
+    split form, or the halves of the one input along its last axis (exchanged when
+    swapped)."""
+    if len(tensors) == 2:
+        return tuple(tensors)
+    (x,) = tensors
+    n = x.shape[-1] // 2
+    return (x[..., n:], x[..., :n]) if swapped else (x[..., :n], x[..., n:])
+
+
 def _torch(op):
     act = elementwise.UNARY[ACTIVATIONS[op]].torch
 
     def reference(*tensors, swapped=False):
-        if len(tensors) == 2:
-            a, b = tensors
-        else:
-            (x,) = tensors
-            n = x.shape[-1] // 2
-            a, b = (x[..., n:], x[..., :n]) if swapped else (x[..., :n], x[..., n:])
+        a, b = glu_halves(tensors, swapped)
         return act(a) * b
     return reference
 

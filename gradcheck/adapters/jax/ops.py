@@ -19,6 +19,7 @@ from engine.backends.cpu.dropout import keep_mask
 from engine.elementwise import GELU_QUICK_COEF, SOFTPLUS_THRESHOLD
 from engine.ops.block import block_slices
 from engine.ops.diag_mask import FILL
+from engine.ops.glu import glu_halves
 from engine.ops.repeat import repeats
 from engine.ops.win_part import windows
 from engine.tensor import DTYPES
@@ -76,12 +77,7 @@ def glu(act):
     f = UNARY[act]
 
     def fn(*xs, swapped=False):
-        if len(xs) == 2:
-            a, b = xs
-        else:
-            (x,) = xs
-            n = x.shape[-1] // 2
-            a, b = (x[..., n:], x[..., :n]) if swapped else (x[..., :n], x[..., n:])
+        a, b = glu_halves(xs, swapped)
         return f(a) * b
     return fn
 

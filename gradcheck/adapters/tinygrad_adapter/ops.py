@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.backends.cpu.dropout import keep_mask
 from engine.ops.block import block_slices
+from engine.ops.glu import glu_halves
 from engine.ops.repeat import repeats
 from engine.ops.win_part import windows
 
@@ -42,12 +43,7 @@ def _step(x):
 def _glu(act):
     """act(a) * b, of one input split in halves (swapped: the halves exchanged) or two."""
     def glu(*tensors, swapped=False):
-        if len(tensors) == 2:
-            a, b = tensors
-        else:
-            (x,) = tensors
-            n = x.shape[-1] // 2
-            a, b = (x[..., n:], x[..., :n]) if swapped else (x[..., :n], x[..., n:])
+        a, b = glu_halves(tensors, swapped)
         return act(a) * b
     return glu
 
