@@ -43,7 +43,8 @@ from engine.samples import InputSpec
 from engine.tensor import dtype_name, is_float
 from gradcheck.adapters.numpy_adapter import NumpyAdapter
 from gradcheck.adapters.torch_adapter import TorchAdapter
-from gradcheck.check import check_sample
+from gradcheck.check import check_derivative, check_sample
+from gradcheck.derivatives import AD_MODES, ORDERS
 from reports import Result
 
 
@@ -154,6 +155,37 @@ def _check_layouts(case: FunctionCase, cotangents, **check) -> Result:
                                labels={**worst.labels, "cotangents": ",".join(layouts)})
 
 
+PARTS_SEVERITY = ("crash", "error", "fail", "unsupported", "skip", "pass")
+
+
+def _check_modes(case: FunctionCase, cotangents, ad: str, order: int, **check) -> Result:
+    """The verdict on `case` in the modes asked for, as one Result: reverse mode in every
+    layout of `cotangents` (_check_layouts) unless `ad` is "fwd", forward mode when `ad` is
+    "fwd" or "both", second order when `order` is 2 (gradcheck.derivatives). With one part
+    it is that part's Result; with several, the worst part's (crash, error, fail,
+    unsupported, skip, pass), its message naming each part that is not a pass, its
+    `parts` metric each part's status, labelled with `ad` and `order`."""
+    if ad not in AD_MODES or order not in ORDERS:
+        raise ValueError(f"ad must be one of {', '.join(AD_MODES)} and order one of "
+                         f"{', '.join(map(str, ORDERS))}; got {ad!r}, {order!r}")
+    parts = {}
+    if ad != "fwd":
+        parts["rev"] = _check_layouts(case, cotangents, **check)
+    if ad != "rev":
+        parts["fwd"] = check_derivative(case, "fwd", **check)
+    if order == 2:
+        parts["order 2"] = check_derivative(case, "order 2", **check)
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    worst = min(parts.values(), key=lambda r: PARTS_SEVERITY.index(r.status))
+    message = "; ".join(f"{part}: {r.message}" for part, r in parts.items()
+                        if r.status != "pass")
+    metrics = {**worst.metrics, "parts": ", ".join(f"{part} {r.status}"
+                                                   for part, r in parts.items())}
+    return dataclasses.replace(worst, name=case.name, message=message, metrics=metrics,
+                               labels={**worst.labels, "ad": ad, "order": str(order)})
+
+
 def _dtype_label(dt) -> str:
     try:
         return dtype_name(dt)
@@ -191,7 +223,8 @@ def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
 def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
                    torch_fn: Callable | None = None, name: str | None = None,
                    mode: str = "auto", backend: str = "cpu",
-                   cotangents: Sequence[str] = COTANGENTS) -> Result:
+                   cotangents: Sequence[str] = COTANGENTS, ad: str = "rev",
+                   order: int = 1) -> Result:
     """Check the backward pass of `build(*tensors)`, an engine expression of its inputs,
     at the given input arrays (float32 or float64; integer arrays are constants).
 
@@ -199,16 +232,22 @@ def check_function(build: Callable, arrays: Sequence, *, grad: Sequence[bool] | 
     function written in torch, taking float64 torch tensors, for the torch reference
     (three-way agreement). cotangents: the layouts in which the backward receives its
     upstream gradient (engine.samples; default all four, each one check); the result is
-    the worst of them, every failing layout named."""
+    the worst of them, every failing layout named. ad: "rev" (reverse mode, the
+    default), "fwd" (forward mode: the JVP against directional derivatives and the adjoint
+    identity) or "both"; order 2 adds the Hessian-vector product's check (see
+    gradcheck.derivatives: our engine takes both by differentiating its backward graph,
+    where its ops' backward rules allow). With several, the result is the worst part's,
+    its `parts` metric naming each part's status."""
     case = _function_case(build, arrays, grad, name, "check_function", True, build_fn=build,
                           torch_fn=torch_fn)
-    return _check_layouts(case, cotangents, mode=mode, backend=backend)
+    return _check_modes(case, cotangents, ad, order, mode=mode, backend=backend)
 
 
 def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
                 grad: Sequence[bool] | None = None, reference: Callable | None = None,
                 torch_fn: Callable | None = None, name: str | None = None,
-                mode: str = "auto", cotangents: Sequence[str] = COTANGENTS) -> Result:
+                mode: str = "auto", cotangents: Sequence[str] = COTANGENTS,
+                jvp: Callable | None = None, ad: str = "rev") -> Result:
     """Check a hand-written vector-Jacobian product against its forward.
 
     forward(*arrays) -> output (numpy); vjp(cotangent, *arrays) -> one gradient per input
@@ -219,10 +258,15 @@ def check_numpy(forward: Callable, vjp: Callable, arrays: Sequence, *,
     its output. torch_fn: the same function in torch, for the torch reference (a third
     opinion). cotangents: as check_function's; `vjp` gets a transposed view, a read-only
     stride-0 view and an offset view of the cotangent in the permuted, expanded and sliced
-    checks."""
+    checks. jvp(tangents, *arrays) -> J t: a hand-written Jacobian-vector product (one
+    tangent per input, None for one held constant), checked with ad="fwd" or "both"
+    (check_function's `ad`; a numpy pair has no second order)."""
+    if ad != "rev" and jvp is None:
+        raise ValueError(f"check_numpy(ad={ad!r}) checks a hand-written JVP: pass jvp=")
     case = _function_case(forward, arrays, grad, name, "check_numpy", False,
                           torch_fn=torch_fn, reference_forward=reference or forward)
-    return _check_layouts(case, cotangents, mode=mode, adapter=NumpyAdapter(forward, vjp))
+    return _check_modes(case, cotangents, ad, 1, mode=mode,
+                        adapter=NumpyAdapter(forward, vjp, jvp))
 
 
 def _torch_forward(fn: Callable) -> Callable:
@@ -237,7 +281,8 @@ def _torch_forward(fn: Callable) -> Callable:
 
 def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None = None,
                 reference: Callable | None = None, name: str | None = None,
-                mode: str = "auto", cotangents: Sequence[str] = COTANGENTS) -> Result:
+                mode: str = "auto", cotangents: Sequence[str] = COTANGENTS,
+                ad: str = "rev", order: int = 1) -> Result:
     """Check torch's gradient of `fn(*tensors)` (any torch callable, custom
     torch.autograd.Function included) at `arrays` (numpy arrays or tensors, float32 or
     float64), run in the inputs' dtypes.
@@ -248,11 +293,13 @@ def check_torch(fn: Callable, arrays: Sequence, *, grad: Sequence[bool] | None =
     forward is checked against its output. cotangents: as check_function's; backward gets
     grad_output as a permuted view, a stride-0 expansion and an offset slice of a larger
     tensor in those checks (a backward that calls grad_output.view(...) or reads its
-    storage as contiguous fails them)."""
+    storage as contiguous fails them). ad and order: as check_function's; forward mode is
+    torch.func.jvp (a Function's `jvp` rule), order 2 both double backward and forward
+    over reverse (a Function whose backward detaches what it saved fails it)."""
     arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else a for a in arrays]
     case = _function_case(fn, arrays, grad, name, "check_torch", False,
                           reference_forward=_torch_forward(reference or fn))
-    return _check_layouts(case, cotangents, mode=mode, adapter=TorchAdapter(fn))
+    return _check_modes(case, cotangents, ad, order, mode=mode, adapter=TorchAdapter(fn))
 
 
 def _passed(result: Result) -> Result:

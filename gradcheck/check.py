@@ -50,13 +50,20 @@ from checkkit.worker import RemoteError, WorkerCrash
 from engine.registry import get_op
 from engine.tensor import is_float
 from gradcheck import precision
+from gradcheck.adapters.base import Unsupported
 from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
 from gradcheck.backward_ops import check_backward_op, is_backward_op_case, with_vjp_check
 from gradcheck.cross_backend import compares_with_cpu, versus_cpu
+from gradcheck.derivatives import AD_MODES, ORDERS, hvp_verdict, jvp_verdict, row_name
 from gradcheck.modes import choose_mode, compared_gradients
 from gradcheck.numeric import compare
-from gradcheck.reference import float64_reference, settled, torch_reference
+from gradcheck.reference import (
+    float64_reference,
+    forward_comparison,
+    settled,
+    torch_reference,
+)
 from gradcheck.scale import check_scale_sample
 from gradcheck.verdict import Outcomes, judge
 from reports import Result
@@ -95,6 +102,15 @@ def _backend_label(adapter) -> str:
             return "cpu"
 
 
+def _adapter_for(adapter, inject, backend):
+    if adapter is None:
+        return EngineAdapter(backend, inject)
+    if inject or backend != "cpu":
+        raise ValueError("inject and backend apply to our engine only; pass "
+                         f"EngineAdapter(backend, inject) instead of engine {adapter.name!r}")
+    return adapter
+
+
 def check_sample(case, inject: str | None = None, mode: str = "auto",
                  backend: str = "cpu", use_torch: bool = True, adapter=None) -> Result:
     """Judge the forward and backward pass of one case (a registry Sample, or any object
@@ -106,17 +122,67 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
     error row, and only the user's Ctrl-C (checkkit.raised) goes on up.
     use_torch False leaves the torch reference out (no import: start-up is faster by its
     import time)."""
-    if adapter is None:
-        adapter = EngineAdapter(backend, inject)
-    elif inject or backend != "cpu":
-        raise ValueError("inject and backend apply to our engine only; pass "
-                         f"EngineAdapter(backend, inject) instead of engine {adapter.name!r}")
-    t0 = time.perf_counter()
-    name = str(case)
+    adapter = _adapter_for(adapter, inject, backend)
     labels = case_labels(case, adapter, mode)
+    return _guarded(case, str(case), adapter, labels,
+                    lambda a: _compare_and_judge(case, a, mode, labels, use_torch))
+
+
+def check_derivative(case, kind: str, inject: str | None = None, mode: str = "auto",
+                     backend: str = "cpu", use_torch: bool = True, adapter=None) -> Result:
+    """The forward-mode ("fwd") or second-order ("order 2") row of one case
+    (gradcheck.derivatives), with check_sample's arguments and guarantees. `unsupported`
+    where the engine has no such mode (no `jvp` or `hvp`) or refuses the case; `skip` for
+    an op without a gradient, and for the scale tier (too big for the numerics)."""
+    adapter = _adapter_for(adapter, inject, backend)
+    labels = case_labels(case, adapter, mode) | (
+        {"ad": "fwd"} if kind == "fwd" else {"order": "2"})
+    name = row_name(case, kind)
     op = get_op(case.op) if getattr(case, "registered", True) else None
     if op is not None and not op.differentiable:
-        if op.vjp_of is None:         # else checked against its forward op's VJP, below
+        return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
+                      labels=labels)
+    if getattr(case, "tier", "fast") == "scale":
+        return Result("gradcheck", name, "skip", message="forward mode and second order "
+                      "are checked on the fast tier's cases (a scale case is too big for "
+                      "their numerics)", labels=labels)
+    method = "jvp" if kind == "fwd" else "hvp"
+    if not callable(getattr(adapter, method, None)):
+        what = "forward mode (jvp)" if kind == "fwd" else "second order (hvp)"
+        return Result("gradcheck", name, "unsupported", labels=labels,
+                      message=f"engine {adapter.name} offers no {what} to gradcheck")
+    if kind == "fwd":
+        def body(a):
+            return jvp_verdict(case, a, use_torch, labels)
+    else:
+        def body(a):
+            return hvp_verdict(case, a, mode, use_torch, labels)
+    return _guarded(case, name, adapter, labels, body)
+
+
+def check_case(case, ad: str = "rev", order: int = 1, **check) -> list[Result]:
+    """The rows of one case: its reverse-mode row (check_sample) unless `ad` is "fwd", its
+    forward-mode row when `ad` is "fwd" or "both", its second-order row when `order` is 2
+    (check_derivative); `check`: check_sample's keyword arguments."""
+    if ad not in AD_MODES or order not in ORDERS:
+        raise ValueError(f"ad must be one of {', '.join(AD_MODES)} and order one of "
+                         f"{', '.join(map(str, ORDERS))}; got {ad!r}, {order!r}")
+    rows = [check_sample(case, **check)] if ad != "fwd" else []
+    if ad != "rev":
+        rows.append(check_derivative(case, "fwd", **check))
+    if order == 2:
+        rows.append(check_derivative(case, "order 2", **check))
+    return rows
+
+
+def _guarded(case, name, adapter, labels, body) -> Result:
+    """`body(adapter)`'s row, run as check_sample promises: unsupported where the adapter
+    says so, in a worker for an isolated adapter, a crash row for a dead worker, an error
+    row for whatever else is raised (the user's Ctrl-C goes on up); its seconds timed."""
+    t0 = time.perf_counter()
+    op = get_op(case.op) if getattr(case, "registered", True) else None
+    if name == str(case) and op is not None and not op.differentiable:
+        if op.vjp_of is None:         # else checked against its forward op's VJP
             return Result("gradcheck", name, "skip", message=f"no gradient: {op.no_grad}",
                           labels=labels)
     with SignalWatch() as watch:
@@ -127,9 +193,12 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
                                  labels=labels)
             elif adapter.isolated and not isinstance(adapter, IsolatedAdapter):
                 with IsolatedAdapter(adapter) as isolated:
-                    verdict = _compare_and_judge(case, isolated, mode, labels, use_torch)
+                    verdict = body(isolated)
             else:
-                verdict = _compare_and_judge(case, adapter, mode, labels, use_torch)
+                verdict = body(adapter)
+        except Unsupported as exc:
+            verdict = Result("gradcheck", name, "unsupported", message=str(exc),
+                             labels=labels)
         except WorkerCrash as exc:
             verdict = Result("gradcheck", name, "crash", message=f"crash: {exc}",
                              labels=labels)
@@ -139,14 +208,6 @@ def check_sample(case, inject: str | None = None, mode: str = "auto",
                              message=_error_message(exc))
     verdict.metrics["seconds"] = round(time.perf_counter() - t0, 3)
     return verdict
-
-
-def _forward_comparison(out, f64_out, precision: str):
-    """The engine's output against the float64 reference's: a Comparison for a float
-    output, whether the two are equal for an integer one (see gradcheck.verdict)."""
-    if not is_float(out.dtype):
-        return bool(np.array_equal(out, f64_out))
-    return compare(out, f64_out, precision)
 
 
 def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
@@ -179,9 +240,7 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
                                     f"{case.inputs[i].name}")
     mode = choose_mode(mode, sum(leaves[i].size for i in checked))
     labels["mode"] = mode
-    forward = (_forward_comparison(out, f64_out, case.precision) if constant is None else
-               compare(settled(out, f64_out, constant), settled(f64_out, f64_out, constant),
-                       case.precision))
+    forward = forward_comparison(out, f64_out, constant, case.precision)
     torch_ref = torch_reference(case, arrays, weights) if use_torch else None
     compared = compared_gradients(
         case, f64_ref, checked, mode, [backprop[i] for i in checked],

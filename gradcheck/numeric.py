@@ -204,3 +204,104 @@ def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
         failures=int(np.count_nonzero(bad)), nonfinite=nonfinite,
         worst_index=tuple(int(i) for i in worst),
         worst_value=float(a[worst]), worst_expected=float(n[worst]))
+
+
+SECOND_ORDER_STEP_FACTOR = 30.0   # second order: steps of 30 step_for (3e-3 at inputs of 1)
+
+
+def second_order_step(*xs) -> float:
+    """The step of both differentiations of hessian_vector: 30 times step_for(*xs) (3e-3
+    for inputs of magnitude 1 and more, shrinking with tiny inputs). Nesting divides the
+    rounding of the loss by the square of the step: at 1e-4 it would be some 1e-8 of the
+    loss's magnitude, at 3e-3 some 2e-11, while the truncation error (O(h^4), estimated by
+    |d4 - d2|) stays far below the tolerances."""
+    return SECOND_ORDER_STEP_FACTOR * step_for(*xs)
+
+
+def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = None,
+                   magnitude: float = 0.0) -> list[Derivative] | Derivative:
+    """Numerical Hessian-vector products of f() (a scalar of the float64 arrays `xs`, which
+    it reads and which are moved and restored here) along `v` (arrays shaped like xs):
+    the gradient of the directional derivative D_v f, both by the 4th-order stencil.
+
+    With `outer` None, per element of every x (one Derivative per x, shaped like it): 5
+    evaluations of f per inner derivative, 4 inner derivatives per element. With `outer`
+    a list of directions (each a list of arrays like xs), the projections <u, H v> for
+    each direction u instead (one Derivative of one value per direction).
+
+    Error estimates: the outer stencil's |d4 - d2| plus 1.5 / h times the largest rounding
+    error of the inner derivatives it combines (its coefficients |8|+|8|+|1|+|1| over
+    12 h), each 4 eps max(|f|, magnitude) / h. An element is a
+    kink where the outer one-sided slopes differ beyond their error, or where an inner
+    derivative straddled a kink (D_v f jumps within the stencil)."""
+    if h is None:
+        h = second_order_step(*xs)
+    base = [x.copy() for x in xs]
+    moved = [x.copy() for x in xs]       # the point an inner derivative is taken at
+
+    def inner():
+        """D_v f at the current point: (value, rounding error, kink)."""
+        f0 = f()
+        fs = []
+        for d in (h, -h, 2 * h, -2 * h):
+            for x, x0, vi in zip(xs, moved, v, strict=True):
+                np.copyto(x, x0 + d * vi)
+            fs.append(f())
+        for x, x0 in zip(xs, moved, strict=True):
+            np.copyto(x, x0)
+        d4, err, jump, jump_err = _stencil(f0, *fs, h, magnitude)
+        kink = jump > KINK_JUMP * max(1.0, abs(d4)) + KINK_ERR_FACTOR * jump_err
+        rounding = 4 * EPS64 * max(magnitude, *(abs(y) for y in (f0, *fs))) / h
+        return float(d4), rounding, bool(kink)
+
+    def outer_stencil(move):
+        """The stencil of the inner derivative along one outer coordinate or direction:
+        `move(d)` moves the inputs by d along it (from base)."""
+        vals, errs, kinked = [], [], False
+        for d in (0.0, h, -h, 2 * h, -2 * h):
+            move(d)
+            for x, m in zip(xs, moved, strict=True):
+                np.copyto(m, x)
+            value, err, kink = inner()
+            vals.append(value)
+            errs.append(err)
+            kinked |= kink
+        move(0.0)
+        d4, _, jump, _ = _stencil(*vals, h)
+        # the inner derivatives' rounding, amplified by the outer stencil (their
+        # truncation error is smooth in x: its derivative is of the same small order)
+        noise = 1.5 * max(errs) / h
+        err = abs(d4 - (vals[1] - vals[2]) / (2 * h)) + noise
+        return d4, err, jump, err, kinked
+
+    if outer is None:
+        out = []
+        for x, x0 in zip(xs, base, strict=True):
+            flat, flat0 = x.reshape(-1), x0.reshape(-1)
+            vals, errs, jumps, jerrs, kinks = [], [], [], [], []
+            for i in range(flat.size):
+                def move(d, i=i, flat=flat, flat0=flat0):
+                    flat[i] = flat0[i] + d
+                d4, err, jump, jerr, kinked = outer_stencil(move)
+                vals.append(d4)
+                errs.append(err)
+                jumps.append(jump)
+                jerrs.append(jerr)
+                kinks.append(kinked)
+            d = _finish(vals, errs, jumps, jerrs)
+            out.append(Derivative(d.value.reshape(x.shape), d.error.reshape(x.shape),
+                                  (d.kink | np.array(kinks)).reshape(x.shape)))
+        return out
+    vals, errs, jumps, jerrs, kinks = [], [], [], [], []
+    for u in outer:
+        def move(d, u=u):
+            for x, x0, ui in zip(xs, base, u, strict=True):
+                np.copyto(x, x0 + d * ui)
+        d4, err, jump, jerr, kinked = outer_stencil(move)
+        vals.append(d4)
+        errs.append(err)
+        jumps.append(jump)
+        jerrs.append(jerr)
+        kinks.append(kinked)
+    d = _finish(vals, errs, jumps, jerrs)
+    return Derivative(d.value, d.error, d.kink | np.array(kinks))

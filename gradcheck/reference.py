@@ -29,6 +29,7 @@ from engine.backends.cpu import paths
 from engine.tensor import is_float
 from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
 from gradcheck.adapters.torch_adapter import as_torch
+from gradcheck.numeric import compare
 
 
 def constant_cells(f64_out) -> np.ndarray | None:
@@ -51,6 +52,18 @@ def settled(a, f64_out, constant) -> np.ndarray:
     if constant is None:
         return a
     return np.where(constant, np.where(a == f64_out, 0.0, np.nan), a)
+
+
+def forward_comparison(out, f64_out, constant, precision: str):
+    """The engine's output against the float64 reference's: a Comparison for a float
+    output (its constant cells settled), whether the two are equal for an integer one
+    (see gradcheck.verdict)."""
+    if not is_float(np.asarray(out).dtype):
+        return bool(np.array_equal(out, f64_out))
+    if constant is None:
+        return compare(out, f64_out, precision)
+    return compare(settled(out, f64_out, constant), settled(f64_out, f64_out, constant),
+                   precision)
 
 
 class Float64Reference:

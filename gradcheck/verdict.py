@@ -47,6 +47,8 @@ class GradientOutcome:
     finite: bool = True                       # backprop holds no NaN or Inf
     vs_torch: Comparison | None = None        # b-t (None: no torch reference)
     numerical_vs_torch: Comparison | None = None   # n-t (None: no torch reference)
+    subject: str = ""                         # what is judged, in messages (default:
+    #                                           "backprop of NAME"; "the JVP", ...)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +80,9 @@ def arbitrate(g: GradientOutcome, worst: str) -> Arbitration:
     if bn.ok and bt.ok and nt.ok:
         return Arbitration(None)
     if not bn.ok and not bt.ok and nt.ok:
-        problem = (f"numerical: backprop of {g.name} is off ({bn.failures}/{bn.checked} "
-                   f"elements), numerical and torch agree, worst {worst}")
+        problem = (f"numerical: {g.subject or 'backprop of ' + g.name} is off "
+                   f"({bn.failures}/{bn.checked} elements), numerical and torch agree, "
+                   f"worst {worst}")
     elif not bn.ok and bt.ok:
         problem = (f"numerical: {g.name}: numerical gradient disagrees with backprop and "
                    "torch (the float64 reference's forward does not match the backward of "
@@ -144,6 +147,9 @@ class Outcomes:
     vs_cpu: tuple[str, ...] | None = None    # None: not compared; else what differs
     declined: str = ""                       # "input: why; ..." of the declined inputs
     precision: Any = None                    # gradcheck.precision.Verdict (None: not judged)
+    others: tuple[str, ...] = ()             # problems of checks beside these comparisons
+    #                                          (forward mode's adjoint identity)
+    notes: tuple[str, ...] = ()              # what the row says without failing for it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +189,8 @@ class Verdict:
 def judge(o: Outcomes) -> Verdict:
     """The verdict on one case: "fail" when any comparison names a problem, else "pass".
     The message lists the problems in this order: forward, each gradient, torch's forward,
-    kinks, determinism, vs_cpu; then the declined inputs."""
+    the other checks' (`others`), precision, kinks, determinism, vs_cpu; then the declined
+    inputs and the notes."""
     problems = []
     forward = forward_problem(o.forward)
     if forward:
@@ -208,6 +215,7 @@ def judge(o: Outcomes) -> Verdict:
     if torch_forward:
         problems.append(torch_forward)
         torch_off = True
+    problems += o.others
     for problem in (None if o.precision is None else o.precision.problem,
                     kink_problem(checked, kinks),
                     "determinism: two backward runs gave different bits" if o.differs
@@ -217,7 +225,8 @@ def judge(o: Outcomes) -> Verdict:
             problems.append(problem)
     vs_cpu = None if o.vs_cpu is None else "off" if o.vs_cpu else "agree"
     return Verdict("fail" if problems else "pass", tuple(problems),
-                   (f"declined (not checked): {o.declined}",) if o.declined else (),
+                   ((f"declined (not checked): {o.declined}",) if o.declined else ()) +
+                   o.notes,
                    checked, kinks, max_abs, max_rel, worst, "off" if forward else "agree",
                    "n/a" if not o.torch_ran else "off" if torch_off else "agree", vs_cpu,
                    {} if o.precision is None else o.precision.metrics())

@@ -47,6 +47,23 @@ through it; without it, gradcheck.backward_ops takes the output of `vjp`), and
 `forward_only_checks(case)` with `forward_only_output(variant, case, arrays)`: ops of the
 engine without a backward that compute the case's op, checked on their forward alone in
 rows of their own (gradcheck.forward_only; ggml's flash attention).
+
+Forward mode and second order (`gradcheck --ad fwd|both`, `--order 2`; gradcheck.derivatives)
+are two more optional methods, for engines that have them:
+
+- `jvp(case, arrays, tangents) -> JVP`: the output and the Jacobian-vector product J t,
+  the derivative of the output along `tangents` (per case input, an array shaped and laid
+  out as its values, or None for an input that is not checked: held constant);
+- `hvp(case, arrays, weights, direction, method) -> VJP`: the output and, per checked input,
+  the Hessian-vector product of the loss sum(output * weights) along `direction` (laid out
+  as `tangents`), i.e. the gradient of <grad loss, direction>, with the same layout rules
+  as `vjp`'s gradients (`leaf_gradients` included). `method` is one of the adapter's
+  `hvp_methods`, e.g. "rev-rev" (reverse over reverse) and "fwd-rev" (forward over
+  reverse); each is checked.
+
+Either may raise `Unsupported(reason)` for a case it cannot differentiate so (an op whose
+backward is not differentiable); the row is then `unsupported` with the reason. An adapter
+without the method has no such mode: its rows say so.
 """
 
 from __future__ import annotations
@@ -112,6 +129,20 @@ class VJP:
     output: np.ndarray
     grads: list[np.ndarray | None]
     differs: bool = False
+
+
+@dataclasses.dataclass
+class JVP:
+    """What an engine computed in forward mode for one case: its output and the
+    Jacobian-vector product J t, shaped like the output (see the module docstring)."""
+
+    output: np.ndarray
+    tangent: np.ndarray
+
+
+class Unsupported(Exception):
+    """Raised by an adapter's `jvp` or `hvp` for a case it cannot differentiate that way:
+    the case's row is `unsupported`, with this message as the reason."""
 
 
 @runtime_checkable

@@ -13,6 +13,17 @@ part of its output shows it.
 
 Known bugs injected with `--inject` patch our registry's backward rules and kernels, so they
 belong to this adapter: `EngineAdapter(backend, inject="scale:1.01")`.
+
+Second order and forward mode (gradcheck.derivatives) come from differentiating the
+backward graph again, which the engine does as it does the forward one (`second_gradients`):
+the Hessian-vector product is the gradient of <grad loss, v> with respect to the inputs
+(reverse over reverse), and the Jacobian-vector product J t the gradient of <grad loss, t>
+with respect to the loss weights w (J^T w is linear in w: its gradient along w is J t, the
+transpose of the backward). The engine has no forward mode of its own; the JVP so made
+checks each op's backward rule a second way, through the backward rules of the ops its
+backward is built of. An op whose backward is a dedicated backward op without a backward
+rule of its own (softmax_back, norm_back, the activations' `<name>_back`, ...) has neither:
+`Unsupported`, naming the op.
 """
 
 from __future__ import annotations
@@ -22,10 +33,11 @@ import numpy as np
 import engine
 from engine import ops
 from engine.backends.cpu import paths
+from engine.errors import EngineError
 from engine.registry import OPS
-from engine.tensor import as_dtype, constant, is_float
+from engine.tensor import Flag, as_dtype, constant, is_float
 from gradcheck.adapters import AdapterSpec
-from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
+from gradcheck.adapters.base import JVP, VJP, Unsupported, cotangent_axes, sliced_weights
 from gradcheck.injection import injected, parse
 
 
@@ -165,3 +177,74 @@ class EngineAdapter:
                          for spec, g in zip(case.inputs, leaf_grads, strict=True)]
                 answers.append(VJP(np.array(out.numpy()), views))
         return answers
+
+    hvp_methods = ("rev-rev",)
+
+    def hvp(self, case, arrays, weights, direction, method: str = "rev-rev") -> VJP:
+        """The output and the gradient of <grad loss, direction> with respect to each checked
+        input (reverse over reverse), in the case's dtype on this backend."""
+        if method != "rev-rev":
+            raise ValueError(f"our engine's second order is rev-rev, not {method!r}")
+        leaves, out, hv = self._second(case, arrays, weights, direction, weights_param=False)
+        return VJP(out, [None if g is None else spec.from_leaf(g)
+                         for spec, g in zip(case.inputs, (hv.get(t) for t in leaves),
+                                            strict=True)])
+
+    def jvp(self, case, arrays, tangents) -> JVP:
+        """The output and J t, the gradient of <grad loss, t> with respect to the loss
+        weights (the transpose of the backward; see the module doc), in the case's dtype."""
+        # weights of one: any would do, J^T w being linear in w
+        _, out, hv = self._second(case, arrays, None, tangents, weights_param=True)
+        return JVP(out, hv["weights"])
+
+    def _second(self, case, arrays, weights, direction, weights_param: bool):
+        """(leaves, output, {leaf or "weights": gradient of <grad loss, direction>}) of
+        `case`: its backward graph differentiated again (second_gradients)."""
+        leaves, out, w, loss = weighted_graph(case, arrays, as_params=True)
+        if loss is None:
+            raise TypeError(f"{case}: the output is {out.dtype}, not a float: no gradient")
+        set_weights(w, np.ones(w.shape) if weights is None else weights)
+        if weights_param:
+            w.set_flag(Flag.PARAM)
+        dirs = {t: np.asarray(spec.to_leaf(np.asarray(d)), t.dtype)
+                for spec, t, d in zip(case.inputs, leaves, direction, strict=True)
+                if d is not None and t.is_param}
+        case_ops = {t.op for t in engine.Graph([out]).nodes if not t.is_leaf}
+        with injected(self.inject, case_ops), paths.poisoned():
+            graph, grads = second_gradients(loss, dirs, str(case))
+            poison_outputs(graph)
+            graph.compute(self.backend)
+            found = {t: np.array(g.numpy()) for t, g in grads.items()}
+        result = {t: found.get(t, np.zeros(t.shape, t.dtype)) for t in leaves if t.is_param}
+        if weights_param:
+            result["weights"] = found.get(w, np.zeros(w.shape, w.dtype))
+        return leaves, np.array(out.numpy()), result
+
+
+def second_gradients(loss, directions: dict, name: str):
+    """(graph, gradients) of s = sum over params p of <d loss / d p, directions[p]>: the
+    backward graph of `loss` built, s made of it, and s's own backward built on top
+    (gradients keyed by param, as Graph.build_backward's; none where s depends on no
+    param, e.g. a linear op's Hessian). The graph computes the loss too. Unsupported where
+    an op on the way has no backward of its own (a dedicated backward op's)."""
+    first = engine.Graph([loss], name=f"{name}.first")
+    grads = first.build_backward(loss)        # seeds the loss gradient with 1
+    terms = []
+    for p, d in directions.items():
+        if p in grads:
+            v = engine.input_tensor(p.shape, p.dtype, name=f"{p.name}.direction")
+            v.set(d)
+            terms.append(ops.sum(ops.mul(grads[p], v)))
+    if not terms:
+        raise Unsupported("the loss does not depend on the inputs given a direction")
+    s = terms[0]
+    for t in terms[1:]:
+        s = ops.add(s, t)
+    graph = engine.Graph([s, loss], name=f"{name}.second")     # loss: the output too
+    if not graph.params():      # the gradient does not depend on any param: s is constant
+        return graph, {}
+    try:
+        second = graph.build_backward(s)
+    except EngineError as exc:
+        raise Unsupported(f"our engine cannot differentiate this backward: {exc}") from None
+    return graph, second

@@ -8,6 +8,11 @@ respect to each input. See gradcheck.api.check_numpy. A case's input views reach
 vjp as numpy views (sliced: an offset and strides; expanded: stride 0, read-only); the
 gradient of each element is gathered into its leaf's by gradcheck (the adapter does not set
 `leaf_gradients`, see gradcheck.adapters.base).
+
+With `jvp`, a hand-written Jacobian-vector product too, for forward mode:
+    jvp(tangents, *arrays) -> J t, the derivative of the output along `tangents` (one per
+    input, None for an input held constant), shaped like the output.
+Without it the adapter has no `jvp` and gradcheck says so (gradcheck.derivatives).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.tensor import is_float
-from gradcheck.adapters.base import VJP, cotangent_view
+from gradcheck.adapters.base import JVP, VJP, cotangent_view
 
 
 class NumpyAdapter:
@@ -25,11 +30,15 @@ class NumpyAdapter:
     isolated = False
     backend = "cpu"
 
-    def __init__(self, forward: Callable, vjp: Callable):
+    def __init__(self, forward: Callable, vjp: Callable, jvp: Callable | None = None):
         if not callable(forward) or not callable(vjp):
             raise TypeError("NumpyAdapter needs a forward and a vjp callable, got "
                             f"{type(forward).__name__} and {type(vjp).__name__}")
-        self.forward, self.backward = forward, vjp
+        if jvp is not None and not callable(jvp):
+            raise TypeError(f"NumpyAdapter's jvp must be callable, got {type(jvp).__name__}")
+        self.forward, self.backward, self._jvp = forward, vjp, jvp
+        if jvp is not None:
+            self.jvp = self._forward_mode
 
     def describe(self) -> str:
         def name(f):
@@ -57,6 +66,16 @@ class NumpyAdapter:
                              "inputs")
         return VJP(out, [None if g is None or not spec.grad else np.asarray(g)
                          for spec, g in zip(case.inputs, grads, strict=True)])
+
+
+    def _forward_mode(self, case, arrays, tangents) -> JVP:
+        """The output and the hand-written J t (see the module doc)."""
+        arrays = [_view(spec, np.asarray(a)) for spec, a in zip(case.inputs, arrays,
+                                                                  strict=True)]
+        tangents = [None if t is None else _view(spec, np.asarray(t))
+                    for spec, t in zip(case.inputs, tangents, strict=True)]
+        return JVP(np.asarray(self.forward(*arrays)),
+                   np.asarray(self._jvp(tangents, *arrays)))
 
 
 def _view(spec, value: np.ndarray) -> np.ndarray:

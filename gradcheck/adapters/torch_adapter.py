@@ -9,6 +9,12 @@ non-contiguous paths are exercised as ours are; so are sliced (offset, strided) 
 
 With `fn`, any torch callable (tensors in, one tensor out), custom torch.autograd.Function
 included, is run instead of the registry's equivalent: see gradcheck.api.check_torch.
+
+Forward mode is torch's forward-mode AD (torch.func.jvp: each op's, or a Function's, `jvp`
+rule); second order is torch's double backward ("rev-rev": autograd.grad with
+create_graph, then the gradient of <grad, v>) and forward over reverse ("fwd-rev":
+torch.func.jvp of torch.func.grad). A function torch cannot differentiate so (a Function
+without a `jvp` rule, an op without a double backward) is Unsupported, with torch's reason.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine.tensor import DTYPES
-from gradcheck.adapters.base import VJP, cotangent_axes, sliced_weights
+from gradcheck.adapters.base import JVP, VJP, Unsupported, cotangent_axes, sliced_weights
 
 
 def as_torch(a: np.ndarray):
@@ -123,3 +129,88 @@ class TorchAdapter:
                             tuple(t.shape), from_torch(t).dtype))
                      for spec, t in zip(case.inputs, leaves, strict=True)]
         return VJP(from_torch(out).copy(), grads)
+
+    hvp_methods = ("rev-rev", "fwd-rev")
+
+    def _leaves(self, case, arrays):
+        """(fn, kwargs, leaves, checked): the case's torch function and its leaves, copies of
+        `arrays` in the leaf layout; checked: the indices of the float inputs with grad."""
+        fn, kwargs = self._function(case)
+        leaves = [as_torch(spec.to_leaf(np.asarray(a)))
+                  for spec, a in zip(case.inputs, arrays, strict=True)]
+        checked = [i for i, (spec, t) in enumerate(zip(case.inputs, leaves, strict=True))
+                   if spec.grad and t.dtype.is_floating_point]
+        return fn, kwargs, leaves, checked
+
+    def _forward_of(self, case, fn, kwargs, leaves, checked):
+        """f(*checked leaves) -> output: the case's function of its checked leaves (the
+        others held), each viewed as the op sees it."""
+        def forward(*diff):
+            values = list(leaves)
+            for i, t in zip(checked, diff, strict=True):
+                values[i] = t
+            return fn(*(torch_view(spec, t) for spec, t in zip(case.inputs, values,
+                                                                strict=True)), **kwargs)
+        return forward
+
+    def jvp(self, case, arrays, tangents) -> JVP:
+        """torch's forward-mode derivative of the output along `tangents`, in the inputs'
+        dtypes (torch.func.jvp)."""
+        import torch
+        fn, kwargs, leaves, checked = self._leaves(case, arrays)
+        forward = self._forward_of(case, fn, kwargs, leaves, checked)
+        primals = tuple(leaves[i] for i in checked)
+        tans = tuple(as_torch(np.asarray(case.inputs[i].to_leaf(np.asarray(tangents[i])),
+                                         arrays[i].dtype)) for i in checked)
+        try:
+            out, tangent = torch.func.jvp(forward, primals, tans)
+        except (NotImplementedError, RuntimeError) as exc:
+            raise Unsupported(f"torch has no forward-mode derivative here: "
+                              f"{_first_line(exc)}") from None
+        return JVP(from_torch(out).copy(), from_torch(tangent).copy())
+
+    def hvp(self, case, arrays, weights, direction, method: str = "rev-rev") -> VJP:
+        """torch's gradient of <grad loss, direction> (loss = sum(output * weights)) per
+        checked input, by `method` (hvp_methods), in the inputs' dtypes."""
+        import torch
+        fn, kwargs, leaves, checked = self._leaves(case, arrays)
+        forward = self._forward_of(case, fn, kwargs, leaves, checked)
+        primals = tuple(leaves[i] for i in checked)
+        dirs = tuple(as_torch(np.asarray(case.inputs[i].to_leaf(np.asarray(direction[i])),
+                                         arrays[i].dtype)) for i in checked)
+        w_np = np.asarray(weights, np.float64)
+
+        def loss(*diff):
+            out = forward(*diff)
+            return (out * torch.from_numpy(w_np.reshape(tuple(out.shape))).to(out.dtype)).sum()
+        try:
+            if method == "rev-rev":
+                xs = [p.detach().clone().requires_grad_(True) for p in primals]
+                grads = torch.autograd.grad(loss(*xs), xs, create_graph=True,
+                                            allow_unused=True)
+                s = sum((g * d).sum() for g, d in zip(grads, dirs, strict=True)
+                        if g is not None and g.requires_grad)
+                hv = ([None] * len(xs) if not torch.is_tensor(s) else
+                      torch.autograd.grad(s, xs, allow_unused=True))
+            elif method == "fwd-rev":
+                grad = torch.func.grad(loss, argnums=tuple(range(len(primals))))
+                _, hv = torch.func.jvp(grad, primals, dirs)
+            else:
+                raise ValueError(f"torch's second-order methods are {self.hvp_methods}, "
+                                 f"not {method!r}")
+            with torch.no_grad():
+                out = forward(*primals)
+        except (NotImplementedError, RuntimeError) as exc:
+            raise Unsupported(f"torch cannot take this second derivative ({method}): "
+                              f"{_first_line(exc)}") from None
+        result: list[np.ndarray | None] = [None] * len(leaves)
+        for i, h in zip(checked, hv, strict=True):
+            h = (np.zeros(tuple(leaves[i].shape), from_torch(leaves[i]).dtype) if h is None
+                 else from_torch(h).copy())
+            result[i] = case.inputs[i].from_leaf(h)
+        return VJP(from_torch(out).copy(), result)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

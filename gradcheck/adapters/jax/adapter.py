@@ -19,6 +19,10 @@ Unsupported, with the reason in the row:
   pool_2d_back, the activations' `<name>_back`, ...): jax has no op of its own for them;
   their forward op's cases check jax's VJP;
 - an op with no jax equivalent here (a new registry op).
+
+Forward mode is jax.jvp; second order is the gradient of <grad loss, v> by jax.grad
+("rev-rev", reverse over reverse) and jax.jvp of jax.grad ("fwd-rev", forward over
+reverse), each jit-compiled as the VJP is.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from checkkit.cache import default_cache_dir
 from engine.registry import get_op
 from engine.tensor import is_float
-from gradcheck.adapters.base import VJP, AdapterError
+from gradcheck.adapters.base import JVP, VJP, AdapterError
 
 try:
     import jax
@@ -128,6 +132,78 @@ class JaxAdapter:
                 return out, None
             got = iter(pullback(weights.reshape(out.shape).astype(out.dtype)))
             return out, [next(got) if ok else None for ok in checked]
+        if self.jit:
+            run = jax.jit(run)
+        self._compiled[key] = run
+        return run
+
+
+    hvp_methods = ("rev-rev", "fwd-rev")
+
+    def jvp(self, case, arrays, tangents) -> JVP:
+        """jax.jvp: the output and its derivative along `tangents`, in the inputs' dtypes."""
+        arrays = [np.asarray(a) for a in arrays]
+        checked = tuple(t is not None for t in tangents)
+        run = self._derivative("jvp", case, arrays, checked)
+        tans = tuple(np.asarray(t, a.dtype) for t, a in zip(tangents, arrays, strict=True)
+                     if t is not None)
+        with jax.default_device(self.device):
+            out, tangent = run(tuple(arrays), tans)
+        return JVP(np.asarray(out).copy(), np.asarray(tangent).copy())
+
+    def hvp(self, case, arrays, weights, direction, method: str = "rev-rev") -> VJP:
+        """The gradient of <grad loss, direction> by `method` (hvp_methods), in the inputs'
+        dtypes."""
+        if method not in self.hvp_methods:
+            raise ValueError(f"jax's second-order methods are {self.hvp_methods}, not "
+                             f"{method!r}")
+        arrays = [np.asarray(a) for a in arrays]
+        checked = tuple(d is not None for d in direction)
+        run = self._derivative(method, case, arrays, checked)
+        dirs = tuple(np.asarray(d, a.dtype) for d, a in zip(direction, arrays, strict=True)
+                     if d is not None)
+        with jax.default_device(self.device):
+            out, hv = run(tuple(arrays), np.asarray(weights, np.float64), dirs)
+        got = iter(hv)
+        return VJP(np.asarray(out).copy(), [np.asarray(next(got)).copy() if ok else None
+                                            for ok in checked])
+
+    def _derivative(self, kind, case, arrays, checked):
+        """The jit-compiled forward-mode ("jvp") or second-order ("rev-rev", "fwd-rev")
+        function of the case, once per op, parameters, shapes, dtypes and checked inputs."""
+        key = (kind, case.op, repr(case.params), checked,
+               tuple((a.shape, a.dtype.str) for a in arrays))
+        if key in self._compiled:
+            return self._compiled[key]
+        fn, params = self.function(case), case.kwargs
+
+        def of_checked(values):
+            def forward(*diff):
+                it = iter(diff)
+                return fn(*(next(it) if ok else v for ok, v in zip(checked, values,
+                                                                   strict=True)), **params)
+            return forward, tuple(v for ok, v in zip(checked, values, strict=True) if ok)
+
+        if kind == "jvp":
+            def run(values, tangents):
+                forward, diff = of_checked(values)
+                return jax.jvp(forward, diff, tangents)
+        else:
+            def run(values, weights, dirs):
+                forward, diff = of_checked(values)
+
+                def loss(*d):
+                    out = forward(*d)
+                    return jnp.sum(out * weights.reshape(out.shape).astype(out.dtype))
+                grad = jax.grad(loss, argnums=tuple(range(len(diff))))
+                if kind == "fwd-rev":
+                    hv = jax.jvp(grad, diff, dirs)[1]
+                else:
+                    def inner(*d):
+                        return sum(jnp.sum(g * v) for g, v in zip(grad(*d), dirs,
+                                                                 strict=True))
+                    hv = jax.grad(inner, argnums=tuple(range(len(diff))))(*diff)
+                return forward(*diff), hv
         if self.jit:
             run = jax.jit(run)
         self._compiled[key] = run
