@@ -9,6 +9,7 @@
     gradcheck --self-test                     injected bugs: every one must be caught
     gradcheck --op relu --inject scale:1.01   one known bug: must exit 1
     gradcheck --engine torch --op softmax     torch's autograd under the same checks
+    gradcheck --engine jax --op softmax --ad both --order 2   JVPs and Hessian-vector products
     gradcheck --engine ggml --op pool_2d      ggml's own ops (--ggml-lib DIR: your build)
     gradcheck --engine ggml --op pool_2d --random 50   generated cases in ggml, shrunk
     gradcheck --engine ggml --coverage        ggml's backward ops: the registry op checking each
@@ -39,6 +40,7 @@ from checkkit.worker import DEFAULT_CASE_TIMEOUT
 from engine.backends import BACKENDS
 from engine.backends.cpu.threads import environment_problem
 from gradcheck.cotangents import TIERS
+from gradcheck.derivatives import AD_MODES, ORDERS
 from gradcheck.injection import describe_injections
 from gradcheck.modes import MODES
 from gradcheck.request import COVERAGE_AS_IS, GradcheckRequest, run_plan
@@ -93,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="full: every element; fast: random projections; auto (default): "
                         "full for small cases, fast for large ones")
+    p.add_argument("--ad", choices=AD_MODES, default="rev",
+                   help="rev (default): the engine's VJP against numerical gradients; fwd: "
+                        "its JVP along random tangents against directional derivatives, "
+                        "and against its VJP by the adjoint identity; both: a row of each")
+    p.add_argument("--order", type=int, choices=ORDERS, default=1,
+                   help="2: also a row per case for the second derivative, the engine's "
+                        "Hessian-vector products (reverse over reverse, forward over "
+                        "reverse) against float64 differences of the first derivative")
     p.add_argument("-k", "--filter", metavar="TEXT",
                    help="only cases whose name contains TEXT, e.g. 'mode=max'")
     p.add_argument("--random", type=int, default=0, metavar="N",
@@ -116,7 +126,8 @@ def request_of(args) -> GradcheckRequest:
     return GradcheckRequest(
         op=tuple(args.op or ()), dtype=args.dtype, filter=args.filter, tier=args.tier,
         random=args.random, seed=args.seed, engine=args.engine,
-        backend=tuple(args.backend or ()), mode=args.mode, inject=args.inject,
+        backend=tuple(args.backend or ()), mode=args.mode, ad=args.ad, order=args.order,
+        inject=args.inject,
         no_torch=args.no_torch, ggml_lib=args.ggml_lib, ggml_threads=args.ggml_threads,
         case_timeout=args.case_timeout, coverage=args.coverage, self_test=args.self_test,
         repro=args.repro)

@@ -84,7 +84,8 @@ class _Prepared:
         self.declined_note = "; ".join(f"{case.inputs[i].name}: {why}"
                                        for i, why in declined.items())
         self.checked = [i for i in differentiable if i not in declined]
-        weights = loss_weights(self.ref.output_shape, case.seed())
+        weights = loss_weights(self.ref.output_shape, case.seed(),
+                               getattr(case, "cotangent", "contiguous"))
         self.weights, self.f64_out, self.constant = self.ref.weigh(weights)
 
     def unsupported(self) -> str | None:
@@ -170,20 +171,27 @@ def _third_opinion(compute):
 
 def adjoint_check(jvps, weights, tangents, grads, precision: str):
     """The adjoint identity per tangent k: <jvps[k], weights> against sum_i <tangents[k][i],
-    grads[i]> (leaf layouts). (problem or None, note or None, worst ratio of the
-    discrepancy to its allowance over the judged tangents)."""
-    _, rtol = TOLERANCES[precision]
+    grads[i]> (leaf layouts). Each side may be off by what the elementwise tolerances of
+    `precision` allow its elements (gradcheck.numeric.TOLERANCES: atol * max(1, max|x|) +
+    rtol * |x| per element x of J t or of a gradient), summed with the weights' or the
+    tangents' magnitudes. (problem or None, note or None, worst ratio of the discrepancy
+    to its allowance over the judged tangents)."""
+    atol, rtol = TOLERANCES[precision]
+    gscale = max([1.0] + [float(np.max(np.abs(g))) for g in grads if g.size])
     worst, judged, bad = 0.0, 0, []
     for k, (jt, ts) in enumerate(zip(jvps, tangents, strict=True)):
         a = float(np.sum(jt * weights))
         terms = [t * g for t, g in zip(ts, grads, strict=True)]
         b = float(sum(np.sum(x) for x in terms))
-        size = float(np.sum(np.abs(jt * weights)) + sum(np.sum(np.abs(x)) for x in terms))
-        allowed = rtol * size + 1e-300
         if not (np.isfinite(a) and np.isfinite(b)):
             bad.append(f"t{k}: <Jt, w> = {a:.6g}, <t, J^T w> = {b:.6g}")
             worst = float("inf")
             continue
+        jscale = max(1.0, float(np.max(np.abs(jt))) if jt.size else 0.0)
+        allowed = (atol * jscale * float(np.sum(np.abs(weights)))
+                   + rtol * float(np.sum(np.abs(jt * weights)))
+                   + atol * gscale * float(sum(np.sum(np.abs(t)) for t in ts))
+                   + rtol * float(sum(np.sum(np.abs(x)) for x in terms)))
         if max(abs(a), abs(b)) <= allowed:      # a 2x error of either side would pass
             continue
         judged += 1
@@ -193,8 +201,8 @@ def adjoint_check(jvps, weights, tangents, grads, precision: str):
             bad.append(f"t{k}: <Jt, w> = {a:.9g}, <t, J^T w> = {b:.9g} (allowed "
                        f"{allowed:.3g})")
     problem = (f"adjoint: the JVP and the VJP disagree ({'; '.join(bad)})" if bad else None)
-    note = (None if judged or bad else "adjoint identity not judged: <Jt, w> cancels "
-            "within its tolerance for every tangent")
+    note = (None if judged or bad else "adjoint identity not judged: <Jt, w> is within "
+            "its tolerance of 0 for every tangent (a 2x error would pass)")
     return problem, note, worst
 
 

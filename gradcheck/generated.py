@@ -30,7 +30,7 @@ import time
 from checkkit.raised import SignalWatch
 from engine.registry import get_op
 from engine.tensor import FLOAT_NAMES
-from gradcheck.check import check_sample, op_labels
+from gradcheck.check import check_case, op_labels
 from gradcheck.engine_under_test import EngineUnderTest
 from gradcheck.repro import FAILING, with_repro
 from reports import Result
@@ -51,10 +51,12 @@ class _Search:
     """The state of one hypothesis run: verdicts by case, drawn rows, unsupported draws and
     the shrink budget."""
 
-    def __init__(self, adapter, mode, use_torch, shrink_checks, shrink_seconds):
+    def __init__(self, adapter, mode, use_torch, shrink_checks, shrink_seconds,
+                 ad="rev", order=1):
         self.adapter, self.mode, self.use_torch = adapter, mode, use_torch
+        self.ad, self.order = ad, order
         self.shrink_checks, self.shrink_seconds = shrink_checks, shrink_seconds
-        self.verdicts: dict[str, Result] = {}
+        self.verdicts: dict[str, list[Result]] = {}
         self.drawn: list[Result] = []
         self.unsupported: collections.Counter[str] = collections.Counter()
         self.shrink_started: float | None = None    # set at the first failure
@@ -69,9 +71,10 @@ class _Search:
         self.budget_spent |= spent
         return spent
 
-    def verdict(self, case) -> Result | None:
-        """The case's Result, checked once; None when it is not to be checked (the engine
-        cannot run it, or the shrink budget is spent)."""
+    def verdict(self, case) -> list[Result] | None:
+        """The case's rows (gradcheck.check.check_case: one per mode asked for), checked
+        once; None when it is not to be checked (the engine cannot run it, or the shrink
+        budget is spent)."""
         key = repr(case)
         if key in self.verdicts:
             return self.verdicts[key]
@@ -82,17 +85,23 @@ class _Search:
             return None
         if self._over_budget():
             return None
-        result = check_sample(case, mode=self.mode, use_torch=self.use_torch,
-                              adapter=self.adapter)
-        self.verdicts[key] = result
+        rows = check_case(case, self.ad, self.order, mode=self.mode,
+                          use_torch=self.use_torch, adapter=self.adapter)
+        self.verdicts[key] = rows
         if self.shrink_started is None:
-            self.drawn.append(with_repro(result, case, self.adapter, self.mode,
-                                         by_repr=True, in_message=()))
-            if not result.ok:
+            self.drawn += [self.with_repro(row, case, ()) for row in rows]
+            if not all(row.ok for row in rows):
                 self.shrink_started = time.perf_counter()
         else:
             self.shrunk += 1
-        return result
+        return rows
+
+    def with_repro(self, row, case, in_message):
+        """`row` with the command that re-runs `case` in its mode (gradcheck.repro)."""
+        return with_repro(row, case, self.adapter, self.mode, by_repr=True,
+                          in_message=in_message,
+                          ad="fwd" if row.labels.get("ad") == "fwd" else "rev",
+                          order=2 if row.labels.get("order") == "2" else 1)
 
     def _unsupported(self, case) -> str | None:
         """The adapter's reason not to run `case`, as a str; None when it has none, or
@@ -133,20 +142,21 @@ def _minimal(result: Result, case, search: _Search) -> Result:
     if search.budget_spent:
         row.message += (f"; shrinking stopped at its budget ({search.shrink_checks} cases or "
                         f"{search.shrink_seconds:g} s): a smaller failing case may exist")
-    return with_repro(row, case, search.adapter, search.mode, by_repr=True,
-                       in_message=FAILING)
+    return search.with_repro(row, case, FAILING)
 
 
 def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", engine=None, *,
                       backend: str = "cpu", mode: str = "auto", use_torch: bool = True,
                       shrink_checks: int = SHRINK_CHECKS,
-                      shrink_seconds: float = SHRINK_SECONDS) -> list[Result]:
+                      shrink_seconds: float = SHRINK_SECONDS, ad: str = "rev",
+                      order: int = 1) -> list[Result]:
     """N generated cases of one op in `engine` (an EngineUnderTest, an adapter, or None:
     ours; ours runs on `backend`, with the engine's mutation), then, if one failed, errored
     or crashed, its shrunk case (labelled generated: minimal), and an `unsupported` row for
     draws the engine cannot run. An isolated adapter runs every case in one worker process
     (the engine's case_timeout: seconds per engine call there); a crash is a failing case,
-    and the next case restarts the worker."""
+    and the next case restarts the worker. `ad` and `order`: the modes each drawn case is
+    checked in (gradcheck.check.check_case); a case fails when any of its rows does."""
     op = get_op(op_name)
     if op.strategy is None:
         return [Result("gradcheck", f"{op_name}(generated)", "skip",
@@ -157,13 +167,14 @@ def generated_results(op_name: str, n: int, seed: int, dtype: str = "all", engin
                          f"{engine.adapter.name!r}")
     try:
         return _search(op, n, seed, dtype, mode, use_torch, engine.on_backend(backend),
-                       shrink_checks, shrink_seconds)
+                       shrink_checks, shrink_seconds, ad, order)
     finally:
         if own:
             engine.close()
 
 
-def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_seconds):
+def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_seconds,
+            ad, order):
     # hypothesis is imported here, not at the top: a sweep without --random never pays for it
     from hypothesis import HealthCheck, Phase, assume, given, settings
     from hypothesis import seed as hseed
@@ -171,7 +182,7 @@ def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_
     from hypothesis.errors import Unsatisfiable
 
     dtypes = list(FLOAT_NAMES) if dtype == "all" else [dtype]
-    search = _Search(adapter, mode, use_torch, shrink_checks, shrink_seconds)
+    search = _Search(adapter, mode, use_torch, shrink_checks, shrink_seconds, ad, order)
 
     @hseed(seed)
     @settings(max_examples=n, deadline=None, database=None, derandomize=False,
@@ -179,10 +190,11 @@ def _search(op, n, seed, dtype, mode, use_torch, adapter, shrink_checks, shrink_
               suppress_health_check=list(HealthCheck))
     @given(st.sampled_from(dtypes).flatmap(op.strategy))
     def prop(case):
-        result = search.verdict(case)
-        assume(result is not None)
-        if not result.ok:
-            raise _CaseFailed(result, case)
+        rows = search.verdict(case)
+        assume(rows is not None)
+        failing = [row for row in rows if not row.ok]
+        if failing:
+            raise _CaseFailed(failing[0], case)
 
     minimal: list[Result] = []
     try:

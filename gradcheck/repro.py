@@ -48,7 +48,8 @@ def _is_registry_sample(case) -> bool:
     return str(case) in {str(s) for s in tier_cases(op, getattr(case, "tier", "fast"))}
 
 
-def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> str | None:
+def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False,
+                  ad: str = "rev", order: int = 1) -> str | None:
     """The one-line gradcheck command that re-runs exactly this case in this engine, e.g.
     `gradcheck --engine ggml --op pool_2d -k '<case>'` for a registry sample, or
     `gradcheck --engine ggml --repro 'Sample(...)'` for any other Sample (and any Sample
@@ -68,6 +69,8 @@ def repro_command(case, adapter, mode: str = "auto", by_repr: bool = False) -> s
         if key in OPTION_FLAGS and value is not None and _DEFAULT_OPTIONS.get(key) != value:
             words += [OPTION_FLAGS[key], str(value)]
     words += what + ([] if mode == "auto" else ["--mode", mode])
+    words += ([] if ad == "rev" else ["--ad", ad]) + ([] if order == 1 else ["--order",
+                                                                            str(order)])
     return " ".join(_shell_word(w) for w in words)
 
 
@@ -81,13 +84,13 @@ def _shell_word(word: str) -> str:
 
 
 def with_repro(result, case, adapter, mode: str, by_repr: bool = False,
-               in_message: tuple[str, ...] = ("crash",)):
+               in_message: tuple[str, ...] = ("crash",), ad: str = "rev", order: int = 1):
     """`result` (changed in place and returned) with its repro command in metrics["repro"]
     when it failed, erred or crashed and the CLI can name the case (see repro_command);
     a row whose status is in `in_message` also ends its message with "; reproduce: CMD"."""
     if result.status not in FAILING:
         return result
-    command = repro_command(case, adapter, mode, by_repr)
+    command = repro_command(case, adapter, mode, by_repr, ad, order)
     if command:
         result.metrics["repro"] = command
         if result.status in in_message:

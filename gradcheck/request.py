@@ -57,6 +57,10 @@ class GradcheckRequest(Request):
     backend: tuple[str, ...] = field((), metavar="NAME", doc="backend of our engine "
                                      "(repeatable; default cpu)")
     mode: str = field("auto", metavar="auto|full|fast", doc="default auto")
+    ad: str = field("rev", metavar="rev|fwd|both", doc="reverse mode (default), forward "
+                    "mode (the JVP) or both")
+    order: int = field(1, metavar="1|2", doc="2: also the second derivative (a "
+                       "Hessian-vector product)")
     inject: str | None = field(None, metavar="MUTATION[:FACTOR]",
                                doc="a known bug in our engine")
     no_torch: bool = field(False, doc="leave out the torch reference")
@@ -89,12 +93,13 @@ class GradcheckRequest(Request):
         """What makes this request unusable, naming options by `flag` (None: nothing)."""
         from engine.tensor import FLOAT_NAMES
         from gradcheck.cotangents import TIERS
+        from gradcheck.derivatives import AD_MODES, ORDERS
         from gradcheck.injection import parse
         from gradcheck.modes import MODES
         for name, allowed in (("dtype", (*FLOAT_NAMES, "all")), ("tier", TIERS),
-                              ("mode", MODES)):
+                              ("mode", MODES), ("ad", AD_MODES), ("order", ORDERS)):
             if getattr(self, name) not in allowed:
-                return (f"{flag(name)} must be one of {', '.join(allowed)}, got "
+                return (f"{flag(name)} must be one of {', '.join(map(str, allowed))}, got "
                         f"{getattr(self, name)!r}")
         if not 0 <= self.random <= MAX_RANDOM:
             return (f"{flag('random')} must be a number of cases per op in [0, {MAX_RANDOM}], "
@@ -111,6 +116,10 @@ class GradcheckRequest(Request):
                     f"{self.ggml_threads}")
         if self.coverage and (self.random or self.filter):
             return COVERAGE_AS_IS
+        if (self.coverage or self.self_test) and (self.ad != "rev" or self.order != 1):
+            which = flag("coverage") if self.coverage else flag("self_test")
+            return (f"{which} runs reverse mode: no {flag('ad')} or {flag('order')} (the "
+                    "self-test's own mutants cover forward mode and second order)")
         for name, why in (("inject", "injected bugs patch our engine's backward rules"),
                           ("backend", "backends are our engine's"),
                           ("self_test", "the self-test injects bugs into our engine")):
@@ -216,13 +225,15 @@ class GradcheckRequest(Request):
         from gradcheck.runner import run_checks
         if engine.ours:
             engine = EngineUnderTest(None, (backend,), self.inject)
-        return run_checks([case], engine, mode=self.mode, use_torch=not self.no_torch)
+        return run_checks([case], engine, mode=self.mode, use_torch=not self.no_torch,
+                          ad=self.ad, order=self.order)
 
     def _generated(self, engine, name, backend) -> list:
         """What `--random N` adds for the op: its generated cases (gradcheck.generated)."""
         from gradcheck.generated import generated_results
         return generated_results(name, self.random, self.seed, self.dtype, engine,
-                                 backend=backend, mode=self.mode, use_torch=not self.no_torch)
+                                 backend=backend, mode=self.mode, use_torch=not self.no_torch,
+                                 ad=self.ad, order=self.order)
 
     def finish(self, rows) -> list:
         """The report's rows from the jobs' rows: ggml's coverage sums them up per ggml op."""

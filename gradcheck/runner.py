@@ -14,7 +14,7 @@ from tqdm import tqdm
 from checkkit.interrupted import interrupted_with
 from engine.registry import all_ops, get_op
 from engine.tensor import FLOAT_NAMES
-from gradcheck.check import case_labels, check_sample
+from gradcheck.check import case_labels, check_case
 from gradcheck.cotangents import tier_cases
 from gradcheck.engine_under_test import EngineUnderTest
 from gradcheck.forward_only import forward_only_rows
@@ -80,14 +80,16 @@ def _dtypes(samples) -> str:
 
 
 def run_checks(samples, engine=None, *, mode: str = "auto", use_torch: bool = True,
-               progress: bool = False):
+               progress: bool = False, ad: str = "rev", order: int = 1):
     """Check every sample; a list of Results in the same order. `engine`: an
     EngineUnderTest (gradcheck.engine_under_test: ours on its backends with its mutation,
     or an adapter, isolated ones in a worker kept across cases), an adapter, or None (ours
     on the CPU). A failing, erring or crashing row carries its repro command
     (gradcheck.repro.with_repro). Ctrl-C raises checkkit.interrupted.Interrupted with the
     rows finished before it. An engine's forward-only variants of a case
-    (gradcheck.forward_only: ggml's flash attention) add their rows after the case's."""
+    (gradcheck.forward_only: ggml's flash attention) add their rows after the case's.
+    `ad` and `order` (gradcheck.check.check_case): forward-mode and second-order rows of
+    each case, after its reverse-mode row."""
     engine, own = EngineUnderTest.of(engine)
     try:
         pairs = engine.pairs()
@@ -97,15 +99,28 @@ def run_checks(samples, engine=None, *, mode: str = "auto", use_torch: bool = Tr
             with tqdm(jobs, desc="gradcheck", unit="case", disable=not progress,
                       leave=False) as it:
                 for s, running, local in it:
-                    results.append(with_repro(check_sample(s, mode=mode, use_torch=use_torch,
-                                                           adapter=running), s, local, mode))
-                    results += _forward_only_rows(s, running, local, mode)
+                    rows = check_case(s, ad, order, mode=mode, use_torch=use_torch,
+                                      adapter=running)
+                    results += [with_repro(row, s, local, mode, ad=_ad_of(row),
+                                           order=_order_of(row)) for row in rows]
+                    if ad != "fwd":
+                        results += _forward_only_rows(s, running, local, mode)
         except KeyboardInterrupt as exc:   # Ctrl-C: the finished rows go with it
             raise interrupted_with(results, exc) from None
         return results
     finally:
         if own:
             engine.close()
+
+
+def _ad_of(row) -> str:
+    """The --ad that re-runs `row`: fwd for a forward-mode row, else rev."""
+    return "fwd" if row.labels.get("ad") == "fwd" else "rev"
+
+
+def _order_of(row) -> int:
+    """The --order that re-runs `row`: 2 for a second-order row, else 1."""
+    return 2 if row.labels.get("order") == "2" else 1
 
 
 def _forward_only_rows(case, engine, adapter, mode):

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from engine.mutation import Mutant
 from engine.registry import get_op
 from gradcheck.check import check_sample
+from gradcheck.mode_mutants import run_mode_mutants
 from gradcheck.cotangents import registry_cases
 from gradcheck.mutants import CONTROL, MUTANTS
 from gradcheck.precision import JUDGED
@@ -150,8 +151,10 @@ def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
 def run_self_test(progress: bool = False, mutants=None, dtypes=DTYPES,
                   max_cases: int | None = None) -> list[Result]:
     """One Result per mutant, in order (default: the control, then every one of
-    MUTANTS); see the module doc. `dtypes` and `max_cases` choose the cases (see
+    MUTANTS, then the mutants of forward mode and second order, gradcheck.mode_mutants);
+    see the module doc. `dtypes` and `max_cases` choose the cases (see
     `mutant_cases`)."""
+    modes = mutants is None
     mutants = [CONTROL, *MUTANTS.values()] if mutants is None else list(mutants)
     results = []
     for mutant in tqdm(mutants, desc="self-test", unit="mutant", disable=not progress,
@@ -161,6 +164,8 @@ def run_self_test(progress: bool = False, mutants=None, dtypes=DTYPES,
         except Exception:
             cases = None       # run_mutant selects again and reports the error
         results.append(run_mutant(mutant, cases))
+    if modes:      # the bugs of forward mode and second order (gradcheck.mode_mutants)
+        results += run_mode_mutants()
     return results
 
 

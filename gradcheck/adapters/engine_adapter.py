@@ -234,7 +234,10 @@ def second_gradients(loss, directions: dict, name: str):
         if p in grads:
             v = engine.input_tensor(p.shape, p.dtype, name=f"{p.name}.direction")
             v.set(d)
-            terms.append(ops.sum(ops.mul(grads[p], v)))
+            term = ops.sum(ops.mul(grads[p], v))
+            # inputs of several dtypes (a float16 operand of a float32 matmul): the terms
+            # add up in the loss's
+            terms.append(term if term.dtype == loss.dtype else ops.cast(term, loss.dtype))
     if not terms:
         raise Unsupported("the loss does not depend on the inputs given a direction")
     s = terms[0]
