@@ -35,8 +35,8 @@ from tqdm import tqdm
 from engine.mutation import Mutant
 from engine.registry import get_op
 from gradcheck.check import check_sample
-from gradcheck.mode_mutants import run_mode_mutants
 from gradcheck.cotangents import registry_cases
+from gradcheck.mode_mutants import run_mode_mutants
 from gradcheck.mutants import CONTROL, MUTANTS
 from gradcheck.precision import JUDGED
 from reports import Result

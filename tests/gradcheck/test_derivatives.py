@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from engine import ops
 from engine.registry import get_op
-from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.api import check_function, check_numpy, check_torch
 from gradcheck.check import check_case, check_derivative
 from gradcheck.cli import main
