@@ -232,9 +232,6 @@ def jvp_verdict(case, adapter, use_torch: bool, labels: dict) -> Result:
     with single_thread():
         numerical = best_of(*(directional_derivatives(output, xs, tangents, h)
                               for h in steps_for(*xs)))
-    held = numerical.kink if constant is None else numerical.kink | constant
-    if constant is not None:
-        jvps = [np.where(constant, 0.0, j) for j in jvps]
     jvp = np.stack(jvps)
     torch_jvp = None
     torch = _torch_f64(case, use_torch)
@@ -243,9 +240,15 @@ def jvp_verdict(case, adapter, use_torch: bool, labels: dict) -> Result:
         got = [_third_opinion(lambda t=t: torch.jvp(f64, _f64(p.arrays), _f64s(p.as_given(t))))
                for t in tangents]
         if all(g is not None for g in got):
-            torch_jvp = np.stack([np.where(constant, 0.0, g.tangent) if constant is not None
-                                  else np.asarray(g.tangent, np.float64) for g in got])
-    num = Derivative(numerical.value, numerical.error, held)
+            torch_jvp = np.stack([np.asarray(g.tangent, np.float64) for g in got])
+    num = numerical
+    if constant is not None:    # the output's constant cells: not compared, not counted
+        keep = ~constant
+
+        def judged(a):
+            return None if a is None else a[:, keep]
+        jvp, torch_jvp = judged(jvp), judged(torch_jvp)
+        num = Derivative(judged(num.value), judged(num.error), judged(num.kink))
     outcome = GradientOutcome(
         "jvp", compare(jvp, num.value, case.precision, num.error, num.kink),
         bool(np.all(np.isfinite(jvp))),

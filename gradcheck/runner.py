@@ -8,6 +8,8 @@ line's request, with generated cases and the rest, is gradcheck.request's).
 
 from __future__ import annotations
 
+import re
+
 from tabulate import tabulate
 from tqdm import tqdm
 
@@ -61,16 +63,31 @@ def _gradient_column(op) -> str:
 
 
 def list_ops() -> str:
-    """Every registered op as a table: kind, whether it has a backward rule, its number of
-    sample cases and the dtypes they come in, whether it has a strategy for generated
-    cases, its description."""
+    """Every registered op as a table: kind, whether it has a backward rule, whether our
+    engine takes its second order (and so its forward mode, gradcheck.derivatives), its
+    number of sample cases and the dtypes they come in, whether it has a strategy for
+    generated cases, its description."""
     rows = []
     for name, op in all_ops().items():
         samples = op.samples() if op.samples else []
-        rows.append([name, op.kind, _gradient_column(op), len(samples), _dtypes(samples),
-                     "yes" if op.strategy else "", op.doc])
-    return tabulate(rows, headers=["op", "kind", "backward", "cases", "dtypes", "generated",
-                                   "description"])
+        rows.append([name, op.kind, _gradient_column(op), _second_order_column(op, samples),
+                     len(samples), _dtypes(samples), "yes" if op.strategy else "", op.doc])
+    return tabulate(rows, headers=["op", "kind", "backward", "order 2", "cases", "dtypes",
+                                   "generated", "description"])
+
+
+def _second_order_column(op, samples) -> str:
+    """Whether our engine differentiates the op's backward graph (its first float64 case's):
+    "yes", "no: <the dedicated backward op in the way>", or "" (no gradient)."""
+    from gradcheck.adapters.engine_adapter import second_order_blocker
+    case = next((s for s in samples if s.dtype == "f64"), None)
+    if case is None or not op.differentiable:
+        return ""
+    blocker = second_order_blocker(case)
+    if blocker is None:
+        return "yes"
+    found = re.search(r"op (\w+) has no backward", blocker)
+    return f"no: {found.group(1)}" if found else "no"
 
 
 def _dtypes(samples) -> str:

@@ -436,7 +436,7 @@ register(OpDef("attention_fwd", params=PARAMS, infer=_fwd_infer, backward=_fwd_b
                doc="attention's output and log-sum-exp packed (.., Hq, Tq, Dv + 1); "
                    "gradient: attention_back"))
 register(OpDef("attention_back", params=PARAMS, kind="backward", infer=_back_infer,
-               no_grad="a backward op; the engine takes no second derivatives",
+               no_grad="a dedicated backward op without a backward rule of its own",
                kernels={"cpu": cpu_attention_back,
                         "cuda": "engine.backends.cuda.attention:cuda_attention_back"},
                build=_back_build, torch=_torch_attention_back, samples=_back_samples,

@@ -266,7 +266,7 @@ register(OpDef("pool_2d", params=_PARAMS,
                samples=_pool_samples, strategy=_pool_strategy,
                doc="2-D max/avg pooling of NCHW input; avg divides by the full window"))
 register(OpDef("pool_2d_back", params=_PARAMS, kind="backward", infer=_pool_back_infer,
-               no_grad="a backward op; the engine takes no second derivatives",
+               no_grad="a dedicated backward op without a backward rule of its own",
                kernels={"cpu": cpu_pool_2d_back,
                         "cuda": "engine.backends.cuda.pool:cuda_pool_2d_back"},
                build=_pool_back_build, torch=_torch_pool_2d_back, samples=_pool_back_samples,

@@ -221,6 +221,23 @@ class EngineAdapter:
         return leaves, np.array(out.numpy()), result
 
 
+def second_order_blocker(case) -> str | None:
+    """Why our engine cannot differentiate the backward graph of `case` (the dedicated
+    backward op without a backward rule on the way, as second_gradients says), or None
+    when it can. Builds the graphs, computes nothing: `gradcheck --list`'s order 2
+    column."""
+    arrays = case.generate_inputs()
+    leaves, _, w, loss = weighted_graph(case, arrays, as_params=True)
+    if loss is None:
+        return "the output is not a float"
+    dirs = {t: np.zeros(t.shape, t.dtype) for t in leaves if t.is_param}
+    try:
+        second_gradients(loss, dirs, str(case))
+    except Unsupported as exc:
+        return str(exc)
+    return None
+
+
 def second_gradients(loss, directions: dict, name: str):
     """(graph, gradients) of s = sum over params p of <d loss / d p, directions[p]>: the
     backward graph of `loss` built, s made of it, and s's own backward built on top

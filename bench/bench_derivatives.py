@@ -1,0 +1,119 @@
+"""What forward mode and second order cost: `gradcheck --all --ad both` against `--ad rev`,
+per engine, measured alike in one run; and the adapters' whole `--all` runs.
+
+    python bench/bench_derivatives.py                       # ours, torch, jax (installed)
+    python bench/bench_derivatives.py --engine torch --rounds 1
+    python bench/bench_derivatives.py --adapters            # also jax's and tinygrad's --all
+
+Each figure is the wall clock of a whole process (`gradcheck --engine NAME --all
+--no-progress --ad MODE`, imports and start-up included), the best of ROUNDS runs after a
+warm-up run of each (numba's and jax's compile caches warm), the modes alternating so that
+the machine's noise falls on both. `--order 2` (reverse mode and the Hessian-vector
+products) is timed the same way and printed beside them, for information. The rows each run
+gave are printed: a failing row is a finding, not a benchmark failure.
+
+Targets: `--ad both` at most 1.5x `--ad rev` for every engine timed; with --adapters,
+`gradcheck --engine jax --all` and `--engine tinygrad --all` (reverse mode, warm) under 10
+minutes each. The script exits 1 when one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from tabulate import tabulate
+
+ROUNDS = 2
+BOTH_TARGET = 1.5          # --ad both / --ad rev, at most
+ADAPTER_TARGET = 600.0     # seconds of a whole --all run of an adapter, at most
+ENGINES = ("engine", "torch", "jax")
+NEEDS = {"torch": "torch", "jax": "jax", "tinygrad": "tinygrad"}
+MODES = {"rev": ["--ad", "rev"], "both": ["--ad", "both"], "order 2": ["--order", "2"]}
+
+
+def installed(engine: str) -> bool:
+    return engine not in NEEDS or importlib.util.find_spec(NEEDS[engine]) is not None
+
+
+def run_once(engine: str, extra: list[str]) -> tuple[float, dict]:
+    """(seconds, rows by status) of one whole `gradcheck --engine ENGINE --all` run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        cmd = [sys.executable, "-m", "gradcheck.cli", "--engine", engine, "--all",
+               "--no-progress", "--format", "json", "--output", out, *extra]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: "
+                             f"{proc.stderr.strip()[-300:]}")
+        with open(out, encoding="utf-8") as f:
+            rows = json.load(f)["results"]
+    counts: dict = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    return seconds, counts
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", action="append", choices=ENGINES,
+                        help="the engines to time (default: every one installed)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--adapters", action="store_true",
+                        help="also time jax's and tinygrad's whole --all runs (minutes)")
+    args = parser.parse_args(argv)
+    engines = [e for e in (args.engine or ENGINES) if installed(e)]
+    missed, table = [], []
+    for engine in engines:
+        for mode in MODES.values():                 # warm-up: compile caches, imports
+            run_once(engine, mode)
+        best = {m: float("inf") for m in MODES}
+        counts = {}
+        for _ in range(args.rounds):
+            for mode, extra in MODES.items():
+                seconds, counts[mode] = run_once(engine, extra)
+                best[mode] = min(best[mode], seconds)
+        ratio = best["both"] / best["rev"]
+        ok = ratio <= BOTH_TARGET
+        missed += [] if ok else [f"{engine} --ad both"]
+        for mode in MODES:
+            shown = (f"{ratio:.2f} (target {BOTH_TARGET:g}, {'met' if ok else 'MISSED'})"
+                     if mode == "both" else
+                     f"{best[mode] / best['rev']:.2f}" if mode != "rev" else "1")
+            table.append([engine, mode, f"{best[mode]:.1f}", shown, _counts(counts[mode])])
+    print(tabulate(table, headers=["engine", "mode", "seconds", "x rev", "rows"]))
+    if args.adapters:
+        rows = []
+        for engine in ("jax", "tinygrad"):
+            if not installed(engine):
+                rows.append([engine, "not installed", "", ""])
+                continue
+            run_once(engine, [])                    # warm-up
+            seconds, counts = run_once(engine, [])
+            ok = seconds <= ADAPTER_TARGET
+            missed += [] if ok else [f"{engine} --all"]
+            rows.append([engine, f"{seconds:.1f}",
+                         f"{ADAPTER_TARGET:g} ({'met' if ok else 'MISSED'})",
+                         _counts(counts)])
+        print()
+        print(tabulate(rows, headers=["--all, reverse mode, warm", "seconds", "target",
+                                      "rows"]))
+    if missed:
+        print(f"\nmissed: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
