@@ -11,7 +11,8 @@ at <cache>/tinygrad/cache.db under the tools' cache directory (checkkit.cache), 
 jax's, so that a second run compiles nothing it compiled before. tinygrad keeps there only
 what the compiler made; lowering a kernel (its rewrites, in Python) costs more than
 compiling it, so the adapter keeps the lowered kernels in the same cache too
-(keep_programs): a warm run lowers nothing it lowered before.
+(keep_programs), compressed (a fifth of their pickled size), at most MAX_KEPT of them: a
+warm run lowers nothing it lowered before.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import pickle
 import shutil
 import tempfile
+import zlib
 
 import numpy as np
 
@@ -94,7 +97,10 @@ def dtype_problem(device: str, name: str) -> str | None:
     return said or failure
 
 
-PROGRAMS_TABLE = "gradverify_programs"
+PROGRAMS_TABLE = "gradverify_programs_z"
+# lowered kernels kept on disk at most: some 5 KB each compressed (25 KB pickled as they
+# are), so about 150 MB; a full --all run of every dtype lowers some 20,000
+MAX_KEPT = 30_000
 
 
 class _KeptPrograms(dict):
@@ -114,6 +120,7 @@ class _KeptPrograms(dict):
         from tinygrad.helpers import diskcache_get
         try:
             found = diskcache_get(self.table, self._disk_key(key))
+            found = None if found is None else pickle.loads(zlib.decompress(found))
         except Exception:                   # an unreadable entry is a miss
             found = None
         if found is None:
@@ -127,8 +134,12 @@ class _KeptPrograms(dict):
     def __setitem__(self, key, program) -> None:
         from tinygrad.helpers import diskcache_put
         dict.__setitem__(self, key, program)
+        if self.kept >= MAX_KEPT:           # the disk cache is full: memory only
+            return
         try:
-            diskcache_put(self.table, self._disk_key(key), program)
+            diskcache_put(self.table, self._disk_key(key),
+                          zlib.compress(pickle.dumps(program), 6))
+            self.kept += 1
         except Exception:                   # a kernel that does not pickle stays in memory
             pass
 
@@ -141,4 +152,14 @@ def keep_programs(version: str) -> None:
         return
     kept = _KeptPrograms(codegen.to_program_cache)
     kept.table = f"{PROGRAMS_TABLE}_{version.replace('.', '_')}"
+    kept.kept = _rows(kept.table)
     codegen.to_program_cache = realize.to_program_cache = kept
+
+
+def _rows(table: str) -> int:
+    """The number of kernels in the disk cache's `table` (0 where it does not exist)."""
+    from tinygrad.helpers import VERSION, db_connection
+    try:
+        return db_connection().execute(f"SELECT COUNT(*) FROM '{table}_{VERSION}'").fetchone()[0]
+    except Exception:
+        return 0
