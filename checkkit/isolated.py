@@ -6,12 +6,17 @@ abort or hang: a dead or hung worker is a WorkerCrash, which gradcheck reports a
 
 from __future__ import annotations
 
-from checkkit.loading import AdapterError, spec_of
-from checkkit.worker import DEFAULT_CASE_TIMEOUT, Worker, WorkerCrash
+from checkkit.loading import AdapterError, Unsupported, spec_of
+from checkkit.worker import DEFAULT_CASE_TIMEOUT, RemoteError, Worker, WorkerCrash
+
+# optional methods of the adapter that run in the worker when it has them (gradcheck's
+# forward mode and second order)
+REMOTE_METHODS = ("jvp", "hvp")
 
 
 class IsolatedAdapter:
-    """`adapter` with its `vjp` (and forward_only_output) run in a Worker, started at once,
+    """`adapter` with its `vjp` (and forward_only_output, jvp and hvp) run in a Worker,
+    started at once,
     so that an engine that cannot be set up there fails before any case (AdapterError);
     `describe` and `unsupported` are the local adapter's. A context manager: leaving it
     stops the worker."""
@@ -36,7 +41,23 @@ class IsolatedAdapter:
     def __getattr__(self, name):          # backend and other optional attributes
         if name == "local":
             raise AttributeError(name)
-        return getattr(self.local, name)
+        value = getattr(self.local, name)
+        if name in REMOTE_METHODS and callable(value):
+            return self._remote(name)
+        return value
+
+    def _remote(self, method: str):
+        """The adapter's `method`, called in the worker; an Unsupported raised there is
+        raised here again (its reason, not an error row)."""
+        def call(*args):
+            try:
+                return self.worker.call(method, *args)
+            except RemoteError as exc:
+                prefix = f"{Unsupported.__name__}: "
+                if str(exc).startswith(prefix):
+                    raise Unsupported(str(exc)[len(prefix):]) from None
+                raise
+        return call
 
     def describe(self) -> str:
         return self.local.describe()

@@ -37,6 +37,13 @@ class AdapterError(Exception):
     runs."""
 
 
+class Unsupported(Exception):
+    """Raised by an adapter for a case it cannot take in the way asked (gradcheck's
+    forward mode and second order, gradcheck.adapters.base): the case's row is
+    `unsupported`, with this message as the reason; across a worker process too
+    (checkkit.isolated)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class AdapterSpec:
     """How to make an adapter: its name, its options as sorted (key, value) pairs, and the

@@ -206,14 +206,17 @@ def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
         worst_value=float(a[worst]), worst_expected=float(n[worst]))
 
 
-SECOND_ORDER_STEP_FACTOR = 30.0   # second order: steps of 30 step_for (3e-3 at inputs of 1)
+SECOND_ORDER_STEP_FACTOR = 10.0   # second order: steps of 10 step_for (1e-3 at inputs of 1)
+# second order: an element whose error estimate exceeds this share of the array's scale is
+# a kink (the stencils straddle a max-pool switch, a relu's 0: the value is not resolved)
+UNRESOLVED = 1e-2
 
 
 def second_order_step(*xs) -> float:
-    """The step of both differentiations of hessian_vector: 30 times step_for(*xs) (3e-3
+    """The step of both differentiations of hessian_vector: 10 times step_for(*xs) (1e-3
     for inputs of magnitude 1 and more, shrinking with tiny inputs). Nesting divides the
-    rounding of the loss by the square of the step: at 1e-4 it would be some 1e-8 of the
-    loss's magnitude, at 3e-3 some 2e-11, while the truncation error (O(h^4), estimated by
+    rounding of the loss by the square of the step: at 1e-4 it would be some 1e-7 of the
+    loss's magnitude, at 1e-3 some 1e-9, while the truncation error (O(h^4), estimated by
     |d4 - d2|) stays far below the tolerances."""
     return SECOND_ORDER_STEP_FACTOR * step_for(*xs)
 
@@ -229,18 +232,23 @@ def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = 
     a list of directions (each a list of arrays like xs), the projections <u, H v> for
     each direction u instead (one Derivative of one value per direction).
 
-    Error estimates: the outer stencil's |d4 - d2| plus 1.5 / h times the largest rounding
-    error of the inner derivatives it combines (its coefficients |8|+|8|+|1|+|1| over
-    12 h), each 4 eps max(|f|, magnitude) / h. An element is a
-    kink where the outer one-sided slopes differ beyond their error, or where an inner
-    derivative straddled a kink (D_v f jumps within the stencil)."""
+    Error estimates, summed: the outer stencil's |d4 - d2|; the inner derivatives'
+    truncation error as the outer stencil carries it (the outer d4 of the inner d4s against
+    that of the inner d2s); 1.5 / h times the largest rounding error of the inner
+    derivatives it combines (its coefficients |8|+|8|+|1|+|1| over 12 h), each 4 eps
+    max(|f|, magnitude) / h. An element is a kink where the outer one-sided slopes differ
+    beyond their error, where an inner derivative's one-sided slopes do beyond its
+    rounding, or where the error estimate exceeds UNRESOLVED of the array's scale: the
+    stencils then straddle a point where the first derivative jumps (a max-pool switch, a
+    relu's 0), and the value says nothing."""
     if h is None:
         h = second_order_step(*xs)
     base = [x.copy() for x in xs]
     moved = [x.copy() for x in xs]       # the point an inner derivative is taken at
 
     def inner():
-        """D_v f at the current point: (value, rounding error, kink)."""
+        """D_v f at the current point: (4th-order value, 2nd-order value, rounding error,
+        kink)."""
         f0 = f()
         fs = []
         for d in (h, -h, 2 * h, -2 * h):
@@ -249,29 +257,30 @@ def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = 
             fs.append(f())
         for x, x0 in zip(xs, moved, strict=True):
             np.copyto(x, x0)
-        d4, err, jump, jump_err = _stencil(f0, *fs, h, magnitude)
-        kink = jump > KINK_JUMP * max(1.0, abs(d4)) + KINK_ERR_FACTOR * jump_err
+        d4, _, jump, _ = _stencil(f0, *fs, h, magnitude)
         rounding = 4 * EPS64 * max(magnitude, *(abs(y) for y in (f0, *fs))) / h
-        return float(d4), rounding, bool(kink)
+        # one-sided slopes of a smooth D_v f differ by O(h^2): a jump far beyond that
+        kink = jump > KINK_JUMP * max(1.0, abs(d4)) + KINK_ERR_FACTOR * rounding
+        return float(d4), float((fs[0] - fs[1]) / (2 * h)), rounding, bool(kink)
 
     def outer_stencil(move):
         """The stencil of the inner derivative along one outer coordinate or direction:
         `move(d)` moves the inputs by d along it (from base)."""
-        vals, errs, kinked = [], [], False
+        vals, lows, errs, kinked = [], [], [], False
         for d in (0.0, h, -h, 2 * h, -2 * h):
             move(d)
             for x, m in zip(xs, moved, strict=True):
                 np.copyto(m, x)
-            value, err, kink = inner()
+            value, low, err, kink = inner()
             vals.append(value)
+            lows.append(low)
             errs.append(err)
             kinked |= kink
         move(0.0)
         d4, _, jump, _ = _stencil(*vals, h)
-        # the inner derivatives' rounding, amplified by the outer stencil (their
-        # truncation error is smooth in x: its derivative is of the same small order)
-        noise = 1.5 * max(errs) / h
-        err = abs(d4 - (vals[1] - vals[2]) / (2 * h)) + noise
+        inner_truncation = abs(d4 - _stencil(*lows, h)[0])
+        noise = 1.5 * max(errs) / h          # the inner rounding, amplified
+        err = abs(d4 - (vals[1] - vals[2]) / (2 * h)) + inner_truncation + noise
         return d4, err, jump, err, kinked
 
     if outer is None:
@@ -288,9 +297,9 @@ def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = 
                 jumps.append(jump)
                 jerrs.append(jerr)
                 kinks.append(kinked)
-            d = _finish(vals, errs, jumps, jerrs)
+            d = _unresolved(_finish(vals, errs, jumps, jerrs), kinks)
             out.append(Derivative(d.value.reshape(x.shape), d.error.reshape(x.shape),
-                                  (d.kink | np.array(kinks)).reshape(x.shape)))
+                                  d.kink.reshape(x.shape)))
         return out
     vals, errs, jumps, jerrs, kinks = [], [], [], [], []
     for u in outer:
@@ -303,5 +312,12 @@ def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = 
         jumps.append(jump)
         jerrs.append(jerr)
         kinks.append(kinked)
-    d = _finish(vals, errs, jumps, jerrs)
-    return Derivative(d.value, d.error, d.kink | np.array(kinks))
+    return _unresolved(_finish(vals, errs, jumps, jerrs), kinks)
+
+
+def _unresolved(d: Derivative, kinks) -> Derivative:
+    """`d` with its kinks, the inner derivatives' (`kinks`) and its unresolved elements
+    (error beyond UNRESOLVED of its scale, see hessian_vector) flagged."""
+    finite = d.value[np.isfinite(d.value)]
+    scale = max(1.0, float(np.max(np.abs(finite)))) if finite.size else 1.0
+    return Derivative(d.value, d.error, d.kink | np.array(kinks) | (d.error > UNRESOLVED * scale))

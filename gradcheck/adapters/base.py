@@ -73,7 +73,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from checkkit.loading import AdapterError  # noqa: F401  (here too: the adapter API's error)
+# here too: the adapter API's errors (Unsupported: raised by `jvp` or `hvp` for a case the
+# engine cannot differentiate that way; the row is `unsupported`, with its message)
+from checkkit.loading import AdapterError, Unsupported  # noqa: F401
 
 
 def cotangent_axes(ndim: int) -> tuple[int, ...]:
@@ -138,11 +140,6 @@ class JVP:
 
     output: np.ndarray
     tangent: np.ndarray
-
-
-class Unsupported(Exception):
-    """Raised by an adapter's `jvp` or `hvp` for a case it cannot differentiate that way:
-    the case's row is `unsupported`, with this message as the reason."""
 
 
 @runtime_checkable

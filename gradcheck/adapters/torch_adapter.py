@@ -101,6 +101,18 @@ class TorchAdapter:
             return f"op {case.op} has no torch equivalent in the registry"
         return None
 
+    def forward(self, case, arrays) -> np.ndarray:
+        """The output alone, in the inputs' dtypes, with no backward pass: how a dedicated
+        backward op runs (gradcheck.backward_ops; softmax_sink_back's torch equivalent is
+        itself an autograd.grad, whose result has no gradient to take)."""
+        import torch
+        fn, kwargs = self._function(case)
+        views = [torch_view(spec, as_torch(spec.to_leaf(np.asarray(a))))
+                 for spec, a in zip(case.inputs, arrays, strict=True)]
+        with torch.no_grad():
+            out = fn(*views, **kwargs)
+        return from_torch(out).copy()
+
     def vjp(self, case, arrays, weights) -> VJP:
         """torch's gradient of sum(fn(*inputs) * weights), in the inputs' dtypes."""
         import torch
@@ -205,8 +217,9 @@ class TorchAdapter:
                               f"{_first_line(exc)}") from None
         result: list[np.ndarray | None] = [None] * len(leaves)
         for i, h in zip(checked, hv, strict=True):
-            h = (np.zeros(tuple(leaves[i].shape), from_torch(leaves[i]).dtype) if h is None
-                 else from_torch(h).copy())
+            # torch answers a zero second derivative with None or a ZeroTensor (abs')
+            h = (np.zeros(tuple(leaves[i].shape), from_torch(leaves[i]).dtype)
+                 if h is None or h._is_zerotensor() else from_torch(h).copy())
             result[i] = case.inputs[i].from_leaf(h)
         return VJP(from_torch(out).copy(), result)
 

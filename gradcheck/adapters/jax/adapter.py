@@ -27,6 +27,7 @@ reverse), each jit-compiled as the VJP is.
 
 from __future__ import annotations
 
+import collections
 import os
 
 import numpy as np
@@ -48,6 +49,7 @@ else:
 INSTALL_HINT = ("jax is not installed (needs jax and jaxlib, CPU only): "
                 "pip install 'gradverify[jax]'")
 NO_STRIDES = "not applicable: jax arrays have no strides"
+MAX_COMPILED = 64       # jit-compiled functions kept in the process (see _Compiled)
 
 
 def jax_ops() -> dict:
@@ -70,7 +72,7 @@ class JaxAdapter:
         self.jit = jit
         self.device = jax.devices("cpu")[0]
         self.ops = jax_ops()
-        self._compiled: dict = {}
+        self._compiled = _Compiled()
 
     def describe(self) -> str:
         return f"jax {jax.__version__} (jax.vjp on CPU{', jit' if self.jit else ''})"
@@ -116,7 +118,7 @@ class JaxAdapter:
         key = (case.op, repr(case.params), checked,
                tuple((a.shape, a.dtype.str) for a in arrays))
         if key in self._compiled:
-            return self._compiled[key]
+            return self._compiled.get(key)
         fn, params = self.function(case), case.kwargs
 
         def run(values, weights):
@@ -174,7 +176,7 @@ class JaxAdapter:
         key = (kind, case.op, repr(case.params), checked,
                tuple((a.shape, a.dtype.str) for a in arrays))
         if key in self._compiled:
-            return self._compiled[key]
+            return self._compiled.get(key)
         fn, params = self.function(case), case.kwargs
 
         def of_checked(values):
@@ -208,6 +210,26 @@ class JaxAdapter:
             run = jax.jit(run)
         self._compiled[key] = run
         return run
+
+
+class _Compiled(collections.OrderedDict):
+    """The adapter's jit-compiled functions, the MAX_COMPILED used last: XLA keeps each
+    compiled executable in its own memory mappings, and a process that kept every one of
+    a full `--all --ad both --order 2` run (some 20,000) ran out of them (the kernel's
+    vm.max_map_count: "LLVM compilation error: Cannot allocate memory", then a
+    segmentation fault). A function dropped here is freed with jax's caches of it; the
+    persistent cache on disk keeps it for the next run."""
+
+    def get(self, key, default=None):
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        while len(self) > MAX_COMPILED:
+            self.popitem(last=False)
 
 
 def _view_kind(spec) -> str:
