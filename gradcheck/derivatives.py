@@ -367,8 +367,9 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
                 f"the second derivative of {label}"))
     zero = all(np.all(np.abs(d.value) <= d.error + 1e-12 * max(1.0, magnitude))
                for d in numerical)
-    notes = ("the Hessian is zero here ((piecewise) linear in the checked inputs): a second derivative "
-             "that is not zero fails, a dropped term cannot show",) if zero else ()
+    notes = ("the Hessian is zero here ((piecewise) linear in the checked inputs): a "
+             "second derivative that is not zero fails, a dropped term cannot show",
+             ) if zero else ()
     notes += tuple(f"{method} not checked: {why}" for method, why in refused.items())
     labels["mode"] = "full" if full else "fast"
     return p.finish(name, Outcomes(p.forward(out), tuple(outcomes), torch_hv is not None,
