@@ -242,3 +242,62 @@ def test_the_plugin_takes_the_new_options(tmp_path):
 def test_row_names_of_the_new_modes_are_distinct():
     rows = check_case(dataclasses.replace(_case("sqr")), "both", 2)
     assert len({r.name for r in rows}) == 3
+
+
+# --- an isolated adapter's jvp and hvp run in its worker ------------------------------------
+ISOLATED_TANH = '''
+import os
+import numpy as np
+from gradcheck.adapters.base import JVP, VJP, Unsupported
+
+
+class A:
+    name = "tanh-in-a-worker"
+    isolated = True
+    hvp_methods = ("rev-rev",)
+
+    def describe(self):
+        return "numpy tanh"
+
+    def unsupported(self, case):
+        return None if case.op == "tanh" else "tanh only"
+
+    def vjp(self, case, arrays, weights):
+        (x,) = arrays
+        y = np.tanh(x)
+        return VJP(y, [np.asarray(weights, x.dtype).reshape(y.shape) * (1 - y * y)])
+
+    def jvp(self, case, arrays, tangents):
+        (x,), (t,) = arrays, tangents
+        y = np.tanh(x)
+        return JVP(y, t * (1 - y * y) * (1.0 if os.getpid() != {parent} else 5.0))
+
+    def hvp(self, case, arrays, weights, direction, method):
+        raise Unsupported("no second order in pid " + str(os.getpid()))
+'''
+
+
+def test_an_isolated_adapter_runs_jvp_and_hvp_in_its_worker(tmp_path, monkeypatch):
+    from gradcheck.adapters import get_adapter
+    from tests.gradcheck.user_adapter import write_module
+    source = ISOLATED_TANH.replace("{parent}", str(os.getpid()))
+    engine = write_module(tmp_path, monkeypatch, "iso_tanh", source)
+    rows = check_case(_case("tanh"), "both", 2, adapter=get_adapter(engine))
+    assert [r.status for r in rows] == ["pass", "pass", "unsupported"], \
+        [r.message for r in rows]            # a jvp run here would be 5x off
+    assert rows[2].message.startswith("no second order in pid ")
+    assert rows[2].message != f"no second order in pid {os.getpid()}"
+
+
+def test_the_readme_example_of_the_new_modes_runs():
+    result = check_torch(torch.nn.functional.gelu, [np.linspace(-3, 3, 12)], ad="both",
+                         order=2)
+    assert (result.status, result.metrics["parts"]) == \
+        ("pass", "rev pass, fwd pass, order 2 pass")
+
+
+def test_the_list_says_which_ops_our_engine_takes_to_order_2():
+    from gradcheck.runner import list_ops
+    lines = {line.split()[0]: line for line in list_ops().splitlines()[2:]}
+    assert " yes " in lines["mul"] and "no: softmax_back" in lines["softmax"]
+    assert "no: relu_back" in lines["relu"]
