@@ -319,7 +319,7 @@ def _interrupt_after(monkeypatch, n: int):
     """Ctrl-C (a KeyboardInterrupt) in the check of the (n+1)-th case."""
     import gradcheck.runner as runner
     from tests.cli_helpers import interrupt_after
-    interrupt_after(monkeypatch, runner, "check_sample", n)
+    interrupt_after(monkeypatch, runner, "check_case", n)
 
 
 def test_ctrl_c_in_a_sweep_writes_the_finished_rows_and_exits_130(tmp_path, monkeypatch,

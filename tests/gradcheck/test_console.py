@@ -15,19 +15,19 @@ import pytest
 
 from tests.console_scripts import script_call
 
-# patches gradcheck.runner.check_sample: the first case runs, then "CASE-DONE" is printed and
+# patches gradcheck.runner.check_case: the first case runs, then "CASE-DONE" is printed and
 # the second case sleeps (a slow case to press Ctrl-C in)
 SLOW_SECOND_CASE = """
 import sys, time
 import gradcheck.runner as runner
-real, calls = runner.check_sample, []
-def check_sample(*args, **kwargs):
+real, calls = runner.check_case, []
+def check_case(*args, **kwargs):
     calls.append(1)
     if len(calls) == 2:
         print("CASE-DONE", file=sys.stderr, flush=True)
         time.sleep(60)
     return real(*args, **kwargs)
-runner.check_sample = check_sample
+runner.check_case = check_case
 """
 
 # an import of gradcheck.cli that prints "IMPORTING" and sleeps (a slow import)
