@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.tensor import is_float
+from engine.tensor import as_dtype, is_float
 from gradcheck.adapters.base import Unsupported
 from gradcheck.backprop import (
     EngineResultError,
@@ -287,6 +287,24 @@ def _on_read(spec, leaf_grad):
 
 # --- second order ---------------------------------------------------------------------------
 
+def _beyond_dtype(case, numerical, full: bool):
+    """(count, masks): per element of the numerical second derivatives (full mode only),
+    whether its float64 value lies beyond the largest finite value of the case's dtype (a
+    float16 engine answers inf there, rightly): such elements are left out of the
+    comparisons, counted apart. masks: one per checked input, or None where there is none."""
+    if not full or not is_float(as_dtype(case.dtype)):
+        return 0, None
+    biggest = float(np.finfo(as_dtype(case.dtype)).max)
+    masks = [np.abs(d.value) - d.error > biggest for d in numerical]
+    count = sum(int(np.count_nonzero(m)) for m in masks)
+    return count, (masks if count else None)
+
+
+def _kept(a, mask):
+    """`a` without the elements `mask` flags (flattened), or `a` itself without a mask."""
+    return a if mask is None or a is None else np.asarray(a)[~mask]
+
+
 def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Result:
     """The order-2 row of `case` in `adapter` (see the module doc); `mode`: auto, full or
     fast. Raises as jvp_verdict does."""
@@ -345,6 +363,7 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
                           for i, v in zip(p.checked, d, strict=True)] for d in dirs]
             numerical = [hessian_vector(p.ref.loss, xs, direction, outer=leaf_dirs,
                                         magnitude=magnitude)]
+    out_of_range, beyond = _beyond_dtype(case, numerical, full)
     outcomes = []
     for method in methods:
         got = answers[method]
@@ -357,6 +376,9 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
             thirds = None if torch_hv is None else [project(torch_hv, dirs)]
         for k, (label, value, num) in enumerate(zip(names, values, numerical, strict=True)):
             third = None if thirds is None else thirds[k]
+            mask = None if beyond is None else beyond[k]
+            value, third = _kept(value, mask), _kept(third, mask)
+            num = Derivative(*(_kept(x, mask) for x in (num.value, num.error, num.kink)))
             outcomes.append(GradientOutcome(
                 label, compare(value, num.value, case.precision, num.error, num.kink),
                 bool(np.all(np.isfinite(value))),
@@ -371,6 +393,9 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
              "second derivative that is not zero fails, a dropped term cannot show",
              ) if zero else ()
     notes += tuple(f"{method} not checked: {why}" for method, why in refused.items())
+    if out_of_range:
+        notes += (f"{out_of_range} elements beyond {case.dtype}'s range in float64 (not "
+                  "judged: the dtype cannot hold them)",)
     labels["mode"] = "full" if full else "fast"
     return p.finish(name, Outcomes(p.forward(out), tuple(outcomes), torch_hv is not None,
                                    None, differs, getattr(adapter, "backend", "cpu"), None,

@@ -221,8 +221,56 @@ def second_order_step(*xs) -> float:
     return SECOND_ORDER_STEP_FACTOR * step_for(*xs)
 
 
+def second_order_steps(*xs) -> tuple[float, ...]:
+    """The steps hessian_vector tries where its first, SECOND_ORDER_STEP_FACTOR * STEP
+    (1e-3), leaves elements unresolved (kinks): second_order_step(*xs) (shrunk with tiny
+    inputs), a tenth and a hundredth of the first (a function that curves over less than
+    its length: a norm of a row of close values, whose spread is 2e-3), and the first
+    times the largest input magnitude where that is above 2 (the rounding of a loss of inputs of 1e3 drowns a step of 1e-3: sqr's second
+    difference at x = 1000 is 2e-6 of f)."""
+    base = SECOND_ORDER_STEP_FACTOR * STEP
+    scales = [float(np.nanmax(np.abs(x))) for x in xs if np.size(x) and not np.isnan(x).all()]
+    big = max(scales, default=1.0)
+    steps = [base, base / 10, base / 100]
+    small = second_order_step(*xs)
+    if small < base / 20:
+        steps.append(small)
+    if big > 2:
+        steps.append(base * big)
+    return tuple(steps)
+
+
 def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = None,
                    magnitude: float = 0.0) -> list[Derivative] | Derivative:
+    """hessian_vector_at (see it) with a step of 1e-3 and, where that leaves an element a
+    kink (unresolved, or a jump of the first derivative within reach), with each of the
+    other steps of second_order_steps(*xs) too, the estimate of the smaller error kept per
+    element among those that are not kinks (_best_resolved); with `h`, that step alone."""
+    steps = (h,) if h is not None else second_order_steps(*xs)
+    found = [hessian_vector_at(f, xs, v, outer, steps[0], magnitude)]
+    flagged = found[0].kink.any() if outer is not None else any(d.kink.any()
+                                                                 for d in found[0])
+    if flagged:
+        found += [hessian_vector_at(f, xs, v, outer, step, magnitude) for step in steps[1:]]
+    if outer is not None:
+        return _best_resolved(*found)
+    return [_best_resolved(*per_x) for per_x in zip(*found, strict=True)]
+
+
+def _best_resolved(*derivatives: Derivative) -> Derivative:
+    """Per element, the estimate of the smallest error among those that are not kinks (a
+    kink's error estimate can be small by chance: the stencils straddle the jump
+    symmetrically), a kink only where every step gives one."""
+    best = derivatives[0]
+    for d in derivatives[1:]:
+        better = (best.kink & ~d.kink) | ((best.kink == d.kink) & (d.error < best.error))
+        best = Derivative(*(np.where(better, new, old) for new, old in
+                            ((d.value, best.value), (d.error, best.error), (d.kink, best.kink))))
+    return best
+
+
+def hessian_vector_at(f: Callable[[], float], xs, v, outer, h: float,
+                      magnitude: float = 0.0) -> list[Derivative] | Derivative:
     """Numerical Hessian-vector products of f() (a scalar of the float64 arrays `xs`, which
     it reads and which are moved and restored here) along `v` (arrays shaped like xs):
     the gradient of the directional derivative D_v f, both by the 4th-order stencil.
@@ -241,8 +289,6 @@ def hessian_vector(f: Callable[[], float], xs, v, outer=None, h: float | None = 
     rounding, or where the error estimate exceeds UNRESOLVED of the array's scale: the
     stencils then straddle a point where the first derivative jumps (a max-pool switch, a
     relu's 0), and the value says nothing."""
-    if h is None:
-        h = second_order_step(*xs)
     base = [x.copy() for x in xs]
     moved = [x.copy() for x in xs]       # the point an inner derivative is taken at
 
