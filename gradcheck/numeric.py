@@ -226,8 +226,9 @@ def second_order_steps(*xs) -> tuple[float, ...]:
     (1e-3), leaves elements unresolved (kinks): second_order_step(*xs) (shrunk with tiny
     inputs), a tenth and a hundredth of the first (a function that curves over less than
     its length: a norm of a row of close values, whose spread is 2e-3), and the first
-    times the largest input magnitude where that is above 2 (the rounding of a loss of inputs of 1e3 drowns a step of 1e-3: sqr's second
-    difference at x = 1000 is 2e-6 of f)."""
+    times the largest input magnitude where that is above 2 (the rounding of a loss of
+    inputs of 1e3 drowns a step of 1e-3: sqr's second difference at x = 1000 is 2e-6 of
+    f)."""
     base = SECOND_ORDER_STEP_FACTOR * STEP
     scales = [float(np.nanmax(np.abs(x))) for x in xs if np.size(x) and not np.isnan(x).all()]
     big = max(scales, default=1.0)
