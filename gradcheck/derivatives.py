@@ -21,7 +21,10 @@ first derivative (gradcheck.numeric.hessian_vector: the stencil nested in itself
 torch's float64 double backward: per element in full mode (at most HVP_FULL_BUDGET checked
 elements under `auto`), else as projections <u, H v> on DIRECTIONS random directions. A case
 whose Hessian is zero (an op linear in its inputs) is judged all the same (a second
-derivative that is not zero fails), and its row says that the Hessian is zero.
+derivative that is not zero fails), and its row says that the Hessian is zero. In full
+mode, elements whose float64 second derivative lies beyond the dtype's largest value are
+left out of the comparisons and counted in the row's message (a float16 engine's inf there
+is right).
 
 Both rows check the engine's forward output too and run the engine twice (determinism).
 Neither applies to the scale tier (its cases are too big for the numerics), nor to ops
