@@ -10,8 +10,8 @@ Each figure is the wall clock of a whole process (`gradcheck --engine NAME --all
 --no-progress --ad MODE`, imports and start-up included), the best of ROUNDS runs after a
 warm-up run of each (numba's and jax's compile caches warm), the modes alternating so that
 the machine's noise falls on both. With --order2, `--order 2` (reverse mode and the
-Hessian-vector products) is timed the same way and printed beside them, for information. The rows each run
-gave are printed: a failing row is a finding, not a benchmark failure.
+Hessian-vector products) is timed the same way and printed beside them, for information.
+The rows each run gave are printed: a failing row is a finding, not a benchmark failure.
 
 Targets: `--ad both` at most 1.5x `--ad rev` for every engine timed; with --adapters,
 `gradcheck --engine jax --all` and `--engine tinygrad --all` (reverse mode, warm) under 10
