@@ -39,7 +39,7 @@ def same_bits(a, b) -> bool:
     return np.array_equal(a, b, equal_nan=is_float(a.dtype) and is_float(b.dtype))
 
 
-def _validated(vjp, case, output_shape):
+def validated(vjp, case, output_shape):
     """(output, gradients) of an engine's VJP, checked against the case's shapes."""
     out = np.asarray(vjp.output)
     if out.shape != tuple(output_shape):
@@ -59,7 +59,7 @@ def _validated(vjp, case, output_shape):
     return out, grads
 
 
-def _leaves_of(adapter, case, out, grads):
+def leaf_answer(adapter, case, out, grads):
     """(out, grads) with each gradient its leaf's, in the layout the op sees: as given by
     an adapter whose `leaf_gradients` is set (it builds the case's input views, as ours,
     torch's and ggml's do); else taken per element of the values given, as independent
@@ -81,8 +81,8 @@ def engine_vjp(adapter, case, arrays, weights, output_shape):
     else:
         first = adapter.vjp(case, [a.copy() for a in arrays], weights)
         second = adapter.vjp(case, [a.copy() for a in arrays], weights)
-    out, grads = _leaves_of(adapter, case, *_validated(first, case, output_shape))
-    out2, grads2 = _leaves_of(adapter, case, *_validated(second, case, output_shape))
+    out, grads = leaf_answer(adapter, case, *validated(first, case, output_shape))
+    out2, grads2 = leaf_answer(adapter, case, *validated(second, case, output_shape))
     differs = bool(first.differs or second.differs) or not same_bits(out, out2) or \
         not all(same_bits(a, b) for a, b in zip(grads, grads2, strict=True))
     return out, grads, differs

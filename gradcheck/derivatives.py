@@ -40,12 +40,12 @@ from engine.tensor import as_dtype, is_float
 from gradcheck.adapters.base import Unsupported
 from gradcheck.backprop import (
     EngineResultError,
-    _leaves_of,
-    _validated,
     declined_inputs,
     engine_vjp,
+    leaf_answer,
     loss_weights,
     same_bits,
+    validated,
 )
 from gradcheck.modes import DIRECTIONS, project, random_directions, single_thread
 from gradcheck.numeric import (
@@ -326,10 +326,10 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
         except Unsupported as exc:      # the other methods are judged all the same
             refused[method] = str(exc)
             continue
-        o, hv = _leaves_of(adapter, case, *_validated(first, case, p.ref.output_shape))
+        o, hv = leaf_answer(adapter, case, *validated(first, case, p.ref.output_shape))
         if out is None:
             second = adapter.hvp(case, p.copies(), p.weights, given, method)
-            o2, hv2 = _leaves_of(adapter, case, *_validated(second, case,
+            o2, hv2 = leaf_answer(adapter, case, *validated(second, case,
                                                             p.ref.output_shape))
             differs = not same_bits(o, o2) or not all(
                 same_bits(a, b) for a, b in zip(hv, hv2, strict=True))
