@@ -18,7 +18,9 @@ Second order (`hvp_verdict`): the engine's Hessian-vector products H v (the grad
 <grad loss, v>, loss = sum(output * w)), by each of its methods (reverse over reverse,
 forward over reverse), are checked against float64 finite differences of the reference's
 first derivative (gradcheck.numeric.hessian_vector: the stencil nested in itself) and
-torch's float64 double backward: per element in full mode (at most HVP_FULL_BUDGET checked
+torch's float64 double backward, with the 16-bit dtypes' tolerances widened
+(gradcheck.numeric.TOLERANCES' "order 2" entries): per element in full mode (at most
+HVP_FULL_BUDGET checked
 elements under `auto`), else as projections <u, H v> on DIRECTIONS random directions. A case
 whose Hessian is zero (an op linear in its inputs) is judged all the same (a second
 derivative that is not zero fails), and its row says that the Hessian is zero. In full
@@ -367,6 +369,8 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
             numerical = [hessian_vector(p.ref.loss, xs, direction, outer=leaf_dirs,
                                         magnitude=magnitude)]
     out_of_range, beyond = _beyond_dtype(case, numerical, full)
+    precision = (f"{case.precision} order 2" if f"{case.precision} order 2" in TOLERANCES
+                 else case.precision)
     outcomes = []
     for method in methods:
         got = answers[method]
@@ -383,9 +387,9 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
             value, third = _kept(value, mask), _kept(third, mask)
             num = Derivative(*(_kept(x, mask) for x in (num.value, num.error, num.kink)))
             outcomes.append(GradientOutcome(
-                label, compare(value, num.value, case.precision, num.error, num.kink),
+                label, compare(value, num.value, precision, num.error, num.kink),
                 bool(np.all(np.isfinite(value))),
-                None if third is None else compare(value, third, case.precision, None,
+                None if third is None else compare(value, third, precision, None,
                                                    num.kink),
                 None if third is None else compare(num.value, third, "f64", num.error,
                                                    num.kink),
