@@ -142,12 +142,7 @@ class EngineReference(Float64Reference):
 
     def loss(self) -> float:
         if self._run is None:
-            # planned once; numerical differentiation then runs its executor directly
-            # (thousands of times a case), without Graph.compute's staleness check: this
-            # graph is private and never changes after it is built
-            self._graph.compute("cpu")
-            self._run = self._graph.plan.executor.run
-            self._loss_flat = self._loss.buffer().reshape(-1)
+            self._plan()
         else:
             self._run()
         if self.constant is not None:
@@ -155,8 +150,19 @@ class EngineReference(Float64Reference):
         return float(self._loss_flat[0])
 
     def output(self) -> np.ndarray:
+        if self._run is None:
+            self._plan()
+        else:                     # planned: the executor alone, as loss() runs it
+            self._run()
+        return np.array(self._out.numpy())
+
+    def _plan(self) -> None:
+        """Plan and run the graph once; numerical differentiation then runs its executor
+        directly (thousands of times a case), without Graph.compute's staleness check:
+        this graph is private and never changes after it is built."""
         self._graph.compute("cpu")
-        return self._out.numpy()
+        self._run = self._graph.plan.executor.run
+        self._loss_flat = self._loss.buffer().reshape(-1)
 
 
 class FunctionReference(Float64Reference):
