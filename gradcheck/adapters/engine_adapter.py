@@ -116,6 +116,7 @@ class EngineAdapter:
             parse(inject)           # a bad mutation raises ValueError now, not per case
         self.backend = backend
         self.inject = inject
+        self._kept = None          # the last case's second-order graph (_second)
 
     @property
     def spec(self):
@@ -199,19 +200,35 @@ class EngineAdapter:
 
     def _second(self, case, arrays, weights, direction, weights_param: bool):
         """(leaves, output, {leaf or "weights": gradient of <grad loss, direction>}) of
-        `case`: its backward graph differentiated again (second_gradients)."""
-        leaves, out, w, loss = weighted_graph(case, arrays, as_params=True)
-        if loss is None:
-            raise TypeError(f"{case}: the output is {out.dtype}, not a float: no gradient")
+        `case`: its backward graph differentiated again (second_gradients). The graph of
+        the last case is kept and run again for the same case with new values (forward
+        mode asks for several tangents: building and planning is most of the cost)."""
+        given = tuple(d is not None for d in direction)
+        key = (repr(case), str(case), weights_param, given)
+        kept = self._kept if self._kept is not None and self._kept[0] == key else None
+        if kept is None:
+            leaves, out, w, loss = weighted_graph(case, arrays, as_params=True)
+            if loss is None:
+                raise TypeError(f"{case}: the output is {out.dtype}, not a float: no "
+                                "gradient")
+            if weights_param:
+                w.set_flag(Flag.PARAM)
+            zeros = {t: np.zeros(t.shape, t.dtype)
+                     for t, d in zip(leaves, direction, strict=True)
+                     if d is not None and t.is_param}
+            case_ops = {t.op for t in engine.Graph([out]).nodes if not t.is_leaf}
+            with injected(self.inject, case_ops):
+                graph, grads, dir_tensors = second_gradients(loss, zeros, str(case))
+            kept = self._kept = (key, leaves, out, w, graph, grads, dir_tensors, case_ops)
+        else:
+            for t, a in zip(kept[1], case.leaf_arrays(arrays), strict=True):
+                t.set(np.asarray(a, t.dtype))
+        _, leaves, out, w, graph, grads, dir_tensors, case_ops = kept
         set_weights(w, np.ones(w.shape) if weights is None else weights)
-        if weights_param:
-            w.set_flag(Flag.PARAM)
-        dirs = {t: np.asarray(spec.to_leaf(np.asarray(d)), t.dtype)
-                for spec, t, d in zip(case.inputs, leaves, direction, strict=True)
-                if d is not None and t.is_param}
-        case_ops = {t.op for t in engine.Graph([out]).nodes if not t.is_leaf}
+        for spec, t, d in zip(case.inputs, leaves, direction, strict=True):
+            if t in dir_tensors:
+                dir_tensors[t].set(np.asarray(spec.to_leaf(np.asarray(d)), t.dtype))
         with injected(self.inject, case_ops), paths.poisoned():
-            graph, grads = second_gradients(loss, dirs, str(case))
             poison_outputs(graph)
             graph.compute(self.backend)
             found = {t: np.array(g.numpy()) for t, g in grads.items()}
@@ -239,17 +256,19 @@ def second_order_blocker(case) -> str | None:
 
 
 def second_gradients(loss, directions: dict, name: str):
-    """(graph, gradients) of s = sum over params p of <d loss / d p, directions[p]>: the
-    backward graph of `loss` built, s made of it, and s's own backward built on top
-    (gradients keyed by param, as Graph.build_backward's; none where s depends on no
-    param, e.g. a linear op's Hessian). The graph computes the loss too. Unsupported where
-    an op on the way has no backward of its own (a dedicated backward op's)."""
+    """(graph, gradients, direction tensors) of s = sum over params p of <d loss / d p,
+    directions[p]>: the backward graph of `loss` built, s made of it (each direction an
+    input tensor, set to directions[p] and kept by param, to be set again), and s's own
+    backward built on top (gradients keyed by param, as Graph.build_backward's; none where
+    s depends on no param, e.g. a linear op's Hessian). The graph computes the loss too.
+    Unsupported where an op on the way has no backward of its own (a dedicated backward
+    op's)."""
     first = engine.Graph([loss], name=f"{name}.first")
     grads = first.build_backward(loss)        # seeds the loss gradient with 1
-    terms = []
+    terms, tensors = [], {}
     for p, d in directions.items():
         if p in grads:
-            v = engine.input_tensor(p.shape, p.dtype, name=f"{p.name}.direction")
+            v = tensors[p] = engine.input_tensor(p.shape, p.dtype, name=f"{p.name}.direction")
             v.set(d)
             term = ops.sum(ops.mul(grads[p], v))
             # inputs of several dtypes (a float16 operand of a float32 matmul): the terms
@@ -262,9 +281,9 @@ def second_gradients(loss, directions: dict, name: str):
         s = ops.add(s, t)
     graph = engine.Graph([s, loss], name=f"{name}.second")     # loss: the output too
     if not graph.params():      # the gradient does not depend on any param: s is constant
-        return graph, {}
+        return graph, {}, tensors
     try:
         second = graph.build_backward(s)
     except EngineError as exc:
         raise Unsupported(f"our engine cannot differentiate this backward: {exc}") from None
-    return graph, second
+    return graph, second, tensors
