@@ -93,11 +93,11 @@ class _Prepared:
                                getattr(case, "cotangent", "contiguous"))
         self.weights, self.f64_out, self.constant = self.ref.weigh(weights)
 
-    def unsupported(self) -> str | None:
-        if self.checked:
-            return None
-        return (f"the engine declines the gradient of every checked input: "
-                f"{self.declined_note}")
+    def unsupported_row(self, name, labels) -> Result:
+        """The row of a case whose every checked input the engine declines."""
+        return Result("gradcheck", name, "unsupported", {"declined": self.declined_note},
+                      f"the engine declines the gradient of every checked input: "
+                      f"{self.declined_note}", labels=labels)
 
     def leaf_directions(self, salt: int) -> list[np.ndarray]:
         """One random direction per checked input, in its leaf layout: standard normal on
@@ -217,10 +217,8 @@ def jvp_verdict(case, adapter, use_torch: bool, labels: dict) -> Result:
     take the case's forward-mode derivative."""
     name = row_name(case, "fwd")
     p = _Prepared(case, adapter)
-    why = p.unsupported()
-    if why:
-        return Result("gradcheck", name, "unsupported", {"declined": p.declined_note}, why,
-                      labels=labels)
+    if not p.checked:
+        return p.unsupported_row(name, labels)
     tangents = [p.leaf_directions(11 + k) for k in range(TANGENTS)]
     runs = [adapter.jvp(case, p.copies(), p.as_given(t)) for t in tangents]
     again = adapter.jvp(case, p.copies(), p.as_given(tangents[0]))    # determinism
@@ -318,10 +316,8 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
     fast. Raises as jvp_verdict does."""
     name = row_name(case, "order 2")
     p = _Prepared(case, adapter)
-    why = p.unsupported()
-    if why:
-        return Result("gradcheck", name, "unsupported", {"declined": p.declined_note}, why,
-                      labels=labels)
+    if not p.checked:
+        return p.unsupported_row(name, labels)
     direction = p.leaf_directions(23)
     given = p.as_given(direction)
     answers, refused, differs, out = {}, {}, False, None

@@ -132,6 +132,19 @@ def numerical_gradient(f: Callable[[], float], x: np.ndarray, h: float = STEP,
                       d.kink.reshape(x.shape))
 
 
+def _along(f, xs, base, v, h) -> list[float]:
+    """f at base + d v for d = h, -h, 2h, -2h (the stencil's points along direction v),
+    the arrays xs moved there in place and put back at base."""
+    fs = []
+    for d in (h, -h, 2 * h, -2 * h):
+        for x, x0, vi in zip(xs, base, v, strict=True):
+            np.copyto(x, x0 + d * vi)
+        fs.append(f())
+    for x, x0 in zip(xs, base, strict=True):
+        np.copyto(x, x0)
+    return fs
+
+
 def directional_derivatives(f: Callable[[], float], xs, directions, h: float = STEP,
                             scale: float = 1.0, magnitude: float = 0.0) -> Derivative:
     """Derivatives of f() along each direction: a direction is a list of arrays shaped like
@@ -141,13 +154,7 @@ def directional_derivatives(f: Callable[[], float], xs, directions, h: float = S
     base = [x.copy() for x in xs]
     vals, errs, jumps, jerrs = [], [], [], []
     for v in directions:
-        fs = []
-        for d in (h, -h, 2 * h, -2 * h):
-            for x, x0, vi in zip(xs, base, v, strict=True):
-                np.copyto(x, x0 + d * vi)
-            fs.append(f())
-        for x, x0 in zip(xs, base, strict=True):
-            np.copyto(x, x0)
+        fs = _along(f, xs, base, v, h)
         val, e, j, je = _stencil(f0, *fs, h, magnitude)
         vals.append(val)
         errs.append(e)
@@ -302,13 +309,7 @@ def hessian_vector_at(f: Callable[[], float], xs, v, outer, h: float,
         """D_v f at the current point: (4th-order value, 2nd-order value, rounding error,
         kink)."""
         f0 = f()
-        fs = []
-        for d in (h, -h, 2 * h, -2 * h):
-            for x, x0, vi in zip(xs, moved, v, strict=True):
-                np.copyto(x, x0 + d * vi)
-            fs.append(f())
-        for x, x0 in zip(xs, moved, strict=True):
-            np.copyto(x, x0)
+        fs = _along(f, xs, moved, v, h)
         d4, _, jump, _ = _stencil(f0, *fs, h, magnitude)
         rounding = 4 * EPS64 * max(magnitude, *(abs(y) for y in (f0, *fs))) / h
         # one-sided slopes of a smooth D_v f differ by O(h^2): a jump far beyond that
