@@ -15,7 +15,7 @@ import pytest
 import gradcheck.adapters
 from engine.registry import get_op
 from gradcheck.adapters import AdapterError, get_adapter
-from gradcheck.check import check_sample
+from gradcheck.check import check_case, check_sample
 from gradcheck.cli import main
 
 MISSING = "jax is not installed: pip install 'gradverify[jax]'"
@@ -63,6 +63,57 @@ def test_the_output_and_gradients_are_the_cases_dtypes(adapter):
     assert result.output.dtype == np.float32
     assert [g.dtype if g is not None else None for g in result.grads] == \
         [np.float32 if s.grad else None for s in case.inputs]
+
+
+def test_forward_mode_compiles_the_vjp_with_the_jvp_and_answers_the_same(adapter):
+    fresh, plain = type(adapter)(), type(adapter)(jit=False)
+    case = _case("softmax", "f32", "sinks=")
+    arrays = case.generate_inputs()
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal(arrays[0].shape)
+    tangents = [rng.standard_normal(a.shape).astype(a.dtype) if s.grad else None
+                for s, a in zip(case.inputs, arrays, strict=True)]
+    alone = fresh.vjp(case, arrays, weights)
+    assert not any(key[0] == "vjp+jvp" for key in fresh._compiled)
+    jvp = fresh.jvp(case, arrays, tangents)
+    fused = fresh.vjp(case, arrays, weights)
+    assert [key[0] for key in fresh._compiled].count("vjp+jvp") == 1
+    np.testing.assert_allclose(jvp.tangent, plain.jvp(case, arrays, tangents).tangent,
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fused.output, alone.output, rtol=1e-6)
+    for a, b in zip(fused.grads, alone.grads, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _tanh_doubled_tangent():
+    """tanh whose JVP rule doubles the tangent, so its VJP (jax's transpose of it) doubles
+    too: a wrong jax rule that both modes must catch."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_jvp
+    def tanh(x):
+        return jnp.tanh(x)
+
+    @tanh.defjvp
+    def _(primals, tangents):
+        y = jnp.tanh(primals[0])
+        return y, 2.0 * tangents[0] * (1.0 - y * y)
+    return tanh
+
+
+def test_a_wrong_rule_fails_both_modes_through_the_fused_function(adapter):
+    class Wrong(type(adapter)):
+        def function(self, case):
+            return (_tanh_doubled_tangent() if case.op == "tanh"
+                    else super().function(case))
+    wrong = Wrong()
+    wrong._forward_mode = True          # as after a first case in --ad both
+    rows = check_case(_case("tanh", "f32"), "both", adapter=wrong)
+    assert any(key[0] == "vjp+jvp" for key in wrong._compiled)
+    assert [row.status for row in rows] == ["fail", "fail"], [r.message for r in rows]
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

@@ -22,7 +22,9 @@ Unsupported, with the reason in the row:
 
 Forward mode is jax.jvp; second order is the gradient of <grad loss, v> by jax.grad
 ("rev-rev", reverse over reverse) and jax.jvp of jax.grad ("fwd-rev", forward over
-reverse), each jit-compiled as the VJP is.
+reverse), each jit-compiled as the VJP is. Once forward mode is in use (a first jvp call),
+a fast-tier case's VJP and JVP are compiled as one function (see JaxAdapter._fused): about
+what the VJP alone costs to trace and lower, where two functions cost 1.9x.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class JaxAdapter:
         self.device = jax.devices("cpu")[0]
         self.ops = jax_ops()
         self._compiled = _Compiled()
+        self._outputs = _Compiled()         # jax.eval_shape of a case's output
+        self._forward_mode = False          # a jvp call seen: see _fused
 
     def describe(self) -> str:
         return f"jax {jax.__version__} (jax.vjp on CPU{', jit' if self.jit else ''})"
@@ -104,9 +108,16 @@ class JaxAdapter:
         arrays = [np.asarray(a) for a in arrays]
         checked = tuple(bool(spec.grad and is_float(a.dtype))
                         for spec, a in zip(case.inputs, arrays, strict=True))
-        run = self._runner(case, arrays, checked)
+        weights = np.asarray(weights, np.float64)
+        fused = self._fused(case, arrays, checked)
         with jax.default_device(self.device):
-            out, grads = run(tuple(arrays), np.asarray(weights, np.float64))
+            if fused is None:
+                out, grads = self._runner(case, arrays, checked)(tuple(arrays), weights)
+            else:
+                zeros = tuple(np.zeros_like(a) for ok, a in zip(checked, arrays,
+                                                                strict=True) if ok)
+                shape = self._output(case, arrays, checked).shape
+                out, grads, _ = fused(tuple(arrays), weights.reshape(shape), zeros)
         out = np.asarray(out)
         grads = list(grads) if grads is not None else [None] * len(arrays)
         return VJP(out.copy(), [np.asarray(g).copy() if ok and g is not None else None
@@ -115,18 +126,13 @@ class JaxAdapter:
     def _runner(self, case, arrays, checked):
         """run(arrays, weights) -> (output, gradients or None): jit-compiled once per op,
         parameters, shapes and dtypes (and which inputs are checked)."""
-        key = (case.op, repr(case.params), checked,
-               tuple((a.shape, a.dtype.str) for a in arrays))
+        key = self._key(case, arrays, checked)
         if key in self._compiled:
             return self._compiled.get(key)
-        fn, params = self.function(case), case.kwargs
+        of_checked = self._forward_of(case, checked)
 
         def run(values, weights):
-            def forward(*diff):
-                it = iter(diff)
-                return fn(*(next(it) if ok else v for ok, v in zip(checked, values,
-                                                                   strict=True)), **params)
-            diff = [v for ok, v in zip(checked, values, strict=True) if ok]
+            forward, diff = of_checked(values)
             if not diff:
                 return forward(), None
             out, pullback = jax.vjp(forward, *diff)
@@ -139,19 +145,83 @@ class JaxAdapter:
         self._compiled[key] = run
         return run
 
-
     hvp_methods = ("rev-rev", "fwd-rev")
 
     def jvp(self, case, arrays, tangents) -> JVP:
         """jax.jvp: the output and its derivative along `tangents`, in the inputs' dtypes."""
         arrays = [np.asarray(a) for a in arrays]
         checked = tuple(t is not None for t in tangents)
-        run = self._derivative("jvp", case, arrays, checked)
         tans = tuple(np.asarray(t, a.dtype) for t, a in zip(tangents, arrays, strict=True)
                      if t is not None)
+        self._forward_mode = True
+        fused = self._fused(case, arrays, checked)
         with jax.default_device(self.device):
-            out, tangent = run(tuple(arrays), tans)
+            if fused is None:
+                out, tangent = self._derivative("jvp", case, arrays, checked)(
+                    tuple(arrays), tans)
+            else:
+                shape = self._output(case, arrays, checked).shape
+                out, _, (_, tangent) = fused(tuple(arrays), np.zeros(shape), tans)
         return JVP(np.asarray(out).copy(), np.asarray(tangent).copy())
+
+    def _fused(self, case, arrays, checked):
+        """The case's VJP and JVP compiled as one function, run(arrays, weights, tangents)
+        -> (output, gradients, (output, J t)), once forward mode is in use (a jvp call has
+        been seen): each is then asked of every fast-tier case, and jit-compiling them
+        together costs about what compiling the VJP alone does (the warm persistent cache
+        still traces and lowers each function; `bench/bench_derivatives.py`). Each call
+        computes both, the unused one of zero weights or tangents (the weights are given in
+        the output's shape, so that both calls match one compiled signature). None where the case
+        runs its own functions: before forward mode is asked, in the scale tier (which
+        forward mode skips), with no checked input, or for an output that is not float."""
+        if not (self._forward_mode and self.jit and any(checked)
+                and getattr(case, "tier", "fast") == "fast"):
+            return None
+        if not jnp.issubdtype(self._output(case, arrays, checked).dtype, jnp.floating):
+            return None
+        key = ("vjp+jvp", *self._key(case, arrays, checked))
+        if key in self._compiled:
+            return self._compiled.get(key)
+        forward_of = self._forward_of(case, checked)
+
+        def run(values, weights, tangents):
+            forward, diff = forward_of(values)
+            out, pullback = jax.vjp(forward, *diff)
+            got = iter(pullback(weights.reshape(out.shape).astype(out.dtype)))
+            return (out, [next(got) if ok else None for ok in checked],
+                    jax.jvp(forward, diff, tangents))
+        run = jax.jit(run)
+        self._compiled[key] = run
+        return run
+
+    def _output(self, case, arrays, checked):
+        """The shape and dtype of the case's output (jax.eval_shape, kept per function)."""
+        key = self._key(case, arrays, checked)
+        if key not in self._outputs:
+            forward, _ = self._forward_of(case, checked)(tuple(arrays))
+            self._outputs[key] = jax.eval_shape(forward, *(
+                a for ok, a in zip(checked, arrays, strict=True) if ok))
+        return self._outputs[key]
+
+    @staticmethod
+    def _key(case, arrays, checked) -> tuple:
+        """What one compiled function of a case is for: op, parameters, which inputs are
+        checked, shapes and dtypes."""
+        return (case.op, repr(case.params), checked,
+                tuple((a.shape, a.dtype.str) for a in arrays))
+
+    def _forward_of(self, case, checked):
+        """of(values) -> (forward, checked values): the case's op as a function of its
+        checked inputs alone, the others held at `values`."""
+        fn, params = self.function(case), case.kwargs
+
+        def of(values):
+            def forward(*diff):
+                it = iter(diff)
+                return fn(*(next(it) if ok else v for ok, v in zip(checked, values,
+                                                                   strict=True)), **params)
+            return forward, tuple(v for ok, v in zip(checked, values, strict=True) if ok)
+        return of
 
     def hvp(self, case, arrays, weights, direction, method: str = "rev-rev") -> VJP:
         """The gradient of <grad loss, direction> by `method` (hvp_methods), in the inputs'
@@ -173,18 +243,10 @@ class JaxAdapter:
     def _derivative(self, kind, case, arrays, checked):
         """The jit-compiled forward-mode ("jvp") or second-order ("rev-rev", "fwd-rev")
         function of the case, once per op, parameters, shapes, dtypes and checked inputs."""
-        key = (kind, case.op, repr(case.params), checked,
-               tuple((a.shape, a.dtype.str) for a in arrays))
+        key = (kind, *self._key(case, arrays, checked))
         if key in self._compiled:
             return self._compiled.get(key)
-        fn, params = self.function(case), case.kwargs
-
-        def of_checked(values):
-            def forward(*diff):
-                it = iter(diff)
-                return fn(*(next(it) if ok else v for ok, v in zip(checked, values,
-                                                                   strict=True)), **params)
-            return forward, tuple(v for ok, v in zip(checked, values, strict=True) if ok)
+        of_checked = self._forward_of(case, checked)
 
         if kind == "jvp":
             def run(values, tangents):
