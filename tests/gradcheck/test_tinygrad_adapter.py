@@ -7,7 +7,10 @@ Skipped, saying why, where tinygrad or clang (its CPU device's compiler) is miss
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -40,6 +43,19 @@ def test_it_is_registered_and_describes_itself(adapter):
     assert adapter.name == "tinygrad" and adapter.isolated is False
     text = adapter.describe()
     assert text.startswith("tinygrad 0.14.0 (autodiff, CPU device") and "cache.db" in text
+
+
+def test_the_compile_workers_are_pointed_at_the_same_kernel_cache(tmp_path):
+    # tinygrad lowers and compiles in spawned processes, which read CACHEDB from the
+    # environment: without it there, their compiled kernels went to ~/.cache/tinygrad
+    env = {k: v for k, v in os.environ.items() if k != "CACHEDB"}
+    env["GRADVERIFY_CACHE"] = str(tmp_path)
+    code = ("import os; from gradcheck.adapters.tinygrad_adapter.device import "
+            "import_tinygrad; import_tinygrad(); import tinygrad.helpers as h; "
+            "print(os.environ['CACHEDB'] == h.CACHEDB, h.CACHEDB)")
+    said = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert said == ["True", str(tmp_path / "tinygrad" / "cache.db")]
 
 
 @pytest.mark.parametrize("op", ["exp", "tanh", "matmul", "softmax", "conv_2d", "pool_2d",

@@ -7,8 +7,10 @@ no compiler but is far slower, and its describe() says so.
 
 tinygrad keeps compiled kernels in an SQLite cache ($CACHEDB, by default
 $XDG_CACHE_HOME/tinygrad/cache.db); unless the user has set CACHEDB, the adapter points it
-at <cache>/tinygrad/cache.db under the tools' cache directory (checkkit.cache), beside
-jax's, so that a second run compiles nothing it compiled before. tinygrad keeps there only
+at <cache>/tinygrad/cache.db under the tools' cache directory (checkkit.cache), in the
+process and in its environment (tinygrad lowers and compiles kernels in a pool of spawned
+processes, which read CACHEDB from there), beside jax's, so that a second run compiles
+nothing it compiled before. tinygrad keeps there only
 what the compiler made; lowering a kernel (its rewrites, in Python) costs more than
 compiling it, so the adapter keeps the lowered kernels in the same cache too
 (keep_programs), compressed (a fifth of their pickled size), at most MAX_KEPT of them: a
@@ -44,6 +46,8 @@ def import_tinygrad():
         raise AdapterError(f"tinygrad is not installed ({exc}): {INSTALL}") from None
     if "CACHEDB" not in os.environ and getattr(helpers, "_db_connection", None) is None:
         helpers.CACHEDB = str(default_cache_dir() / "tinygrad" / "cache.db")
+        # and for tinygrad's compile workers, spawned processes that read it from there
+        os.environ["CACHEDB"] = helpers.CACHEDB
     return tinygrad
 
 
@@ -98,9 +102,10 @@ def dtype_problem(device: str, name: str) -> str | None:
 
 
 PROGRAMS_TABLE = "gradverify_programs_z"
-# lowered kernels kept on disk at most: some 5 KB each compressed (25 KB pickled as they
-# are), so about 150 MB; a full --all run of every dtype lowers some 20,000
-MAX_KEPT = 30_000
+# lowered kernels kept on disk at most: some 20 KB each compressed, so about 300 MB; a full
+# `gradcheck --engine tinygrad --all` lowers some 5,400 (112 MB, beside 19 MB of clang's
+# objects), and --random runs add kernels of their own shapes
+MAX_KEPT = 15_000
 
 
 class _KeptPrograms(dict):
