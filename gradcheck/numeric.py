@@ -196,7 +196,7 @@ def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
         return Comparison(0, 0, 0.0, 0.0, 0, 0, None, 0.0, 0.0)
     nonfinite = int(np.count_nonzero(~np.isfinite(a) | ~np.isfinite(n)))
     judged = ~kink
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         abs_err = np.abs(a - n)
         rel = np.where(abs_err == 0, 0.0, abs_err / np.abs(n))
         finite_n = n[np.isfinite(n) & judged]
