@@ -123,7 +123,8 @@ def main(argv=None) -> int:
     if table:
         print(tabulate(table, headers=["engine", "mode", "seconds", "x rev", "rows"]))
     runs = ([("warm", [], False)] if args.adapters else []) + (
-        [("cold", ["--workers", str(args.cold_workers)], True)] if args.cold else [])
+        [(f"cold, --workers {args.cold_workers}", ["--workers", str(args.cold_workers)],
+          True)] if args.cold else [])
     if runs:
         rows = []
         for engine in ADAPTERS:
@@ -136,8 +137,7 @@ def main(argv=None) -> int:
                 seconds, counts = run_once(engine, extra, cold)
                 ok = seconds <= ADAPTER_TARGET
                 missed += [] if ok else [f"{engine} --all ({how})"]
-                rows.append([engine, how + (f", --workers {args.cold_workers}" if cold
-                                            else ""), f"{seconds:.1f}",
+                rows.append([engine, how, f"{seconds:.1f}",
                              f"{ADAPTER_TARGET:g} ({'met' if ok else 'MISSED'})",
                              _counts(counts)])
         print()

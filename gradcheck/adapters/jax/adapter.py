@@ -109,14 +109,13 @@ class JaxAdapter:
         checked = tuple(bool(spec.grad and is_float(a.dtype))
                         for spec, a in zip(case.inputs, arrays, strict=True))
         weights = np.asarray(weights, np.float64)
-        fused = self._fused(case, arrays, checked)
+        fused, shape = self._fused(case, arrays, checked)
         with jax.default_device(self.device):
             if fused is None:
                 out, grads = self._runner(case, arrays, checked)(tuple(arrays), weights)
             else:
                 zeros = tuple(np.zeros_like(a) for ok, a in zip(checked, arrays,
                                                                 strict=True) if ok)
-                shape = self._output(case, arrays, checked).shape
                 out, grads, _ = fused(tuple(arrays), weights.reshape(shape), zeros)
         out = np.asarray(out)
         grads = list(grads) if grads is not None else [None] * len(arrays)
@@ -138,8 +137,7 @@ class JaxAdapter:
             out, pullback = jax.vjp(forward, *diff)
             if not jnp.issubdtype(out.dtype, jnp.floating):
                 return out, None
-            got = iter(pullback(weights.reshape(out.shape).astype(out.dtype)))
-            return out, [next(got) if ok else None for ok in checked]
+            return out, _pulled(pullback, out, weights, checked)
         if self.jit:
             run = jax.jit(run)
         self._compiled[key] = run
@@ -154,45 +152,45 @@ class JaxAdapter:
         tans = tuple(np.asarray(t, a.dtype) for t, a in zip(tangents, arrays, strict=True)
                      if t is not None)
         self._forward_mode = True
-        fused = self._fused(case, arrays, checked)
+        fused, shape = self._fused(case, arrays, checked)
         with jax.default_device(self.device):
             if fused is None:
                 out, tangent = self._derivative("jvp", case, arrays, checked)(
                     tuple(arrays), tans)
             else:
-                shape = self._output(case, arrays, checked).shape
                 out, _, (_, tangent) = fused(tuple(arrays), np.zeros(shape), tans)
         return JVP(np.asarray(out).copy(), np.asarray(tangent).copy())
 
     def _fused(self, case, arrays, checked):
-        """The case's VJP and JVP compiled as one function, run(arrays, weights, tangents)
-        -> (output, gradients, (output, J t)), once forward mode is in use (a jvp call has
-        been seen): each is then asked of every fast-tier case, and jit-compiling them
-        together costs about what compiling the VJP alone does (the warm persistent cache
-        still traces and lowers each function; `bench/bench_derivatives.py`). Each call
-        computes both, the unused one of zero weights or tangents (the weights are given in
-        the output's shape, so that both calls match one compiled signature). None where the case
-        runs its own functions: before forward mode is asked, in the scale tier (which
-        forward mode skips), with no checked input, or for an output that is not float."""
+        """(run, output shape): the case's VJP and JVP compiled as one function,
+        run(arrays, weights, tangents) -> (output, gradients, (output, J t)), once forward
+        mode is in use (a jvp call has been seen): each is then asked of every fast-tier
+        case, and jit-compiling them together costs about what compiling the VJP alone does
+        (the warm persistent cache still traces and lowers each function;
+        `bench/bench_derivatives.py`). Each call computes both, the unused one of zero
+        weights or tangents, the weights given in the output's shape so that both calls
+        match one compiled signature. (None, None) where the case runs its own functions:
+        before forward mode is asked, in the scale tier (which forward mode skips), with no
+        checked input, or for an output that is not float."""
         if not (self._forward_mode and self.jit and any(checked)
                 and getattr(case, "tier", "fast") == "fast"):
-            return None
-        if not jnp.issubdtype(self._output(case, arrays, checked).dtype, jnp.floating):
-            return None
+            return None, None
+        output = self._output(case, arrays, checked)
+        if not jnp.issubdtype(output.dtype, jnp.floating):
+            return None, None
         key = ("vjp+jvp", *self._key(case, arrays, checked))
         if key in self._compiled:
-            return self._compiled.get(key)
+            return self._compiled.get(key), output.shape
         forward_of = self._forward_of(case, checked)
 
         def run(values, weights, tangents):
             forward, diff = forward_of(values)
             out, pullback = jax.vjp(forward, *diff)
-            got = iter(pullback(weights.reshape(out.shape).astype(out.dtype)))
-            return (out, [next(got) if ok else None for ok in checked],
+            return (out, _pulled(pullback, out, weights, checked),
                     jax.jvp(forward, diff, tangents))
         run = jax.jit(run)
         self._compiled[key] = run
-        return run
+        return run, output.shape
 
     def _output(self, case, arrays, checked):
         """The shape and dtype of the case's output (jax.eval_shape, kept per function)."""
@@ -292,6 +290,13 @@ class _Compiled(collections.OrderedDict):
         super().__setitem__(key, value)
         while len(self) > MAX_COMPILED:
             self.popitem(last=False)
+
+
+def _pulled(pullback, out, weights, checked) -> list:
+    """jax.vjp's pullback of the weights (in the output's shape and dtype), per case input:
+    its gradient where it is checked, else None."""
+    got = iter(pullback(weights.reshape(out.shape).astype(out.dtype)))
+    return [next(got) if ok else None for ok in checked]
 
 
 def _view_kind(spec) -> str:

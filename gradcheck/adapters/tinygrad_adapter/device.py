@@ -10,11 +10,10 @@ $XDG_CACHE_HOME/tinygrad/cache.db); unless the user has set CACHEDB, the adapter
 at <cache>/tinygrad/cache.db under the tools' cache directory (checkkit.cache), in the
 process and in its environment (tinygrad lowers and compiles kernels in a pool of spawned
 processes, which read CACHEDB from there), beside jax's, so that a second run compiles
-nothing it compiled before. tinygrad keeps there only
-what the compiler made; lowering a kernel (its rewrites, in Python) costs more than
-compiling it, so the adapter keeps the lowered kernels in the same cache too
-(keep_programs), compressed (a fifth of their pickled size), at most MAX_KEPT of them: a
-warm run lowers nothing it lowered before.
+nothing it compiled before. tinygrad keeps there only what the compiler made; lowering a
+kernel (its rewrites, in Python) is a large part of a kernel's cost too, so the adapter
+keeps the lowered kernels in the same cache too (keep_programs), compressed (an eighth of
+their pickled size), at most MAX_KEPT of them: a warm run lowers nothing it lowered before.
 """
 
 from __future__ import annotations
