@@ -100,6 +100,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cold-workers", type=int, default=COLD_WORKERS,
                         help="--workers of the cold runs (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.cold_workers < 1:
+        parser.error(f"--cold-workers must be at least 1, got {args.cold_workers}")
     engines = [e for e in (args.engine or ENGINES) if e != "none" and installed(e)]
     modes = {m: extra for m, extra in MODES.items() if m != "order 2" or args.order2}
     missed, table = [], []
