@@ -21,9 +21,11 @@ from reports.record import STATUS_WORDS, STATUSES, summarize
 from reports.table import columns, format_value
 
 STATUS_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "error": "#e65100",
-                  "crash": "#6a1b9a", "skip": "#757575", "unsupported": "#5c6bc0"}
+                  "crash": "#6a1b9a", "skip": "#757575", "unsupported": "#5c6bc0",
+                  "vacuous": "#f9a825"}
 # Sorting by status puts the worst first.
-_STATUS_RANK = {"crash": 0, "fail": 1, "error": 2, "unsupported": 3, "skip": 4, "pass": 5}
+_STATUS_RANK = {"crash": 0, "fail": 1, "error": 2, "vacuous": 3, "unsupported": 4, "skip": 5,
+                "pass": 6}
 
 _CSS = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #212121; }

@@ -9,8 +9,9 @@
      "results": [{"case": "relu(type=f32,x=[3,4])", "status": "pass", "op": "relu",
                   "dtype": "f32", "checked": 12, "max_abs_err": 1.2e-08, "message": ""}]}
 
-A status is one of pass, fail, error, crash, skip, unsupported. "crashed" joined the summary
-with the crash status; documents written before it lack the key and still load.
+A status is one of pass, fail, error, crash, skip, unsupported, vacuous. "crashed" joined
+the summary with the crash status, "vacuous" with the vacuous one; documents written before
+them lack those keys and still load.
 
 Each result object holds "case", "status", its labels and its metrics flattened (labels
 first), and "message". A label whose key is already taken ("case", "status", "message") is
@@ -39,8 +40,9 @@ from reports.record import STATUSES, summarize
 
 SCHEMA_ID = "gradverify.results/1"
 RESERVED_KEYS = ("case", "status", "message")
-SUMMARY_KEYS = ("passed", "failed", "errors", "crashed", "skipped", "unsupported", "total")
-OPTIONAL_SUMMARY_KEYS = ("crashed",)     # absent from documents older than the crash status
+SUMMARY_KEYS = ("passed", "failed", "errors", "crashed", "skipped", "unsupported", "vacuous",
+                "total")
+OPTIONAL_SUMMARY_KEYS = ("crashed", "vacuous")   # absent from documents older than them
 
 
 class SchemaError(ValueError):

@@ -61,7 +61,7 @@ def render_junit(results, suite_name: str, meta: Mapping | None = None) -> str:
     c = summarize(results)
     counts = {"tests": str(c["total"]), "failures": str(c["failed"]),
               "errors": str(c["errors"] + c["crashed"]),
-              "skipped": str(c["skipped"] + c["unsupported"])}
+              "skipped": str(c["skipped"] + c["unsupported"] + c["vacuous"])}
     root = ET.Element("testsuites", name=_x(suite_name), **counts)
     suite = ET.SubElement(root, "testsuite", name=_x(suite_name), **counts)
     meta = dict(meta or {})
@@ -81,10 +81,10 @@ def render_junit(results, suite_name: str, meta: Mapping | None = None) -> str:
             el = ET.SubElement(case, "error", message=_first_line(message) or r.status,
                                type=r.status)
             el.text = message
-        elif r.status in ("skip", "unsupported"):
+        elif r.status in ("skip", "unsupported", "vacuous"):
             reason = message or ("skipped" if r.status == "skip" else "")
-            if r.status == "unsupported":
-                reason = f"unsupported: {reason}" if reason else "unsupported"
+            if r.status != "skip" and not reason.startswith(r.status):
+                reason = f"{r.status}: {reason}" if reason else r.status
             ET.SubElement(case, "skipped", message=reason)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

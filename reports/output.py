@@ -139,7 +139,7 @@ def first_unwritable(*paths) -> str | None:
 def emit(results, *, tool: str, fmt: str = "plain", output=None, meta: Mapping | None = None,
          figures: list[str] | None = None, group_by: str | None = None,
          echo_plain: bool = False, footer: str | None = None, verbose: bool = False,
-         prog: str | None = None) -> int:
+         prog: str | None = None, strict: bool = False) -> int:
     """The tail every command line tool shares: render `results` in `fmt`, write the text
     atomically to `output` (saying so on stderr) or to stdout, and return the exit status:
     0 all passed, 1 any failed, 2 when `output` cannot be written (one line on stderr).
@@ -147,7 +147,8 @@ def emit(results, *, tool: str, fmt: str = "plain", output=None, meta: Mapping |
     `echo_plain`: with an `output` in another format, also print the plain table to
     stdout. `footer`: a line printed after the report on stdout (not into a file).
     `verbose`: the plain table with every column. `prog`: the command's name that opens its
-    messages (default `tool`; mnist-regress reports as the tool "mnist"). Plain text on a
+    messages (default `tool`; mnist-regress reports as the tool "mnist"). `strict`: a
+    vacuous result makes the exit status 1 too (reports.record.exit_status). Plain text on a
     terminal fits its width (statuses coloured unless NO_COLOR); in a file or a pipe
     nothing is shortened."""
     results = list(results)
@@ -168,4 +169,4 @@ def emit(results, *, tool: str, fmt: str = "plain", output=None, meta: Mapping |
                                 terminal=Terminal.of(sys.stdout)))
         if footer:
             print(footer)
-    return exit_status(results)
+    return exit_status(results, strict)

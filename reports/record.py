@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-STATUSES = ("pass", "fail", "error", "crash", "skip", "unsupported")
+STATUSES = ("pass", "fail", "error", "crash", "skip", "unsupported", "vacuous")
 
 # The counting word of each status, as the summaries (table, JSON, HTML) spell it.
 STATUS_WORDS = {"pass": "passed", "fail": "failed", "error": "errors", "crash": "crashed",
-                "skip": "skipped", "unsupported": "unsupported"}
+                "skip": "skipped", "unsupported": "unsupported", "vacuous": "vacuous"}
 
 
 @dataclasses.dataclass
@@ -21,7 +21,10 @@ class Result:
     both in display order; `message` says what went wrong, in words.
     Status: pass, fail, error (the check could not run), crash (the engine under test killed
     its worker process: an abort, a segfault, a hang), skip (nothing to check, e.g. an op
-    without gradient), unsupported (the engine under test lacks the op).
+    without gradient), unsupported (the engine under test lacks the op), vacuous (nothing
+    failed, but the check could not have seen an error of the size it promises to catch:
+    a zero reference gradient, a tolerance that swallows it; an exit status of 1 under
+    `strict`, see exit_status).
     """
 
     tool: str
@@ -37,21 +40,23 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("pass", "skip", "unsupported")
+        return self.status in ("pass", "skip", "unsupported", "vacuous")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def exit_status(results) -> int:
-    """0 when every result passed (or was skipped or unsupported), 1 otherwise (any fail,
-    error or crash)."""
-    return 0 if all(r.ok for r in results) else 1
+def exit_status(results, strict: bool = False) -> int:
+    """0 when every result passed (or was skipped, unsupported or vacuous), 1 otherwise
+    (any fail, error or crash); with `strict`, a vacuous result is 1 too."""
+    return 0 if all(r.ok and not (strict and r.status == "vacuous")
+                    for r in results) else 1
 
 
 def summarize(results) -> dict[str, int]:
     """Counts per status, keyed by their words, plus the total:
-    {"passed", "failed", "errors", "crashed", "skipped", "unsupported", "total"}."""
+    {"passed", "failed", "errors", "crashed", "skipped", "unsupported", "vacuous",
+    "total"}."""
     counts = dict.fromkeys(STATUS_WORDS.values(), 0)
     total = 0
     for r in results:

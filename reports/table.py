@@ -149,7 +149,7 @@ MIN_CASE = 20        # the case column is shortened to no fewer characters, then
 MIN_CELL = 6
 ELLIPSIS = "…"
 COLORS = {"pass": "32", "fail": "31", "error": "31;1", "crash": "35;1", "skip": "33",
-          "unsupported": "33"}
+          "unsupported": "33", "vacuous": "33;1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +294,8 @@ def group_summary(results, key: str | None, terminal: Terminal = NO_TERMINAL) ->
     for r in results:
         groups.setdefault(format_value(r.labels.get(key)), []).append(r)
     counted = {"passed": ("pass",), "failed": ("fail",), "errors": ("error",),
-               "crashed": ("crash",), "skipped": ("skip",), "unsupported": ("unsupported",)}
+               "crashed": ("crash",), "skipped": ("skip",), "unsupported": ("unsupported",),
+               "vacuous": ("vacuous",)}
     words = [w for w, statuses in counted.items()
              if w in ("passed", "failed", "errors") or any(r.status in statuses
                                                            for r in results)]
@@ -311,12 +312,19 @@ def group_summary(results, key: str | None, terminal: Terminal = NO_TERMINAL) ->
 
 def failure_list(results, terminal: Terminal = NO_TERMINAL) -> str:
     """Every failed, erred or crashed result: its status and case, then its message and its
-    repro command (metrics["repro"]) in full, indented. Empty when there are none."""
+    repro command (metrics["repro"]) in full, indented; then, as such, every vacuous one
+    (a check that could not have failed). Empty when there are none."""
     failed = [r for r in results if not r.ok]
-    if not failed:
-        return ""
-    lines = [f"failures ({len(failed)}):"]
-    for r in failed:
+    vacuous = [r for r in results if r.status == "vacuous"]
+    parts = [_listed(f"failures ({len(failed)}):", failed, terminal) if failed else "",
+             _listed(f"vacuous ({len(vacuous)}): these checks could not have failed",
+                     vacuous, terminal) if vacuous else ""]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _listed(title: str, rows, terminal: Terminal) -> str:
+    lines = [title]
+    for r in rows:
         lines += ["", f"{_paint(r.status, r.status.upper(), terminal)} {r.name}"]
         lines += [f"  {line}" for line in r.message.splitlines() if line.strip()]
         repro = r.metrics.get("repro")

@@ -57,7 +57,7 @@ def mixed_results() -> list[Result]:
 
 
 COUNTS = {"passed": 1, "failed": 2, "errors": 1, "crashed": 0, "skipped": 1, "unsupported": 1,
-          "total": 6}
+          "vacuous": 0, "total": 6}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
