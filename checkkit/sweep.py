@@ -67,7 +67,7 @@ def failure_text(rows) -> str:
     message already ends with it (crashes and shrunk generated cases say it there)."""
     lines = []
     for row in rows:
-        if row.ok:
+        if row.ok and row.status != "vacuous":
             continue
         lines.append(f"{row.name}: {row.status}: {row.message}")
         repro = row.metrics.get("repro")
@@ -86,9 +86,10 @@ def skip_reason(rows) -> str | None:
 
 def judge_rows(rows, failure: type[RowsFailed] = RowsFailed) -> list:
     """`rows` when none failed and not all were skipped; else raise `failure` (any row
-    failed, erred or crashed) or pytest's skip (every row skipped or unsupported)."""
+    failed, erred, crashed or was vacuous: a test that could not fail is no test) or
+    pytest's skip (every row skipped or unsupported)."""
     rows = list(rows)
-    if any(not r.ok for r in rows):
+    if any(not r.ok or r.status == "vacuous" for r in rows):
         raise failure(rows)
     reason = skip_reason(rows)
     if reason:

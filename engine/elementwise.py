@@ -78,6 +78,7 @@ class Unary:
     special: tuple[Domain, ...] = ()     # the strategy's ranges beside domain and wide
     draw_domain: Callable | None = None  # (draw, params) -> Domain: the strategy's range
     doc: str = ""
+    zero_gradient: str = ""              # why f' is 0 wherever defined (OpDef.zero_gradient)
 
     def __post_init__(self):
         if (self.gradient is None) == (self.backward is None):
@@ -368,10 +369,12 @@ for _row in [
     Unary("sgn", lambda v: 1.0 if v > 0 else (-1.0 if v < 0 else 0.0),
           torch=lambda x: x.sign(), backward=_zero, in_float64=False, domain=OFF_KINK,
           kinks=(0.0,), special=LARGE_OFF_KINK,
-          doc="sign of x (-1, 0, 1); zero derivative away from 0"),
+          doc="sign of x (-1, 0, 1); zero derivative away from 0",
+          zero_gradient="sgn is piecewise constant: its derivative is 0 away from 0"),
     Unary("step", lambda v: 1.0 if v > 0 else 0.0, torch=lambda x: x.sign().clamp(min=0),
           backward=_zero, in_float64=False, domain=OFF_KINK, kinks=(0.0,),
-          special=LARGE_OFF_KINK, doc="1 where x > 0 else 0; zero derivative away from 0"),
+          special=LARGE_OFF_KINK, doc="1 where x > 0 else 0; zero derivative away from 0",
+          zero_gradient="step is piecewise constant: its derivative is 0 away from 0"),
     Unary("relu", lambda v: v if v > 0 else 0.0, torch=lambda x: x.relu(),
           backward=lambda g, y, x: op.relu_back(g, x), in_float64=False, domain=OFF_KINK,
           kinks=(0.0,), special=LARGE_OFF_KINK, doc="max(x, 0); d/dx = step(x), kink at 0"),
@@ -380,8 +383,11 @@ for _row in [
           domain=("uniform", -4.0, 4.0), wide=WIDE, doc="sin x"),
     Unary("cos", lambda v: math.cos(v), lambda g, v: -g * math.sin(v), lambda x: x.cos(),
           domain=("uniform", -4.0, 4.0), wide=WIDE, doc="cos x"),
+    # wide: to 20, where tanh is 1 in every dtype but a few of 35 draws keep a gradient
+    # (over WIDE's [-150, 150] every draw may saturate: a zero gradient, checking nothing)
     Unary("tanh", lambda v: math.tanh(v), tanh_gradient, lambda x: x.tanh(),
-          domain=("uniform", -3.0, 3.0), wide=WIDE, special=_saturated(4.0, 20.0),
+          domain=("uniform", -3.0, 3.0), wide=("uniform", -20.0, 20.0),
+          special=_saturated(4.0, 20.0),
           doc="tanh x"),
     Unary("sigmoid", sigmoid, sigmoid_gradient, lambda x: x.sigmoid(),
           domain=("uniform", -5.0, 5.0), wide=WIDE, special=_saturated(8.0, 40.0),
@@ -433,7 +439,9 @@ for _row in [
     Unary("clamp", clamp, lambda g, v, low, high: g if low <= v <= high else 0.0,
           lambda x, **bounds: x.clamp(**bounds), params=("min", "max"),
           check=_ordered_bounds, domain=("away_from_zero", 0.6, 2.0), kinks=("min", "max"),
-          sample_params=({"min": -0.5, "max": 0.5}, {"min": -2.5, "max": 0.0},
+          # each set keeps inputs (|x| in [0.6, 2]) both inside the range and outside it
+          # (below, above): a set with all of them outside checks only a zero gradient
+          sample_params=({"min": -0.5, "max": 2.5}, {"min": -2.5, "max": 0.0},
                          {"min": 0.0, "max": 2.5}),
           draw_params=_draw_clamp_bounds_anywhere, draw_domain=_draw_clamp_domain,
           doc="min(max(x, min), max); kinks at min and max"),

@@ -116,6 +116,12 @@ class OpDef:
     vjp_of: VJPOf | None = None
     params: Params | dict | None = None
     doc: str = ""
+    zero_gradient: str = ""   # why its derivative is 0 wherever it is defined (sgn, step):
+    #                           gradcheck then checks that its gradient is exactly 0
+    null_cotangents: tuple[str, ...] = ()   # cotangent layouts (engine.samples) in whose
+    #                           weights its VJP vanishes: "expanded", constant along the
+    #                           last axis, for an op that normalises along it (softmax);
+    #                           gradcheck's cotangent cases expand along the first instead
 
     def __post_init__(self):
         if self.kind not in KINDS:

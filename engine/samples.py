@@ -13,8 +13,10 @@ A sample's `cotangent` says how the engine under test receives the upstream grad
 op's output (the loss weights): "contiguous" (the default, not printed), "permuted" (a
 view with its axes reversed, as the backward of cont(permute(y)) hands it), "expanded"
 (stride 0 along the last axis, as the backward of a sum over that axis hands it: the weights
-are then constant along it) or "sliced" (a view at offset 1 into a buffer one larger on
-each side of every axis, as the backward of acc or pad hands it). It is printed last, e.g.
+are then constant along it), "expanded_first" (the same along the first axis, for an op
+whose VJP vanishes for a cotangent constant along the last axis: softmax, layer norm; see
+OpDef.null_cotangents) or "sliced" (a view at offset 1 into a buffer one larger on each
+side of every axis, as the backward of acc or pad hands it). It is printed last, e.g.
 `...,stride=[2,2],cotangent=permuted`.
 
 A sample's `tier` is "fast" (the registry's `samples`: small, every element checked) or
@@ -39,7 +41,7 @@ GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse",
 SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
 SPARSE_COLUMNS = 0.25      # "sparse_cols": the share of columns that hold non-zeros ...
 SPARSE_COLUMN_DENSITY = 0.6    # ... and the share of non-zeros within them
-COTANGENTS = ("contiguous", "permuted", "expanded", "sliced")
+COTANGENTS = ("contiguous", "permuted", "expanded", "expanded_first", "sliced")
 VIEW_BORDER = np.nan       # the border of a sliced input's leaf, outside the op's view
 TIERS = ("fast", "scale")
 
@@ -49,9 +51,11 @@ class InputSpec:
     """How one input of a sample is made.
 
     kind: uniform in [low, high]; away_from_zero: |x| in [low, high] with a random sign
-    (keeps relu/abs/sgn off their kink); distinct: a shuffled evenly spaced grid over
-    [low, high] (no ties, so max-pool and argmax are differentiable); probs: rows on the
-    probability simplex along the last axis; int: integers in [low, high); sparse:
+    (keeps relu/abs/sgn off their kink), in each half of a row as many of one sign as of
+    the other, shuffled (a relu of negatives only has a zero gradient: its check could not
+    fail); distinct: a shuffled evenly spaced grid over [low, high] (no ties, so max-pool
+    and argmax are differentiable); probs: rows on the probability simplex along the last
+    axis; int: integers in [low, high); sparse:
     uniform in [low, high] where a random SPARSE_DENSITY of the elements are, exact zeros
     elsewhere (the zero-skipping matmul takes such an operand; MNIST's images are 19%
     non-zero); sparse_cols: as an image's borders, non-zeros (a share
@@ -224,7 +228,7 @@ class InputSpec:
         if self.kind == "uniform":
             x = rng.uniform(lo, hi, shape)
         elif self.kind == "away_from_zero":
-            x = rng.uniform(lo, hi, shape) * rng.choice([-1.0, 1.0], shape)
+            x = rng.uniform(lo, hi, shape) * _balanced_signs(rng, shape)
         elif self.kind == "distinct":
             n = int(np.prod(shape))
             x = (lo + (hi - lo) * rng.permutation(n) / max(n - 1, 1)).reshape(shape)
@@ -242,6 +246,22 @@ class InputSpec:
         else:
             x = rng.integers(int(lo), int(hi), shape)
         return np.asarray(x).astype(dt)
+
+
+def _balanced_signs(rng: np.random.Generator, shape) -> np.ndarray:
+    """Signs of `shape`, in each half of every row (along the last axis; a GLU's gate and
+    value halves) as many -1 as +1 (one more +1 for an odd count), in a random order: no
+    half-row of one sign only, whose relu would have a zero gradient."""
+    shape = tuple(shape)
+    if not shape or 0 in shape:
+        return rng.choice([-1.0, 1.0], shape)
+    n = shape[-1]
+    rows = np.empty((int(np.prod(shape[:-1])), n))
+    for start, stop in ((0, n // 2), (n // 2, n)):
+        m = stop - start
+        half = np.where(np.arange(m) < m // 2, -1.0, 1.0)
+        rows[:, start:stop] = rng.permuted(np.broadcast_to(half, (rows.shape[0], m)), axis=1)
+    return rows.reshape(shape)
 
 
 def _distinct_in(dt, x: np.ndarray, lo: float, hi: float) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.registry import get_op
 from engine.tensor import is_float
 
 
@@ -23,9 +24,14 @@ class EngineResultError(Exception):
 def loss_weights(shape, seed: int, cotangent: str = "contiguous") -> np.ndarray:
     """Weights in +-[0.5, 1.5] with random signs: no element's gradient is ever zero. For an
     "expanded" cotangent (engine.samples) they are drawn per row and constant along the
-    last axis, so that the engine can receive them as a stride-0 view."""
+    last axis, so that the engine can receive them as a stride-0 view; "expanded_first"
+    the same along the first axis."""
     shape = tuple(shape)
-    drawn = shape[:-1] + (1,) if cotangent == "expanded" and shape else shape
+    drawn = shape
+    if cotangent == "expanded" and shape:
+        drawn = shape[:-1] + (1,)
+    elif cotangent == "expanded_first" and shape:
+        drawn = (1,) + shape[1:]
     rng = np.random.default_rng(seed)
     w = rng.uniform(0.5, 1.5, drawn) * rng.choice([-1.0, 1.0], drawn)
     return np.array(np.broadcast_to(w, shape))      # a copy, 0-d stays 0-d
@@ -100,3 +106,26 @@ def declined_inputs(adapter, case, checked) -> dict[int, str]:
         raise EngineResultError(f"the engine declined the gradient of {', '.join(unknown)}, "
                                 f"not an input of the case (inputs: {', '.join(names)})")
     return {i: str(reasons[names[i]]) for i in checked if names[i] in reasons}
+
+
+def zero_gradient(case) -> str:
+    """Why the case's op has a zero derivative by definition (OpDef.zero_gradient), "" for
+    any other op and for a case of no registered op."""
+    if not getattr(case, "registered", True):
+        return ""
+    return get_op(case.op).zero_gradient
+
+
+def nonzero_problems(zero: str, case, checked, backprop) -> tuple[str, ...]:
+    """With `zero` (the op's derivative is 0 by definition), a problem for each checked
+    gradient that is not exactly 0: a zero derivative needs no tolerance."""
+    if not zero:
+        return ()
+    problems = []
+    for i in checked:
+        g = np.asarray(backprop[i])
+        bad = int(np.count_nonzero(g != 0) + np.count_nonzero(np.isnan(g)))
+        if bad:
+            problems.append(f"zero by definition: backprop of {case.inputs[i].name} has "
+                            f"{bad}/{g.size} elements that are not exactly 0 ({zero})")
+    return tuple(problems)

@@ -211,9 +211,26 @@ def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = 
         compare(out, f64_own, case.precision), compared.outcomes(case.precision),
         torch_vjp is not None,
         None if torch_own is None else compare(out, torch_own, case.precision), differs,
-        getattr(adapter, "backend", "cpu"), vs_cpu, precision=held))
+        getattr(adapter, "backend", "cpu"), vs_cpu, precision=held, dtype=case.precision,
+        powers=_powers(compared.powers(case.precision), held,
+                       dict(zip(relation.wrt_names, point.split(out), strict=True)))))
     metrics = v.metrics(compared.fraction) | {"vjp_of": relation.op}
     return Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)
+
+
+def _powers(powers: dict, held, parts: dict) -> dict:
+    """The powers of a backward op's row: its output is the gradients compared (`powers`,
+    by the forward op's input names; `parts`, the output's share of each), which the
+    precision verdict `held` judges as one "output": an error that it flags in the whole
+    (its slack) is flagged in any part, so each gradient's power is also that slack over
+    the part's own magnitude."""
+    slack = (held.slacks if held is not None else {}).get("output", np.inf)
+    out = {}
+    for name, p in powers.items():
+        part = np.abs(np.asarray(parts[name], np.float64))
+        own = float(np.max(part[np.isfinite(part)], initial=0.0))
+        out[name] = min(p, slack / own if own else np.inf)
+    return out
 
 
 def with_vjp_check(row: Result, case, adapter, mode: str = "auto",

@@ -52,7 +52,14 @@ from engine.tensor import is_float
 from gradcheck import precision
 from gradcheck.adapters.base import Unsupported
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.backprop import EngineResultError, declined_inputs, engine_vjp, loss_weights
+from gradcheck.backprop import (
+    EngineResultError,
+    declined_inputs,
+    engine_vjp,
+    loss_weights,
+    nonzero_problems,
+    zero_gradient,
+)
 from gradcheck.backward_ops import check_backward_op, is_backward_op_case, with_vjp_check
 from gradcheck.cross_backend import compares_with_cpu, versus_cpu
 from gradcheck.derivatives import AD_MODES, ORDERS, hvp_verdict, jvp_verdict, row_name
@@ -240,7 +247,8 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
                                     f"{case.inputs[i].name}")
     mode = choose_mode(mode, sum(leaves[i].size for i in checked))
     labels["mode"] = mode
-    forward = forward_comparison(out, f64_out, constant, case.precision)
+    out_dtype, dtypes = precision.judged_dtypes(case, out)
+    forward = forward_comparison(out, f64_out, constant, out_dtype)
     torch_ref = torch_reference(case, arrays, weights) if use_torch else None
     compared = compared_gradients(
         case, f64_ref, checked, mode, [backprop[i] for i in checked],
@@ -248,8 +256,7 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     forward_vs_torch = None
     if torch_ref is not None and is_float(out.dtype):
         forward_vs_torch = compare(settled(out, f64_out, constant),
-                                   settled(torch_ref.output, f64_out, constant),
-                                   case.precision)
+                                   settled(torch_ref.output, f64_out, constant), out_dtype)
     backend = getattr(adapter, "backend", "cpu")
     vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop,
                          lambda a: settled(a, f64_out, constant))
@@ -257,9 +264,15 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     held = precision.check_case(case, arrays, weights, out, backprop, checked,
                                 f64_out,
                                 None if torch_ref is None else torch_ref.grads, use_torch)
-    v = judge(Outcomes(forward, compared.outcomes(case.precision),
+    zero = zero_gradient(case)
+    v = judge(Outcomes(forward, compared.outcomes(case.precision, dtypes),
                        torch_ref is not None, forward_vs_torch, differs, backend, vs_cpu,
-                       declined_note, held))
+                       declined_note, held,
+                       others=nonzero_problems(zero, case, checked, backprop),
+                       dtype=case.precision,
+                       powers=compared.powers(case.precision, dtypes),
+                       cotangent=getattr(case, "cotangent", "contiguous"),
+                       zero_by_definition=zero))
     metrics = v.metrics(compared.fraction)
     if declined:
         metrics["declined"] = declined_note

@@ -15,8 +15,9 @@
     gradcheck --engine ggml --coverage        ggml's backward ops: the registry op checking each
     gradcheck --engine mypkg.adapter:MyAdapter --all     your engine (an Adapter)
 
-Exit status: 0 all pass, 1 any failure or error, 2 usage error, 130 interrupted (Ctrl-C;
-the rows finished so far are written to --output).
+Exit status: 0 all pass, 1 any failure or error (or, with --strict, a vacuous row: one
+that could not have failed), 2 usage error, 130 interrupted (Ctrl-C; the rows finished so
+far are written to --output).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gradcheck",
         description="Compare each op's backprop gradients with float64 numerical gradients "
                     "and torch autograd on the registry's sample cases.",
-        epilog="Exit status: 0 all cases pass, 1 any case fails, errors or crashes, "
-               "2 usage error.")
+        epilog="Exit status: 0 all cases pass, 1 any case fails, errors or crashes (or, "
+               "with --strict, is vacuous), 2 usage error.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--op", action="append", metavar="NAME",
                       help="op to check (repeatable); see --list")
@@ -114,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inject", metavar="MUTATION[:FACTOR]",
                    help=f"inject a known bug into the backward rules, to see it caught "
                         f"({describe_injections()})")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 on a vacuous row too: one that passed but could not have "
+                        "seen a 10%% error (25%% in 16 bits) in some gradient, such as a "
+                        "zero reference gradient (see the power and power_of columns)")
     p.add_argument("--no-torch", action="store_true",
                    help="leave out the torch autograd reference (starts faster: no torch "
                         "import)")
@@ -190,7 +195,7 @@ def _main(argv) -> int:
         return 2
     return emit(results, tool="gradcheck", fmt=args.format, output=args.output, meta=meta,
                 footer=f"(injected: {args.inject})" if args.inject else None,
-                verbose=args.verbose)
+                verbose=args.verbose, strict=args.strict)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,12 @@ def _output(case: Sample):
     return weighted_graph(case, case.generate_inputs(), as_params=False)[1]
 
 
-def cotangent_cases(samples) -> list[Sample]:
+def cotangent_cases(samples, null: tuple[str, ...] = ()) -> list[Sample]:
     """The cotangent variants of `samples` (one op's registry samples): for each dtype, the
     sample whose float output has the most axes longer than 1 (at least two; the first of
-    equals), once per layout of LAYOUTS."""
+    equals), once per layout of LAYOUTS; a layout in `null` (the op's null_cotangents,
+    in whose weights its VJP vanishes) is replaced by its twin along the first axis
+    ("expanded_first"), where a check could fail."""
     best: dict[str, tuple[int, Sample]] = {}
     for case in samples:
         if case.cotangent != "contiguous":
@@ -40,8 +42,9 @@ def cotangent_cases(samples) -> list[Sample]:
         if is_float(y.dtype) and long_axes >= 2 and \
                 long_axes > best.get(case.dtype, (1, None))[0]:
             best[case.dtype] = (long_axes, case)
+    layouts = [f"{layout}_first" if layout in null else layout for layout in LAYOUTS]
     return [dataclasses.replace(case, cotangent=layout)
-            for _, case in best.values() for layout in LAYOUTS]
+            for _, case in best.values() for layout in layouts]
 
 
 def registry_cases(op) -> list[Sample]:
@@ -49,7 +52,8 @@ def registry_cases(op) -> list[Sample]:
     samples, see engine.registry); an op without a gradient has none (a dedicated backward
     op's own upstream gradient is an input, whose layouts are its samples')."""
     samples = list(op.samples()) if op.samples else []
-    return samples + (cotangent_cases(samples) if op.differentiable else [])
+    return samples + (cotangent_cases(samples, op.null_cotangents)
+                      if op.differentiable else [])
 
 
 TIERS = ("fast", "scale", "all")

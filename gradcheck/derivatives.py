@@ -278,7 +278,8 @@ def jvp_verdict(case, adapter, use_torch: bool, labels: dict) -> Result:
                                    differs, getattr(adapter, "backend", "cpu"),
                                    None, p.declined_note, None,
                                    (problem,) if problem else (),
-                                   (note,) if note else ()),
+                                   (note,) if note else (), dtype=case.precision,
+                                   cotangent=getattr(case, "cotangent", "contiguous")),
                     min(1.0, TANGENTS / total), labels, adjoint=float(f"{worst:.3g}"))
 
 

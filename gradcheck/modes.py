@@ -27,7 +27,9 @@ from gradcheck.numeric import (
     compare,
     directional_derivatives,
     numerical_gradient,
+    power_against,
     steps_for,
+    tolerated,
 )
 from gradcheck.verdict import GradientOutcome
 
@@ -92,22 +94,44 @@ class Compared:
     numerical: list[Derivative]
     torch: list[np.ndarray] | None
     fraction: float
+    parts: dict[str, np.ndarray] | None = None   # fast mode: per input, its share of each
+    #                                              projection (torch's, else backprop's)
 
-    def outcomes(self, precision: str) -> tuple[GradientOutcome, ...]:
+    def dtype_of(self, name: str, precision, dtypes: dict | None) -> str:
+        """The dtype judging gradient `name` ("directions": the coarsest of the inputs')."""
+        return precision if dtypes is None else dtypes.get(name, precision)
+
+    def powers(self, precision: str, dtypes: dict | None = None) -> dict[str, float]:
+        """Per checked input, the smallest relative error of its gradient alone that the
+        comparisons flag (gradcheck.verdict: power). Full mode: its own comparisons'.
+        Fast mode: an error in one input moves each projection by its share of it, judged
+        against what that projection is allowed (against the numerical and torch's)."""
+        if self.parts is None:
+            return {o.name: o.power for o in self.outcomes(precision, dtypes)}
+        num = self.numerical[0]
+        bounds = [tolerated(num.value, precision, num.error, num.kink)]
+        if self.torch is not None:
+            bounds.append(tolerated(self.torch[0], precision, None, num.kink))
+        return {name: min(power_against(allowed, judged, part) for allowed, judged in bounds)
+                for name, part in self.parts.items()}
+
+    def outcomes(self, precision: str, dtypes: dict | None = None,
+                 ) -> tuple[GradientOutcome, ...]:
         """The comparisons of each compared gradient: backprop in the case's `precision`
-        against the numerical gradient (widened by its error estimate) and against torch;
-        the numerical gradient against torch in float64. Kinks are not judged in any of
-        them."""
+        (or, per input name, in `dtypes`: gradcheck.precision.judged_dtypes) against the
+        numerical gradient (widened by its error estimate) and against torch; the numerical
+        gradient against torch in float64. Kinks are not judged in any of them."""
         outcomes = []
         for k, (name, bp, num) in enumerate(zip(self.names, self.backprop, self.numerical,
                                                 strict=True)):
+            precision_k = self.dtype_of(name, precision, dtypes)
             vs_torch = numerical_vs_torch = None
             if self.torch is not None:
-                vs_torch = compare(bp, self.torch[k], precision, None, num.kink)
+                vs_torch = compare(bp, self.torch[k], precision_k, None, num.kink)
                 numerical_vs_torch = compare(num.value, self.torch[k], "f64", num.error,
                                              num.kink)
             outcomes.append(GradientOutcome(
-                name, compare(bp, num.value, precision, num.error, num.kink),
+                name, compare(bp, num.value, precision_k, num.error, num.kink),
                 bool(np.all(np.isfinite(bp))), vs_torch, numerical_vs_torch))
         return tuple(outcomes)
 
@@ -141,6 +165,9 @@ def compared_gradients(case, f64_ref, checked, mode: str, backprop, torch_grads)
         return Compared([case.inputs[i].name for i in checked], list(backprop), numerical,
                         None if torch_grads is None else list(torch_grads), 1.0)
     total = sum(leaves[i].size for i in checked)
+    shares = backprop if torch_grads is None else torch_grads
+    parts = {case.inputs[i].name: project([g], [[d[k]] for d in dirs])
+             for k, (i, g) in enumerate(zip(checked, shares, strict=True))}
     return Compared(["directions"], [project(backprop, dirs)], numerical,
                     None if torch_grads is None else [project(torch_grads, dirs)],
-                    DIRECTIONS / total)
+                    DIRECTIONS / total, parts)

@@ -177,10 +177,37 @@ class Comparison:
     worst_index: tuple | None
     worst_value: float
     worst_expected: float
+    power: float = np.inf     # the smallest relative error of the whole of `value` (every
+    #                           element off by the same factor) that fails: min over the
+    #                           judged elements of allowed / |expected|; inf where every
+    #                           expected value is 0 (nothing could fail)
 
     @property
     def ok(self) -> bool:
         return self.failures == 0 and self.nonfinite == 0
+
+
+def tolerated(expected, dtype: str, error=None, kink=None) -> tuple[np.ndarray, np.ndarray]:
+    """(allowed, judged): the absolute error compare allows each element of `expected` in
+    `dtype` (widened by `error`, its error estimate), and which elements it judges (not
+    `kink`)."""
+    n = np.asarray(expected, np.float64)
+    err = np.zeros(n.shape) if error is None else np.asarray(error, np.float64)
+    judged = ~(np.zeros(n.shape, bool) if kink is None else np.asarray(kink, bool))
+    finite_n = n[np.isfinite(n) & judged]
+    scale = max(1.0, float(np.max(np.abs(finite_n)))) if finite_n.size else 1.0
+    atol, rtol = TOLERANCES[dtype]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return atol * scale + rtol * np.abs(n) + err, judged
+
+
+def power_against(allowed, judged, parts) -> float:
+    """The smallest relative error of a part of a compared array (`parts`: that part's
+    contribution to each element, e.g. one input's share of a projection) that moves some
+    judged element beyond what it is `allowed`; inf where the part is 0 wherever judged."""
+    parts = np.abs(np.asarray(parts, np.float64))
+    seen = judged & np.isfinite(parts) & (parts != 0) & np.isfinite(allowed)
+    return float(np.min(allowed[seen] / parts[seen])) if seen.any() else np.inf
 
 
 def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
@@ -190,22 +217,18 @@ def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
     0."""
     a = np.asarray(value, np.float64)
     n = np.asarray(expected, np.float64)
-    err = np.zeros(a.shape) if error is None else np.asarray(error, np.float64)
-    kink = np.zeros(a.shape, bool) if kink is None else np.asarray(kink, bool)
     if a.size == 0:
-        return Comparison(0, 0, 0.0, 0.0, 0, 0, None, 0.0, 0.0)
+        return Comparison(0, 0, 0.0, 0.0, 0, 0, None, 0.0, 0.0)   # power inf: nothing judged
     nonfinite = int(np.count_nonzero(~np.isfinite(a) | ~np.isfinite(n)))
-    judged = ~kink
+    allowed, judged = tolerated(n, dtype, error, kink)
+    kink = ~judged
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         abs_err = np.abs(a - n)
         rel = np.where(abs_err == 0, 0.0, abs_err / np.abs(n))
-        finite_n = n[np.isfinite(n) & judged]
-        scale = max(1.0, float(np.max(np.abs(finite_n)))) if finite_n.size else 1.0
-        atol, rtol = TOLERANCES[dtype]
-        allowed = atol * scale + rtol * np.abs(n) + err
         bad = ~(abs_err <= allowed) & judged          # NaN compares False: bad
         score = np.where(judged, np.where(np.isfinite(abs_err), abs_err / allowed, np.inf),
                          -1.0)
+        power = power_against(allowed, judged & np.isfinite(n), n)
     worst = np.unravel_index(int(np.argmax(score)), a.shape)
     shown_abs = np.where(judged, np.where(np.isfinite(abs_err), abs_err, np.inf), 0.0)
     shown_rel = np.where(judged, np.where(np.isfinite(rel), rel, np.inf), 0.0)
@@ -214,7 +237,7 @@ def compare(value, expected, dtype: str, error=None, kink=None) -> Comparison:
         max_abs=float(np.max(shown_abs)), max_rel=float(np.max(shown_rel)),
         failures=int(np.count_nonzero(bad)), nonfinite=nonfinite,
         worst_index=tuple(int(i) for i in worst),
-        worst_value=float(a[worst]), worst_expected=float(n[worst]))
+        worst_value=float(a[worst]), worst_expected=float(n[worst]), power=power)
 
 
 SECOND_ORDER_STEP_FACTOR = 10.0   # second order: steps of 10 step_for (1e-3 at inputs of 1)

@@ -44,7 +44,14 @@ import numpy as np
 from engine.backends.cpu import paths, threads
 from gradcheck import precision
 from gradcheck.adapters.engine_adapter import EngineAdapter
-from gradcheck.backprop import declined_inputs, engine_vjp, loss_weights, same_bits
+from gradcheck.backprop import (
+    declined_inputs,
+    engine_vjp,
+    loss_weights,
+    nonzero_problems,
+    same_bits,
+    zero_gradient,
+)
 from gradcheck.modes import project, random_directions, single_thread
 from gradcheck.numeric import compare, directional_derivatives
 from gradcheck.reference import (
@@ -54,6 +61,7 @@ from gradcheck.reference import (
     torch_available,
     torch_reference,
 )
+from gradcheck.verdict import power_metrics, vacuity
 from reports import Result
 
 DIRECTIONS = 3             # random directions of the numerical check
@@ -170,8 +178,10 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
         problems.append(f"forward: {forward.failures}/{forward.checked} off vs {ref_name}, "
                         f"worst {_worst('out', forward)}")
     worst_c, worst_name = None, ""
+    power = {}
     for i in checked:
         c = compare(grads[i], ref_grads[i], precision_dtype)
+        power[case.inputs[i].name] = c.power
         if worst_c is None or c.max_abs > worst_c.max_abs:
             worst_c, worst_name = c, case.inputs[i].name
         if not c.ok:
@@ -229,7 +239,20 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
     if declined:
         metrics["declined"] = "; ".join(f"{case.inputs[i].name}: {why}"
                                         for i, why in declined.items())
+    zero = zero_gradient(case)
+    problems += nonzero_problems(zero, case, checked, grads)
+    if zero:                        # exactly 0 by definition: checked as such, above
+        power = {}
+        metrics["zero_by_definition"] = zero
+    held_powers = held.powers if held is not None else {}
+    for what, p in held_powers.items():
+        if what in power:
+            power[what] = min(power[what], p)
+    metrics |= power_metrics(power, min(forward.power, held_powers.get("output", np.inf)))
     status = "fail" if problems else "pass"
+    vacuous = vacuity(power, precision_dtype, getattr(case, "cotangent", "contiguous"))
+    if not problems and vacuous:
+        status, problems = "vacuous", [vacuous]
     return Result("gradcheck", name, status, metrics, "; ".join(problems), labels=labels)
 
 

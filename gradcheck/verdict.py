@@ -25,6 +25,18 @@ Three opinions name the side that is off (`arbitrate`):
 Without torch, b-n alone decides. NaN or Inf in backprop fails whatever the rest says.
 Kinks (non-differentiable points) are counted, never judged; a case where they are more
 than KINK_DOMINATED of the judged points fails: its sample generator needs fixing.
+
+Power: every comparison knows the smallest relative error of the whole array that it
+would flag (gradcheck.numeric.Comparison.power); a gradient's power is the smaller of its
+b-n and b-t comparisons', the output's that of the forward comparison (reported, not
+judged: a tiny output's relative error is beyond any tolerance's floor, and its forward is
+not what a gradient check is for). A row that passes but whose power is worse than
+VACUOUS_BEYOND of its dtype for some input could not have seen an error of that size: it
+is `vacuous`, not `pass`, and its message says which input and why (its reference is zero
+everywhere, the cotangent lies in the VJP's null space, or the tolerance swallows it).
+The precision verdict's own power (gradcheck.precision) counts where it is tighter. An op
+whose derivative is 0 by definition (`zero_by_definition`) is no such case: its gradient
+is checked to be exactly 0.
 """
 
 from __future__ import annotations
@@ -32,9 +44,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
+
 from gradcheck.numeric import Comparison
 
 KINK_DOMINATED = 0.5     # a case whose kinks exceed this share is itself a failure
+# the largest power (relative error a row is sure to flag) a row may have and still pass:
+# a row that could not see a 10% error (25% in 16 bits) checked nothing worth a PASS
+VACUOUS_BEYOND = {"f64": 0.10, "f32": 0.10, "f16": 0.25, "bf16": 0.25}
+ZERO_BEYOND = 1e3        # a power beyond this: the reference is 0 but for rounding
 INTEGER_FORWARD_OFF = "forward: output differs from the float64 reference"
 
 
@@ -49,6 +67,12 @@ class GradientOutcome:
     numerical_vs_torch: Comparison | None = None   # n-t (None: no torch reference)
     subject: str = ""                         # what is judged, in messages (default:
     #                                           "backprop of NAME"; "the JVP", ...)
+
+    @property
+    def power(self) -> float:
+        """The smallest relative error of this gradient that its comparisons flag."""
+        bt = self.vs_torch
+        return min(self.vs_numerical.power, np.inf if bt is None else bt.power)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +174,11 @@ class Outcomes:
     others: tuple[str, ...] = ()             # problems of checks beside these comparisons
     #                                          (forward mode's adjoint identity)
     notes: tuple[str, ...] = ()              # what the row says without failing for it
+    dtype: str = ""                          # the precision judged in ("": power not judged)
+    powers: dict | None = None               # per checked input, its power (None: each
+    #                                          gradient's, by name; fast mode splits them)
+    cotangent: str = "contiguous"            # the case's cotangent layout (see vacuity)
+    zero_by_definition: str = ""             # why the op's derivative is 0 everywhere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +198,8 @@ class Verdict:
     torch: str                                # "agree", "off" or "n/a"
     vs_cpu: str | None                        # "agree", "off" or None (not compared)
     precision: dict = dataclasses.field(default_factory=dict)   # its metrics, if judged
+    power: dict = dataclasses.field(default_factory=dict)       # input name -> power
+    power_output: float | None = None                           # the forward's power
 
     @property
     def message(self) -> str:
@@ -183,11 +214,52 @@ class Verdict:
                    "torch": self.torch}
         if self.vs_cpu is not None:
             metrics["vs_cpu"] = self.vs_cpu
-        return metrics | self.precision
+        return metrics | power_metrics(self.power, self.power_output) | self.precision
+
+
+def power_metrics(power: dict, output: float | None = None) -> dict:
+    """A row's power metrics: `power`, the worst (largest) over its inputs, and `power_of`,
+    whose it is; `power_output`, the forward output's (where compared)."""
+    metrics = {}
+    if power:
+        name = max(power, key=lambda k: power[k])
+        metrics = {"power": float(power[name]), "power_of": name}
+    if output is not None:
+        metrics["power_output"] = float(output)
+    return metrics
+
+
+def vacuity(power: dict, dtype: str, cotangent: str = "contiguous") -> str | None:
+    """Why a row with these powers (name -> power) is vacuous in `dtype`, or None when every
+    one is within VACUOUS_BEYOND (or dtype is not judged)."""
+    bound = VACUOUS_BEYOND.get(dtype)
+    if bound is None:
+        return None
+    reasons = []
+    for name, p in power.items():
+        if p <= bound:
+            continue
+        if p >= ZERO_BEYOND:
+            why = "its reference gradient is 0 everywhere" + (
+                "" if not np.isfinite(p) else " (but for rounding)")
+            if cotangent != "contiguous":
+                why += (f" (cotangent={cotangent}: the upstream gradient may lie in the "
+                        "VJP's null space)")
+        else:
+            why = (f"the tolerance lets a {p:.3g}x relative error pass (the reference is "
+                   "small against the tolerance's floor)") if p >= 1 else (
+                   f"the tolerance lets a {p:.0%} error pass (the reference is small "
+                   "against the tolerance's floor)")
+        reasons.append(f"{name}: {why}")
+    if not reasons:
+        return None
+    return (f"vacuous: this row could not see a {bound:.0%} error in {dtype}: "
+            + "; ".join(reasons))
 
 
 def judge(o: Outcomes) -> Verdict:
-    """The verdict on one case: "fail" when any comparison names a problem, else "pass".
+    """The verdict on one case: "fail" when any comparison names a problem, else
+    "vacuous" when its power is too weak (see the module doc) in `o.dtype`, else "pass".
     The message lists the problems in this order: forward, each gradient, torch's forward,
     the other checks' (`others`), precision, kinks, determinism, vs_cpu; then the declined
     inputs and the notes."""
@@ -224,9 +296,28 @@ def judge(o: Outcomes) -> Verdict:
         if problem:
             problems.append(problem)
     vs_cpu = None if o.vs_cpu is None else "off" if o.vs_cpu else "agree"
-    return Verdict("fail" if problems else "pass", tuple(problems),
+    power = dict(o.powers) if o.powers is not None else {}
+    if o.powers is None:
+        for g in o.gradients:
+            power[g.name] = min(power.get(g.name, np.inf), g.power)
+    held = getattr(o.precision, "powers", None) or {}
+    for name, p in held.items():      # the precision rule flags what the tolerance misses
+        if name in power:
+            power[name] = min(power[name], p)
+    output = None
+    if isinstance(o.forward, Comparison):
+        output = min(o.forward.power, held.get("output", np.inf))
+    notes = o.notes
+    status = "fail" if problems else "pass"
+    if o.zero_by_definition:
+        power = {}
+        notes += (f"zero by definition: {o.zero_by_definition}",)
+    vacuous = vacuity(power, o.dtype, o.cotangent)
+    if not problems and vacuous:
+        status = "vacuous"
+    return Verdict(status, tuple(problems) + ((vacuous,) if status == "vacuous" else ()),
                    ((f"declined (not checked): {o.declined}",) if o.declined else ()) +
-                   o.notes,
+                   notes,
                    checked, kinks, max_abs, max_rel, worst, "off" if forward else "agree",
                    "n/a" if not o.torch_ran else "off" if torch_off else "agree", vs_cpu,
-                   {} if o.precision is None else o.precision.metrics())
+                   {} if o.precision is None else o.precision.metrics(), power, output)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from engine.backends.alibi_math import alibi_slopes
 from engine.backends.cpu.attention import cpu_attention_back, cpu_attention_fwd
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.block import block
@@ -55,6 +54,7 @@ from engine.params import (
     factor_param,
     float_param,
 )
+from engine.reference_math import reference_alibi_slopes
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
 from engine.scale_cases import HALF_SCALE_DTYPES, scale_case
@@ -227,7 +227,8 @@ def _torch_parts(q, k, v, mask=None, *, scale=None, causal=False, logit_softcap=
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     bias = torch.zeros((tq, tk), dtype=work)
     if mask is not None:
-        slopes = torch.as_tensor(alibi_slopes(hq, max_bias), dtype=work).reshape(hq, 1, 1)
+        slopes = torch.as_tensor(reference_alibi_slopes(hq, max_bias),
+                                 dtype=work).reshape(hq, 1, 1)
         bias = bias + slopes * mask.to(work)
     if causal:
         above = torch.arange(tk)[None, :] > torch.arange(tq)[:, None] + (tk - tq)

@@ -198,7 +198,10 @@ for _name, _build, _build_back, _kernel, _kernel_back, _torch, _eps, _doc, _doc_
                    backward=_backward_by(_build_back),
                    kernels={"cpu": _kernel, "cuda": f"engine.backends.cuda.norm:cuda_{_name}"},
                    build=_build, torch=_torch,
-                   samples=_samples(_name, _eps), strategy=_strategy(_name), doc=_doc))
+                   samples=_samples(_name, _eps), strategy=_strategy(_name), doc=_doc,
+                   # norm's output has mean 0 along the row: a cotangent constant along
+                   # it has a zero VJP (rms_norm's does not)
+                   null_cotangents=("expanded",) if _name == "norm" else ()))
     register(OpDef(f"{_name}_back", params=PARAMS, kind="backward",
                    infer=_back_infer(f"{_name}_back"), no_grad="dedicated backward op",
                    kernels={"cpu": _kernel_back,

@@ -153,7 +153,7 @@ def _torch_rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig
     import torch
     work = torch.float64
 
-    from engine.backends.rope_math import yarn_corr_dims
+    from engine.reference_math import reference_yarn_range
     half = n_dims // 2
     i = torch.arange(half, dtype=torch.float64)
     inv_freq = (freq_base ** (-2.0 * i / n_dims)).to(work)
@@ -163,7 +163,7 @@ def _torch_rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig
         extrap = extrap / freq_factors.to(work)
     theta, mscale = freq_scale * extrap, attn_factor
     if ext_factor != 0.0:
-        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        low, high = reference_yarn_range(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
         mix = (1.0 - ((i - low) / max(0.001, high - low)).clamp(0.0, 1.0)) * ext_factor
         theta = theta * (1.0 - mix) + extrap * mix
         mscale *= 1.0 + 0.1 * np.log(1.0 / freq_scale)

@@ -290,7 +290,8 @@ def define_unary(row: Unary) -> None:
                    kernels={"cpu": cpu.unary(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"},
                    build=_builder(row), torch=row.torch, samples=_samples(row),
-                   scale=_scale(row), strategy=_strategy(row), doc=row.doc))
+                   scale=_scale(row), strategy=_strategy(row), doc=row.doc,
+                   zero_gradient=row.zero_gradient))
     if row.gradient is None:
         return
     back = row.back_name

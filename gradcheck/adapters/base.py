@@ -102,14 +102,17 @@ def cotangent_view(weights: np.ndarray, cotangent: str) -> np.ndarray:
     """The weights as a numpy view in the layout `cotangent` names: "contiguous" as given,
     "permuted" a transposed view of a copy stored in reversed axis order, "expanded" a
     read-only stride-0 view along the last axis (the weights are constant along it, see
-    gradcheck.backprop.loss_weights), "sliced" the middle of sliced_weights (an offset
-    view with the larger buffer's strides). Equal to `weights` element for element."""
+    gradcheck.backprop.loss_weights), "expanded_first" the same along the first axis,
+    "sliced" the middle of sliced_weights (an offset view with the larger buffer's
+    strides). Equal to `weights` element for element."""
     weights = np.asarray(weights)
     if cotangent == "permuted":
         axes = cotangent_axes(weights.ndim)
         return np.ascontiguousarray(weights.transpose(axes)).transpose(np.argsort(axes))
     if cotangent == "expanded":
         return np.broadcast_to(weights[..., :1], weights.shape)
+    if cotangent == "expanded_first" and weights.ndim:
+        return np.broadcast_to(weights[:1], weights.shape)
     if cotangent == "sliced" and weights.ndim:
         return sliced_weights(weights)[(slice(1, -1),) * weights.ndim]
     return weights

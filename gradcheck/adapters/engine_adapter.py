@@ -50,7 +50,8 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
     cotangent (engine.samples): "permuted" reads the output through cont(permute(out,
     reversed axes)) with the weights in that order, so backprop hands the op a permuted
     view of the gradient; "expanded" sums the output over its last axis first, with weights
-    of shape (..., 1), so the op gets a stride-0 broadcast of them; "sliced" adds the output
+    of shape (..., 1), so the op gets a stride-0 broadcast of them ("expanded_first": over
+    the first axis, weights of shape (1, ...)); "sliced" adds the output
     into the middle of a zero buffer one larger on each side (acc), weighted by
     sliced_weights, so the op gets an offset view of the larger gradient."""
     leaves = []
@@ -71,6 +72,8 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
         read = ops.cont(ops.permute(out, cotangent_axes(len(out.shape))))
     elif cotangent == "expanded" and len(out.shape) >= 1:
         read = ops.sum(out, axis=-1, keepdims=True)
+    elif cotangent == "expanded_first" and len(out.shape) >= 1:
+        read = ops.sum(out, axis=0, keepdims=True)
     elif cotangent == "sliced" and len(out.shape) >= 1:
         big = tuple(d + 2 for d in out.shape)
         zeros = constant(np.zeros(big, out.dtype), out.dtype, name="sliced.zeros")
@@ -97,6 +100,8 @@ def set_weights(w, weights, cotangent: str = "contiguous") -> None:
         weights = weights.transpose(cotangent_axes(weights.ndim))
     elif cotangent == "expanded" and weights.ndim >= 1:
         weights = weights[..., :1]
+    elif cotangent == "expanded_first" and weights.ndim >= 1:
+        weights = weights[:1]
     elif cotangent == "sliced" and weights.ndim >= 1:
         weights = sliced_weights(weights)
     w.set(np.array(weights, dtype=w.dtype))

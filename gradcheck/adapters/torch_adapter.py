@@ -58,6 +58,8 @@ def upstream_gradient(torch, weights: np.ndarray, cotangent: str, dtype):
         return w.permute(axes).contiguous().permute(tuple(int(i) for i in np.argsort(axes)))
     if cotangent == "expanded" and w.ndim >= 1:     # storage of one column only
         return w[..., :1].contiguous().expand(tuple(w.shape))
+    if cotangent == "expanded_first" and w.ndim >= 1:   # storage of one row only
+        return w[:1].contiguous().expand(tuple(w.shape))
     if cotangent == "sliced" and w.ndim >= 1:       # the middle of a larger buffer
         big = torch.from_numpy(sliced_weights(np.asarray(weights, np.float64))).to(dtype)
         return big[(slice(1, -1),) * w.ndim]

@@ -85,7 +85,9 @@ def _check_case(name, dtype, sample):
     # (c) backprop (a backward op: its output, against its forward op's VJP) against float64
     # finite differences, off every kink
     result = check_sample(sample)
-    assert result.status == ("pass" if checked else "skip"), \
+    # a drawn case may be vacuous (a softmax of one element, a sigmoid saturated at 150):
+    # honest, and reported as such; the registry's samples never are (test_registry)
+    assert result.status in (("pass", "vacuous") if checked else ("skip",)), \
         f"{sample}: {result.status}: {result.message}"
     assert not result.metrics.get("kinks"), f"{sample}: {result.metrics['kinks']} kinks"
 

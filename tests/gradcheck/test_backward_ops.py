@@ -246,7 +246,8 @@ def test_generated_backward_op_cases_pass(data):
     name = data.draw(st.sampled_from([n for n in BACKWARD_OPS if get_op(n).strategy]))
     case = data.draw(get_op(name).strategy(data.draw(st.sampled_from(["f32", "f64"]))))
     r = check_sample(case)
-    assert r.status == "pass", f"{case}: {r.message}"
+    # a drawn case may be vacuous (softmax_back of one element): reported as such
+    assert r.status in ("pass", "vacuous"), f"{case}: {r.message}"
     assert r.metrics["vjp_of"] == get_op(name).vjp_of.op
 
 

@@ -179,7 +179,7 @@ AGREEING = [
     ("silu", "silu(type=f32,x=[2,3,4,5])"),
     ("scale", "scale(type=f32,x=[3,4,5]perm[2,0,1],scale=-1.5)"),
     ("add", "add(type=f32,a=[2,3,4],b=[4])"),                    # b broadcast
-    ("mul", "mul(type=f32,a=[1],b=[2,3])"),                      # a broadcast: swapped
+    ("mul", "mul(type=f32,a=[1],b=[2,4])"),                      # a broadcast: swapped
     ("div", "div(type=f32,a=[3,4],b=[3,4])"),
     ("sum", "sum(type=f32,x=[2,3,4,5]perm[0,2,1,3],axis=-1,keepdims=False)"),
     ("mean", "mean(type=f32,x=[3,4,5]perm[1,2,0],axis=None,keepdims=False)"),

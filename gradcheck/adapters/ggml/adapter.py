@@ -247,6 +247,10 @@ def _weighted(g: Context, out, weights: np.ndarray, cotangent: str):
     if cotangent == "expanded" and weights.ndim >= 1:
         return g.mul(g.from_numpy(weights[..., :1], GGML_TYPE_F32),
                      g.sum_rows(g.contiguous(out)))
+    if cotangent == "expanded_first" and weights.ndim >= 1:   # the first axis made the last
+        axes = cotangent_axes(weights.ndim)
+        return g.mul(g.from_numpy(weights.transpose(axes)[..., :1], GGML_TYPE_F32),
+                     g.sum_rows(g.cont(g.permuted(out, axes))))
     if cotangent == "sliced" and weights.ndim >= 1:
         big = sliced_weights(weights)
         zeros = g.from_numpy(np.zeros(big.shape, np.float32), GGML_TYPE_F32)

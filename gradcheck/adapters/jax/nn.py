@@ -30,11 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from engine.backends.alibi_math import alibi_slopes
-from engine.backends.rope_math import yarn_corr_dims
 from engine.ops.rope import DEFAULTS as ROPE_DEFAULTS
 from engine.ops.softmax import n_heads
 from engine.param_checks import pair
+from engine.reference_math import reference_alibi_slopes, reference_yarn_range
 from engine.tensor import DTYPES
 
 NCHW = ("NCHW", "OIHW", "NCHW")
@@ -131,7 +130,7 @@ def softmax(x, mask=None, sinks=None, scale=1.0, max_bias=0.0):
         return jax.nn.softmax(x * scale, axis=-1)
     h = n_heads(x.shape)
     lead = (h, 1, 1)[-min(3, x.ndim):]
-    slopes = jnp.asarray(alibi_slopes(h, max_bias)).reshape(lead)
+    slopes = jnp.asarray(reference_alibi_slopes(h, max_bias)).reshape(lead)
     z = x.astype(jnp.float64) * scale + slopes * mask.astype(jnp.float64)
     if sinks is None:
         return jax.nn.softmax(z, axis=-1).astype(x.dtype)
@@ -151,7 +150,7 @@ def attention_parts(q, k, v, mask=None, *, scale=None, causal=False, logit_softc
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     bias = jnp.zeros((tq, tk), work)
     if mask is not None:
-        slopes = jnp.asarray(alibi_slopes(hq, max_bias), work).reshape(hq, 1, 1)
+        slopes = jnp.asarray(reference_alibi_slopes(hq, max_bias), work).reshape(hq, 1, 1)
         bias = bias + slopes * mask.astype(work)
     if causal:
         above = np.arange(tk)[None, :] > np.arange(tq)[:, None] + (tk - tq)
@@ -209,7 +208,7 @@ def rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig, freq_
         extrap = extrap / freq_factors.astype(jnp.float64)
     theta, mscale = freq_scale * extrap, attn_factor
     if ext_factor != 0.0:
-        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        low, high = reference_yarn_range(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
         mix = (1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)) * ext_factor
         theta = theta * (1.0 - mix) + extrap * mix
         mscale *= 1.0 + 0.1 * np.log(1.0 / freq_scale)

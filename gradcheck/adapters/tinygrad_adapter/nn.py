@@ -17,10 +17,9 @@ import math
 
 import numpy as np
 
-from engine.backends.alibi_math import alibi_slopes
-from engine.backends.rope_math import yarn_corr_dims
 from engine.ops.rope import DEFAULTS as ROPE_DEFAULTS
 from engine.ops.softmax import n_heads
+from engine.reference_math import reference_alibi_slopes, reference_yarn_range
 
 
 def _dt(name):
@@ -57,7 +56,7 @@ def _softmax(x, mask=None, sinks=None, scale=1.0, max_bias=0.0):
         return (x * scale).softmax(-1)
     h = n_heads(x.shape)
     lead = (h, 1, 1)[-min(3, x.ndim):]
-    slopes = _const(alibi_slopes(h, max_bias).reshape(lead), x)
+    slopes = _const(reference_alibi_slopes(h, max_bias).reshape(lead), x)
     z = x.cast(_dt("f64")) * scale + slopes * mask.cast(_dt("f64"))
     if sinks is None:
         return z.softmax(-1).cast(x.dtype)
@@ -181,7 +180,7 @@ def _rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig, freq
         extrap = extrap / freq_factors.cast(f64)
     theta, mscale = extrap * freq_scale, attn_factor
     if ext_factor != 0.0:
-        low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        low, high = reference_yarn_range(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
         mix = (1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)) * ext_factor
         theta = theta * _const(1.0 - mix, x) + extrap * _const(mix, x)
         mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
@@ -222,7 +221,7 @@ def _attention_parts(q, k, v, mask=None, *, scale=None, causal=False, logit_soft
     if logit_softcap > 0.0:
         s = (s / logit_softcap).tanh() * logit_softcap
     if mask is not None:
-        slopes = _const(alibi_slopes(hq, max_bias).reshape(hq, 1, 1), s).cast(work)
+        slopes = _const(reference_alibi_slopes(hq, max_bias).reshape(hq, 1, 1), s).cast(work)
         s = s + slopes * mask.cast(work)
     dead = None
     if causal:

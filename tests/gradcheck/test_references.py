@@ -1,0 +1,93 @@
+"""The references are independent of the engine's math helpers: ALiBi's slopes and YaRN's
+correction range are derived twice (engine.backends.* for the kernels, engine.reference_math
+for the torch, jax and tinygrad references), so that a bug planted in the engine's helper
+fails the rows that use it instead of moving the engine and its references together."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+import engine.backends.cpu.attention as cpu_attention
+import engine.backends.cpu.rope as cpu_rope
+from engine.backends.alibi_math import alibi_slopes
+from engine.backends.rope_math import yarn_corr_dims
+from engine.reference_math import reference_alibi_slopes, reference_yarn_range
+from engine.registry import OPS, get_op
+from gradcheck.check import check_sample
+from gradcheck.cotangents import registry_cases
+
+softmax_module = importlib.import_module("engine.ops.softmax")   # engine.ops.softmax: the op
+
+
+@pytest.mark.parametrize("max_bias", [0.0, 1.0, 4.0, 8.0])
+def test_the_two_derivations_of_alibi_agree(max_bias):
+    for n in range(1, 18):
+        np.testing.assert_allclose(reference_alibi_slopes(n, max_bias),
+                                   alibi_slopes(n, max_bias), rtol=1e-14)
+
+
+def test_alibi_for_a_head_count_that_is_no_power_of_two():
+    # 5 heads, max_bias 8: k = 4, 2^-2 to the powers 1..4, then 2^-1 to the power 1
+    np.testing.assert_allclose(reference_alibi_slopes(5, 8.0),
+                               [0.25, 0.0625, 0.015625, 0.00390625, 0.5])
+
+
+@pytest.mark.parametrize("n_dims", [2, 4, 8, 64, 128])
+@pytest.mark.parametrize("n_ctx_orig", [0, 128, 4096, 32768])
+def test_the_two_derivations_of_yarn_agree(n_dims, n_ctx_orig):
+    for base in (500.0, 10000.0, 1e6):
+        for fast, slow in ((32.0, 1.0), (16.0, 2.0)):
+            assert reference_yarn_range(n_dims, n_ctx_orig, base, fast, slow) == \
+                yarn_corr_dims(n_dims, n_ctx_orig, base, fast, slow)
+
+
+HELPERS = {"alibi_slope", "alibi_slopes", "yarn_corr_dims", "rope_cos_sin", "rope_inv_freq"}
+
+
+def test_no_torch_reference_calls_the_engines_helpers():
+    """Every registry op's torch equivalent, read as source: none names a kernel helper."""
+    for name, op in OPS.items():
+        if op.torch is None:
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(op.torch).lstrip())
+        except (OSError, TypeError, IndentationError, SyntaxError):
+            continue                  # a lambda in a table, a builtin: no helper in sight
+        called = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        called |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not called & HELPERS, f"{name}'s torch reference uses {called & HELPERS}"
+
+
+def _failed(op, pick) -> tuple[int, int]:
+    cases = [c for c in registry_cases(get_op(op)) if c.dtype == "f64" and pick(c)]
+    rows = [check_sample(c) for c in cases]
+    return sum(r.status == "fail" for r in rows), len(rows)
+
+
+def test_a_planted_bug_in_yarns_range_fails_rows(monkeypatch):
+    def rounded_the_wrong_way(n_dims, n_ctx_orig, base, fast, slow):
+        low, high = yarn_corr_dims(n_dims, n_ctx_orig, base, fast, slow)
+        return (float(min(high, low + 1.0)) if math.isfinite(low) else low,
+                float(max(0.0, high - 1.0)) if math.isfinite(high) else high)
+    yarn = lambda c: dict(c.params).get("ext_factor", 0.0) != 0.0  # noqa: E731
+    assert _failed("rope", yarn) == (0, _failed("rope", yarn)[1])
+    monkeypatch.setattr(cpu_rope, "yarn_corr_dims", rounded_the_wrong_way)
+    failed, total = _failed("rope", yarn)
+    assert total and failed == total
+
+
+def test_a_planted_bug_in_alibis_slopes_fails_rows(monkeypatch):
+    def off(n_head, max_bias):
+        return alibi_slopes(n_head, max_bias) + (0.054 if max_bias > 0 else 0.0)
+    alibi = lambda c: dict(c.params).get("max_bias", 0.0) > 0  # noqa: E731
+    monkeypatch.setattr(cpu_attention, "alibi_slopes", off)
+    monkeypatch.setattr(softmax_module, "alibi_slopes", off)   # softmax's backward rule
+    for op in ("attention", "softmax"):
+        failed, total = _failed(op, alibi)
+        assert total and failed, (op, failed, total)
