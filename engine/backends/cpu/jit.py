@@ -54,8 +54,65 @@ os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from numba.core import caching  # noqa: E402
 
 OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
+
+# --- the disk cache is keyed by every source a kernel may inline ------------------------------
+# numba keys a kernel's cached machine code by its own file's contents only. A kernel inlines
+# helpers from other files (scalar_math: rope_math, alibi_math, optim_math; the elementwise
+# table's scalar functions; half, patterns, layout) and freezes their globals: after an edit
+# to a helper, the old code would go on running, and a bug planted there (or a fix) would
+# not be what gradcheck checks. So every cached kernel's stamp also holds a fingerprint of
+# all of them: an edit to any one recompiles every kernel (the code under test is the code on
+# disk), and a kernel whose own file changed recompiles as before.
+_ENGINE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INLINED = ("backends", "elementwise.py", "tensor.py", "errors.py", "hyperparams.py")
+
+
+def inlined_sources() -> list[str]:
+    """The files whose contents key every cached kernel (under the engine's directory:
+    backends/, recursively, and the modules the kernels import their values from)."""
+    files = []
+    for name in INLINED:
+        path = os.path.join(_ENGINE, name)
+        if os.path.isdir(path):
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".py")]
+        elif os.path.exists(path):
+            files.append(path)
+    return files
+
+
+def sources_fingerprint() -> str:
+    """A sha256 over the paths (relative to the engine) and contents of inlined_sources()."""
+    import hashlib
+    digest = hashlib.sha256()
+    for path in inlined_sources():
+        digest.update(os.path.relpath(path, _ENGINE).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read() + b"\0")
+    return digest.hexdigest()
+
+
+FINGERPRINT = sources_fingerprint()
+
+
+def _stamped(locator):
+    """A numba cache locator whose source stamp is its own file's and FINGERPRINT."""
+    class Stamped(locator):
+        def get_source_stamp(self):
+            return (super().get_source_stamp(), FINGERPRINT)
+    Stamped.__name__ = Stamped.__qualname__ = f"Stamped{locator.__name__}"
+    return Stamped
+
+
+if not getattr(caching.CacheImpl, "_gradverify_stamped", False):
+    caching.CacheImpl._locator_classes = [
+        _stamped(k) if issubclass(k, caching._SourceFileBackedLocatorMixin) else k
+        for k in caching.CacheImpl._locator_classes]
+    caching.CacheImpl._gradverify_stamped = True
 
 
 def njit(fn, **options):
