@@ -193,6 +193,9 @@ def _main(argv) -> int:
     except (UsageProblem, AdapterError) as exc:   # an isolated engine's worker cannot start
         print(f"gradcheck: {exc}", file=sys.stderr)
         return 2
+    if args.self_test:
+        from gradcheck.selftest import mutation_score
+        meta["mutation_score"] = mutation_score(results)
     return emit(results, tool="gradcheck", fmt=args.format, output=args.output, meta=meta,
                 footer=f"(injected: {args.inject})" if args.inject else None,
                 verbose=args.verbose, strict=args.strict)

@@ -48,6 +48,14 @@ def parse(spec: str) -> tuple[str, float | None]:
     return name, value
 
 
+def injected_factor(spec: str | None) -> float | None:
+    """The factor of a factor mutation (`scale:F` -> F), None for none or a named mutant."""
+    if not spec:
+        return None
+    name, value = parse(spec)
+    return value if name in FACTOR_MUTATIONS else None
+
+
 def describe_injections() -> str:
     """What --inject accepts, for the CLI's help: each factor mutation, then the mutants."""
     text = "; ".join(f"{k}: {v[2]}" for k, v in FACTOR_MUTATIONS.items())

@@ -169,6 +169,29 @@ def run_self_test(progress: bool = False, mutants=None, dtypes=DTYPES,
     return results
 
 
+def mutation_score(results) -> dict[str, dict]:
+    """Per op (sorted), what the self-test's rows say of it: `mutants`, how many mutants
+    name it, `caught`, how many of those were caught, and per tier the same pair as
+    "caught/mutants" (`fast`, `scale`, and the mode mutants' tiers); the control and rows
+    without ops are left out. In `gradcheck --self-test --format json`, under
+    meta.mutation_score."""
+    score: dict[str, dict] = {}
+    for r in results:
+        if r.labels.get("kind") == "control" or not r.labels.get("ops"):
+            continue
+        caught = r.status == "pass"
+        tier = str(r.labels.get("tier", "fast"))
+        for op in str(r.labels["ops"]).split(", "):
+            entry = score.setdefault(op, {"mutants": 0, "caught": 0, "tiers": {}})
+            entry["mutants"] += 1
+            entry["caught"] += caught
+            n, k = entry["tiers"].get(tier, (0, 0))
+            entry["tiers"][tier] = (n + 1, k + caught)
+    return {op: {"mutants": e["mutants"], "caught": e["caught"]} |
+            {tier: f"{k}/{n}" for tier, (n, k) in sorted(e["tiers"].items())}
+            for op, e in sorted(score.items())}
+
+
 def power(results) -> float:
     """The share of mutants caught (status pass), 0 to 1; control rows left out."""
     results = [r for r in results if r.labels.get("kind") != "control"]

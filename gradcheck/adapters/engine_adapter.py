@@ -38,7 +38,7 @@ from engine.registry import OPS
 from engine.tensor import Flag, as_dtype, constant, is_float
 from gradcheck.adapters import AdapterSpec
 from gradcheck.adapters.base import JVP, VJP, Unsupported, cotangent_axes, sliced_weights
-from gradcheck.injection import injected, parse
+from gradcheck.injection import injected, injected_factor, parse
 
 
 def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous"):
@@ -144,12 +144,18 @@ class EngineAdapter:
     def forward(self, case, arrays) -> np.ndarray:
         """The case's output alone, in its dtype on this backend, with no backward pass: how
         a dedicated backward op, which has no gradient of its own, is run
-        (gradcheck.backward_ops). A kernel mutant of `inject` is in place."""
+        (gradcheck.backward_ops). A kernel mutant of `inject` is in place; a factor
+        mutation (`scale:F`) multiplies a backward op's output, a gradient, by F, as it
+        multiplies the gradients of the backward rules (so that it reaches every row)."""
         _, out, _, _ = weighted_graph(case, arrays, as_params=False)
         graph = engine.Graph([out], name=str(case))
         with injected(self.inject, {t.op for t in graph.nodes if not t.is_leaf}):
             graph.compute(self.backend)
-        return out.numpy()
+        result = out.numpy()
+        factor = injected_factor(self.inject)
+        if factor is not None and OPS[out.op].kind == "backward":
+            result = np.asarray(np.asarray(result, np.float64) * factor, result.dtype)
+        return result
 
     def vjp(self, case, arrays, weights) -> VJP:
         """Backprop of sum(output * weights) in the case's dtype, on this backend, the

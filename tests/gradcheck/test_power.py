@@ -201,3 +201,20 @@ def test_the_mixed_precision_rows_catch_a_one_percent_gradient_error(case):
     assert len(MIXED) == 8
     assert check_sample(case).status == "pass"
     assert check_sample(case, inject="scale:1.01").status == "fail"
+
+
+def test_a_users_softmax_is_checked_with_a_stride_0_cotangent_along_the_first_axis():
+    """A cotangent constant along softmax's axis lies in its VJP's null space: the user's
+    function gets the stride-0 check along the first axis instead of a vacuous one."""
+    from gradcheck.api import check_numpy
+
+    def softmax(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def vjp(g, x):
+        y = softmax(x)
+        return [y * (g - (g * y).sum(-1, keepdims=True))]
+    row = check_numpy(softmax, vjp, [np.random.default_rng(0).normal(size=(3, 4))])
+    assert row.status == "pass", row.message
+    assert row.labels["cotangents"] == "contiguous,permuted,sliced,expanded_first"

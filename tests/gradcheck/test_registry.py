@@ -20,3 +20,31 @@ def test_every_case_passes_and_can_fail(op):
     bad = [f"{r.status}: {r.name}: {r.message}" for r in rows
            if r.status not in ("pass", "skip")]
     assert not bad, "\n".join(bad)
+
+
+# the reasons a row may pass an injected 10% error in every gradient (gradcheck --all
+# --inject scale:1.1): nothing to differentiate, a derivative that is 0 by definition
+# (held to exact zeros instead), or a measured power above 10% (which makes a row vacuous
+# in float32 and float64, so none is left there)
+EXEMPT = {"skip": "no gradient", "zero": "zero by definition"}
+
+
+def exemption(row) -> str | None:
+    """Why `row` may pass under --inject scale:1.1, or None."""
+    if row.status == "skip":
+        return EXEMPT["skip"]
+    if "zero by definition" in row.message:
+        return EXEMPT["zero"]
+    if row.metrics.get("power", 0.0) > 0.1:
+        return f"its power is {row.metrics['power']:.0%}"
+    return None
+
+
+@pytest.mark.parametrize("op", checkable_ops())
+def test_an_injected_ten_percent_error_fails_every_row_that_is_not_exempt(op):
+    """The injection reaches every row (the backward rules of the case's ops and the
+    outputs of the dedicated backward ops): in float64 each row fails, or says why not."""
+    rows = check_ops([op], dtype="f64", inject="scale:1.1")
+    passed = [f"{r.name}: {r.status}: {r.message}" for r in rows
+              if r.status not in ("fail",) and exemption(r) is None]
+    assert not passed, "\n".join(passed)

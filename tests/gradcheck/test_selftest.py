@@ -302,3 +302,16 @@ def test_check_sample_with_an_injected_mutant_fails():
     case = mutant_cases(MUTANTS["log_softmax_drops_normaliser"])[0]
     assert check_sample(case).status == "pass"
     assert check_sample(case, inject="log_softmax_drops_normaliser").status == "fail"
+
+
+def test_the_mutation_score_counts_per_op_and_tier():
+    from gradcheck.selftest import mutation_score
+    from reports import Result
+    rows = [Result("gradcheck-selftest", "control", "pass", labels={"ops": "sum",
+                                                                     "kind": "control"}),
+            Result("gradcheck-selftest", "a", "pass", labels={"ops": "sum, mul", "tier": "fast"}),
+            Result("gradcheck-selftest", "b", "fail", labels={"ops": "sum", "tier": "scale"}),
+            Result("gradcheck-selftest", "c", "pass", labels={"ops": "sum", "tier": "scale"})]
+    assert mutation_score(rows) == {
+        "mul": {"mutants": 1, "caught": 1, "fast": "1/1"},
+        "sum": {"mutants": 3, "caught": 2, "fast": "1/1", "scale": "1/2"}}
