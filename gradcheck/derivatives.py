@@ -48,6 +48,7 @@ from gradcheck.backprop import (
     loss_weights,
     same_bits,
     validated,
+    zero_gradient,
 )
 from gradcheck.modes import DIRECTIONS, project, random_directions, single_thread
 from gradcheck.numeric import (
@@ -100,15 +101,18 @@ class _Prepared:
                       f"{self.declined_note}", labels=labels)
 
     def leaf_directions(self, salt: int) -> list[np.ndarray]:
-        """One random direction per checked input, in its leaf layout: standard normal on
-        the elements its view reads (zero on a slice's border), rounded to the input's
-        dtype, so that the engine and the float64 reference move along the same one."""
+        """One random direction per checked input, in its leaf layout: standard normal
+        about a mean of +1 or -1 (one sign per input: a mean over many elements of a
+        direction of mean 0 shrinks toward 0, below the tolerances' floor, and its check
+        could not fail) on the elements its view reads (zero on a slice's border), rounded
+        to the input's dtype, so that the engine and the float64 reference move along the
+        same one."""
         rng = np.random.default_rng(self.case.seed() + salt)
         out = []
         for i in self.checked:
             spec, leaf = self.case.inputs[i], self.ref.leaves[i]
             read = spec.leaf_gradient(np.ones(spec.shape)) != 0 if spec.is_view else 1.0
-            u = rng.normal(size=leaf.shape) * read
+            u = (rng.normal(size=leaf.shape) + rng.choice([-1.0, 1.0])) * read
             out.append(u.astype(self.arrays[i].dtype).astype(np.float64))
         return out
 
@@ -273,13 +277,18 @@ def jvp_verdict(case, adapter, use_torch: bool, labels: dict) -> Result:
         spec = case.inputs[i]
         grads.append(_on_read(spec, spec.to_leaf(np.asarray(backprop[i], np.float64))))
     problem, note, worst = adjoint_check(jvps, p.weights, tangents, grads, case.precision)
+    zero = zero_gradient(case)
+    if zero and problem is None and np.any(np.stack(jvps) != 0):
+        problem = (f"zero by definition: the JVP has {int(np.count_nonzero(np.stack(jvps)))} "
+                   f"elements that are not exactly 0 ({zero})")
     total = sum(x.size for x in xs)
     return p.finish(name, Outcomes(p.forward(out), (outcome,), torch_jvp is not None, None,
                                    differs, getattr(adapter, "backend", "cpu"),
                                    None, p.declined_note, None,
                                    (problem,) if problem else (),
                                    (note,) if note else (), dtype=case.precision,
-                                   cotangent=getattr(case, "cotangent", "contiguous")),
+                                   cotangent=getattr(case, "cotangent", "contiguous"),
+                                   zero_by_definition=zero_gradient(case)),
                     min(1.0, TANGENTS / total), labels, adjoint=float(f"{worst:.3g}"))
 
 
