@@ -20,18 +20,21 @@ from __future__ import annotations
 from checkkit.isolated import IsolatedAdapter
 from checkkit.worker import DEFAULT_CASE_TIMEOUT
 from gradcheck.adapters.engine_adapter import EngineAdapter
+from gradcheck.injection import ScaledAdapter, injected_factor
 
 
 class EngineUnderTest:
     """`adapter` (None: ours on each of `backends`, with `inject`), run as the module doc
-    says. ValueError when `inject` or other backends are given with another engine's
-    adapter."""
+    says; another engine's adapter takes a factor mutation (`scale:F`) as `inject`, its
+    answers scaled (gradcheck.injection.ScaledAdapter). ValueError when a named mutant or
+    other backends are given with another engine's adapter."""
 
     def __init__(self, adapter=None, backends=("cpu",), inject: str | None = None,
                  case_timeout: float = DEFAULT_CASE_TIMEOUT):
-        if adapter is not None and (inject or tuple(backends) != ("cpu",)):
-            raise ValueError("inject and backends apply to our engine only, not to engine "
-                             f"{adapter.name!r}")
+        if adapter is not None and ((inject and injected_factor(inject) is None)
+                                    or tuple(backends) != ("cpu",)):
+            raise ValueError("named mutants and backends apply to our engine only, not to "
+                             f"engine {adapter.name!r}")
         self.adapter, self.backends, self.inject = adapter, tuple(backends), inject
         self.case_timeout = case_timeout
         self._running = None
@@ -53,10 +56,17 @@ class EngineUnderTest:
         else the adapter itself; None for ours (see on_backend)."""
         if self.adapter is None or not self.adapter.isolated or \
                 isinstance(self.adapter, IsolatedAdapter):
-            return self.adapter
+            return self._scaled(self.adapter)
         if self._running is None:
             self._running = IsolatedAdapter(self.adapter, self.case_timeout)
-        return self._running
+        return self._scaled(self._running)
+
+    def _scaled(self, adapter):
+        """`adapter`, with another engine's factor mutation (`inject`) around it."""
+        factor = injected_factor(self.inject)
+        if adapter is None or factor is None:
+            return adapter
+        return ScaledAdapter(adapter, factor)
 
     def on_backend(self, backend: str = "cpu"):
         """The adapter that runs a case on `backend`: ours there, with the mutation in place,

@@ -17,6 +17,9 @@ engine.mutation.patches). A mutant that changes a kernel must be in place when t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+
+import numpy as np
 
 from engine.mutation.patches import backward_replaced, scaled_backward
 from engine.registry import OPS
@@ -81,3 +84,69 @@ def injected(spec: str | None, op_names):
                 stack.enter_context(backward_replaced(
                     op_name, lambda real: make(real, value)))
         yield
+
+
+class ScaledAdapter:
+    """Another engine's adapter with a factor mutation injected (`--inject scale:F` with
+    `--engine NAME`): every gradient it answers (VJP, JVP, Hessian-vector product) is
+    multiplied by F, and so is the output of a dedicated backward op and of a forward-only
+    variant, which are all those rows check. The engine's own code is not changed; the
+    point is the checker's: each of the engine's rows must fail (or say why it cannot).
+    Wraps the running adapter (an isolated one's worker proxy included: its `forward` is
+    not offered, so that a backward op runs in the worker too)."""
+
+    isolated = False
+
+    def __init__(self, inner, factor: float):
+        self.inner, self.factor, self.name = inner, float(factor), inner.name
+
+    def __getattr__(self, name):
+        if name == "inner":
+            raise AttributeError(name)
+        if name == "forward" and getattr(self.inner, "isolated", False):
+            raise AttributeError(name)
+        value = getattr(self.inner, name)       # AttributeError where the engine lacks it
+        wrap = {"forward": self._forward, "jvp": self._jvp, "hvp": self._hvp,
+                "forward_only_output": self._forward_only,
+                "with_threads": self._with_threads}.get(name)
+        return value if wrap is None or not callable(value) else wrap
+
+    def _scaled(self, a):
+        if a is None:
+            return None
+        a = np.asarray(a)
+        return np.asarray(np.asarray(a, np.float64) * self.factor, a.dtype)
+
+    def _output(self, case, out):
+        """A backward op's output is a gradient: scaled; any other output as it is."""
+        op = OPS.get(case.op) if getattr(case, "registered", True) else None
+        return self._scaled(out) if op is not None and op.kind == "backward" else out
+
+    def vjp(self, case, arrays, weights):
+        v = self.inner.vjp(case, arrays, weights)
+        return dataclasses.replace(v, output=self._output(case, v.output),
+                                   grads=[self._scaled(g) for g in v.grads])
+
+    def _forward(self, case, arrays):
+        return self._output(case, self.inner.forward(case, arrays))
+
+    def _jvp(self, case, arrays, tangents):
+        v = self.inner.jvp(case, arrays, tangents)
+        return dataclasses.replace(v, tangent=self._scaled(v.tangent))
+
+    def _hvp(self, case, arrays, weights, direction, *args, **kwargs):
+        v = self.inner.hvp(case, arrays, weights, direction, *args, **kwargs)
+        return dataclasses.replace(v, grads=[self._scaled(g) for g in v.grads])
+
+    def _forward_only(self, variant, case, arrays):
+        out, seen = self.inner.forward_only_output(variant, case, arrays)
+        return self._scaled(out), seen
+
+    def _with_threads(self, n: int):
+        return ScaledAdapter(self.inner.with_threads(n), self.factor)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def unsupported(self, case):
+        return self.inner.unsupported(case)

@@ -94,7 +94,7 @@ class GradcheckRequest(Request):
         from engine.tensor import FLOAT_NAMES
         from gradcheck.cotangents import TIERS
         from gradcheck.derivatives import AD_MODES, ORDERS
-        from gradcheck.injection import parse
+        from gradcheck.injection import injected_factor, parse
         from gradcheck.modes import MODES
         for name, allowed in (("dtype", (*FLOAT_NAMES, "all")), ("tier", TIERS),
                               ("mode", MODES), ("ad", AD_MODES), ("order", ORDERS)):
@@ -120,16 +120,18 @@ class GradcheckRequest(Request):
             which = flag("coverage") if self.coverage else flag("self_test")
             return (f"{which} runs reverse mode: no {flag('ad')} or {flag('order')} (the "
                     "self-test's own mutants cover forward mode and second order)")
-        for name, why in (("inject", "injected bugs patch our engine's backward rules"),
-                          ("backend", "backends are our engine's"),
-                          ("self_test", "the self-test injects bugs into our engine")):
-            if getattr(self, name) and not self.ours:
-                return f"{flag(name)} applies to our engine only ({why}), not to {engine}"
         if self.inject:
             try:
                 parse(self.inject)
             except ValueError as exc:
                 return f"{flag('inject')}: {exc}"
+        if self.inject and not self.ours and injected_factor(self.inject) is None:
+            return (f"{flag('inject')} {self.inject}: a named mutant patches our engine; "
+                    f"another engine ({engine}) takes a factor mutation (scale[:F]) only")
+        for name, why in (("backend", "backends are our engine's"),
+                          ("self_test", "the self-test injects bugs into our engine")):
+            if getattr(self, name) and not self.ours:
+                return f"{flag(name)} applies to our engine only ({why}), not to {engine}"
         return None
 
     def make_adapter(self):

@@ -218,3 +218,33 @@ def test_a_users_softmax_is_checked_with_a_stride_0_cotangent_along_the_first_ax
     row = check_numpy(softmax, vjp, [np.random.default_rng(0).normal(size=(3, 4))])
     assert row.status == "pass", row.message
     assert row.labels["cotangents"] == "contiguous,permuted,sliced,expanded_first"
+
+
+# --- the injection reaches other engines' rows -------------------------------------------------
+def test_a_factor_mutation_reaches_another_engines_rows():
+    from gradcheck.request import check_ops
+    rows = check_ops(["relu", "softmax_back"], dtype="f64", engine="torch", inject="scale:1.1",
+                     ad="both")
+    # every row fails, but a backward op's forward-mode ones: it has no gradient of its own
+    assert rows and all(r.status == "fail" or (r.status == "skip" and "[fwd]" in r.name)
+                        for r in rows), [(r.name, r.status) for r in rows if r.status != "fail"]
+
+
+def test_a_named_mutant_is_ours_only():
+    from gradcheck.request import GradcheckRequest
+    problem = GradcheckRequest(op=("relu",), engine="torch", inject="relu_grad_scaled").problem()
+    assert "a named mutant patches our engine" in problem
+    assert GradcheckRequest(op=("relu",), engine="torch", inject="scale:2").problem() is None
+
+
+def test_an_isolated_engine_scaled_keeps_its_backward_ops_in_the_worker():
+    from gradcheck.injection import ScaledAdapter
+
+    class Isolated:
+        name, isolated = "x", True
+
+        def forward(self, case, arrays):          # would run in this process: not offered
+            raise AssertionError
+    scaled = ScaledAdapter(Isolated(), 1.1)
+    assert scaled.isolated is False and not hasattr(scaled, "forward")
+    assert not hasattr(scaled, "jvp")             # the engine has none: neither has this
