@@ -45,7 +45,7 @@ err equals PRECISION_RATIO * ref_err + floor). The row reports the worst result'
 err_vs_f64, ref_err, ratio and which reference it used. The bar, measured on every
 fast-tier case of the registry (`gradcheck --all --format json`, each row's `ratio`): a
 correct kernel's worst ratio is 1.85 in float16, 4.55 in bfloat16 (a masked softmax's mask
-gradient: ours rounds between its nodes, torch's fused kernel once) and 1.96 in float32, so
+gradient: ours rounds between its nodes, torch's fused kernel once) and 1.07 in float32, so
 8 leaves a margin of 1.7 and more; a float32 kernel that rounds through float16
 (a relative error of 2^-11, inside float32's fixed tolerance) lands in the thousands
 (tests/gradcheck/test_precision.py). Errors of an ulp or two are below this bar by design:

@@ -112,6 +112,7 @@ def dropout(x, p, seed):
 def set_or_acc(name):
     def fn(a, b, offset):
         index = block_slices(offset, b.shape)
+        a = jnp.asarray(a)             # an input not differentiated arrives as numpy's
         return a.at[index].set(b) if name == "set" else a.at[index].add(b)
     return fn
 
