@@ -112,4 +112,8 @@ def test_a_wrong_engine_in_process_names_itself_in_the_repro():
 
 def test_inject_and_backend_are_our_engines():
     with pytest.raises(ValueError, match="our engine only"):
-        EngineUnderTest(WrongAdapter(), inject="scale:1.01")
+        EngineUnderTest(WrongAdapter(), inject="relu_grad_scaled")
+    with pytest.raises(ValueError, match="our engine only"):
+        EngineUnderTest(WrongAdapter(), backends=("cuda",))
+    # a factor mutation reaches another engine: its answers scaled (gradcheck.injection)
+    assert EngineUnderTest(WrongAdapter(), inject="scale:1.01").running().factor == 1.01
