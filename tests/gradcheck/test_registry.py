@@ -12,6 +12,9 @@ import engine  # noqa: F401  (registers the ops)
 from gradcheck.request import check_ops
 from gradcheck.runner import checkable_ops
 
+# run after the other tests, alone (tox.ini): two cores busy for minutes
+pytestmark = pytest.mark.registry
+
 
 @pytest.mark.parametrize("op", checkable_ops())
 def test_every_case_passes_and_can_fail(op):
