@@ -207,12 +207,13 @@ def check_backward_op(case, adapter=None, mode: str = "auto", use_torch: bool = 
         held = precision.check_case(_unchecked(case), arrays, np.zeros(out.shape), out, [],
                                     [], f64_own if torch_own is None else torch_own, [],
                                     use_torch)
+    outcomes = compared.outcomes(case.precision)
     v = judge(Outcomes(
-        compare(out, f64_own, case.precision), compared.outcomes(case.precision),
+        compare(out, f64_own, case.precision), outcomes,
         torch_vjp is not None,
         None if torch_own is None else compare(out, torch_own, case.precision), differs,
         getattr(adapter, "backend", "cpu"), vs_cpu, precision=held, dtype=case.precision,
-        powers=_powers(compared.powers(case.precision), held,
+        powers=_powers(compared.powers(case.precision, outcomes=outcomes), held,
                        dict(zip(relation.wrt_names, point.split(out), strict=True)))))
     metrics = v.metrics(compared.fraction) | {"vjp_of": relation.op}
     return Result("gradcheck", str(case), v.status, metrics, v.message, labels=labels)

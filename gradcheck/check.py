@@ -265,12 +265,13 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
                                 f64_out,
                                 None if torch_ref is None else torch_ref.grads, use_torch)
     zero = zero_gradient(case)
-    v = judge(Outcomes(forward, compared.outcomes(case.precision, dtypes),
+    outcomes = compared.outcomes(case.precision, dtypes)
+    v = judge(Outcomes(forward, outcomes,
                        torch_ref is not None, forward_vs_torch, differs, backend, vs_cpu,
                        declined_note, held,
                        others=nonzero_problems(zero, case, checked, backprop),
                        dtype=case.precision,
-                       powers=compared.powers(case.precision, dtypes),
+                       powers=compared.powers(case.precision, dtypes, outcomes),
                        cotangent=getattr(case, "cotangent", "contiguous"),
                        zero_by_definition=zero))
     metrics = v.metrics(compared.fraction)

@@ -101,13 +101,18 @@ class Compared:
         """The dtype judging gradient `name` ("directions": the coarsest of the inputs')."""
         return precision if dtypes is None else dtypes.get(name, precision)
 
-    def powers(self, precision: str, dtypes: dict | None = None) -> dict[str, float]:
+    def powers(self, precision: str, dtypes: dict | None = None,
+               outcomes=None) -> dict[str, float]:
         """Per checked input, the smallest relative error of its gradient alone that the
         comparisons flag (gradcheck.verdict: power). Full mode: its own comparisons'.
         Fast mode: an error in one input moves each projection by its share of it, judged
-        against what that projection is allowed (against the numerical and torch's)."""
+        against what that projection is allowed (against the numerical and torch's).
+        `outcomes`: this object's outcomes(precision, dtypes), where the caller has them
+        (full mode reads its powers from them instead of comparing again)."""
         if self.parts is None:
-            return {o.name: o.power for o in self.outcomes(precision, dtypes)}
+            if outcomes is None:
+                outcomes = self.outcomes(precision, dtypes)
+            return {o.name: o.power for o in outcomes}
         num = self.numerical[0]
         bounds = [tolerated(num.value, precision, num.error, num.kink)]
         if self.torch is not None:
