@@ -1,4 +1,5 @@
-"""Known bugs of optimizer kernels, put in place one at a time to prove optcheck's power.
+"""Known bugs of optimizer kernels and learning-rate schedules, put in place one at a time to
+prove optcheck's power.
 
 Each mutant replaces the CPU kernel of some step ops by a numpy implementation of the same
 update with exactly one mistake (the correct rule is in engine/backends/cpu/optim.py); the
@@ -8,6 +9,11 @@ mutant and reports which caught it. A mutant for 16-bit parameters names its dty
 backend runs its numpy kernel on float32 copies and rounds the parameter to nearest even on
 store, so the kernel's bug is what it does to those float32 values (rounding the state to
 16 bits; rounding the parameter toward zero first, which the store then keeps).
+
+A schedule mutant replaces instead the factor of a learning-rate schedule of
+engine.optim.schedules (`schedules`: its name -> the mutated `__call__(self, t)`): a warmup
+whose second phase is evaluated at t instead of t - warmup_steps, a bug that comparing the
+engine with itself cannot see and the torch family's SequentialLR rows do.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import dataclasses
 
 import numpy as np
 
+from engine.optim import schedules
 from engine.registry import get_op
 from engine.tensor import DTYPES
 
@@ -110,6 +117,17 @@ def _adam(bug, decoupled, half=None):
     return kernel
 
 
+def _unshifted(schedule_class):
+    """`schedule_class`'s factor (a warmup, then a second phase at t - warmup_steps) with the
+    second phase at t: the correct factor n steps later, from the milestone n on."""
+    correct = schedule_class.__call__
+
+    def factor(self, t):
+        n = self.warmup_steps
+        return correct(self, t if t < n else t + n)
+    return factor
+
+
 @dataclasses.dataclass(frozen=True)
 class Mutant:
     name: str
@@ -117,6 +135,8 @@ class Mutant:
     kernels: dict            # op name -> mutated kernel
     optimizers: tuple[str, ...]
     dtype: str | None = None     # the parameter dtype it is run in (None: the self-test's)
+    # engine schedule name (engine.optim.schedules) -> mutated __call__(self, t)
+    schedules: dict = dataclasses.field(default_factory=dict)
 
 
 def _adam_pair(bug, half=None):
@@ -148,6 +168,13 @@ MUTANTS = {m.name: m for m in [
     Mutant("param_truncated_f16", "the new float16 parameter rounded toward zero "
            "(truncated) on store instead of to nearest even",
            _all_three("param_truncated", "f16"), ("sgd", "adam", "adamw"), "f16"),
+    # learning-rate schedules: a bug of the factor, not of a kernel
+    Mutant("warmup_cosine_unshifted", "warmup_cosine's cosine phase evaluated at t instead "
+           "of t - warmup_steps", {}, ("sgd",),
+           schedules={"warmup_cosine": _unshifted(schedules.WarmupCosine)}),
+    Mutant("warmup_step_unshifted", "warmup_step's step decay evaluated at t instead of "
+           "t - warmup_steps", {}, ("sgd",),
+           schedules={"warmup_step": _unshifted(schedules.WarmupStep)}),
 ]}
 
 
@@ -165,16 +192,23 @@ def control(dtype: str) -> Mutant:
 
 @contextlib.contextmanager
 def mutated(mutant: Mutant, backend: str = "cpu"):
-    """Put `mutant`'s kernels in place for the duration of the block, then restore."""
-    saved = {}
+    """Put `mutant`'s kernels and schedule factors in place for the duration of the block,
+    then restore."""
+    saved, saved_calls = {}, {}
     try:
         for op_name, kernel in mutant.kernels.items():
             op = get_op(op_name)
             saved[op_name] = dict(op.kernels)
             op.kernels[backend] = kernel
+        for name, factor in mutant.schedules.items():
+            schedule_class = getattr(schedules, name)
+            saved_calls[schedule_class] = schedule_class.__call__
+            schedule_class.__call__ = factor
         yield mutant
     finally:
         for op_name, kernels in saved.items():
             op = get_op(op_name)
             op.kernels.clear()
             op.kernels.update(kernels)
+        for schedule_class, call in saved_calls.items():
+            schedule_class.__call__ = call

@@ -1,12 +1,13 @@
 """optcheck's self-test: every mutant of `optcheck.mutants` must be caught by some family.
 
 For each mutant, every family runs on each optimizer the mutant touches, with the mutant's
-kernels in place. One Result per mutant: "pass" when at least one row failed or errored
-(caught; `caught_by` lists the families that caught it), "fail" when every row passed (the
-checker missed a known bug). A control row runs the same numpy kernels without a bug and
-must pass every family: otherwise a "caught" mutant might have been caught for the rewrite,
-not for its bug. A mutant for 16-bit parameters runs in its dtype, beside a control in that
-dtype. Power = share of mutants caught.
+kernels (or schedule factors) in place. One Result per mutant: "pass" when at least one row
+failed or errored (caught; `caught_by` lists the families that caught it), "fail" when every
+row passed (the checker missed a known bug). A control row runs the same numpy kernels without
+a bug, under the engine's own schedules, and must pass every family: otherwise a "caught"
+mutant might have been caught for the rewrite, not for its bug. A mutant for 16-bit
+parameters runs in its dtype, beside a control in that dtype. Power = share of mutants
+caught.
 
 With `diagnosis`, it also proves the reference family's diagnosis (optcheck.diagnosis): every
 variant of its library runs as a buggy optimizer (its own chain as a numpy update,

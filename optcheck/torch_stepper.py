@@ -14,7 +14,10 @@ rounded once, on store, which torch.optim cannot be told to do: given a bfloat16
 keeps the state in bfloat16 too (torch 2.13: exp_avg, exp_avg_sq and momentum_buffer take the
 parameter's dtype; only Adam's `step` is float32).
 The engine's schedules map onto torch's lr_scheduler: `step_decay` -> StepLR, `cosine` ->
-CosineAnnealingLR (eta_min = min_factor lr), `linear_warmup` -> LinearLR (end_factor 1).
+CosineAnnealingLR (eta_min = min_factor lr), `linear_warmup` -> LinearLR (end_factor 1),
+`warmup_cosine` and `warmup_step` -> SequentialLR of LinearLR and CosineAnnealingLR (T_max =
+t_max - warmup_steps) or StepLR, milestone warmup_steps; `chained` -> ChainedScheduler of
+its parts, given as {part name: part arguments}.
 """
 
 from __future__ import annotations
@@ -172,7 +175,21 @@ def _float64(t) -> np.ndarray:
 
 
 def _torch_scheduler(torch, opt, lr: float, name: str, args: dict):
+    """torch's scheduler on `opt` for the engine's schedule `name` with `args` (module doc)."""
     sched = torch.optim.lr_scheduler
+    if name in ("warmup_cosine", "warmup_step"):
+        n = args["warmup_steps"]
+        warmup = sched.LinearLR(opt, start_factor=args["start_factor"], end_factor=1.0,
+                                total_iters=n)
+        if name == "warmup_cosine":
+            after = sched.CosineAnnealingLR(opt, T_max=args["t_max"] - n,
+                                            eta_min=args["min_factor"] * lr)
+        else:
+            after = sched.StepLR(opt, step_size=args["step_size"], gamma=args["gamma"])
+        return sched.SequentialLR(opt, [warmup, after], milestones=[n])
+    if name == "chained":
+        parts = [_torch_scheduler(torch, opt, lr, *part) for part in args.items()]
+        return sched.ChainedScheduler(parts, optimizer=opt)
     if name == "step_decay":
         return sched.StepLR(opt, step_size=args["step_size"], gamma=args["gamma"])
     if name == "cosine":

@@ -16,7 +16,8 @@ by optcheck.torch_stepper.
 
 Hyperparameters are crossed by a pairwise covering design (`pairwise_grid`): every pair of
 option values, e.g. amsgrad with betas (0, 0) or dampening 0.5 with momentum 0.9, occurs in
-at least one row; each learning-rate schedule gets one row more. When a row fails, the
+at least one row; each learning-rate schedule gets one row more (the warmups and the chained
+one against torch's SequentialLR and ChainedScheduler). When a row fails, the
 float64 numpy optimizer (optcheck.numpy_optimizers) is run on the same gradients and
 learning rates, and the message says which side it agrees with.
 """
@@ -63,10 +64,24 @@ GRID_FACTORS = {
 FLAGS = ("nesterov", "amsgrad", "maximize")
 
 # One row per schedule: (engine schedule name, its arguments as functions of `steps`).
+# A warmup lasts a quarter of the trajectory and its second phase the rest, several decays
+# or most of a cosine: a second phase evaluated at t instead of t - n is off from the
+# milestone on (at 100 steps: warmup_cosine's factor 0.78 instead of 1 there, warmup_step's
+# 0.5), one whose milestone is a step off by gamma at a decay or up to 0.02 on the cosine.
+# `chained` decays during its warmup too, so the product shows in both phases.
 SCHEDULES = {
     "step_decay": lambda steps: {"step_size": max(1, steps // 4), "gamma": 0.5},
     "cosine": lambda steps: {"t_max": max(1, steps // 2), "min_factor": 0.1},
     "linear_warmup": lambda steps: {"warmup_steps": max(1, steps // 4), "start_factor": 0.25},
+    "warmup_cosine": lambda steps: {"warmup_steps": max(1, steps // 4),
+                                    "t_max": max(2, steps),
+                                    "start_factor": 0.25, "min_factor": 0.1},
+    "warmup_step": lambda steps: {"warmup_steps": max(1, steps // 4),
+                                  "step_size": max(1, steps // 6),
+                                  "start_factor": 0.25, "gamma": 0.5},
+    "chained": lambda steps: {
+        "linear_warmup": {"warmup_steps": max(1, steps // 4), "start_factor": 0.25},
+        "step_decay": {"step_size": max(1, steps // 6), "gamma": 0.5}},
 }
 SCHEDULE_BASE = {
     "sgd": {"lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.01,
@@ -141,9 +156,14 @@ class Scenario:
                 parts.append(f"{k}={v:g}")
         parts += [k for k, v in self.flags.items() if v]
         if self.schedule is not None:
-            name, args = self.schedule
-            parts.append(name + "(" + ",".join(f"{k}={v:g}" for k, v in args.items()) + ")")
+            parts.append(_schedule_text(*self.schedule))
         return f"{self.check}(" + ",".join(parts) + ")"
+
+
+def _schedule_text(name: str, args: dict) -> str:
+    """`name(k=v,...)`; a chained schedule's parts written the same way inside it."""
+    return name + "(" + ",".join(_schedule_text(k, v) if isinstance(v, dict) else f"{k}={v:g}"
+                                 for k, v in args.items()) + ")"
 
 
 def scenario_of(check: str, row: dict, schedule=None) -> Scenario:
@@ -205,9 +225,14 @@ class Trajectories:
 
 def engine_schedule(scenario: Scenario):
     """The engine's schedule of `scenario` (engine.optim.schedules), or None."""
-    if scenario.schedule is None:
-        return None
-    name, args = scenario.schedule
+    return None if scenario.schedule is None else _engine_schedule(*scenario.schedule)
+
+
+def _engine_schedule(name: str, args: dict):
+    """Schedule `name` of engine.optim.schedules with `args`; `chained` takes its parts as
+    {part name: part arguments}."""
+    if name == "chained":
+        return schedules.chained([_engine_schedule(*part) for part in args.items()])
     return getattr(schedules, name)(**args)
 
 

@@ -5,11 +5,22 @@ optimizer writes `base_lr * factor(t)` into its hyperparameter tensor before ste
 schedule needs no rebuilt graph and no new plan. Each matches a torch.optim.lr_scheduler
 stepped once per optimizer step:
 
-    step_decay(k, gamma)        gamma ** floor(t / k)                       (StepLR)
-    cosine(T, min_factor)       m + (1 - m) (1 + cos(pi t / T)) / 2         (CosineAnnealingLR,
-                                                                             eta_min = m * lr)
-    linear_warmup(n, start)     start + (1 - start) min(t, n) / n           (LinearLR)
-    warmup_cosine(n, T, start)  linear warmup for n steps, then cosine over the T - n after
+    step_decay(k, gamma)           gamma ** floor(t / k)                  StepLR
+    cosine(T, m)                   m + (1 - m) (1 + cos(pi t / T)) / 2    CosineAnnealingLR,
+                                                                          eta_min = m lr
+    linear_warmup(n, start)        start + (1 - start) min(t, n) / n      LinearLR
+    warmup_cosine(n, T, start, m)  linear_warmup(n, start) for t < n,     SequentialLR of
+                                   then cosine(T - n, m) at t - n         LinearLR and
+                                                                          CosineAnnealingLR,
+                                                                          milestone n
+    warmup_step(n, k, start, g)    linear_warmup(n, start) for t < n,     SequentialLR of
+                                   then step_decay(k, g) at t - n         LinearLR and StepLR,
+                                                                          milestone n
+    chained(parts)                 the product of the parts' factors      ChainedScheduler
+
+A warmup's second phase starts at its own step 0 on the milestone: it is evaluated at t - n,
+not at t, as torch's SequentialLR restarts the next scheduler there (in torch 2.13 these
+definitions and SequentialLR agree at every step, the milestone included).
 """
 
 from __future__ import annotations
@@ -97,12 +108,55 @@ class WarmupCosine:
                                       f"warmup_steps ({self.warmup_steps})")
 
     def __call__(self, t: int) -> float:
-        if t < self.warmup_steps:
-            return LinearWarmup(self.warmup_steps, self.start_factor)(t)
-        return Cosine(self.t_max - self.warmup_steps, self.min_factor)(t - self.warmup_steps)
+        return _warmup_then(self, Cosine(self.t_max - self.warmup_steps, self.min_factor), t)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupStep:
+    warmup_steps: int
+    step_size: int
+    start_factor: float = 1.0 / 3.0
+    gamma: float = 0.1
+
+    def __post_init__(self):
+        _check_fields(self, "warmup_step", counts=("warmup_steps", "step_size"),
+                      factors=("gamma",), positive_factors=("start_factor",))
+
+    def __call__(self, t: int) -> float:
+        return _warmup_then(self, StepDecay(self.step_size, self.gamma), t)
+
+
+def _warmup_then(warmup, after, t: int) -> float:
+    """`warmup`'s linear warmup (its warmup_steps n, start_factor) for t < n, then schedule
+    `after` at t - n: the second phase starts at its own step 0 on the milestone."""
+    n = warmup.warmup_steps
+    if t < n:
+        return LinearWarmup(n, warmup.start_factor)(t)
+    return after(t - n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chained:
+    """Several schedules at once: the product of their factors. torch's ChainedScheduler
+    gives that product for schedulers whose recursive step is a ratio (StepLR, LinearLR);
+    CosineAnnealingLR's adds eta_min, so chained with eta_min > 0 it is no product."""
+
+    parts: tuple
+
+    def __post_init__(self):
+        parts = self.parts
+        if not isinstance(parts, (tuple, list)) or not parts or not all(map(callable, parts)):
+            raise HyperparameterError(f"chained: parts must be a sequence of one or more "
+                                      f"schedules, got {parts!r}")
+        object.__setattr__(self, "parts", tuple(parts))
+
+    def __call__(self, t: int) -> float:
+        return math.prod(part(t) for part in self.parts)
 
 
 step_decay = StepDecay
 cosine = Cosine
 linear_warmup = LinearWarmup
 warmup_cosine = WarmupCosine
+warmup_step = WarmupStep
+chained = Chained

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import engine
+from engine.optim import schedules
 from engine.registry import get_op
 from optcheck.mutants import CONTROL, MUTANTS, mutated
 from optcheck.selftest import power, run_self_test
@@ -50,3 +51,33 @@ def test_mutated_restores_the_kernels():
     opt.grads[w].set([1.0, 2.0, 3.0])
     opt.step()
     assert np.array_equal(w.numpy(), [-1.0, -2.0, -3.0])
+
+
+SCHEDULE_MUTANTS = [name for name, m in MUTANTS.items() if m.schedules]
+
+
+def test_schedule_mutants_are_caught_by_the_torch_rows_alone():
+    """A warmup whose second phase is not shifted: the engine's other families compare it
+    with itself and pass; the torch family's SequentialLR row fails, from the milestone on."""
+    assert {"warmup_cosine_unshifted", "warmup_step_unshifted"} <= set(SCHEDULE_MUTANTS)
+    results = run_self_test(families=("closed-form", "torch", "invariant"), steps=20,
+                            mutants=SCHEDULE_MUTANTS)
+    by_name = {r.name.split(":")[0]: r for r in results}
+    assert by_name[CONTROL.name].status == "pass", by_name[CONTROL.name].message
+    for name in SCHEDULE_MUTANTS:
+        row = by_name[name]
+        assert row.status == "pass" and row.metrics["caught_by"] == "torch (1)", row.message
+        schedule = next(iter(MUTANTS[name].schedules))
+        assert f"schedule_{schedule}(" in row.message and "first diverged at step 6" in \
+            row.message, row.message      # 20 steps: a warmup of 5, the milestone at step 6
+
+
+def test_mutated_restores_the_schedules():
+    schedule = schedules.warmup_cosine(2, 6)
+    before = [schedule(t) for t in range(8)]
+    with mutated(MUTANTS["warmup_cosine_unshifted"]):
+        assert [schedule(t) for t in range(8)] != before
+        assert schedule(0) == before[0] and schedule(2) == schedules.cosine(4, 0.0)(2)
+    assert [schedule(t) for t in range(8)] == before
+    assert schedules.WarmupCosine.__call__ is not MUTANTS[
+        "warmup_cosine_unshifted"].schedules["warmup_cosine"]

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 import pytest
 
+from engine.optim import schedules
 from engine.registry import OPS
 from optcheck import torch_trajectories
 
@@ -123,7 +124,8 @@ def test_family_passes_on_the_engine(optimizer, dtype):
     failed = [f"{r.name}: {r.status} {r.message}" for r in results if r.status != "pass"]
     assert not failed, "\n".join(failed)
     checks = {r.labels["check"] for r in results}
-    assert {"grid", "schedule_step_decay", "schedule_cosine", "schedule_linear_warmup"} <= checks
+    assert {f"schedule_{name}" for name in torch_trajectories.SCHEDULES} <= checks
+    assert {"grid", "schedule_warmup_cosine", "schedule_warmup_step", "schedule_chained"} <= checks
     assert all(r.labels["family"] == "torch" and r.metrics["steps"] == 40 for r in results)
 
 
@@ -196,3 +198,79 @@ def test_bad_arguments_are_named():
         torch_trajectories.run("sgd", "f16")
     with pytest.raises(ValueError, match="0"):
         torch_trajectories.run("sgd", steps=0)
+
+
+# --------------------------------------------------------------------------- schedules
+
+WARMUPS = {"warmup_cosine": schedules.WarmupCosine, "warmup_step": schedules.WarmupStep}
+
+
+def _misplaced(schedule_class, milestone, shift):
+    """`schedule_class`'s factor with its warmup ending at `milestone(n)` and its second
+    phase evaluated at t - `shift(n)` (correct: both n). Written with the correct factor:
+    its warmup at min(t, n) (which is 1 at n, as the second phase starts), its second phase
+    at x as the correct factor at x + n."""
+    correct = schedule_class.__call__
+
+    def factor(self, t):
+        n = self.warmup_steps
+        if t < milestone(n):
+            return correct(self, min(t, n))
+        return correct(self, max(0, t - shift(n)) + n)
+    return factor
+
+
+# bug -> (milestone, shift, the first step (counted from 1) whose parameters it can change),
+# each a function of the warmup's length n
+SCHEDULE_BUGS = {
+    "unshifted": (lambda n: n, lambda n: 0, lambda n: n + 1),
+    "milestone_early": (lambda n: n - 1, lambda n: n - 1, lambda n: n),
+    "milestone_late": (lambda n: n + 1, lambda n: n + 1, lambda n: n + 2),
+}
+
+
+def schedule_row(optimizer: str, name: str, dtype: str, steps: int):
+    """The torch family's row of schedule `name` alone."""
+    (scenario,) = [s for s in torch_trajectories.scenarios(optimizer, steps)
+                   if s.check == f"schedule_{name}"]
+    return torch_trajectories._row(optimizer, scenario, dtype, "cpu", steps, 0, 0), scenario
+
+
+@pytest.mark.parametrize("steps", [20, 40, 100])
+@pytest.mark.parametrize("name", sorted(WARMUPS))
+def test_warmup_rows_reach_both_phases_and_tell_a_shift(name, steps):
+    """Several steps of the second phase (a few decays, most of the cosine) are in the
+    trajectory, and a second phase evaluated at t is measurably off from the milestone on."""
+    args = torch_trajectories.SCHEDULES[name](steps)
+    schedule, n = getattr(schedules, name)(**args), args["warmup_steps"]
+    assert 1 < n < steps - 10
+    unshifted = _misplaced(WARMUPS[name], *SCHEDULE_BUGS["unshifted"][:2])
+    assert abs(unshifted(schedule, n) - schedule(n)) > 0.2
+    factors = {schedule(t) for t in range(n, steps)}
+    assert len(factors) >= 3, factors      # the second phase changes the lr within the row
+
+
+def test_chained_row_decays_during_the_warmup():
+    args = torch_trajectories.SCHEDULES["chained"](100)
+    assert args["step_decay"]["step_size"] < args["linear_warmup"]["warmup_steps"] < 100
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bug", sorted(SCHEDULE_BUGS))
+@pytest.mark.parametrize("name, optimizer", [("warmup_cosine", "adam"), ("warmup_step", "sgd")])
+def test_a_misplaced_second_phase_fails_its_row(monkeypatch, name, optimizer, bug, dtype):
+    """The engine's schedule, not its kernels, carries the bug (torch's SequentialLR keeps
+    milestone n): the row passes without it and fails with it, no earlier than the bug can
+    show; the float64 reference, run on torch's learning rates, agrees with torch."""
+    steps = 40
+    row, scenario = schedule_row(optimizer, name, dtype, steps)
+    assert row.status == "pass", row.message
+    milestone, shift, first = SCHEDULE_BUGS[bug]
+    monkeypatch.setattr(WARMUPS[name], "__call__", _misplaced(WARMUPS[name], milestone, shift))
+    row, _ = schedule_row(optimizer, name, dtype, steps)
+    assert row.status == "fail", f"{bug} passed {scenario}"
+    n = scenario.schedule[1]["warmup_steps"]
+    assert row.metrics["first_step"] >= first(n), row.message
+    if bug == "unshifted":      # off by a factor 0.78 or 0.5 at once
+        assert row.metrics["first_step"] == first(n), row.message
+    assert "the float64 reference agrees with torch" in row.message, row.message
