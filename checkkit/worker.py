@@ -10,7 +10,16 @@ to its standard error (an assertion's text: `GGML_ASSERT(...) failed`) and the i
 Python frame it was in (checkkit.crash_report); the next call starts a fresh child.
 
 `checkkit.isolated.IsolatedAdapter(adapter)` is the adapter, with `vjp` run in such a
-worker; gradcheck wraps every adapter whose `isolated` is set in one.
+worker; gradcheck wraps every adapter whose `isolated` is set in one (and our own engine
+with `--isolate`, gradcheck.engine_under_test).
+
+A worker given `environ` (variables that must hold before anything reads them: numba's
+NUMBA_BOUNDSCHECK and NUMBA_CACHE_DIR, read once when numba is imported) is started by
+spawn, a fresh interpreter, never by the forkserver, which imported numba and the engine
+under this process's environment; it sets them first, then imports PRELOAD itself, and
+refuses to serve (an AdapterError) when numba was imported before they were set or a
+variable no longer holds once the adapter is built (the engine replaced an unwritable
+NUMBA_CACHE_DIR): a bounds-checked worker must never run unchecked machine code.
 
 Whatever the adapter raises in the child, SystemExit, KeyboardInterrupt and BaseExceptions
 of its own included, is answered as an error (RemoteError, an error row), and the child
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import multiprocessing
 import os
 import signal
@@ -39,7 +49,9 @@ from checkkit.raised import raised_message
 DEFAULT_CASE_TIMEOUT = 120.0   # seconds a call may take before it counts as a hang
 START_TIMEOUT = 120.0          # seconds a fresh worker may take to import and build its adapter
 # imported once by the forkserver, so that a restarted worker starts at fork speed; with the
-# module of the spec's maker (the tool's adapters: gradcheck.adapters), which _context adds
+# module of the spec's maker (the tool's adapters: gradcheck.adapters), which _preload adds.
+# A worker imports them itself where the forkserver did not (spawn; a module added after
+# the forkserver started)
 PRELOAD = ["checkkit.worker", "engine.samples"]
 
 
@@ -51,12 +63,19 @@ class RemoteError(Exception):
     """The adapter raised in the worker; the message is "TypeName: message"."""
 
 
-def _context(spec):
+def _preload(spec) -> list[str]:
+    """PRELOAD and the module of the spec's maker."""
+    maker = getattr(spec, "maker", "").partition(":")[0]
+    return PRELOAD + ([maker] if maker else [])
+
+
+def _context(spec, environ=None):
+    """The forkserver (spawn where there is none, or for a worker given `environ`: see the
+    module doc)."""
     methods = multiprocessing.get_all_start_methods()
-    if "forkserver" in methods:
+    if "forkserver" in methods and not environ:
         ctx = multiprocessing.get_context("forkserver")
-        maker = getattr(spec, "maker", "").partition(":")[0]
-        ctx.set_forkserver_preload(PRELOAD + ([maker] if maker else []))
+        ctx.set_forkserver_preload(_preload(spec))
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -66,12 +85,13 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"warning: {category.__name__}: {' '.join(str(message).split())}\n"
 
 
-def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -> None:
-    """The worker's loop: build the adapter, then answer (method, args) until told to stop.
-    `sys_path` is the parent's (the forkserver's may be older). Its standard error (fd 2,
-    written by C code too) goes to `stderr_path`, Python tracebacks of fatal signals and of
-    SIGUSR1 (sent before a hang is killed) to `fault_path`. Anything the adapter raises is
-    answered (see the module doc)."""
+def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str],
+           environ: dict[str, str] | None = None, preload: tuple[str, ...] = ()) -> None:
+    """The worker's loop: set `environ`, import `preload`, build the adapter, then answer
+    (method, args) until told to stop. `sys_path` is the parent's (the forkserver's may be
+    older). Its standard error (fd 2, written by C code too) goes to `stderr_path`, Python
+    tracebacks of fatal signals and of SIGUSR1 (sent before a hang is killed) to
+    `fault_path`. Anything the adapter raises is answered (see the module doc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warnings.formatwarning = _one_line_warning
     sys.path[:] = sys_path
@@ -83,9 +103,16 @@ def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, fault)
     try:
-        adapter = spec.build()
+        problem = _set_environ(environ or {})
+        if problem is None:
+            for module in preload:       # imported by the forkserver already, not by spawn
+                importlib.import_module(module)
+            adapter = spec.build()
+            problem = _changed(environ or {})
     except BaseException as exc:        # SIGINT is ignored: never the user's Ctrl-C here
-        conn.send(("setup", _answer_text(exc)))
+        problem = _answer_text(exc)
+    if problem is not None:
+        conn.send(("setup", problem))
         return
     conn.send(("ready", None))
     while True:
@@ -107,6 +134,25 @@ def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str]) -
             conn.send(answer)
         except BaseException as exc:   # an answer that does not pickle
             conn.send(("error", f"cannot send the answer: {_answer_text(exc)}"))
+
+
+def _set_environ(environ: dict[str, str]) -> str | None:
+    """Set `environ` in this process; the problem when numba was imported before its
+    variables could take effect (None: set)."""
+    late = sorted(k for k in environ if k.startswith("NUMBA_"))
+    if late and "numba" in sys.modules:
+        return (f"numba was imported before {', '.join(late)} could be set (the worker "
+                "must be started by spawn)")
+    os.environ.update(environ)
+    return None
+
+
+def _changed(environ: dict[str, str]) -> str | None:
+    """The variables of `environ` that no longer hold, as a problem (None: all hold)."""
+    changed = [f"{k}={os.environ.get(k)!r} (set to {v!r})" for k, v in environ.items()
+               if os.environ.get(k) != v]
+    return f"the worker's environment changed while it started: {', '.join(changed)}" \
+        if changed else None
 
 
 def _answer_text(exc: BaseException) -> str:
@@ -141,12 +187,15 @@ def _main_left_alone():
 
 class Worker:
     """A persistent worker process for the adapter that `spec` builds; `timeout`: seconds
-    each call may take. Use as a context manager, or call close()."""
+    each call may take; `environ`: variables the child sets before it imports anything of
+    ours (module doc). Use as a context manager, or call close()."""
 
-    def __init__(self, spec, timeout: float = DEFAULT_CASE_TIMEOUT):
+    def __init__(self, spec, timeout: float = DEFAULT_CASE_TIMEOUT,
+                 environ: dict[str, str] | None = None):
         if not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
         self.spec, self.timeout = spec, float(timeout)
+        self.environ = dict(environ or {})
         self._dir = tempfile.mkdtemp(prefix="gradcheck-worker-")
         self._stderr = os.path.join(self._dir, "stderr.log")
         self._fault = os.path.join(self._dir, "fault.log")
@@ -161,9 +210,10 @@ class Worker:
         if self._proc is not None and self._proc.is_alive():
             return
         self._reap()
-        ctx = _context(self.spec)
+        ctx = _context(self.spec, self.environ)
         parent, child = ctx.Pipe()
-        args = (child, self.spec, self._stderr, self._fault, list(sys.path))
+        args = (child, self.spec, self._stderr, self._fault, list(sys.path), self.environ,
+                tuple(_preload(self.spec)))
         proc = ctx.Process(target=_serve, args=args,
                            name=f"gradcheck-worker-{self.spec.name}", daemon=True)
         offset = self._size()
@@ -177,15 +227,16 @@ class Worker:
             self._reap()
             raise AdapterError(f"engine {self.spec.name!r} in the worker process: {value}")
 
-    def call(self, method: str, *args):
+    def call(self, method: str, *args, doing: str | None = None):
         """adapter.method(*args) in the child; its return value, or RemoteError when it
-        raised, or WorkerCrash when the child died or hung (the next call restarts it)."""
+        raised, or WorkerCrash when the child died or hung (the next call restarts it),
+        saying it was running `doing` (default: `method`)."""
         self.start()
         offset = self._size()
         self._calling = True
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self._conn.send((method, args))    # a dead child is found by _receive
-        kind, value = self._receive(self.timeout, offset, f"running {method}")
+        kind, value = self._receive(self.timeout, offset, f"running {doing or method}")
         self._calling = False
         if kind == "error":
             raise RemoteError(value)

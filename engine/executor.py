@@ -19,17 +19,27 @@ Two ways to run the same calls (`Executor.run`):
 A call wrapper `wrap(label, call) -> call` (Graph.call_wrapper; bench/profile_mnist.py times
 nodes with one) sees every call with its CallLabel and returns what runs instead; None runs
 the calls as they are.
+
+A kernel that raises anything but an EngineError (an IndexError from numba's bounds checks,
+NUMBA_BOUNDSCHECK=1; a bug of its own) raises KernelError, naming the op, the node and the
+kernel, and where in our code it was: the loops above run bare, in a try around the whole
+loop, and the step is looked up only once a call has raised. An EngineError (a get_rows
+index outside its table) names what it needs and goes on up as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import linecache
+import os
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from engine.backends import sequence
+from engine.errors import EngineError
 from engine.registry import OpDef
 from engine.tensor import Tensor
 
@@ -118,6 +128,58 @@ class CallLabel(NamedTuple):
     shape: tuple[int, ...]
 
 
+class KernelError(EngineError, RuntimeError):
+    """A kernel raised while its plan ran, or while its call was prepared; the message
+    names the graph, the op, the node, the kernel and the innermost line of ours it was
+    running, then what it raised (which is also its __cause__)."""
+
+
+_ENGINE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_ENGINE)          # where a traceback's paths are named from
+_PLUMBING = {os.path.join(_ENGINE, *p) for p in    # the interpreter, the pool, dispatch
+             (("executor.py",), ("backends", "__init__.py"), ("backends", "cpu", "threads.py"),
+              ("backends", "cpu", "jit.py"))}
+
+
+def _kernel_name(step: Step, call) -> str:
+    """The name of the kernel `step` runs: the registered kernel's, else the compiled
+    function `call` is a partial of, else the op's."""
+    if type(step) is AccumulateStep:
+        return "accumulate"
+    if type(step) is ViewStep:
+        return f"{step.op.name} view"
+    name = getattr(step.kernel, "__name__", "")
+    if name and name != "<lambda>":
+        return name
+    func = getattr(getattr(call, "func", None), "py_func", None)
+    return getattr(func, "__name__", None) or f"{step.tensor.op}'s kernel"
+
+
+def _innermost_line(exc: BaseException) -> str:
+    """`path:line in function: source` of the innermost frame of `exc`'s traceback that is
+    no plumbing (this module, the thread pool, the backends' sequence): the line that
+    called the compiled kernel ("" when there is none)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.abspath(f.filename) not in _PLUMBING]
+    if not frames:
+        return ""
+    f = frames[-1]
+    source = (f.line or linecache.getline(f.filename, f.lineno)).strip()
+    path = os.path.abspath(f.filename)
+    where = os.path.relpath(path, _ROOT) if path.startswith(_ROOT + os.sep) else f.filename
+    return f"{where}:{f.lineno} in {f.name}" + (f": {source}" if source else "")
+
+
+def kernel_error(exc: Exception, step: Step, graph_name: str, call=None) -> KernelError:
+    """The KernelError of `exc`, raised by `step`'s call `call` in graph `graph_name`."""
+    what = label(step, graph_name)
+    line = _innermost_line(exc)
+    return KernelError(f"{type(exc).__name__} in op {what.op}'s kernel "
+                       f"{_kernel_name(step, call)} (node {what.node!r}, shape "
+                       f"{list(what.shape)}, graph {what.graph!r})"
+                       + (f" at {line}" if line else "") + f": {exc}")
+
+
 # --- the interpreter -----------------------------------------------------------------------
 def _operand(how: Operand, backend, results: list):
     if type(how) is FromStep:
@@ -188,6 +250,7 @@ class Executor:
         self._host_only = all(be.name == "cpu" for be in backends)
         self._owners = owners            # buffer owners of the persistent tensors
         self._calls: list[Call] | None = None
+        self._call_steps: list[Step] = []   # the step of each of self._calls
         self._calls_wrap = None          # the wrapper self._calls were bound with
         # the ops each backend's running() context is told of (the CPU's skips holding BLAS
         # for a plan without a product)
@@ -203,24 +266,52 @@ class Executor:
             yield
 
     def run(self, wrap: Callable[[CallLabel, Call], Call] | None = None) -> None:
-        """Run every step once, each call passed through `wrap` when given."""
+        """Run every step once, each call passed through `wrap` when given. KernelError
+        when a kernel raises (module doc)."""
         with self._running():
             if self._host_only and not any(o.device is not None for o in self._owners):
                 if self._calls is None or wrap is not self._calls_wrap:
-                    self._calls = list(self.calls(wrap))
+                    bound = list(self._bound(wrap))
+                    self._calls = [c for _, c in bound]
+                    self._call_steps = [s for s, _ in bound]
                     self._calls_wrap = wrap
-                for c in self._calls:
-                    c()
+                c = None
+                try:
+                    for c in self._calls:
+                        c()
+                except EngineError:
+                    raise
+                except Exception as exc:
+                    at = next(i for i, bound in enumerate(self._calls) if bound is c)
+                    raise kernel_error(exc, self._call_steps[at], self.graph_name,
+                                       c) from exc
             else:
-                for c in self.calls(wrap):      # each step bound right before it runs
-                    c()
+                step = c = None
+                try:
+                    for step, c in self._bound(wrap):  # noqa: B007 (the except reads it)
+                        c()
+                except EngineError:
+                    raise
+                except Exception as exc:
+                    raise kernel_error(exc, step, self.graph_name, c) from exc
 
     def calls(self, wrap=None) -> Iterator[Call]:
         """The steps' calls in order, passed through `wrap` when given. A generator: each
         step is bound (bind_step) when its call is asked for, so a loop that runs each call
         before asking for the next binds every step right before it runs."""
+        return (c for _, c in self._bound(wrap))
+
+    def _bound(self, wrap=None) -> Iterator[tuple[Step, Call]]:
+        """(step, call) for each step with a call, as `calls` binds them; a step whose
+        binding raises anything but an EngineError raises KernelError."""
         results: list = [None] * self.n_slots
         for step in self.steps:
-            call = bind_step(step, results)
+            try:
+                call = bind_step(step, results)
+            except EngineError:
+                raise
+            except Exception as exc:
+                raise kernel_error(exc, step, self.graph_name) from exc
             if call is not None:
-                yield call if wrap is None else wrap(label(step, self.graph_name), call)
+                yield step, (call if wrap is None else wrap(label(step, self.graph_name),
+                                                            call))

@@ -140,13 +140,13 @@ def _unchecked(case):
 
 
 def run_backward_op(adapter, case, arrays, output_shape) -> np.ndarray:
-    """The backward op's output in `adapter`'s engine: its `forward` where it has one (not
-    for an isolated adapter, whose `vjp` runs in its worker), else the output of its `vjp`
-    for zero weights (on the case as it is: an engine may refuse a graph with nothing to
-    differentiate, as ggml does). Raises EngineResultError for an output of another shape
-    than `output_shape`."""
+    """The backward op's output in `adapter`'s engine: its `forward` where it has one (an
+    isolated adapter offers one only where it runs in the worker: our engine's), else the
+    output of its `vjp` for zero weights (on the case as it is: an engine may refuse a
+    graph with nothing to differentiate, as ggml does). Raises EngineResultError for an
+    output of another shape than `output_shape`."""
     arrays = [a.copy() for a in arrays]
-    forward = None if adapter.isolated else getattr(adapter, "forward", None)
+    forward = getattr(adapter, "forward", None)
     if forward is not None:
         out = np.asarray(forward(case, arrays))
     else:

@@ -5,6 +5,8 @@
     gradcheck --all --format json --output report.json
     gradcheck --op softmax --random 50 --seed 1
     gradcheck --all --tier scale              big cases: every threaded, tiled, sparse path
+    gradcheck --all --isolate                 every case in a worker process: a crash is a row
+    gradcheck --all --boundscheck             our kernels bounds-checked (first run: minutes)
     gradcheck --all --workers 4               the same cases on 4 processes (pytest-xdist)
     gradcheck --self-test                     injected bugs: every one must be caught
     gradcheck --op relu --inject scale:1.01   one known bug: must exit 1
@@ -81,8 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "this machine's cores); its CPU kernels split rows over them")
     p.add_argument("--case-timeout", type=float, default=DEFAULT_CASE_TIMEOUT,
                    metavar="SECONDS",
-                   help="an engine run in a worker process (ggml) that takes longer is a "
-                        f"crash (default {DEFAULT_CASE_TIMEOUT:g})")
+                   help="an engine call run in a worker process (see --isolate) that "
+                        f"takes longer is a crash (default {DEFAULT_CASE_TIMEOUT:g})")
+    p.add_argument("--isolate", action="store_true",
+                   help="run every case in a worker process, so that a segfault, an abort "
+                        "or heap corruption in the engine is a crash row naming the case "
+                        "and the report is still written (the default for our engine's "
+                        "scale tier and the self-test, and for ggml)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="run our engine in this process, its scale tier and the self-test "
+                        "too (faster; a crash then ends the run without a report)")
+    p.add_argument("--boundscheck", action="store_true",
+                   help="compile our engine's CPU kernels with numba's bounds checks, in a "
+                        "worker process with a kernel cache of its own: an out-of-bounds "
+                        "index is an error row naming the op, node and kernel (the first "
+                        "such run compiles every kernel again: minutes)")
     p.add_argument("--backend", action="append", choices=BACKENDS, metavar="NAME",
                    help=f"backend of our engine to check on (repeatable; "
                         f"{', '.join(BACKENDS)}; default cpu)")
@@ -134,7 +149,8 @@ def request_of(args) -> GradcheckRequest:
         backend=tuple(args.backend or ()), mode=args.mode, ad=args.ad, order=args.order,
         inject=args.inject,
         no_torch=args.no_torch, ggml_lib=args.ggml_lib, ggml_threads=args.ggml_threads,
-        case_timeout=args.case_timeout, coverage=args.coverage, self_test=args.self_test,
+        case_timeout=args.case_timeout, isolate=args.isolate, no_isolate=args.no_isolate,
+        boundscheck=args.boundscheck, coverage=args.coverage, self_test=args.self_test,
         repro=args.repro)
 
 
@@ -184,6 +200,9 @@ def _main(argv) -> int:
     try:
         with request.plan() as plan:     # checks the engine and the cases before any runs
             print(f"gradcheck: {plan.describe}", file=sys.stderr)
+            if request.boundscheck:
+                from gradcheck.engine_under_test import boundscheck_note
+                print(f"gradcheck: {boundscheck_note()}", file=sys.stderr)
             meta = {"argv": argv_of(argv), **plan.meta}
             try:
                 results = rows_of(request, plan, args, run_plan)

@@ -70,6 +70,15 @@ class GradcheckRequest(Request):
                                      doc="ggml's compute threads")
     case_timeout: float = field(DEFAULT_CASE_TIMEOUT, metavar="SECONDS",
                                 doc="an isolated engine's call that takes longer is a crash")
+    isolate: bool = field(False, doc="every case in a worker process (ours by default only "
+                          "for the scale tier and the self-test): a segfault or an abort is "
+                          "a crash row")
+    no_isolate: bool = field(False, doc="our engine in this process, its scale tier and "
+                             "self-test too")
+    boundscheck: bool = field(False, doc="our engine's CPU kernels compiled with numba's "
+                              "bounds checks, in a worker process with a kernel cache of its "
+                              "own: an out-of-bounds index is an error row naming the kernel "
+                              "(the first such run compiles them all: minutes)")
     coverage: bool = field(False, plugin=False, doc="ggml's backward ops, one row each")
     self_test: bool = field(False, plugin=False, doc="the mutants, each must be caught")
     repro: str | None = field(None, plugin=False, doc="one case, as a failing row prints it")
@@ -128,11 +137,37 @@ class GradcheckRequest(Request):
         if self.inject and not self.ours and injected_factor(self.inject) is None:
             return (f"{flag('inject')} {self.inject}: a named mutant patches our engine; "
                     f"another engine ({engine}) takes a factor mutation (scale[:F]) only")
+        if self.isolate and self.no_isolate:
+            return f"{flag('isolate')} and {flag('no_isolate')} contradict each other"
+        if self.boundscheck and self.no_isolate:
+            return (f"{flag('boundscheck')} runs our engine in a worker process: not with "
+                    f"{flag('no_isolate')}")
         for name, why in (("backend", "backends are our engine's"),
-                          ("self_test", "the self-test injects bugs into our engine")):
+                          ("self_test", "the self-test injects bugs into our engine"),
+                          ("no_isolate", "another engine runs in a worker process where "
+                           f"its adapter asks for one, or with {flag('isolate')}"),
+                          ("boundscheck", "numba's bounds checks in our kernels")):
             if getattr(self, name) and not self.ours:
                 return f"{flag(name)} applies to our engine only ({why}), not to {engine}"
+        if self.boundscheck:
+            from engine.backends.cpu.environment import writable_dir
+            from gradcheck.engine_under_test import boundscheck_cache_dir
+            if not writable_dir(boundscheck_cache_dir()):
+                return (f"{flag('boundscheck')}: its kernel cache "
+                        f"{boundscheck_cache_dir()} cannot be written")
         return None
+
+    @property
+    def isolation(self) -> bool | None:
+        """EngineUnderTest's `isolate`: True (--isolate), False (--no-isolate), or None, the
+        default (ours: the scale tier's cases)."""
+        return True if self.isolate else False if self.no_isolate else None
+
+    def engine_under_test(self, adapter=None):
+        """The EngineUnderTest of this request: `adapter` (None: ours) with its options."""
+        from gradcheck.engine_under_test import EngineUnderTest
+        return EngineUnderTest(adapter, self.backends, self.inject, self.case_timeout,
+                               self.isolation, self.boundscheck)
 
     def make_adapter(self):
         """The adapter of `engine` (None: ours). Raises AdapterError when it cannot be set
@@ -154,13 +189,12 @@ class GradcheckRequest(Request):
         from engine.backends import get_backend
         from engine.errors import BackendError, UnknownOpError
         from gradcheck.adapters import describe
-        from gradcheck.engine_under_test import EngineUnderTest
         with usage_problems(UnknownOpError, LookupError, BackendError, AdapterError):
             case = self._repro_case()
             for name in self.backends:
                 get_backend(name)
             adapter = adapter if adapter is not None else self.make_adapter()
-            engine = EngineUnderTest(adapter, self.backends, self.inject, self.case_timeout)
+            engine = self.engine_under_test(adapter)
             described = engine.describe() if adapter is None else describe(adapter,
                                                                            self.engine)
             if self.self_test:      # its own cases (gradcheck.selftest): run_plan
@@ -223,10 +257,9 @@ class GradcheckRequest(Request):
 
     def _check(self, engine, case, backend) -> list:
         """What gradcheck runs for this one case (gradcheck.runner.run_checks)."""
-        from gradcheck.engine_under_test import EngineUnderTest
         from gradcheck.runner import run_checks
         if engine.ours:
-            engine = EngineUnderTest(None, (backend,), self.inject)
+            engine = engine.only(backend)
         return run_checks([case], engine, mode=self.mode, use_torch=not self.no_torch,
                           ad=self.ad, order=self.order)
 
@@ -252,7 +285,8 @@ def run_plan(request: GradcheckRequest, plan: Plan, progress: bool = False) -> l
     it."""
     if request.self_test:
         from gradcheck.selftest import run_self_test
-        return run_self_test(progress=progress)
+        return run_self_test(progress=progress, isolate=request.isolation is not False,
+                             boundscheck=request.boundscheck)
     return request.finish(run_jobs(plan.jobs, progress, "gradcheck", "case"))
 
 

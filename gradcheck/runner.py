@@ -100,17 +100,16 @@ def run_checks(samples, engine=None, *, mode: str = "auto", use_torch: bool = Tr
                progress: bool = False, ad: str = "rev", order: int = 1):
     """Check every sample; a list of Results in the same order. `engine`: an
     EngineUnderTest (gradcheck.engine_under_test: ours on its backends with its mutation,
-    or an adapter, isolated ones in a worker kept across cases), an adapter, or None (ours
-    on the CPU). A failing, erring or crashing row carries its repro command
-    (gradcheck.repro.with_repro). Ctrl-C raises checkkit.interrupted.Interrupted with the
-    rows finished before it. An engine's forward-only variants of a case
-    (gradcheck.forward_only: ggml's flash attention) add their rows after the case's.
-    `ad` and `order` (gradcheck.check.check_case): forward-mode and second-order rows of
-    each case, after its reverse-mode row."""
+    or an adapter; the cases it isolates in a worker kept across cases), an adapter, or
+    None (ours on the CPU, its scale-tier cases in a worker). A failing, erring or
+    crashing row carries its repro command (gradcheck.repro.with_repro). Ctrl-C raises
+    checkkit.interrupted.Interrupted with the rows finished before it. An engine's
+    forward-only variants of a case (gradcheck.forward_only: ggml's flash attention) add
+    their rows after the case's. `ad` and `order` (gradcheck.check.check_case):
+    forward-mode and second-order rows of each case, after its reverse-mode row."""
     engine, own = EngineUnderTest.of(engine)
     try:
-        pairs = engine.pairs()
-        jobs = [(s, running, local) for s in samples for running, local in pairs]
+        jobs = [(s, running, local) for s in samples for running, local in engine.pairs(s)]
         results = []
         try:
             with tqdm(jobs, desc="gradcheck", unit="case", disable=not progress,

@@ -22,10 +22,23 @@ The control (gradcheck.mutants.CONTROL: the patching machinery with no bug) runs
 with the verdict inverted: its row passes when no case flagged it, and fails when one did
 (then a catch would prove nothing). The power of the checker is the share of mutants
 caught, the control left out.
+
+Isolated (`gradcheck --self-test`'s default; `--no-isolate` turns it off), our engine runs
+every mutant's cases in one worker process (gradcheck.engine_under_test), the mutant put in
+place there for each call and nowhere else: a mutant that crashes the engine is a `crash`
+case (caught, by "crash"), not the end of the self-test. The float64 references stay in
+this process, unmutated. That changes what catches a mutant of a forward kernel on the
+fast tier: in this process it changes the float64 reference too (our float64 graph runs the
+same kernels), so the forward check cannot see it (torch, the numerical gradients of the
+changed forward or a NaN do); isolated, the engine's forward is judged against a right
+reference, and the `forward` check catches it too. Only registered
+mutants (and the control) can be isolated: the worker finds them by name. The mutants of
+forward mode and second order (gradcheck.mode_mutants) run in this process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import Counter
@@ -36,6 +49,7 @@ from engine.mutation import Mutant
 from engine.registry import get_op
 from gradcheck.check import check_sample
 from gradcheck.cotangents import registry_cases
+from gradcheck.engine_under_test import EngineUnderTest
 from gradcheck.mode_mutants import run_mode_mutants
 from gradcheck.mutants import CONTROL, MUTANTS
 from gradcheck.precision import JUDGED
@@ -78,7 +92,10 @@ def mutant_cases(mutant: Mutant, dtypes=DTYPES, max_cases: int | None = None) ->
 
 
 def caught_by(result: Result) -> list[str]:
-    """The checks that failed in one case's Result (empty when it passed)."""
+    """The checks that failed in one case's Result (empty when it passed); "crash" when
+    the engine's worker died (an isolated run)."""
+    if result.status == "crash":
+        return ["crash"]
     if result.status == "error":
         return ["shape check" if "ShapeError" in result.message else "error"]
     if result.status != "fail":
@@ -93,9 +110,29 @@ def caught_by(result: Result) -> list[str]:
     return found
 
 
-def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
+def _isolation_problem(mutant: Mutant) -> str | None:
+    """Why `mutant` cannot run in a worker process (None: it can): a worker finds it by
+    name, so it must be the registered mutant of that name (or the control), and its patch
+    must go in place (tried here, where it is the same code)."""
+    known = CONTROL if mutant.name == CONTROL.name else MUTANTS.get(mutant.name)
+    if known is not mutant:
+        return (f"mutant {mutant.name} is not registered (gradcheck.mutants): a worker "
+                "process cannot put it in place; run it in this process")
+    try:
+        with mutant.patch():
+            pass
+    except Exception as exc:
+        return f"mutant could not be applied: {type(exc).__name__}: {exc}"
+    return None
+
+
+def run_mutant(mutant: Mutant, cases=None, progress: bool = False,
+               engine: EngineUnderTest | None = None) -> Result:
     """Check `cases` (default `mutant_cases(mutant)`) with `mutant` in place; one Result
-    (the verdict inverted for a control, see the module doc)."""
+    (the verdict inverted for a control, see the module doc). `engine`: ours, isolated,
+    whose worker runs the cases with the mutant in place there only
+    (EngineUnderTest.mutated); None: in this process, the mutant in place around each
+    whole check, the float64 references included."""
     t0 = time.perf_counter()
     labels = {"ops": ", ".join(mutant.ops), "kind": mutant.kind, "tier": mutant.tier}
     try:
@@ -106,16 +143,23 @@ def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
     if not cases:
         return Result(TOOL, mutant.name, "error", {"cases": 0}, labels=labels,
                       message="no sample case exercises this bug")
+    problem = _isolation_problem(mutant) if engine is not None else None
+    if problem:
+        return Result(TOOL, mutant.name, "error", labels=labels, message=problem)
     kinds: Counter[str] = Counter()
     caught, first = 0, None
     it = tqdm(cases, desc=mutant.name, unit="case", disable=not progress, leave=False)
     for case in it:
-        try:
-            with mutant.patch():
-                result = check_sample(case)
-        except Exception as exc:  # the patch itself broke: the self-test's fault, not a catch
-            return Result(TOOL, mutant.name, "error", labels=labels,
-                          message=f"mutant could not be applied: {type(exc).__name__}: {exc}")
+        if engine is not None:
+            result = check_sample(case, adapter=engine.mutated(mutant.name))
+        else:
+            try:
+                with mutant.patch():
+                    result = check_sample(case)
+            except Exception as exc:  # the patch broke: the self-test's fault, not a catch
+                return Result(TOOL, mutant.name, "error", labels=labels,
+                              message=f"mutant could not be applied: "
+                                      f"{type(exc).__name__}: {exc}")
         found = caught_by(result)
         if found:
             caught += 1
@@ -149,21 +193,26 @@ def run_mutant(mutant: Mutant, cases=None, progress: bool = False) -> Result:
 
 
 def run_self_test(progress: bool = False, mutants=None, dtypes=DTYPES,
-                  max_cases: int | None = None) -> list[Result]:
+                  max_cases: int | None = None, isolate: bool = False,
+                  boundscheck: bool = False) -> list[Result]:
     """One Result per mutant, in order (default: the control, then every one of
     MUTANTS, then the mutants of forward mode and second order, gradcheck.mode_mutants);
     see the module doc. `dtypes` and `max_cases` choose the cases (see
-    `mutant_cases`)."""
+    `mutant_cases`). `isolate`: our engine in one worker process (module doc);
+    `boundscheck`: its kernels bounds-checked there (gradcheck.engine_under_test)."""
     modes = mutants is None
     mutants = [CONTROL, *MUTANTS.values()] if mutants is None else list(mutants)
     results = []
-    for mutant in tqdm(mutants, desc="self-test", unit="mutant", disable=not progress,
-                       leave=False):
-        try:
-            cases = mutant_cases(mutant, dtypes, max_cases)
-        except Exception:
-            cases = None       # run_mutant selects again and reports the error
-        results.append(run_mutant(mutant, cases))
+    with contextlib.ExitStack() as stack:
+        engine = (stack.enter_context(EngineUnderTest(isolate=True, boundscheck=boundscheck))
+                  if isolate or boundscheck else None)
+        for mutant in tqdm(mutants, desc="self-test", unit="mutant", disable=not progress,
+                           leave=False):
+            try:
+                cases = mutant_cases(mutant, dtypes, max_cases)
+            except Exception:
+                cases = None       # run_mutant selects again and reports the error
+            results.append(run_mutant(mutant, cases, engine=engine))
     if modes:      # the bugs of forward mode and second order (gradcheck.mode_mutants)
         results += run_mode_mutants()
     return results

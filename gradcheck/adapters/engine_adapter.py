@@ -28,6 +28,8 @@ rule of its own (softmax_back, norm_back, the activations' `<name>_back`, ...) h
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 import engine
@@ -39,6 +41,7 @@ from engine.tensor import Flag, as_dtype, constant, is_float
 from gradcheck.adapters import AdapterSpec
 from gradcheck.adapters.base import JVP, VJP, Unsupported, cotangent_axes, sliced_weights
 from gradcheck.injection import injected, injected_factor, parse
+from gradcheck.mutants import CONTROL, MUTANTS
 
 
 def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous"):
@@ -122,6 +125,23 @@ class EngineAdapter:
         self.backend = backend
         self.inject = inject
         self._kept = None          # the last case's second-order graph (_second)
+        self._variants = {}        # (backend, inject) -> adapter, in a worker (answered)
+
+    def answered(self, backend: str, inject: str | None, mutant: str | None, method: str,
+                 args: tuple):
+        """What a worker process of our engine runs for each call
+        (gradcheck.engine_under_test.IsolatedEngine): (`method(*args)` of our engine on
+        `backend` with the mutation `inject` and the self-test's mutant called `mutant`
+        in place (gradcheck.mutants, the control included), the fast paths it took as
+        {path: count}: engine.backends.cpu.paths.recording, for the caller to count as
+        its own). One worker serves every backend, mutation and mutant: the variant's
+        adapter is kept (forward mode runs several tangents on one kept graph)."""
+        adapter = self._variants.get((backend, inject))
+        if adapter is None:
+            adapter = self._variants[backend, inject] = EngineAdapter(backend, inject)
+        with mutant_in_place(mutant), paths.recording() as taken:
+            answer = getattr(adapter, method)(*args)
+        return answer, dict(taken)
 
     @property
     def spec(self):
@@ -247,6 +267,18 @@ class EngineAdapter:
         if weights_param:
             result["weights"] = found.get(w, np.zeros(w.shape, w.dtype))
         return leaves, np.array(out.numpy()), result
+
+
+def mutant_in_place(name: str | None):
+    """The context that puts the self-test's mutant called `name` in place (the control,
+    gradcheck.mutants.CONTROL, or one of MUTANTS; None: nothing). ValueError for a name
+    of neither: a mutant that is not registered cannot be found in a worker process."""
+    if name is None:
+        return contextlib.nullcontext()
+    mutant = CONTROL if name == CONTROL.name else MUTANTS.get(name)
+    if mutant is None:
+        raise ValueError(f"no registered mutant is called {name!r}")
+    return mutant.patch()
 
 
 def second_order_blocker(case) -> str | None:
