@@ -37,7 +37,10 @@ import numpy as np
 from engine.registry import get_op
 from engine.tensor import FLOAT_NAMES, HALF_DTYPES, UNIT_ROUNDOFF, as_dtype, dtype_name, is_float
 
-GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse", "sparse_cols")
+GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse", "sparse_cols",
+              "special")
+SPECIAL_SHARE = 0.25       # "special": the share of NaN, +inf and -inf (a third each, at
+#                            least one of each)
 SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
 SPARSE_COLUMNS = 0.25      # "sparse_cols": the share of columns that hold non-zeros ...
 SPARSE_COLUMN_DENSITY = 0.6    # ... and the share of non-zeros within them
@@ -61,7 +64,10 @@ class InputSpec:
     non-zero); sparse_cols: as an image's borders, non-zeros (a share
     SPARSE_COLUMN_DENSITY, uniform in [low, high]) only in a random SPARSE_COLUMNS of the
     columns (the last axis), the rest exact zeros (the zero-skipping matmul then drops
-    whole columns: its column split).
+    whole columns: its column split); special: uniform in [low, high] but a share
+    SPECIAL_SHARE of the elements, NaN, +inf or -inf (a case with such an input is a
+    propagation case, `Sample.special`: its forward checked for the reference's NaNs and
+    infinities, gradcheck.special_values).
     dtype None means the sample's dtype. grad False marks inputs that are not checked
     (labels, indices).
 
@@ -239,6 +245,11 @@ class InputSpec:
         elif self.kind == "sparse_cols":
             cols = rng.random(shape[-1]) < SPARSE_COLUMNS
             x = rng.uniform(lo, hi, shape) * (rng.random(shape) < SPARSE_COLUMN_DENSITY) * cols
+        elif self.kind == "special":     # at least one NaN, +inf and -inf each
+            x = rng.uniform(lo, hi, shape)
+            n = x.size
+            cells = rng.permutation(n)[:min(n, max(3, round(SPECIAL_SHARE * n)))]
+            x.reshape(-1)[cells] = np.resize([np.nan, np.inf, -np.inf], cells.size)
         elif self.kind == "probs":
             z = rng.uniform(lo, hi, shape)
             z = np.exp(z - z.max(axis=-1, keepdims=True))
@@ -326,6 +337,12 @@ class Sample:
         if isinstance(self.kwargs.get("dtype"), str):
             names.add(self.kwargs["dtype"])
         return names & set(FLOAT_NAMES)
+
+    @property
+    def special(self) -> bool:
+        """Whether an input holds NaNs and infinities (kind "special"): a propagation
+        case, judged on its forward alone (gradcheck.special_values)."""
+        return any(spec.kind == "special" for spec in self.inputs)
 
     @property
     def precision(self) -> str:

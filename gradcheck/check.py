@@ -72,6 +72,7 @@ from gradcheck.reference import (
     torch_reference,
 )
 from gradcheck.scale import check_scale_sample
+from gradcheck.special_values import check_special
 from gradcheck.verdict import Outcomes, judge
 from reports import Result
 
@@ -153,6 +154,10 @@ def check_derivative(case, kind: str, inject: str | None = None, mode: str = "au
         return Result("gradcheck", name, "skip", message="forward mode and second order "
                       "are checked on the fast tier's cases (a scale case is too big for "
                       "their numerics)", labels=labels)
+    if getattr(case, "special", False):
+        return Result("gradcheck", name, "skip", message="a propagation case (NaN and "
+                      "infinite inputs) has no derivative to compare: its forward is "
+                      "checked in its reverse-mode row", labels=labels)
     method = "jvp" if kind == "fwd" else "hvp"
     if not callable(getattr(adapter, method, None)):
         what = "forward mode (jvp)" if kind == "fwd" else "second order (hvp)"
@@ -223,6 +228,8 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     does."""
     if getattr(case, "tier", "fast") == "scale":
         return check_scale_sample(case, adapter, labels, use_torch)
+    if getattr(case, "special", False):
+        return check_special(case, adapter, labels, use_torch)
     if is_backward_op_case(case, differentiable=False):
         return check_backward_op(case, adapter, mode, use_torch, labels)
     arrays = case.generate_inputs()

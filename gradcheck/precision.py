@@ -106,6 +106,14 @@ BIASED = ("f16", "bf16")  # the dtypes whose rounding bias is judged
 BIAS_ULPS = 0.1           # a result's mean signed error may be this many ulps ...
 BIAS_SIGMAS = 5.0         # ... plus this many standard errors of the mean
 BIAS_MIN_ELEMENTS = 16    # fewer inexact elements than this: no bias judged
+# ops whose 16-bit kernels compute each result from two 16-bit values (or one) exactly in
+# float32 and round once, forward and backward: their results are held to correct rounding
+# (rounding_checks)
+ONE_ROUNDING = frozenset({"add", "sub", "mul", "neg", "abs"})
+# and in float32, where a float32 kernel rounds its exact result once and float64 holds
+# that exact result (a product of two float32 values: 48 bits; not a sum, whose exponents
+# may lie 30 apart)
+ONE_ROUNDING_F32 = frozenset({"mul", "neg", "abs"})
 FLOOR_SHARE = 1 / 32      # a result's floor is at its own magnitude, at least this share of
 #                           the case's largest (module doc)
 
@@ -200,24 +208,91 @@ def judge(what: str, value, truth, ref_err: float, dtype: str, reference: str,
 
 
 @dataclasses.dataclass(frozen=True)
+class Rounding:
+    """One 16-bit result held to correct rounding (`correctly_rounded`): the cells checked,
+    those that differ from the float64 result rounded to nearest even, the first of them
+    (index, the engine's value, the correctly rounded one), and the power of the check."""
+
+    what: str
+    checked: int
+    wrong: int
+    first: tuple = ()
+    power: float = float("inf")
+
+    @property
+    def problem(self) -> str | None:
+        if not self.wrong:
+            return None
+        index, got, want = self.first
+        return (f"precision: {self.what} is not correctly rounded in {self.wrong}/"
+                f"{self.checked} cells that float32 computes exactly (the float64 result "
+                f"rounded to nearest, ties to even), first {self.what}{list(index)}: got "
+                f"{got:.6g}, want {want:.6g}")
+
+
+def correctly_rounded(what: str, value, exact, dtype: str) -> Rounding:
+    """16-bit (or float32) result `value` against `exact`, the float64 result on the same
+    (exact) inputs: at each cell float32 holds exactly (so an engine computing in float32
+    has it before its one rounding) or where it is NaN or infinite (in float32: every
+    cell), `value` must be `exact` rounded to nearest even in `dtype`, bit for bit (any
+    NaN for a NaN). Subnormals flushed to zero,
+    ties rounded away from even, a NaN stored as an infinity all differ. The power: the
+    smallest relative change of a correctly rounded cell that moves it to another value,
+    half an ulp at the cell where that is smallest."""
+    t = np.asarray(exact, np.float64)
+    v = np.asarray(value)
+    with np.errstate(invalid="ignore", over="ignore"):
+        cells = np.isnan(t) | (t.astype(np.float32).astype(np.float64) == t) \
+            if dtype in BIASED else np.ones(t.shape, bool)   # float32: computed in itself
+        want = t.astype(DTYPES[dtype])
+    got = v.astype(DTYPES[dtype])
+    bits = np.dtype(f"u{got.itemsize}")
+    same = (got.view(bits) == want.view(bits)) | (np.isnan(got) & np.isnan(want))
+    wrong = cells & ~same
+    finite = cells & np.isfinite(t) & (t != 0)
+    power = float(np.min(ulps_at(t[finite], dtype) / np.abs(t[finite]))) / 2 \
+        if finite.any() else float("inf")
+    first = ()
+    if wrong.any():
+        i = tuple(int(k) for k in np.argwhere(wrong)[0])
+        first = (i, float(got[i]), float(want[i]))
+    return Rounding(what, int(cells.sum()), int(wrong.sum()), first, power)
+
+
+@dataclasses.dataclass(frozen=True)
 class Verdict:
     """The precision verdict of a case: its result of the largest ratio (`worst`, None:
-    nothing judged) and its most biased one, relative to the bias allowed (`biased`, None:
-    no bias judged)."""
+    nothing judged), its most biased one, relative to the bias allowed (`biased`, None:
+    no bias judged), and, for an op that rounds once, its results held to correct rounding
+    (`rounded`)."""
 
     worst: Result | None
     dtype: str
     biased: Result | None = None
     powers: dict = dataclasses.field(default_factory=dict)   # what -> Result.power
     slacks: dict = dataclasses.field(default_factory=dict)   # what -> Result.slack
+    rounded: tuple = ()                                       # Rounding records
 
     @property
     def ok(self) -> bool:
         return ((self.worst is None or self.worst.ratio <= PRECISION_RATIO)
-                and (self.biased is None or self.biased.unbiased))
+                and (self.biased is None or self.biased.unbiased)
+                and not any(r.wrong for r in self.rounded))
+
+    def with_rounding(self, rounded) -> Verdict:
+        """This verdict with results held to correct rounding too: their problems, and
+        their powers where tighter."""
+        rounded = tuple(rounded)
+        powers = dict(self.powers)
+        for r in rounded:
+            powers[r.what] = min(powers.get(r.what, np.inf), r.power)
+        return dataclasses.replace(self, powers=powers, rounded=self.rounded + rounded)
 
     @property
     def problem(self) -> str | None:
+        wrong = next((r for r in self.rounded if r.wrong), None)
+        if wrong is not None:
+            return wrong.problem
         w, b = self.worst, self.biased
         if w is not None and w.ratio > PRECISION_RATIO:
             return (f"precision: {w.what} errs {w.err:.3g} against float64, {w.ratio:.3g} "
@@ -395,7 +470,39 @@ def check_case(case, arrays, weights, out, grads, checked, truth_out, truth_grad
         refs[0], references[0], dtypes[0] = None, "model", out_dtype
     once = _one_kernel(case)
     case_size = magnitude(*truths)
-    return worst_of([judge(n, v, t, e, d, ref, max(magnitude(t), FLOOR_SHARE * case_size), r,
-                           once and n == "output")
-                     for n, v, t, e, d, ref, r in zip(names, values, truths, ref_errs, dtypes,
-                                                      references, refs, strict=True)], dtype)
+    verdict = worst_of([judge(n, v, t, e, d, ref, max(magnitude(t), FLOOR_SHARE * case_size),
+                              r, once and n == "output")
+                        for n, v, t, e, d, ref, r in zip(names, values, truths, ref_errs,
+                                                         dtypes, references, refs,
+                                                         strict=True)], dtype)
+    return verdict.with_rounding(rounding_checks(case, arrays, weights, out, grads, checked))
+
+
+def rounds_once(case) -> bool:
+    """Whether `case` is a 16-bit case of an op that rounds once (ONE_ROUNDING), or a
+    float32 one of an op whose float64 result of float32 values is exact (ONE_ROUNDING_F32),
+    all of whose inputs are in its dtype: its results are held to correct rounding."""
+    ops = ONE_ROUNDING if case.precision in BIASED else \
+        ONE_ROUNDING_F32 if case.precision == "f32" else ()
+    return (getattr(case, "op", None) in ops and _one_kernel(case)
+            and case.float_dtypes == {case.precision})
+
+
+def rounding_checks(case, arrays, weights, out, grads, checked) -> list[Rounding]:
+    """The correct-rounding checks of a case that rounds_once: its output, and the gradient
+    of each checked input of the output's shape that is not a broadcast (a broadcast
+    input's gradient is a sum, rounded more than once), against our float64 graph's
+    results on the same inputs and the cotangent the engine got (the weights rounded to
+    the case's dtype): every product and sum of two 16-bit values is exact there."""
+    if not rounds_once(case):
+        return []
+    dtype = case.precision
+    cotangent = np.asarray(weights, np.float64).astype(DTYPES[dtype]).astype(np.float64)
+    exact_out, exact_grads = plain_vjp(case, arrays, cotangent)
+    shape = np.shape(out)
+    found = [correctly_rounded("output", out, exact_out, dtype)]
+    for i in checked:
+        spec = case.inputs[i]
+        if spec.shape == shape and not spec.expand and grads[i] is not None:
+            found.append(correctly_rounded(spec.name, grads[i], exact_grads[i], dtype))
+    return found

@@ -23,9 +23,12 @@ says which fast paths the engine under test took (`paths`). It is judged by:
    elements (a relative error of 4e-4 against 1e-3); a good float32 implementation at the
    same size errs 10^4 times less;
 4. determinism (two runs, the same bits) and thread counts: the engine under test at each
-   of its `thread_counts` (ours: 1, 2, 3 and 7 chunks) against its run at the first, bit
-   for bit where the backend promises it (every kernel but the products: a case whose
-   graph holds a matmul agrees within rounding, the dtype's tolerance);
+   of its `thread_counts` against its run at the first, bit for bit where the backend
+   promises it (every kernel but the products: a case whose graph holds a matmul agrees
+   within rounding, the dtype's tolerance). Ours: 1, 2, 3 and 7 chunks, then
+   "numba-parallel", numba's parallel compilations of the prange kernels on all its
+   threads (the code GRADVERIFY_PARALLEL=1 runs, off by default: a race between prange
+   iterations, such as a scatter-add over repeated indices, exists only there);
 5. every value finite, but for the output's constant infinities (gradcheck.reference.
    constant_cells: weight 0, the `constant` metric).
 
@@ -37,13 +40,10 @@ rows; on a real GPU they run like on the CPU.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 
-from engine.backends.cpu import paths, threads
+from engine.backends.cpu import paths
 from gradcheck import precision
-from gradcheck.adapters.engine_adapter import EngineAdapter
 from gradcheck.backprop import (
     declined_inputs,
     engine_vjp,
@@ -65,34 +65,12 @@ from gradcheck.verdict import power_metrics, vacuity
 from reports import Result
 
 DIRECTIONS = 3             # random directions of the numerical check
-ENGINE_THREADS = (1, 2, 3, 7)
 
 
-@contextlib.contextmanager
-def engine_thread_count(n: int):
-    """Our CPU backend's kernels bound in the block split into `n` chunks (restored
-    after)."""
-    before = threads.get_num_threads()
-    threads.set_num_threads(n)
-    try:
-        yield
-    finally:
-        threads.set_num_threads(before)
-
-
-def thread_counts(adapter) -> tuple[int, ...]:
-    """The thread counts the scale tier runs `adapter` at (an adapter's `thread_counts`;
-    ours on the CPU: ENGINE_THREADS)."""
-    if isinstance(adapter, EngineAdapter):
-        return ENGINE_THREADS if adapter.backend == "cpu" else ()
+def thread_counts(adapter) -> tuple:
+    """The thread settings the scale tier runs `adapter` at (its `thread_counts`: ours,
+    gradcheck.adapters.engine_adapter.ENGINE_THREADS; none for an adapter without)."""
     return tuple(getattr(adapter, "thread_counts", ()))
-
-
-def at_threads(adapter, n: int):
-    """A context in which `adapter` computes with `n` threads, and the adapter to call."""
-    if isinstance(adapter, EngineAdapter):
-        return engine_thread_count(n), adapter
-    return contextlib.nullcontext(), adapter.with_threads(n)
 
 
 class PlainReference(EngineReference):
@@ -121,9 +99,13 @@ def _worst(name: str, c) -> str:
             f"got {c.worst_value:.6g}")
 
 
+def _at(setting) -> str:
+    return f"at {setting} threads" if isinstance(setting, int) else f"with {setting}"
+
+
 def _thread_problem(runs, exact: bool, precision: str, checked) -> tuple[str, str | None]:
-    """The `threads` metric and the problem (None) of runs {n: (out, grads)} at each thread
-    count against the first."""
+    """The `threads` metric and the problem (None) of runs {setting: (out, grads)} at each
+    thread setting against the first."""
     counts = list(runs)
     out0, grads0 = runs[counts[0]]
     for n in counts[1:]:
@@ -133,13 +115,13 @@ def _thread_problem(runs, exact: bool, precision: str, checked) -> tuple[str, st
             if exact and not same_bits(a, b):
                 diff = int(np.count_nonzero(a != b))
                 return (f"{n} vs {counts[0]} differ",
-                        f"threads: {what} at {n} threads differs from {counts[0]} in "
+                        f"threads: {what} {_at(n)} differs from the run {_at(counts[0])} in "
                         f"{diff}/{a.size} elements (promised: the same bits)")
             if not exact:
                 c = compare(b, a, precision)
                 if not c.ok:
                     return (f"{n} vs {counts[0]} differ",
-                            f"threads: {what} at {n} threads is off vs {counts[0]} "
+                            f"threads: {what} {_at(n)} is off vs the run {_at(counts[0])} "
                             f"({c.failures}/{c.checked}), worst {_worst(what, c)}")
     how = "same bits" if exact else "agree within rounding"
     return f"{','.join(map(str, counts))}: {how}", None
@@ -162,7 +144,7 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
     weights = loss_weights(f64.output_shape, case.seed(), getattr(case, "cotangent",
                                                                   "contiguous"))
     weights, f64_out, constant = f64.weigh(weights)   # infinities: constant cells
-    with paths.recording() as taken:
+    with paths.recording() as taken:    # the paths taken (the thread settings' added below)
         out, grads, differs = engine_vjp(adapter, case, arrays, weights, f64.output_shape)
     precision_dtype = case.precision
     problems = []
@@ -212,9 +194,9 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
         problems.append("nondeterministic: two runs gave different bits")
     runs = {}
     for n in thread_counts(adapter):
-        context, engine_at_n = at_threads(adapter, n)
-        with context:
-            v = engine_at_n.vjp(case, [a.copy() for a in arrays], weights)
+        with paths.recording() as at_n:
+            v = adapter.with_threads(n).vjp(case, [a.copy() for a in arrays], weights)
+        taken.update(at_n)
         runs[n] = (np.asarray(v.output), [None if g is None else np.asarray(g)
                                           for g in v.grads])
     threads_metric = "not run"

@@ -60,6 +60,7 @@ DTYPES = ("f64",)
 # message prefixes of check_sample's failing Results -> the check that failed
 CHECKS = {"numerical": "numerical", "torch": "torch", "NaN/Inf": "NaN/Inf",
           "kinks": "kinks", "determinism": "determinism", "forward": "forward",
+          "propagation": "propagation",
           # the scale tier's (gradcheck.scale)
           "vjp": "vjp", "directions": "directions", "precision": "precision",
           "threads": "threads", "nondeterministic": "nondeterministic"}

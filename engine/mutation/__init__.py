@@ -80,8 +80,13 @@ KINDS = {
     "unwritten edge": "part of the output never written: right only on a zeroed buffer",
     "16-bit accumulator": "a sum accumulated in float16 or bfloat16 where the kernel "
                           "promises float32",
-    "rounding mode": "16-bit results rounded toward zero instead of to nearest even",
+    "rounding mode": "16-bit results rounded toward zero, or ties away from zero, instead "
+                     "of to nearest even",
+    "subnormal flush": "16-bit subnormal results flushed to zero",
+    "NaN propagation": "a NaN turned into another value (an infinity) on its way through",
     "16-bit widening": "16-bit values widened to float32 wrongly on load",
+    "parameter rule": "a quantity derived from the op's parameters (YaRN's correction "
+                      "range, ALiBi's slopes) wrong for some of their values",
     "wrong saved statistic": "a backward pass recomputing from a wrong saved statistic (a "
                              "log-sum-exp)",
     "control": "no bug: the patching machinery alone, which must not be flagged",
@@ -199,6 +204,13 @@ def _biased_enough(case) -> bool:
     return min(math.prod(spec.shape) for spec in case.inputs) >= 32
 
 
+def _tiny(case) -> bool:
+    """Whether a 16-bit case's inputs lie in the subnormal range of its dtype (some input's
+    range below the smallest normal)."""
+    smallest = 2.0 ** -14 if case.dtype == "f16" else 2.0 ** -126
+    return any(0 < max(abs(s.low), abs(s.high)) < smallest for s in case.inputs)
+
+
 # --- the 16-bit conversions (engine.backends.cpu.half): no one op's -----------------------------
 register(
     Mutant("store_truncates", ("exp", "add", "matmul"),
@@ -207,6 +219,24 @@ register(
            "average), which the precision verdict's bias test sees",
            lambda: half_function_replaced("store", kernels.store_truncated),
            where=_biased_enough, dtypes=("f16", "bf16"), max_cases=1, kind="rounding mode"),
+    Mutant("store_ties_away", ("add",),
+           "16-bit results halfway between two 16-bit values rounded away from zero instead "
+           "of to the even one: half an ulp on the ties only (a sum of two 16-bit values a "
+           "binade apart is a tie half of the time), which correct rounding sees",
+           lambda: half_function_replaced("store", kernels.store_ties_away),
+           dtypes=("f16", "bf16"), max_cases=2, kind="rounding mode"),
+    Mutant("store_flushes_subnormals", ("mul",),
+           "16-bit results below the smallest normal flushed to a signed zero on store: "
+           "right for every case of ordinary magnitudes, wrong where outputs or gradients "
+           "are subnormal (the tiny cases)",
+           lambda: half_function_replaced("store", kernels.store_flushes_subnormals),
+           where=_tiny, dtypes=("f16", "bf16"), max_cases=1, kind="subnormal flush"),
+    Mutant("store_nan_unquieted", ("add", "mul"),
+           "a NaN stored in 16 bits without its quiet bit: an arithmetic NaN's payload is "
+           "that bit alone, so it becomes an infinity (the propagation cases)",
+           lambda: half_function_replaced("store", kernels.store_nan_unquieted),
+           where=lambda case: case.special, dtypes=("f16", "bf16"), max_cases=1,
+           kind="NaN propagation"),
     Mutant("bf16_widened_wrong_shift", ("relu", "abs", "mul"),
            "bfloat16 widened as (h >> 1) << 17 instead of h << 16: inputs whose mantissa's "
            "last bit is set read one bfloat16 ulp nearer zero (a relative 2^-8, a tenth of "

@@ -118,3 +118,28 @@ def attention_causal_skip_one_key_short(real):
             return real.bind(out, ins, **params)
     prepare.__name__ = getattr(real, "__name__", "kernel")
     return bindable(prepare)
+
+
+def alibi_slopes_geometric(real):
+    """ALiBi's slopes as one geometric sequence for any head count, 2^(-max_bias (h + 1) / n):
+    right for a power of two, but ggml interleaves a second sequence for the heads beyond
+    the largest power of two below n (engine.backends.alibi_math)."""
+    def slopes(n_head, max_bias):
+        if max_bias <= 0.0:
+            return real(n_head, max_bias)
+        return 2.0 ** (-max_bias * np.arange(1, n_head + 1, dtype=np.float64) / n_head)
+    return slopes
+
+
+# --- which cases exercise a bug ------------------------------------------------------------
+def heads(case) -> int:
+    """Hq, the query heads of an attention case."""
+    return next(s.shape[-3] for s in case.inputs if s.name == "q")
+
+
+def gqa_groups(case) -> str:
+    """"mixed" where attention's kv heads h // G and h % Hkv of some query head h differ
+    (Hkv > 1 and G > 1), else "same"."""
+    shapes = {s.name: s.shape for s in case.inputs}
+    hq, hkv = shapes["q"][-3], shapes["k"][-3]
+    return "mixed" if hkv > 1 and hq // hkv > 1 else "same"

@@ -123,3 +123,49 @@ def bf16_widened_wrong_shift(widened_copy):
         h = np.ascontiguousarray(a).view(np.uint16).astype(np.uint32)
         return ((h >> 1) << 17).view(np.float32).reshape(a.shape)
     return wrong
+
+
+def _rounded(dst, values):
+    """(float32 values, their 16-bit patterns rounded to nearest even, the dtype) for a store
+    into `dst` (float64 values reach float32 first, as half.narrow takes them)."""
+    v = np.ascontiguousarray(values, np.float32).reshape(dst.shape)
+    return v, np.array(v.astype(dst.dtype)).view(np.uint16), dst.dtype
+
+
+def store_ties_away(store):
+    """half.store rounding ties away from zero instead of to even (the float32 exactly
+    halfway between two 16-bit values goes to the larger magnitude): half an ulp on the
+    ties only, which sums of 16-bit values at two exponents make often."""
+    def rounding(dst, values):
+        v, bits, dtype = _rounded(dst, values)
+        near = bits.view(dtype).astype(np.float32)
+        up = (bits + np.uint16(1)).view(dtype).astype(np.float32)   # one ulp further out
+        with np.errstate(invalid="ignore"):
+            tie = (np.abs(near) < np.abs(v)) & (np.abs(up) - np.abs(v) == np.abs(v) - np.abs(near))
+        bits[tie] += np.uint16(1)
+        dst.view(np.uint16)[...] = bits
+    return rounding
+
+
+def store_flushes_subnormals(store):
+    """half.store flushing subnormal results to a signed zero (float16's below 2^-14,
+    bfloat16's below 2^-126), as a narrowing that handles the normal exponents only."""
+    def flushing(dst, values):
+        v, bits, dtype = _rounded(dst, values)
+        smallest_normal = 2.0 ** -14 if dtype == np.float16 else 2.0 ** -126
+        r = bits.view(dtype).astype(np.float32)
+        bits[(r != 0) & (np.abs(r) < smallest_normal)] &= np.uint16(0x8000)
+        dst.view(np.uint16)[...] = bits
+    return flushing
+
+
+def store_nan_unquieted(store):
+    """half.store keeping a NaN's payload bits but dropping its quiet bit: the payload of a
+    float32 NaN made by arithmetic is the quiet bit alone, so the NaN is stored as an
+    infinity of its sign."""
+    def unquieting(dst, values):
+        v, bits, dtype = _rounded(dst, values)
+        quiet = np.uint16(0x0200 if dtype == np.float16 else 0x0040)
+        bits[np.isnan(v)] &= ~quiet
+        dst.view(np.uint16)[...] = bits
+    return unquieting

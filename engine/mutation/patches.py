@@ -26,6 +26,9 @@ import types
 from collections.abc import Callable
 
 from engine.backends.cpu import CPU, half, threads
+from engine.backends.cpu import attention as cpu_attention
+from engine.backends.cpu import matmul_sparse as cpu_matmul_sparse
+from engine.backends.cpu import rope as cpu_rope
 from engine.backends.cpu.jit import bindable
 from engine.registry import get_op, registered
 from engine.tensor import is_half
@@ -92,15 +95,32 @@ def chunks_replaced(op_name: str, make_chunks: Callable):
     return kernel_replaced(op_name, lambda real: resplit(real, make_chunks))
 
 
+# The backend helpers `function_replaced` may replace: each is looked up in its module
+# when its callers run (so a replacement reaches them), and each is one the self-test's
+# tests check is put back. (module, function name).
+REPLACEABLE = ((half, "store"), (half, "widened_copy"),
+               (cpu_matmul_sparse, "compress_multiply_rows"),
+               (cpu_rope, "yarn_corr_dims"), (cpu_attention, "alibi_slopes"))
+
+
 @contextlib.contextmanager
-def half_function_replaced(name: str, make: Callable):
-    """Within the block, engine.backends.cpu.half's function `name` is `make(real)`."""
-    real = getattr(half, name)
-    setattr(half, name, make(real))
+def function_replaced(module: types.ModuleType, name: str, make: Callable):
+    """Within the block, `module`'s function `name` is `make(real)`: a backend helper of
+    REPLACEABLE (ValueError for another)."""
+    if (module, name) not in REPLACEABLE:
+        raise ValueError(f"{module.__name__}.{name} is not a replaceable helper "
+                         f"(engine.mutation.patches.REPLACEABLE)")
+    real = getattr(module, name)
+    setattr(module, name, make(real))
     try:
         yield
     finally:
-        setattr(half, name, real)
+        setattr(module, name, real)
+
+
+def half_function_replaced(name: str, make: Callable):
+    """Within the block, engine.backends.cpu.half's function `name` is `make(real)`."""
+    return function_replaced(half, name, make)
 
 
 @contextlib.contextmanager

@@ -415,7 +415,7 @@ def _strategy(op):
             inputs.append(InputSpec("mask", shape, kind, low, high, grad=False,
                                     show_range=True))
             if draw(st.booleans()):
-                params["max_bias"] = draw(st.sampled_from((1.0, 8.0)))
+                params["max_bias"] = draw(st.integers(1, 64)) / 4.0
         if op == "attention_back":
             inputs.insert(0, draw_input(draw, "g", (*lead, hq, tq, dv + 1), grad=False))
         return Sample.make(op, inputs, dtype, **params)
@@ -451,18 +451,14 @@ register(OpDef("attention_back", params=PARAMS, kind="backward", infer=_back_inf
 from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
 from engine.mutation import Mutant  # noqa: E402
 from engine.mutation import attention as bugs  # noqa: E402  (the kernel-bug makers)
-from engine.mutation.patches import all_of, kernel_replaced  # noqa: E402
-
-
-def _gqa_groups(case) -> str:
-    """"mixed" where attention's kv heads h // G and h % Hkv of some query head h differ
-    (Hkv > 1 and G > 1), else "same"."""
-    shapes = {s.name: s.shape for s in case.inputs}
-    hq, hkv = shapes["q"][-3], shapes["k"][-3]
-    return "mixed" if hkv > 1 and hq // hkv > 1 else "same"
-
+from engine.mutation.patches import all_of, function_replaced, kernel_replaced  # noqa: E402
 
 mutation.register(
+    Mutant("attention_alibi_slopes_geometric", ("attention",),
+           "ALiBi's slopes one geometric sequence for a head count that is no power of two",
+           lambda: function_replaced(bugs.cpu_attention, "alibi_slopes",
+                                     bugs.alibi_slopes_geometric), kind="parameter rule",
+           where=lambda c: c.kwargs.get("max_bias", 0) > 0 and bugs.heads(c) not in (1, 2, 4, 8)),
     Mutant("attention_back_drops_d_term", ("attention", "attention_back"),
            "attention's backward drops the softmax Jacobian's -D_i (D_i = sum_d dO_id O_id): "
            "dS = P (dP + g_lse) instead of P (dP - D_i + g_lse)",
@@ -484,7 +480,7 @@ mutation.register(
            "grouped-query attention's K and V gradients summed over the query heads h with "
            "h % Hkv = c instead of h // G = c (G = Hq / Hkv)",
            lambda: kernel_replaced("attention_back", bugs.attention_back_gqa_wrong_groups),
-           where=lambda case: _gqa_groups(case) == "mixed",
+           where=lambda case: bugs.gqa_groups(case) == "mixed",
            kind="wrong broadcast reduction"),
     Mutant("attention_causal_skip_one_key_short", ("attention",),
            "causal attention's query blocks (attention:causal_skip, from 129 query rows) "

@@ -100,8 +100,27 @@ def _samples(row: Binary):
         # sliced (an offset and steps) and expanded (stride 0) operands, broadcasting too
         out += [Sample.make(row.name, [InputSpec("a", sa, **va), _b_spec(row, sb, **vb)],
                             dtype) for (sa, va), (sb, vb) in VIEW_PAIRS]
+        # NaNs and infinities in a: a propagation case (gradcheck.special_values)
+        out.append(Sample.make(row.name, [InputSpec("a", (4, 6), "special", -2.0, 2.0,
+                                                    show_range=True),
+                                          _b_spec(row, (4, 6))], dtype))
+        if dtype != "f64" and row.name != "div":
+            # subnormal outputs and gradients (a tiny; b too for a sum), held to correct
+            # rounding (gradcheck.precision.ONE_ROUNDING; a quotient rounds inexactly)
+            tiny = dict(kind="away_from_zero", low=TINY[dtype][0], high=TINY[dtype][1],
+                        show_range=True)
+            b = InputSpec("b", (4, 8), **tiny) if row.name in ("add", "sub") else \
+                _b_spec(row, (4, 8))
+            out.append(Sample.make(row.name, [InputSpec("a", (4, 8), **tiny), b], dtype))
         return out
     return samples
+
+
+# magnitudes below the dtype's smallest normal (float16: 2^-14; bfloat16 and float32:
+# 2^-126), some products and gradients of which fall further, where a kernel that flushes
+# subnormals to zero errs by 100% (precision.correctly_rounded sees it)
+TINY = {"f16": (2.0 ** -20, 2.0 ** -15), "bf16": (2.0 ** -132, 2.0 ** -127),
+        "f32": (2.0 ** -140, 2.0 ** -127)}
 
 
 def _scale(row: Binary):

@@ -185,6 +185,7 @@ register(OpDef("get_rows_back", params=Params(dict(
 # --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
 from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
 from engine.backends.cpu import threads  # noqa: E402
+from engine.backends.cpu.jit import parallel_kernel, prange  # noqa: E402
 from engine.mutation import Mutant  # noqa: E402
 from engine.mutation.patches import kernel_replaced  # noqa: E402
 
@@ -209,7 +210,38 @@ def scatter_split_by_indices(kernel):
     return mutated
 
 
+@parallel_kernel
+def _scatter_by_rows(g, idx, out):
+    """out[idx[p], :] += g[p, :], one prange iteration per gradient row: right in the
+    serial compilation; in the parallel one, two threads adding into one table row at once
+    lose each other's adds."""
+    nc = out.shape[1]
+    for p in prange(idx.size):
+        orow = out[idx[p]]
+        grow = g[p]
+        for c in range(nc):
+            orow[c] += grow[c]
+
+
+def scatter_prange_over_indices(kernel):
+    """get_rows_back as one prange over the gradient rows instead of column bands: a race
+    that exists only when numba's parallel compilations run (GRADVERIFY_PARALLEL=1), which
+    the engine's own thread split never takes."""
+    def mutated(out, ins, nrows):
+        g, idx = ins
+        out[...] = 0
+        _scatter_by_rows(np.ascontiguousarray(g).reshape(-1, out.shape[1]),
+                         np.ascontiguousarray(idx).reshape(-1), out)
+    return mutated
+
+
 mutation.register(
+    Mutant("get_rows_back_prange_race", ("get_rows",),
+           "get_rows_back's scatter-add written as a prange over the indices: in numba's "
+           "parallel compilation two threads add into one table row at once and adds are "
+           "lost (4096 indices into 97 rows); the serial compilation is right",
+           lambda: kernel_replaced("get_rows_back", scatter_prange_over_indices),
+           where=mutation.contiguous, tier="scale", max_cases=1, kind="scatter race"),
     Mutant("get_rows_back_lost_updates", ("get_rows",),
            "get_rows_back's scatter-add, once big enough to split, split among the engine's "
            "threads by ranges of indices instead of column bands: a table row indexed from "

@@ -173,10 +173,16 @@ register(OpDef("matmul", params={}, scale=_matmul_scale, infer=_infer, backward=
 
 # --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
 from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.cpu import matmul_sparse as sp  # noqa: E402
 from engine.backends.cpu import paths  # noqa: E402
 from engine.backends.cpu.matmul import dense_lines  # noqa: E402
 from engine.mutation import Mutant  # noqa: E402
-from engine.mutation.patches import backward_replaced, prepare_replaced, scaled  # noqa: E402
+from engine.mutation.patches import (  # noqa: E402
+    backward_replaced,
+    function_replaced,
+    prepare_replaced,
+    scaled,
+)
 from engine.ops.shape import cont_if_strided, reshape  # noqa: E402
 
 
@@ -214,7 +220,27 @@ def sparse_product_drops_last_nonzero(prepare):
     return mutated
 
 
+def threaded_rows_store(real):
+    """matmul_sparse.compress_multiply_rows (a thread's row range of a sparse product)
+    storing its rows where a column split must add them to the dense columns' share, which
+    BLAS wrote first: that share is lost. Only the engine's thread split calls it; one
+    thread runs compress_multiply, which stays right."""
+    def rows(*args):
+        dest, accumulate, r0, r1 = args[9], args[12], args[-2], args[-1]
+        if accumulate:
+            dest[r0:r1] = 0
+        return real(*args)
+    return rows
+
+
 mutation.register(
+    Mutant("sparse_threaded_rows_store", ("matmul",),
+           "the zero-skipping product split by columns (dense columns by BLAS, the sparse "
+           "rest added) stores, on the engine's threads, its sparse rows over the dense "
+           "columns' share instead of adding to it",
+           lambda: function_replaced(sp, "compress_multiply_rows", threaded_rows_store),
+           where=lambda case: case.inputs[0].kind == "sparse_cols", tier="scale",
+           max_cases=1, kind="unwritten edge"),
     Mutant("matmul_grad_scaled", ("matmul",),
            "both of matmul's gradients multiplied by 1.01", scaled("matmul", 1.01),
            kind="scaled gradient"),

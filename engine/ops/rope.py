@@ -242,6 +242,22 @@ def _rope_back_samples(dtype):
             for c in CASES[::2] + CASES[11::2] for mode in MODES]
 
 
+def draw_yarn(draw, n_dims) -> dict:
+    """YaRN's parameters drawn across their ranges: a context of 16 to 32768 positions,
+    betas from 0.25 to 64, a base from 100 to 10^6, a scale from 1/64 to 1, an
+    extrapolation weight from 1/8 to 1; most draws put the correction range's ends (ggml's
+    floor and ceil of non-integers, yarn_corr_dims) inside [0, n_dims), where rounding
+    them the wrong way moves the ramp."""
+    from hypothesis import strategies as st
+    slow = draw(st.sampled_from((0.25, 0.5, 1.0, 2.0)))
+    return dict(n_ctx_orig=draw(st.integers(16, 32768)),
+                freq_base=float(draw(st.sampled_from((100.0, 500.0, 10000.0, 1e6)))),
+                freq_scale=1.0 / draw(st.integers(1, 64)),
+                ext_factor=draw(st.integers(1, 8)) / 8.0,
+                attn_factor=draw(st.sampled_from((0.5, 1.0, 1.5))),
+                beta_fast=float(draw(st.integers(2, 64))), beta_slow=slow)
+
+
 def _strategy(op, name):
     @sample_strategy
     def strategy(draw, dtype):
@@ -257,8 +273,9 @@ def _strategy(op, name):
                             dtype="i32", grad=False, show_range=True)]
         if draw(st.booleans()):
             inputs.append(_ff(n_dims))
-        extra = draw(st.sampled_from([{}, YARN, dict(freq_scale=0.5, attn_factor=1.5),
-                                      dict(YARN, n_ctx_orig=2048, beta_fast=16.0)]))
+        extra = draw(st.sampled_from([{}, {}, dict(freq_scale=0.5, attn_factor=1.5)]))
+        if draw(st.booleans()):
+            extra = draw_yarn(draw, n_dims)
         return Sample.make(op, inputs, dtype, n_dims=n_dims,
                            **{**DEFAULTS, **extra, "mode": draw(st.sampled_from(MODES))})
     strategy.__name__ = f"_{op}_strategy"
@@ -294,8 +311,13 @@ register(OpDef("rope_back", params=PARAMS, kind="backward", infer=_rope_back_inf
 
 # --- mutants: known bugs of these ops, for gradcheck's self-test (engine.mutation) ------------
 from engine import mutation  # noqa: E402  (imported here, with the declarations that use them)
+from engine.backends.cpu import rope as cpu_rope_module  # noqa: E402
 from engine.mutation import Mutant  # noqa: E402
-from engine.mutation.patches import backward_replaced, kernel_replaced  # noqa: E402
+from engine.mutation.patches import (  # noqa: E402
+    backward_replaced,
+    function_replaced,
+    kernel_replaced,
+)
 from engine.registry import get_op  # noqa: E402
 
 
@@ -306,7 +328,33 @@ def _rope_other_pairing(real):
     return backward
 
 
+def _yarn_range_rounded_outward(real):
+    """yarn_corr_dims with its ends rounded the wrong way: ceil of the low end, floor of the
+    high one (ggml floors the low end and ceils the high one), clamped as before."""
+    def corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow):
+        def dim(beta):
+            return n_dims * math.log(n_ctx_orig / (beta * 2.0 * math.pi)) / \
+                (2.0 * math.log(freq_base))
+        low, high = dim(beta_fast), dim(beta_slow)
+        low = math.ceil(low) if math.isfinite(low) else low
+        high = math.floor(high) if math.isfinite(high) else high
+        return float(max(0.0, low)), float(min(n_dims - 1.0, high))
+    return corr_dims
+
+
+def _yarn(case) -> bool:
+    return case.kwargs.get("ext_factor", 0.0) != 0.0 and case.kwargs.get("n_ctx_orig", 0) > 0
+
+
 mutation.register(
+    Mutant("rope_yarn_range_rounded_wrong", ("rope",),
+           "YaRN's correction range (yarn_corr_dims) rounded the wrong way: the low end "
+           "up and the high end down, so the ramp between extrapolated and interpolated "
+           "angles moves by one pair at each end (forward and backward alike: torch's "
+           "reference, derived from ggml's formula, sees it)",
+           lambda: function_replaced(cpu_rope_module, "yarn_corr_dims",
+                                     _yarn_range_rounded_outward),
+           where=_yarn, kind="parameter rule"),
     Mutant("rope_back_rotates_forward", ("rope",),
            "rope_back rotates g by +theta (rope's own kernel) instead of -theta: the "
            "transpose of a rotation taken as the rotation itself",

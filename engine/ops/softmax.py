@@ -273,7 +273,8 @@ def draw_softmax(draw, extras=None):
     """softmax's inputs and parameters (the strategy's): x of 1-4 axes in a range of
     MAGNITUDES (tiny to huge), possibly a view, a scale; half of the time (extras None; or
     always, extras True) a mask of a shape that broadcasts to x's (possibly a view too),
-    its values in [-5, 0] or large negatives, then ALiBi's max_bias (0 a third of the time)
+    its values in [-5, 0] or large negatives, then ALiBi's max_bias (0 a third of the time,
+    else drawn from 0.25 to 16)
     and half of the time (or always) sinks, where x, mask and sinks together stay within
     MAX_ELEMENTS checked elements."""
     from hypothesis import strategies as st
@@ -283,7 +284,7 @@ def draw_softmax(draw, extras=None):
     if extras or (extras is None and draw(st.booleans())):
         shape = draw(broadcast_source(x.shape, min_dims=1))
         inputs.append(draw_input(draw, "mask", shape, MASKS))
-        max_bias = draw(st.sampled_from(MAX_BIASES))
+        max_bias = draw(st.sampled_from(MAX_BIASES)) and draw(st.integers(1, 64)) / 4.0
         if max_bias:
             params["max_bias"] = max_bias
         heads = n_heads(x.shape)

@@ -34,7 +34,7 @@ import numpy as np
 
 import engine
 from engine import ops
-from engine.backends.cpu import paths
+from engine.backends.cpu import jit, paths, threads
 from engine.errors import EngineError
 from engine.registry import OPS
 from engine.tensor import Flag, as_dtype, constant, is_float
@@ -42,6 +42,45 @@ from gradcheck.adapters import AdapterSpec
 from gradcheck.adapters.base import JVP, VJP, Unsupported, cotangent_axes, sliced_weights
 from gradcheck.injection import injected, injected_factor, parse
 from gradcheck.mutants import CONTROL, MUTANTS
+
+# The scale tier's thread settings of our CPU backend (gradcheck.scale): a plan's kernels
+# split into 1, 2, 3 and 7 chunks on the engine's threads, then NUMBA_PARALLEL: numba's
+# parallel compilations of the prange kernels (GRADVERIFY_PARALLEL=1's code, off by
+# default) on all of numba's threads, at one chunk.
+NUMBA_PARALLEL = "numba-parallel"
+ENGINE_THREADS = (1, 2, 3, 7, NUMBA_PARALLEL)
+PARALLEL_RUNS = 3
+
+
+def same_answer(a: VJP, b: VJP) -> bool:
+    """Whether two VJPs of one plan hold the same bytes, output and gradients."""
+    pairs = [(a.output, b.output)] + list(zip(a.grads, b.grads, strict=True))
+    return all((x is None) == (y is None) and
+               (x is None or np.asarray(x).tobytes() == np.asarray(y).tobytes())
+               for x, y in pairs)
+
+
+@contextlib.contextmanager
+def engine_thread_count(n: int):
+    """Our CPU backend's kernels bound in the block split into `n` chunks (restored
+    after)."""
+    before = threads.get_num_threads()
+    threads.set_num_threads(n)
+    try:
+        yield
+    finally:
+        threads.set_num_threads(before)
+
+
+def thread_setting(setting):
+    """The context of one of ENGINE_THREADS: `n` chunks, or numba's parallel compilations
+    at one chunk."""
+    if setting == NUMBA_PARALLEL:
+        stack = contextlib.ExitStack()
+        stack.enter_context(engine_thread_count(1))
+        stack.enter_context(jit.parallel_compilations())
+        return stack
+    return engine_thread_count(setting)
 
 
 def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous"):
@@ -126,6 +165,27 @@ class EngineAdapter:
         self.inject = inject
         self._kept = None          # the last case's second-order graph (_second)
         self._variants = {}        # (backend, inject) -> adapter, in a worker (answered)
+
+    @property
+    def thread_counts(self) -> tuple:
+        """The scale tier's thread settings: ENGINE_THREADS on the CPU, none elsewhere."""
+        return ENGINE_THREADS if self.backend == "cpu" else ()
+
+    def with_threads(self, setting) -> _AtSetting:
+        """This engine computing at thread setting `setting` (one of thread_counts)."""
+        return _AtSetting(self, setting)
+
+    def vjp_at_threads(self, setting, case, arrays, weights) -> VJP:
+        """vjp at thread setting `setting` (what an isolated worker runs for with_threads).
+        NUMBA_PARALLEL runs PARALLEL_RUNS times, and answers the first run whose bits
+        differ from the first's, if any: a race between prange iterations shows only when
+        numba's threads happen to overlap (not while its pool starts, nor while another
+        process holds a core)."""
+        with thread_setting(setting):
+            if setting != NUMBA_PARALLEL:
+                return self.vjp(case, arrays, weights)
+            first, *others = self.vjp_runs(case, arrays, weights, PARALLEL_RUNS)
+        return next((v for v in others if not same_answer(v, first)), first)
 
     def answered(self, backend: str, inject: str | None, mutant: str | None, method: str,
                  args: tuple):
@@ -279,6 +339,16 @@ def mutant_in_place(name: str | None):
     if mutant is None:
         raise ValueError(f"no registered mutant is called {name!r}")
     return mutant.patch()
+
+
+class _AtSetting:
+    """Our engine at one thread setting: its vjp runs inside that setting's context."""
+
+    def __init__(self, adapter: EngineAdapter, setting):
+        self.adapter, self.setting = adapter, setting
+
+    def vjp(self, case, arrays, weights) -> VJP:
+        return self.adapter.vjp_at_threads(self.setting, case, arrays, weights)
 
 
 def second_order_blocker(case) -> str | None:

@@ -60,7 +60,7 @@ def test_scale_rows_pass_with_their_metrics(op, text):
     assert r.labels["tier"] == "scale" and r.labels["mode"] == "fast"
     assert r.metrics["reference"] == "torch f64"
     assert r.metrics["directions"] == f"{scale.DIRECTIONS}/{scale.DIRECTIONS} agree"
-    assert r.metrics["threads"].startswith("1,2,3,7: ")
+    assert r.metrics["threads"].startswith("1,2,3,7,numba-parallel: ")
     assert r.metrics["paths"] != "none"
     assert r.metrics["ratio"] <= precision.PRECISION_RATIO
 

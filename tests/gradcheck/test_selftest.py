@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.backends.cpu import CPU, half
-from engine.mutation.patches import kernel_replaced, scaled
+from engine.mutation.patches import REPLACEABLE, kernel_replaced, scaled
 from engine.ops.pad import pad_border_unwritten
 from engine.registry import all_ops, get_op
 from gradcheck.check import check_sample
@@ -33,10 +33,11 @@ HALF_FUNCTIONS = ("widened", "store", "widened_copy")   # what the 16-bit mutant
 def registry_state():
     """Every op's backward rule, kernels dict and kernels, as objects; and the 16-bit
     machinery's functions (engine.backends.cpu.half, and the CPU backend's choice of a
-    16-bit node's kernel), under the name "half"."""
+    16-bit node's kernel) and the other replaceable helpers, under the name "half"."""
     state = {name: (op.backward, op.kernels, dict(op.kernels))
              for name, op in all_ops().items()}
     functions = {f: getattr(half, f) for f in HALF_FUNCTIONS}
+    functions |= {f"{m.__name__}.{f}": getattr(m, f) for m, f in REPLACEABLE}
     functions["CpuBackend.kernel"] = type(CPU).kernel
     state["half"] = (None, None, functions)
     return state
@@ -67,7 +68,8 @@ def test_every_mutant_is_caught(name):
     assert result.labels["tier"] == MUTANTS[name].tier
 
 
-PRECISION_ONLY = ["store_truncates", "bf16_widened_wrong_shift",
+PRECISION_ONLY = ["store_truncates", "bf16_widened_wrong_shift", "store_ties_away",
+                  "store_flushes_subnormals",
                   pytest.param("sum_f16_accumulated_in_f16", marks=pytest.mark.slow),
                   pytest.param("sum_rows_float32_accumulator", marks=pytest.mark.slow)]
 

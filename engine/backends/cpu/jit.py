@@ -34,6 +34,7 @@ runs (GRADVERIFY_THREADS sets their number).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -47,6 +48,16 @@ if environment.usable_cache_dir() != _GIVEN_CACHE_DIR and "numba" in sys.modules
     # numba was imported before the engine: make it read the variable again
     import numba.core.config
     numba.core.config.reload_config()
+
+# numba's pool of threads: at least RACE_THREADS, so that gradcheck's scale tier
+# (parallel_compilations) runs more prange threads than a small machine has cores: two of
+# them then overlap even while another process holds a core, and a race between prange
+# iterations shows. A kernel run with GRADVERIFY_PARALLEL=1 uses one per core (PARALLEL
+# below). NUMBA_NUM_THREADS, where set, is kept.
+RACE_THREADS = 4
+if "numba" not in sys.modules:
+    os.environ.setdefault("NUMBA_NUM_THREADS",
+                          str(max(RACE_THREADS, environment.default_threads())))
 
 # numba's error messages without terminal colours: they end up in report rows, and its
 # colours (colorama) leave a stray reset sequence on a terminal at exit
@@ -186,6 +197,33 @@ def _parallel_from_env() -> bool:
 PARALLEL = _parallel_from_env()
 
 
+_every_thread = False   # inside parallel_compilations: numba's whole pool (read at a call)
+
+
+def _parallel_threads() -> None:
+    """numba's threads for a parallel compilation about to run: one per core (at most the
+    pool's), or the whole pool inside parallel_compilations."""
+    pool = numba.config.NUMBA_NUM_THREADS
+    n = pool if _every_thread else min(pool, environment.default_threads())
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+
+
+@contextlib.contextmanager
+def parallel_compilations():
+    """The parallel compilations on (PARALLEL) while the block runs, on all of numba's
+    pool (RACE_THREADS or more), as they were after: for gradcheck's scale tier, which
+    must run the code GRADVERIFY_PARALLEL=1 runs (a race between prange iterations exists
+    only there). Only kernels bound inside the block are affected."""
+    global PARALLEL, _every_thread
+    before = PARALLEL, _every_thread
+    PARALLEL, _every_thread = True, True
+    try:
+        yield
+    finally:
+        PARALLEL, _every_thread = before
+
+
 class SizeDispatch:
     """A kernel compiled twice, lazily: serial (its prange loops become plain loops) and
     parallel. A call runs the parallel one when PARALLEL is on and its largest array
@@ -204,10 +242,16 @@ class SizeDispatch:
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 
+    def _parallel_call(self, *args):
+        """The parallel compilation on numba's threads for this call (_parallel_threads:
+        numba's count is per calling thread, and a bound call may run on another)."""
+        _parallel_threads()
+        return self.parallel(*args)
+
     def for_size(self, size: int):
         if PARALLEL and size >= PARALLEL_MIN_SIZE and not paths.PLAIN:
             paths.taken("parallel")
-            return self.parallel
+            return self._parallel_call
         return self.serial
 
     def for_args(self, args):
@@ -220,7 +264,7 @@ class SizeDispatch:
             for a in args:
                 if isinstance(a, np.ndarray) and a.size >= PARALLEL_MIN_SIZE:
                     paths.taken("parallel")
-                    return self.parallel(*args)
+                    return self._parallel_call(*args)
         return self.serial(*args)
 
 

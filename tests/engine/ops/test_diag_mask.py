@@ -17,7 +17,7 @@ from engine import ops
 from engine.backends.cpu import paths
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.diag_mask import diag_mask_inf, diag_mask_zero
-from gradcheck.scale import engine_thread_count
+from gradcheck.adapters.engine_adapter import engine_thread_count
 from tests.engine.ops.op_harness import evaluate, weighted_grads
 
 RNG = np.random.default_rng(20261203)

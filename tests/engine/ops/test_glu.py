@@ -112,9 +112,8 @@ def test_threaded_split_gives_the_plain_bits():
 @pytest.mark.parametrize("op", sorted(ACTIVATIONS))
 def test_the_scale_case_takes_the_threaded_split(op):
     """Each op's scale case, forward and backward at 3 threads, splits its kernel."""
-    from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+    from gradcheck.adapters.engine_adapter import EngineAdapter, engine_thread_count, weighted_graph
     from gradcheck.backprop import loss_weights
-    from gradcheck.scale import engine_thread_count
     case = engine.registry.get_op(op).scale()[0]
     arrays = case.generate_inputs()
     with engine_thread_count(3), paths.recording() as taken:

@@ -15,9 +15,8 @@ from engine.backends.cpu import paths
 from engine.backends.cpu.win_part import cpu_win_part, cpu_win_unpart
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.registry import get_op
-from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.adapters.engine_adapter import EngineAdapter, engine_thread_count, weighted_graph
 from gradcheck.backprop import loss_weights as case_weights
-from gradcheck.scale import engine_thread_count
 from tests.engine.ops.op_harness import evaluate, loss_weights, weighted_grads
 
 RNG = np.random.default_rng(20261205)

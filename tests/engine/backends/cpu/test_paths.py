@@ -13,9 +13,8 @@ import pytest
 
 from engine.backends.cpu import jit, paths
 from engine.registry import get_op
-from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
+from gradcheck.adapters.engine_adapter import EngineAdapter, engine_thread_count, weighted_graph
 from gradcheck.backprop import loss_weights
-from gradcheck.scale import engine_thread_count
 
 # family -> (op, a substring of the scale case that must take it)
 REACHED_BY = {
