@@ -154,7 +154,7 @@ def _value(action: argparse.Action, spec: Spec):
         return st.sampled_from(spec.values[action.dest])
     hostile = {int: INTS + BIG_INTS, float: FLOATS}.get(action.type, TEXTS)
     if action.choices:
-        return st.one_of(st.sampled_from(list(action.choices)), st.sampled_from(hostile))
+        return st.one_of(st.sampled_from([str(c) for c in action.choices]), st.sampled_from(hostile))
     return st.sampled_from(hostile)
 
 

@@ -167,7 +167,8 @@ def test_a_kernel_that_raises_gives_error_rows():
     with cpu_kernels(adam_step=broken):
         rows = closed_form.run("adam", "f64", steps=3)
     errors = [r for r in rows if r.status == "error"]
-    assert errors and all("RuntimeError: kernel exploded" in r.message for r in errors)
+    assert errors and all("RuntimeError in op adam_step's kernel broken" in r.message
+               and r.message.endswith("kernel exploded") for r in errors)
     assert {r.labels["check"] for r in rows if r.status == "pass"} == {"toy_forward"}
 
 
