@@ -47,6 +47,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from engine.reference_math import torch_gelu_erf
 from engine.registry import registered as op
 
 Domain = tuple    # (kind, low, high): an engine.samples.InputSpec generator and its range
@@ -395,7 +396,7 @@ for _row in [
     Unary("gelu", gelu, gelu_gradient, _functional("gelu", approximate="tanh"),
           domain=("uniform", -4.0, 4.0), wide=WIDE, special=_saturated(4.0, 30.0),
           doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), torch's approximate='tanh'"),
-    Unary("gelu_erf", gelu_erf, gelu_erf_gradient, _functional("gelu"),
+    Unary("gelu_erf", gelu_erf, gelu_erf_gradient, lambda x, **params: torch_gelu_erf(x),
           domain=("uniform", -4.0, 4.0), wide=WIDE, special=_saturated(4.0, 30.0),
           doc="x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), torch's exact gelu"),
     Unary("silu", lambda v: v * sigmoid(v), silu_gradient, _functional("silu"),

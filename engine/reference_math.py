@@ -21,6 +21,8 @@ floor(d(beta_fast))), high = min(n_dims - 1, ceil(d(beta_slow))).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -46,3 +48,17 @@ def reference_yarn_range(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fa
     low = np.floor(low) if np.isfinite(low) else low
     high = np.ceil(high) if np.isfinite(high) else high
     return float(max(0.0, low)), float(min(n_dims - 1.0, high))
+
+
+def torch_gelu_erf(x):
+    """x Phi(x) in torch, for the references of gelu_erf and geglu_erf: torch's own
+    `gelu(x)` in float32 and the 16-bit dtypes (what a kernel writer compares against), but
+    in float64, the truth, 0.5 x erfc(-x / sqrt 2), whose autograd keeps the tail: torch's
+    float64 gelu takes Phi(x) as (1 + erf(x / sqrt 2)) / 2, which is 0 below x = -8.3, so its
+    gradient there is x phi(x) alone, 0.75% off at x = -11.5 (and any float32 kernel that is
+    right there fails the precision verdict against it)."""
+    import torch
+    if x.dtype != torch.float64:
+        return torch.nn.functional.gelu(x)
+    return 0.5 * x * torch.special.erfc(-x / math.sqrt(2.0))
+
