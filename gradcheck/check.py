@@ -268,9 +268,12 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
     vs_cpu = (versus_cpu(case, arrays, weights, adapter, out, backprop,
                          lambda a: settled(a, f64_out, constant))
               if compares_with_cpu(adapter) else None)
+    kinks = ({i: d.kink for i, d in zip(checked, compared.numerical, strict=True)}
+             if mode == "full" else None)       # the numerical check's kinks, per input
     held = precision.check_case(case, arrays, weights, out, backprop, checked,
                                 f64_out,
-                                None if torch_ref is None else torch_ref.grads, use_torch)
+                                None if torch_ref is None else torch_ref.grads, use_torch,
+                                kinks)
     zero = zero_gradient(case)
     outcomes = compared.outcomes(case.precision, dtypes)
     v = judge(Outcomes(forward, outcomes,

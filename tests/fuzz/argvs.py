@@ -154,7 +154,8 @@ def _value(action: argparse.Action, spec: Spec):
         return st.sampled_from(spec.values[action.dest])
     hostile = {int: INTS + BIG_INTS, float: FLOATS}.get(action.type, TEXTS)
     if action.choices:
-        return st.one_of(st.sampled_from([str(c) for c in action.choices]), st.sampled_from(hostile))
+        choices = [str(c) for c in action.choices]     # as a command line holds them
+        return st.one_of(st.sampled_from(choices), st.sampled_from(hostile))
     return st.sampled_from(hostile)
 
 
