@@ -1,150 +1,231 @@
-"""Results as one self-contained HTML page: summary, plots of the errors, results table.
+"""Results as one self-contained HTML page a person can read at 5,000 rows.
 
-No external assets: the CSS, the sorting script (click a column header) and the plots
-(hand-written SVG) are inline. Every string from a result is escaped with html.escape.
+The page, top to bottom: the title, the counts per status, the run's meta; a sticky bar
+with the filter box, the status selector and open/close-all; the summary grid (one row per
+section, e.g. per op, one column per value of a second label, e.g. the dtype, each cell
+coloured by its worst status and linking to its section); the failures (every fail, error
+and crash row with its message and repro command, linking to the row); the skip reasons,
+grouped; the error plots (reports.html_plots, each point linking to its row); then one
+collapsible section (<details>) per op, its rows in few columns (case, the grid's column
+label where the case string does not say it, status, the error metrics, message); a click
+on a row shows every other column.
 
-Plots: one per metric whose key ends in "_err" (gradcheck's max_abs_err and max_rel_err),
-with one point per case on a log scale, coloured by status. Zero errors sit on a band
-below the axis labelled "0", NaN and Inf on a band above it labelled "NaN/Inf".
+A cell's worst status ranks crash, fail, error, vacuous, pass, unsupported, skip: skipped
+and unsupported cases colour a cell only where nothing in it ran.
+
+No external assets: the CSS and script are inline (reports.html_assets), the plots are
+hand-written SVG, the other columns sit in one JSON block the script reads. Every string
+from a result is escaped (html.escape; in the JSON block "<", ">" and "&" as \\u escapes).
 """
 
 from __future__ import annotations
 
-import html
-import math
+import json
 from collections.abc import Mapping
-from numbers import Real
 
-import numpy as np
-
+from reports.html_assets import CSS, SCRIPT
+from reports.html_plots import STATUS_COLOURS, error_plot_svg
+from reports.html_plots import escape as _e
 from reports.record import STATUS_WORDS, STATUSES, summarize
 from reports.table import columns, format_value
 
-STATUS_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "error": "#e65100",
-                  "crash": "#6a1b9a", "skip": "#757575", "unsupported": "#5c6bc0",
-                  "vacuous": "#f9a825"}
-# Sorting by status puts the worst first.
-_STATUS_RANK = {"crash": 0, "fail": 1, "error": 2, "vacuous": 3, "unsupported": 4, "skip": 5,
-                "pass": 6}
+__all__ = ["STATUS_COLOURS", "error_plot_svg", "grid_labels", "render_html"]
 
-_CSS = """
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #212121; }
-h1 { font-size: 1.4em; margin: 0 0 .5em; }
-.summary span { display: inline-block; padding: .15em .6em; margin-right: .4em;
-  border-radius: .8em; color: #fff; font-weight: 600; }
-dl.meta { display: grid; grid-template-columns: max-content auto; gap: .1em 1em;
-  color: #555; font-size: .9em; }
-dl.meta dt { font-weight: 600; } dl.meta dd { margin: 0; font-family: monospace; }
-figure { display: inline-block; margin: .5em 1em .5em 0; }
-figcaption { font-size: .9em; color: #555; }
-table { border-collapse: collapse; margin-top: 1em; font-size: .9em; }
-th, td { border: 1px solid #ddd; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #f5f5f5; cursor: pointer; user-select: none; white-space: nowrap; }
-th::after { content: " \\2195"; color: #aaa; }
-th.asc::after { content: " \\2191"; color: #333; }
-th.desc::after { content: " \\2193"; color: #333; }
-td.num { text-align: right; font-family: monospace; }
-td.case { font-family: monospace; }
-td.message { white-space: pre-wrap; max-width: 50em; }
-td.status { font-weight: 700; color: #fff; text-align: center; }
-""" + "".join(f"td.status-{s} {{ background: {c}; }}\n.summary .{s} {{ background: {c}; }}\n"
-              f"tr.row-{s} td.case {{ border-left: 4px solid {c}; }}\n"
-              for s, c in STATUS_COLOURS.items())
-
-_SORT_SCRIPT = """
-document.querySelectorAll("table.results th").forEach(function (th, col) {
-  th.addEventListener("click", function () {
-    var tbody = th.closest("table").tBodies[0];
-    var desc = th.classList.contains("asc");
-    th.parentNode.querySelectorAll("th").forEach(function (h) {
-      h.classList.remove("asc", "desc"); });
-    th.classList.add(desc ? "desc" : "asc");
-    var key = function (tr) {
-      var td = tr.cells[col]; var s = td.getAttribute("data-sort");
-      return s === null ? td.textContent : s; };
-    var rows = Array.prototype.slice.call(tbody.rows);
-    rows.sort(function (a, b) {
-      var x = key(a), y = key(b), nx = parseFloat(x), ny = parseFloat(y);
-      var c = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
-      return desc ? -c : c; });
-    rows.forEach(function (tr) { tbody.appendChild(tr); });
-  });
-});
-"""
+# (section label, grid column label) pairs, the first whose section label the results
+# carry wins: gradcheck's ops x dtypes, optcheck's optimizers x checks.
+GRID_LABELS = (("op", "dtype"), ("optimizer", "check"))
+# A cell's colour: the first of these among its statuses.
+WORST_FIRST = ("crash", "fail", "error", "vacuous", "pass", "unsupported", "skip")
+PROBLEMS = ("fail", "error", "crash")
+GRID_ROWS = 40   # the grid's rows per table; more tables sit side by side
+_SHORT = {"pass": "pass", "fail": "fail", "error": "error", "crash": "crash", "skip": "skip",
+          "unsupported": "unsup", "vacuous": "vacuous"}
 
 
-def _e(v) -> str:
-    return html.escape(str(v), quote=True)
+def grid_labels(results) -> tuple[str | None, str | None]:
+    """(section label, column label) for `results`: the first of GRID_LABELS whose section
+    label some result has (its column label None where no result has it), else (None,
+    None): one section, one column."""
+    label_keys, _ = columns(results)
+    for group, across in GRID_LABELS:
+        if group in label_keys:
+            return group, across if across in label_keys else None
+    return None, None
 
 
-def _number(v) -> float | None:
-    """A real number as float (NaN and Inf included); None for anything else."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, bool) or not isinstance(v, Real):
-        return None
-    return float(v)
+def worst(statuses) -> str:
+    """The status a set of statuses is coloured by (WORST_FIRST)."""
+    return next(s for s in WORST_FIRST if s in statuses)
 
 
-def _sort_key(v) -> str | None:
-    x = _number(v)
-    if x is None:
-        return None
-    return repr(x) if math.isfinite(x) else ("1e999" if x > 0 else "-1e999")
+def _label(r, key) -> str:
+    return "" if key is None else format_value(r.labels.get(key))
 
 
-def error_plot_svg(results, metric: str) -> str | None:
-    """An inline SVG of `metric` per case on a log scale; None when no case has a number."""
-    points = [(i, r, _number(r.metrics.get(metric))) for i, r in enumerate(results)]
-    points = [(i, r, abs(x)) for i, r, x in points if x is not None]
-    if not points:
-        return None
-    positive = [x for _, _, x in points if 0 < x < math.inf]
-    lo = math.floor(math.log10(min(positive))) if positive else -1
-    hi = math.ceil(math.log10(max(positive))) if positive else 0
-    hi = max(hi, lo + 1)
-    has_zero = any(x == 0 for _, _, x in points)
-    has_bad = any(not math.isfinite(x) for _, _, x in points)
-    n = len(results)
-    left, right, top, height = 64, 16, 26 if has_bad else 10, 180
-    width = min(max(n * 10, 320), 1100)
-    bottom_y = top + height
-    total_w, total_h = left + width + right, bottom_y + (44 if has_zero else 26)
+def _counts_text(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {STATUS_WORDS[s]}" for s in STATUSES if (n := counts.get(s)))
 
-    def y_of(x: float) -> float:
-        if x == 0:
-            return bottom_y + 16
-        if not math.isfinite(x):
-            return top - 14
-        return bottom_y - (math.log10(x) - lo) / (hi - lo) * height
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
-             f'viewBox="0 0 {total_w} {total_h}" role="img" '
-             f'aria-label="{_e(metric)} per case, log scale">',
-             f'<rect x="{left}" y="{top}" width="{width}" height="{height}" '
-             f'fill="#fafafa" stroke="#bbb"/>']
-    step = max(1, math.ceil((hi - lo) / 8))
-    for d in range(lo, hi + 1, step):
-        y = y_of(10.0 ** d)
-        parts.append(f'<line x1="{left}" x2="{left + width}" y1="{y:.1f}" y2="{y:.1f}" '
-                     f'stroke="#e0e0e0"/><text x="{left - 6}" y="{y + 4:.1f}" font-size="11" '
-                     f'text-anchor="end">1e{d}</text>')
-    for label, present, y in (("0", has_zero, bottom_y + 16), ("NaN/Inf", has_bad, top - 14)):
-        if present:
-            parts.append(f'<text x="{left - 6}" y="{y + 4}" font-size="11" '
-                         f'text-anchor="end">{label}</text>')
-    parts.append(f'<text x="{left + width / 2}" y="{total_h - 6}" font-size="11" '
-                 f'text-anchor="middle">case (table order), {n} in all</text>')
-    for i, r, x in points:
-        cx, cy = left + (i + 0.5) * width / n, y_of(x)
-        colour = STATUS_COLOURS[r.status]
-        fill = "none" if x == 0 or not math.isfinite(x) else colour
-        value = format_value(r.metrics.get(metric))
-        parts.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" fill="{fill}" '
-                     f'stroke="{colour}" stroke-width="1.5"><title>{_e(r.name)}: '
-                     f'{_e(metric)} = {_e(value)} ({_e(r.status)})</title></circle>')
-    parts.append("</svg>")
-    return "".join(parts)
+def _badges(counts: Mapping[str, int]) -> str:
+    return "".join(f'<span class="badge {s}">{counts[s]} {_SHORT[s]}</span>'
+                   for s in STATUSES if counts.get(s))
+
+
+class _Page:
+    """The results cut into sections and grid cells once, rendered part by part."""
+
+    def __init__(self, results, group: str | None, across: str | None):
+        self.results = results
+        self.group, self.across = group, across
+        self.sections: dict[str, list[int]] = {}
+        self.cells: dict[tuple[str, str], dict[str, int]] = {}
+        column_values: dict[str, None] = {}
+        for i, r in enumerate(results):
+            g, c = _label(r, group) or "(all)", _label(r, across)
+            self.sections.setdefault(g, []).append(i)
+            column_values[c] = None
+            cell = self.cells.setdefault((g, c), {})
+            cell[r.status] = cell.get(r.status, 0) + 1
+        self.section_no = {g: k for k, g in enumerate(self.sections)}
+        self.grid_columns = list(column_values)
+        self.show_across = across is not None and any(
+            _label(r, across) not in r.name for r in results)
+        label_keys, metric_keys = columns(results)
+        self.key_metrics = [k for k in metric_keys if k.endswith("_err")][:2]
+        shown = {across} if self.show_across else set()
+        self.other = ([("label", k) for k in label_keys if k not in shown]
+                      + [("metric", k) for k in metric_keys if k not in self.key_metrics])
+
+    def section_of(self, i: int) -> int:
+        return self.section_no[_label(self.results[i], self.group) or "(all)"]
+
+    def grid(self) -> str:
+        """The summary grid, cut into side-by-side tables of GRID_ROWS rows."""
+        if not self.results:
+            return ""
+        head = "".join(f"<th>{_e(c or 'all')}</th>" for c in self.grid_columns)
+        head = f"<thead><tr><th>{_e(self.group or 'cases')}</th>{head}</tr></thead>"
+        rows = [self._grid_row(g, k) for g, k in self.section_no.items()]
+        tables = "".join(f'<table class="grid">{head}<tbody>{"".join(rows[j:j + GRID_ROWS])}'
+                         "</tbody></table>" for j in range(0, len(rows), GRID_ROWS))
+        return ('<section id="grid"><h2>Summary</h2><p class="legend">Each cell: its cases '
+                '(passed/all where some did not pass) and the others by status, coloured by '
+                'the worst (crash, fail, error, vacuous, pass, unsupported, skip); a click '
+                f'opens its section.</p><div class="grids">{tables}</div></section>\n')
+
+    def _grid_row(self, g: str, k: int) -> str:
+        cells = []
+        for c in self.grid_columns:
+            counts = self.cells.get((g, c))
+            if not counts:
+                cells.append('<td class="w-none">&ndash;</td>')
+                continue
+            total, passed = sum(counts.values()), counts.get("pass", 0)
+            problems = any(s in counts for s in PROBLEMS)
+            text = f"{passed}/{total}" if problems else str(total)
+            notes = " ".join(f"{counts[s]} {_SHORT[s]}" for s in STATUSES
+                             if s != "pass" and counts.get(s))
+            small = f"<small>{_e(notes)}</small>" if notes else ""
+            cells.append(f'<td class="w-{worst(counts)}" title="{_e(_counts_text(counts))}">'
+                         f'<a href="#g{k}">{text}{small}</a></td>')
+        return (f'<tr data-sect="{k}"><th><a href="#g{k}">{_e(g)}</a></th>{"".join(cells)}'
+                "</tr>\n")
+
+    def failures(self) -> str:
+        bad = [i for i, r in enumerate(self.results) if r.status in PROBLEMS]
+        if not bad:
+            return ('<section id="failures"><h2>Failures</h2><p>No case failed, erred or '
+                    'crashed.</p></section>\n') if self.results else ""
+        across = f"<th>{_e(self.across)}</th>" if self.show_across else ""
+        out = [f'<section id="failures"><h2>Failures ({len(bad)})</h2><table class="fails">'
+               f"<thead><tr><th>case</th>{across}<th>status</th><th>message</th>"
+               "<th>reproduce</th></tr></thead><tbody>\n"]
+        for i in bad:
+            r = self.results[i]
+            repro = r.metrics.get("repro")
+            cell = f"<code>{_e(repro)}</code>" if repro else ""
+            a = f"<td>{_e(_label(r, self.across))}</td>" if self.show_across else ""
+            out.append(f'<tr class="frow s-{r.status}" data-i="{i}"><td><a href="#r{i}">'
+                       f'{_e(r.name)}</a></td>{a}<td class="status status-{r.status}">'
+                       f'{r.status.upper()}</td>'
+                       f'<td class="msg">{_e(r.message)}</td><td>{cell}</td></tr>\n')
+        out.append("</tbody></table></section>\n")
+        return "".join(out)
+
+    def skip_reasons(self) -> str:
+        reasons: dict[tuple[str, str], int] = {}
+        for r in self.results:
+            if r.status in ("skip", "unsupported"):
+                key = (r.status, r.message or "(no reason given)")
+                reasons[key] = reasons.get(key, 0) + 1
+        if not reasons:
+            return ""
+        items = "".join(f'<li><span class="badge {s}">{n} {_SHORT[s]}</span>{_e(m)}</li>'
+                        for (s, m), n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        return (f'<section id="skips"><h2>Skipped and unsupported, by reason</h2><ul>{items}'
+                "</ul></section>\n")
+
+    def sections_html(self) -> str:
+        across = f"<th>{_e(self.across)}</th>" if self.show_across else ""
+        metric_heads = "".join(f"<th>{_e(k)}</th>" for k in self.key_metrics)
+        head = (f"<thead><tr><th>case</th>{across}<th>status</th>{metric_heads}"
+                "<th>message</th></tr></thead>")
+        out = ['<section id="cases"><h2>Cases</h2>\n']
+        for g, rows in self.sections.items():
+            k = self.section_no[g]
+            counts: dict[str, int] = {}
+            for i in rows:
+                s = self.results[i].status
+                counts[s] = counts.get(s, 0) + 1
+            is_open = " open" if any(s in counts for s in PROBLEMS) else ""
+            out.append(f'<details class="sect" id="g{k}" data-sect="{k}"{is_open}><summary>'
+                       f'{_e(g)} <span class="n">({len(rows)})</span> {_badges(counts)}'
+                       f'</summary><table class="rows">{head}<tbody>\n')
+            out += [self._row(i) for i in rows]
+            out.append("</tbody></table></details>\n")
+        out.append("</section>\n")
+        return "".join(out)
+
+    def _row(self, i: int) -> str:
+        # closing </td> and </tr> left out, as HTML allows: a sixth of the rows' bytes
+        r = self.results[i]
+        cells = [f"<td>{_e(r.name)}"]
+        if self.show_across:
+            cells.append(f"<td>{_e(_label(r, self.across))}")
+        cells.append(f'<td class="status status-{r.status}">{r.status.upper()}')
+        cells += [f"<td>{_e(format_value(r.metrics.get(m)))}" for m in self.key_metrics]
+        cells.append(f"<td>{_e(r.message)}")
+        return f'<tr id="r{i}" class="row s-{r.status}">{"".join(cells)}\n'
+
+    def number_css(self) -> str:
+        """Right-aligned monospace for the metric columns of the sections' tables."""
+        first = 3 + self.show_across
+        return "".join(f"table.rows td:nth-child({first + j}) {{ text-align: right; "
+                       "font-family: monospace; }\n" for j in range(len(self.key_metrics)))
+
+    def data_json(self) -> str:
+        """The other columns of every row, as a JSON text safe inside <script>:
+        {"cols": names, "codes": {column: its distinct values}, "rows": [[value, ...]]},
+        a column with few distinct values (an op, a dtype) holding indices into its codes;
+        "" and trailing empty values left out."""
+        table = [[format_value((r.labels if kind == "label" else r.metrics).get(key))
+                  for kind, key in self.other] for r in self.results]
+        codes: dict[int, list[str]] = {}
+        for k in range(len(self.other)):
+            distinct = {row[k] for row in table} - {""}
+            if distinct and len(distinct) * 8 <= len(table):
+                codes[k] = sorted(distinct)
+        index = {k: {v: j for j, v in enumerate(values)} for k, values in codes.items()}
+        rows = []
+        for row in table:
+            out = [None if v == "" else index[k][v] if k in index else v
+                   for k, v in enumerate(row)]
+            while out and out[-1] is None:
+                out.pop()
+            rows.append(out)
+        text = json.dumps({"cols": [key for _, key in self.other], "codes": codes,
+                           "rows": rows}, ensure_ascii=False, separators=(",", ":"))
+        return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _meta_html(meta: Mapping) -> str:
@@ -155,34 +236,32 @@ def _meta_html(meta: Mapping) -> str:
     return f'<dl class="meta">{"".join(rows)}</dl>\n' if rows else ""
 
 
-def _table_html(results) -> str:
-    label_keys, metric_keys = columns(results)
-    headers = ["case", *label_keys, *metric_keys, "status", "message"]
-    out = ['<table class="results"><thead><tr>',
-           "".join(f"<th>{_e(h)}</th>" for h in headers), "</tr></thead><tbody>\n"]
-    for r in results:
-        cells = [f'<td class="case">{_e(r.name)}</td>']
-        cells += [f"<td>{_e(format_value(r.labels.get(k)))}</td>" for k in label_keys]
-        for k in metric_keys:
-            v = r.metrics.get(k)
-            key = _sort_key(v)
-            sort = f' data-sort="{_e(key)}"' if key is not None else ""
-            cls = ' class="num"' if key is not None else ""
-            cells.append(f"<td{cls}{sort}>{_e(format_value(v))}</td>")
-        cells.append(f'<td class="status status-{_e(r.status)}" '
-                     f'data-sort="{_STATUS_RANK[r.status]}">{_e(r.status.upper())}</td>')
-        cells.append(f'<td class="message">{_e(r.message)}</td>')
-        out.append(f'<tr class="row-{_e(r.status)}">{"".join(cells)}</tr>\n')
-    out.append("</tbody></table>\n")
-    return "".join(out)
+def _controls(results) -> str:
+    present = [s for s in STATUSES if any(r.status == s for r in results)]
+    options = "".join(f'<option value="{s}">{_e(STATUS_WORDS[s])} only</option>'
+                      for s in present)
+    return ('<div class="controls"><input id="filter" type="search" '
+            'placeholder="filter: words in the case, status, message, labels" '
+            'aria-label="filter rows"> <select id="status" aria-label="status">'
+            '<option value="">every status</option><option value="problems">failed, errors '
+            f'and crashes</option>{options}</select> <button type="button" id="open-all">'
+            'open all</button> <button type="button" id="close-all">close all</button>'
+            '<span id="shown"></span></div>\n')
 
 
 def render_html(results, title: str, meta: Mapping | None = None,
-                figures: list[str] | None = None) -> str:
-    """A self-contained HTML page of `results` under `title`; `meta` (e.g. version, argv,
-    time) is listed under the summary. `figures`: extra HTML fragments (a tool's own plots)
-    placed before the table, as given."""
+                figures: list[str] | None = None, *, group_by: str | None = None,
+                across: str | None = None) -> str:
+    """A self-contained HTML page of `results` under `title` (module docstring). `meta`
+    (e.g. version, argv, time) is listed under the summary. `figures`: extra HTML fragments
+    (a tool's own plots) placed before the error plots, as given. `group_by` and `across`:
+    the labels of the sections (the grid's rows) and of the grid's columns; by default
+    grid_labels(results)."""
     results = list(results)
+    if group_by is None:
+        group_by, default_across = grid_labels(results)
+        across = across if across is not None else default_across
+    page = _Page(results, group_by, across)
     counts = summarize(results)
     badges = "".join(f'<span class="{s}">{counts[STATUS_WORDS[s]]} {STATUS_WORDS[s]}</span>'
                      for s in STATUSES if counts[STATUS_WORDS[s]])
@@ -194,8 +273,14 @@ def render_html(results, title: str, meta: Mapping | None = None,
         if svg:
             figures.append(f"<figure>{svg}<figcaption>{_e(k)} per case (log scale)"
                            f"</figcaption></figure>")
-    plots = f'<section class="plots">{"".join(figures)}</section>\n' if figures else ""
+    plots = (f'<section id="plots"><h2>Errors</h2>{"".join(figures)}</section>\n'
+             if figures else "")
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            f"<h1>{_e(title)}</h1>\n{summary}{_meta_html(meta or {})}{plots}"
-            f"{_table_html(results)}<script>{_SORT_SCRIPT}</script>\n</body>\n</html>\n")
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<title>{_e(title)}</title>\n<style>{CSS}{page.number_css()}</style>\n"
+            "</head>\n<body>\n"
+            f"<h1>{_e(title)}</h1>\n{summary}{_meta_html(meta or {})}{_controls(results)}"
+            f"{page.grid()}{page.failures()}{page.skip_reasons()}{plots}"
+            f"{page.sections_html()}"
+            f'<script type="application/json" id="rows-data">{page.data_json()}</script>\n'
+            f"<script>{SCRIPT}</script>\n</body>\n</html>\n")
