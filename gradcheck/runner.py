@@ -4,6 +4,7 @@ line's request, with generated cases and the rest, is gradcheck.request's).
     run_checks(select_samples(["relu"]))              # given cases, in ours on the CPU
     run_checks(cases, EngineUnderTest(get_adapter("ggml")))   # in ggml
     list_ops()                                        # the table of `gradcheck --list`
+    list_rows()                                       # its rows, as dicts (the docs' too)
 """
 
 from __future__ import annotations
@@ -62,18 +63,29 @@ def _gradient_column(op) -> str:
     return f"{grad}; not in --all: no vjp_of to check it against"
 
 
-def list_ops() -> str:
-    """Every registered op as a table: kind, whether it has a backward rule, whether our
-    engine takes its second order (and so its forward mode, gradcheck.derivatives), its
-    number of sample cases and the dtypes they come in, whether it has a strategy for
-    generated cases, its description."""
+LIST_HEADERS = ("op", "kind", "backward", "order 2", "cases", "dtypes", "generated",
+                "description")
+
+
+def list_rows() -> list[dict]:
+    """The rows of `gradcheck --list`, one per registered op, as dicts keyed by LIST_HEADERS:
+    kind, whether it has a backward rule, whether our engine takes its second order (and so
+    its forward mode, gradcheck.derivatives), its number of registry sample cases and the
+    dtypes they come in, whether it has a strategy for generated cases, its description.
+    The documentation's ops table is built from these rows too, so the two cannot differ."""
     rows = []
     for name, op in all_ops().items():
         samples = op.samples() if op.samples else []
-        rows.append([name, op.kind, _gradient_column(op), _second_order_column(op, samples),
-                     len(samples), _dtypes(samples), "yes" if op.strategy else "", op.doc])
-    return tabulate(rows, headers=["op", "kind", "backward", "order 2", "cases", "dtypes",
-                                   "generated", "description"])
+        rows.append(dict(zip(LIST_HEADERS, (
+            name, op.kind, _gradient_column(op), _second_order_column(op, samples),
+            len(samples), _dtypes(samples), "yes" if op.strategy else "", op.doc),
+            strict=True)))
+    return rows
+
+
+def list_ops() -> str:
+    """Every registered op as a table (list_rows): what `gradcheck --list` prints."""
+    return tabulate([list(row.values()) for row in list_rows()], headers=list(LIST_HEADERS))
 
 
 def _second_order_column(op, samples) -> str:
