@@ -168,7 +168,11 @@ def _workers_problem(args) -> str | None:
 def main(argv=None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
     anywhere (or SIGTERM): one line and 130 (143), a sweep's finished rows written to
-    --output."""
+    --output. `gradcheck report FILE...` is gradcheck-report (gradcheck.report_cli)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["report"]:
+        from gradcheck.report_cli import main as report
+        return report(args[1:], prog="gradcheck report")
     return stoppable("gradcheck", lambda: _main(argv))
 
 

@@ -1,0 +1,87 @@
+"""`gradcheck-report` (also `gradcheck report`): several engines' result files merged into
+one scoreboard (reports.scoreboard).
+
+    gradcheck --engine engine --format json --output ours.json
+    gradcheck --engine torch --format json --output torch.json
+    gradcheck-report ours.json torch.json                    # the table on the terminal
+    gradcheck-report ours.json torch.json --output board.html
+
+The format follows --output's extension (.html, .md, .txt; another one is plain text), or
+--format; both given and disagreeing is a usage error. Exit status: 0 when no merged row
+failed, erred or crashed, 1 when one did, 2 for bad input (a missing or unreadable file,
+not JSON, another schema, over reports.scoreboard.MAX_BYTES) or an output that cannot be
+written, each said in one line on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from checkkit.usage import ArgumentParser, one_line
+from reports.output import OutputError, write_atomic
+from reports.record import exit_status
+from reports.scoreboard import MAX_BYTES, ScoreboardError, merge, read_results, render_board
+
+FORMATS = ("plain", "github", "html")
+_EXTENSIONS = {".html": "html", ".htm": "html", ".md": "github", ".txt": "plain"}
+_REFUSED_EXTENSIONS = (".json", ".xml")
+
+
+def build_parser(prog: str = "gradcheck-report") -> ArgumentParser:
+    p = ArgumentParser(
+        prog=prog,
+        description="Merge gradcheck result files (--format json) of several engines into "
+                    "one scoreboard: op x engine, the counts per status, the failing rows.")
+    p.add_argument("files", nargs="+", metavar="RESULTS.json",
+                   help=f"result files written by gradcheck --format json (at most "
+                        f"{MAX_BYTES // 2**20} MiB each)")
+    p.add_argument("--format", choices=FORMATS,
+                   help="plain (a terminal table), github (Markdown) or html (one page); "
+                        "default: from --output's extension, else plain")
+    p.add_argument("--output", metavar="FILE",
+                   help="write the scoreboard to FILE (atomically; .html, .md or .txt) "
+                        "instead of standard output")
+    return p
+
+
+def format_of(fmt: str | None, output: str | None) -> tuple[str | None, str | None]:
+    """(format, None), or (None, the usage problem) for --format and --output."""
+    if output is None:
+        return fmt or "plain", None
+    ext = os.path.splitext(output)[1].lower()
+    if ext in _REFUSED_EXTENSIONS:
+        return None, (f"--output {output}: a scoreboard is written as .html, .md or .txt, "
+                      f"not {ext}")
+    implied = _EXTENSIONS.get(ext)
+    if fmt and implied and fmt != implied:
+        return None, f"--format {fmt} contradicts --output {output} (which means {implied})"
+    return fmt or implied or "plain", None
+
+
+def main(argv=None, prog: str = "gradcheck-report") -> int:
+    """Run the command line on `argv` (default sys.argv[1:]); the exit status."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    fmt, problem = format_of(args.format, args.output)
+    if problem:
+        parser.error(problem)
+    try:
+        sources = [read_results(path) for path in args.files]
+    except ScoreboardError as exc:
+        print(f"{prog}: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    rows = merge(sources)
+    text = render_board(rows, sources, fmt, {"argv": list(sys.argv[1:] if argv is None
+                                                         else argv)})
+    if args.output is None:
+        sys.stdout.write(text)
+        return exit_status(rows)
+    try:
+        write_atomic(args.output, text)
+    except OutputError as exc:
+        print(f"{prog}: {one_line(str(exc))}", file=sys.stderr)
+        return 2
+    print(f"{prog}: wrote {args.output} ({len(rows)} rows from {len(sources)} files)",
+          file=sys.stderr)
+    return exit_status(rows)
