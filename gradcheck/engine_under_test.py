@@ -49,6 +49,7 @@ from __future__ import annotations
 import copy
 import os
 
+from checkkit.cache import numba_cache_dir
 from checkkit.isolated import IsolatedAdapter
 from checkkit.worker import DEFAULT_CASE_TIMEOUT, Worker
 from engine.backends.cpu import paths
@@ -57,16 +58,11 @@ from gradcheck.injection import ScaledAdapter, injected_factor
 
 
 def boundscheck_cache_dir(environ=None) -> str:
-    """Where a bounds-checked worker caches its kernels: `boundscheck` in NUMBA_CACHE_DIR
-    (numba names its own subdirectories after source directories and a hash: no clash),
-    or, where that is unset (numba caches beside the sources), gradverify/
-    numba-boundscheck in the user's cache directory."""
-    environ = os.environ if environ is None else environ
-    given = environ.get("NUMBA_CACHE_DIR")
-    if given:
-        return os.path.join(given, "boundscheck")
-    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "gradverify", "numba-boundscheck")
+    """Where a bounds-checked worker caches its kernels: `boundscheck` under the one numba
+    root (checkkit.cache.numba_cache_dir: NUMBA_CACHE_DIR, which the engine sets on import,
+    else <cache>/numba; numba names its own subdirectories after source directories and a
+    hash: no clash)."""
+    return str(numba_cache_dir(environ) / "boundscheck")
 
 
 def boundscheck_environ() -> dict[str, str]:

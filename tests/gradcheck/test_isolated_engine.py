@@ -147,7 +147,8 @@ def test_a_bounds_checked_worker_has_a_cache_of_its_own():
     assert env["NUMBA_CACHE_DIR"] == boundscheck_cache_dir()
     assert boundscheck_cache_dir({"NUMBA_CACHE_DIR": "/c"}) == "/c/boundscheck"
     assert boundscheck_cache_dir({"XDG_CACHE_HOME": "/x"}) == \
-        "/x/gradverify/numba-boundscheck"
+        "/x/gradverify/numba/boundscheck"
+    assert boundscheck_cache_dir({"GRADVERIFY_CACHE": "/g"}) == "/g/numba/boundscheck"
 
 
 def test_a_worker_refuses_numba_variables_it_cannot_set_in_time(monkeypatch):

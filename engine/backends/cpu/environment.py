@@ -6,10 +6,14 @@ GRADVERIFY_THREADS (engine.backends.cpu.threads) and GRADVERIFY_PARALLEL
 the backend falls back to the default, a library user gets a SettingWarning, and each
 command line calls `environment_problem()` first and exits 2 with its one line.
 
-NUMBA_CACHE_DIR: numba's kernels are cached on disk (cache=True); a directory that cannot be
-written would make numba refuse to cache, at import. `usable_cache_dir()` falls back to a
-per-user directory under the system's temporary directory, with a warning, before numba
-is imported.
+NUMBA_CACHE_DIR: numba's kernels are cached on disk (cache=True), in one root for every
+tool, worker and test: NUMBA_CACHE_DIR if the user set it, else numba/ in the tools' cache
+directory (default_numba_cache_dir(): $GRADVERIFY_CACHE/numba, else
+$XDG_CACHE_HOME/gradverify/numba, else ~/.cache/gradverify/numba), set in the environment
+before numba is imported, so that processes started later inherit it. A directory that
+cannot be written would make numba refuse to cache, at import: `usable_cache_dir()` falls
+back to a per-user directory under the system's temporary directory, with a warning.
+Processes sharing the root stay safe by locking (engine.backends.cpu.disk_cache).
 """
 
 from __future__ import annotations
@@ -98,15 +102,35 @@ def fallback_cache_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"gradverify-numba-cache-{user}")
 
 
+def default_numba_cache_dir(environ=None) -> str:
+    """numba/ in the tools' cache directory: $GRADVERIFY_CACHE/numba, else
+    $XDG_CACHE_HOME/gradverify/numba, else ~/.cache/gradverify/numba (the rule of
+    checkkit.cache.default_cache_dir, which the engine, a lower layer, cannot import)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("GRADVERIFY_CACHE"):
+        return os.path.join(os.path.expanduser(environ["GRADVERIFY_CACHE"]), "numba")
+    cache = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.expanduser(cache), "gradverify", "numba")
+
+
 def usable_cache_dir(environ=None) -> str | None:
-    """Make NUMBA_CACHE_DIR (in `environ`, default os.environ) usable before numba reads
-    it: a set directory that cannot be written is replaced by fallback_cache_dir(), with a
-    SettingWarning, or removed (numba's own locations) when that cannot be written either.
-    Returns the directory now set (None: unset)."""
+    """Set NUMBA_CACHE_DIR (in `environ`, default os.environ) to the one root before numba
+    reads it: the user's value, else default_numba_cache_dir(). A directory the user set
+    that cannot be written is replaced by fallback_cache_dir(), with a SettingWarning, or
+    removed (numba's own locations) when that cannot be written either; an unwritable
+    default is replaced the same way, silently. Returns the directory now set (None:
+    unset)."""
     environ = os.environ if environ is None else environ
     given = environ.get("NUMBA_CACHE_DIR")
-    if not given or writable_dir(given):
-        return given or None
+    if not given:
+        default = default_numba_cache_dir(environ)
+        for root in (default, fallback_cache_dir()):
+            if writable_dir(root):
+                environ["NUMBA_CACHE_DIR"] = root
+                return root
+        return None
+    if writable_dir(given):
+        return given
     fallback = fallback_cache_dir()
     if writable_dir(fallback):
         environ["NUMBA_CACHE_DIR"] = fallback

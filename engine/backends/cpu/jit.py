@@ -42,7 +42,8 @@ import types
 
 from engine.backends.cpu import environment, paths
 
-# before numba reads it (at import): an unwritable NUMBA_CACHE_DIR falls back, with a warning
+# before numba reads it (at import): the one cache root, NUMBA_CACHE_DIR or the tools' cache
+# directory's numba/ (environment.usable_cache_dir); an unwritable one falls back
 _GIVEN_CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR")
 if environment.usable_cache_dir() != _GIVEN_CACHE_DIR and "numba" in sys.modules:
     # numba was imported before the engine: make it read the variable again
@@ -66,6 +67,11 @@ os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba.core import caching  # noqa: E402
+
+from engine.backends.cpu import disk_cache  # noqa: E402
+
+# processes sharing the cache save and load each function's entry under a lock (disk_cache)
+disk_cache.install()
 
 OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 

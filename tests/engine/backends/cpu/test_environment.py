@@ -38,10 +38,37 @@ def test_with_no_writable_fallback_numba_keeps_its_own_locations(a_file, monkeyp
     assert env == {}
 
 
-def test_a_writable_or_unset_cache_dir_is_left_alone(tmp_path):
+def test_a_writable_cache_dir_is_left_alone(tmp_path):
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "new")}
     assert environment.usable_cache_dir(env) == str(tmp_path / "new")
-    assert environment.usable_cache_dir({}) is None
+    assert env == {"NUMBA_CACHE_DIR": str(tmp_path / "new")}
+
+
+def test_an_unset_cache_dir_becomes_the_tools_cache_directorys_numba(tmp_path):
+    env = {"GRADVERIFY_CACHE": str(tmp_path / "g")}
+    assert environment.usable_cache_dir(env) == str(tmp_path / "g" / "numba")
+    assert env["NUMBA_CACHE_DIR"] == str(tmp_path / "g" / "numba")
+    assert (tmp_path / "g" / "numba").is_dir()
+
+
+def test_the_default_root_is_checkkits_cache_directorys_numba(tmp_path, monkeypatch):
+    """The engine cannot import checkkit (layers): its copy of the rule must agree."""
+    from checkkit.cache import default_cache_dir
+    for env in ({"GRADVERIFY_CACHE": str(tmp_path / "g")},
+                {"XDG_CACHE_HOME": str(tmp_path / "x")},
+                {"HOME": str(tmp_path / "home")}):
+        for name in ("GRADVERIFY_CACHE", "XDG_CACHE_HOME", "HOME"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert environment.default_numba_cache_dir() == str(default_cache_dir() / "numba")
+
+
+def test_an_unwritable_default_root_falls_back_silently(a_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(environment, "fallback_cache_dir", lambda: str(tmp_path / "fb"))
+    env = {"GRADVERIFY_CACHE": str(a_file)}
+    assert environment.usable_cache_dir(env) == str(tmp_path / "fb")
+    assert env["NUMBA_CACHE_DIR"] == str(tmp_path / "fb")
 
 
 def test_the_fallback_is_per_user_under_the_temporary_directory():
