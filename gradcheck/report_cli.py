@@ -82,6 +82,6 @@ def main(argv=None, prog: str = "gradcheck-report") -> int:
     except OutputError as exc:
         print(f"{prog}: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    print(f"{prog}: wrote {args.output} ({len(rows)} rows from {len(sources)} files)",
-          file=sys.stderr)
+    files = f"{len(sources)} file{'s' if len(sources) > 1 else ''}"
+    print(f"{prog}: wrote {args.output} ({len(rows)} rows from {files})", file=sys.stderr)
     return exit_status(rows)
