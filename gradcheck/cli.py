@@ -2,7 +2,8 @@
 
     gradcheck --op pool_2d                    every sample case of pool_2d, every dtype
     gradcheck --op conv_2d --dtype f64 -k stride=[2,2]
-    gradcheck --all --format json --output report.json
+    gradcheck --all --output report.json       the format follows the extension
+    gradcheck --all --show all                every case, not only what failed
     gradcheck --op softmax --random 50 --seed 1
     gradcheck --all --tier scale              big cases: every threaded, tiled, sparse path
     gradcheck --all --isolate                 every case in a worker process: a crash is a row
@@ -16,6 +17,10 @@
     gradcheck --engine ggml --op pool_2d --random 50   generated cases in ggml, shrunk
     gradcheck --engine ggml --coverage        ggml's backward ops: the registry op checking each
     gradcheck --engine mypkg.adapter:MyAdapter --all     your engine (an Adapter)
+
+The plain report shows the summary per op (the ops with anything but a pass), every failing
+row with its message and repro command, the skip reasons and the totals; --show all every
+case too, --verbose every column.
 
 Exit status: 0 all pass, 1 any failure or error (or, with --strict, a vacuous row: one
 that could not have failed), 2 usage error, 130 interrupted (Ctrl-C; the rows finished so
@@ -37,8 +42,9 @@ from checkkit.options import (
     argv_of,
     refused,
     rows_of,
+    settle_format,
 )
-from checkkit.usage import ArgumentParser
+from checkkit.usage import ArgumentParser, unknown_name
 from checkkit.worker import DEFAULT_CASE_TIMEOUT
 from engine.backends import BACKENDS
 from engine.backends.cpu.threads import environment_problem
@@ -154,6 +160,29 @@ def request_of(args) -> GradcheckRequest:
         repro=args.repro)
 
 
+def unknown_names(args) -> str | None:
+    """An op, engine or injected mutation that gradcheck does not know, refused with the
+    closest known names (checkkit.usage.unknown_name); None when all are known."""
+    from engine.registry import all_ops
+    from gradcheck.adapters import ENGINES
+    from gradcheck.injection import FACTOR_MUTATIONS
+    from gradcheck.mutants import MUTANTS
+    ops = all_ops()
+    for op in args.op or ():
+        if op not in ops:
+            return unknown_name("op", op, ops, "gradcheck --list shows all")
+    if ":" not in args.engine and args.engine not in ENGINES:
+        return unknown_name("engine", args.engine, ENGINES,
+                            f"known: {', '.join(ENGINES)}, or module:attribute naming your "
+                            f"own adapter")
+    mutation = (args.inject or "").partition(":")[0]
+    known = [*FACTOR_MUTATIONS, *MUTANTS]
+    if args.inject is not None and mutation not in known:
+        return unknown_name("mutation", mutation, known,
+                            "gradcheck --help lists all")
+    return None
+
+
 def _workers_problem(args) -> str | None:
     """What --workers cannot run (None if nothing)."""
     if args.workers is None:
@@ -190,11 +219,13 @@ def _main(argv) -> int:
     keep_hypothesis_out_of_cwd()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if refused("gradcheck", environment_problem()):
+    if refused("gradcheck", environment_problem() or settle_format(args)):
         return 2
     if args.list:
         print(list_ops())
         return 0
+    if refused("gradcheck", unknown_names(args)):
+        return 2
     request = request_of(args)
     problem = request.problem() or _workers_problem(args)
     if problem:
@@ -209,7 +240,7 @@ def _main(argv) -> int:
                 print(f"gradcheck: {boundscheck_note()}", file=sys.stderr)
             meta = {"argv": argv_of(argv), **plan.meta}
             try:
-                results = rows_of(request, plan, args, run_plan)
+                results = rows_of(request, plan, args, run_plan, "gradcheck")
             except Interrupted as exc:
                 return report_interrupted("gradcheck", exc, args.format, args.output, meta,
                                           verbose=args.verbose)
@@ -221,7 +252,7 @@ def _main(argv) -> int:
         meta["mutation_score"] = mutation_score(results)
     return emit(results, tool="gradcheck", fmt=args.format, output=args.output, meta=meta,
                 footer=f"(injected: {args.inject})" if args.inject else None,
-                verbose=args.verbose, strict=args.strict)
+                verbose=args.verbose, strict=args.strict, show=args.show)
 
 
 if __name__ == "__main__":

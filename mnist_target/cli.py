@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from checkkit.interrupted import exit_status, signal_of, signal_word
-from checkkit.usage import ArgumentParser
+from checkkit.usage import ArgumentParser, did_you_mean
 from engine.backends import get_backend
 from engine.backends.cpu.threads import (
     MAX_THREADS,
@@ -47,7 +47,9 @@ from mnist_target.run import (
     export_training_graph,
     train_model,
 )
-from reports import OutputError, emit, format_for_path
+from reports import OutputError, emit
+from reports.output import report_format
+from reports.terminal_report import SHOWS
 
 TOOL = "mnist"  # the reports' tool name (its compact table); messages name the command
 MODULE_PROG = "python -m mnist_target"
@@ -120,9 +122,10 @@ def _engines(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     unknown = [n for n in names if n not in regress.ENGINES]
     if unknown or not names:
+        hint = did_you_mean(unknown[0], regress.ENGINES) if len(unknown) == 1 else ""
         raise argparse.ArgumentTypeError(
-            f"unknown engine {', '.join(unknown) or repr(text)}; known: "
-            f"{', '.join(regress.ENGINES)} (a comma-separated list)")
+            f"unknown engine {', '.join(unknown) or repr(text)}{hint} (known: "
+            f"{', '.join(regress.ENGINES)}; a comma-separated list)")
     return names
 
 
@@ -139,11 +142,17 @@ def _regress_arguments(p: argparse.ArgumentParser) -> None:
                    help="train N seeds (--seed, --seed + 1, ...) and report the mean and "
                         "standard deviation of the test accuracy (default 1)")
     p.add_argument("--format", choices=("plain", "github", "html", "json", "junit"),
-                   help="report format (default: from --output's extension, else plain)")
+                   help="report format (default: from --output's extension: .json json, "
+                        ".html/.htm html, .xml junit, .md github, .txt plain; else plain)")
     p.add_argument("--output", metavar="FILE", help="write the report here (atomically)")
-    p.add_argument("--verbose", action="store_true",
-                   help="plain table: every column (default: the few a person reads, fitted "
-                        "to the terminal)")
+    p.add_argument("--show", choices=SHOWS,
+                   help="what the plain report shows: all (default): every check, the "
+                        "summary per model, what failed in full, the totals; failures: the "
+                        "summary, what failed and the totals; summary: the summary and the "
+                        "totals")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="plain report: every check with every column (default: the few a "
+                        "person reads, fitted to the terminal)")
     _add_training(p)
     _add_common(p)
 
@@ -235,6 +244,10 @@ MAX_SEEDS = 100
 
 
 def cmd_regress(args) -> int:
+    try:
+        fmt = report_format(args.format, args.output)
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise EngineError(f"--seeds must lie in [1, {MAX_SEEDS}], got {args.seeds}")
     if 0 <= args.seed <= MAX_SEED < args.seed + args.seeds - 1:
@@ -264,11 +277,11 @@ def cmd_regress(args) -> int:
         if runs[-1].interrupted:
             break
     results += regress.seed_summary(runs)
-    fmt = args.format or (format_for_path(args.output) if args.output else "plain")
     meta = {"argv": args.argv, "data": data.source, "history": regress.history_meta(runs)}
     figures = regress.curves_html(runs) if fmt == "html" else None
     return emit(results, tool=TOOL, fmt=fmt, output=args.output, meta=meta, figures=figures,
-                echo_plain=True, verbose=args.verbose, prog=command_name(args.command))
+                echo_plain=True, verbose=args.verbose, show=args.show,
+                prog=command_name(args.command))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@
     optcheck --opt adamw --lr 0.01 --betas 0.9,0.99 --weight-decay 0.1   # also your settings
     optcheck --self-test                      # known kernel bugs, each must be caught
     optcheck --opt all --workers 4            # the same checks on 4 processes (pytest-xdist)
+    optcheck --opt adam --output report.html  # the format follows the extension
+    optcheck --opt adam --show all            # every check, not only what failed
+
+The plain report shows the summary per family, every failing check with its message, the
+skip reasons and the totals; --show all every check too, --verbose every column.
 
 Exit status: 0 every check passed, 1 some check failed, 2 usage error (bad hyperparameter,
 unwritable --output, ...), 130 interrupted (Ctrl-C; the rows finished so far are written to
@@ -24,8 +29,9 @@ from checkkit.options import (
     argv_of,
     refused,
     rows_of,
+    settle_format,
 )
-from checkkit.usage import ArgumentParser
+from checkkit.usage import ArgumentParser, unknown_name
 from engine.backends import BACKENDS
 from engine.backends.cpu.threads import environment_problem
 from optcheck.harness import DTYPES, OPTIMIZER_NAMES
@@ -100,6 +106,17 @@ def request_of(args) -> OptcheckRequest:
         betas=args.betas, **{k: getattr(args, k) for k in (*HP_FIELDS, *FLAG_FIELDS)})
 
 
+def unknown_engine(engine: str) -> str | None:
+    """An --engine that is neither a built-in name nor module:attribute, refused with the
+    closest built-in names (None when it is one of those)."""
+    from optcheck.adapters import ENGINES
+    if ":" in engine or engine in ENGINES:
+        return None
+    return unknown_name("engine", engine, ENGINES,
+                        f"known: {', '.join(ENGINES)}, or module:attribute naming your own "
+                        f"adapter")
+
+
 def main(argv=None) -> int:
     """Run the command line on `argv` (default sys.argv[1:]); the exit status. Ctrl-C
     anywhere (or SIGTERM): one line and 130 (143), a sweep's finished rows written to
@@ -110,7 +127,8 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if refused("optcheck", environment_problem()):
+    if refused("optcheck", environment_problem() or settle_format(args)
+               or unknown_engine(args.engine)):
         return 2
     if not args.opt and not args.self_test:
         parser.error("say which optimizer to check: --opt sgd|adam|adamw|all (or --self-test)")
@@ -126,7 +144,7 @@ def _main(argv) -> int:
     tool = SELF_TEST_TOOL if args.self_test else "optcheck"
     try:
         with request.plan() as plan:
-            results = rows_of(request, plan, args, run_plan)
+            results = rows_of(request, plan, args, run_plan, "optcheck")
     except UsageProblem as exc:
         print(f"optcheck: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +152,7 @@ def _main(argv) -> int:
         return report_interrupted("optcheck", exc, args.format, args.output, meta,
                                   group_by="family", verbose=args.verbose)
     return emit(results, tool=tool, fmt=args.format, output=args.output, meta=meta,
-                group_by="family", verbose=args.verbose)
+                group_by="family", verbose=args.verbose, show=args.show)
 
 
 if __name__ == "__main__":

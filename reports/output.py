@@ -19,11 +19,11 @@ from reports.record import exit_status
 from reports.table import (
     NO_TERMINAL,
     Terminal,
-    render_compact,
     render_grouped,
     render_table,
     summary_line,
 )
+from reports.terminal_report import render_compact
 
 FORMATS = ("plain", "github", "html", "json", "junit")
 # The format a file name suggests, for tools that pick one from --output.
@@ -49,19 +49,44 @@ def _shown(path) -> str:
 
 def format_for_path(path, default: str = "plain") -> str:
     """The format that `path`'s extension suggests (.json, .html, .xml, .md, .txt)."""
-    return EXTENSION_FORMATS.get(os.path.splitext(os.fspath(path))[1].lower(), default)
+    return EXTENSION_FORMATS.get(_extension(path), default)
+
+
+def _extension(path) -> str:
+    return os.path.splitext(os.fsdecode(path))[1].lower()
+
+
+def report_format(fmt: str | None, output=None) -> str:
+    """The format of a report: `fmt` (--format) when given, else the one `output`'s
+    extension names (EXTENSION_FORMATS), else plain. ValueError, in one line, when `fmt`
+    contradicts a known extension: "--format plain contradicts --output r.html (html); drop
+    one"."""
+    if output is None:
+        return fmt or "plain"
+    suggested = EXTENSION_FORMATS.get(_extension(output))
+    if fmt is not None and suggested is not None and fmt != suggested:
+        raise ValueError(f"--format {fmt} contradicts --output {_shown(output)} "
+                         f"({suggested}); drop one")
+    return fmt or suggested or "plain"
+
+
+def names_no_format(output) -> bool:
+    """Whether `output`'s extension names no format (a plain report then, report_format)."""
+    return output is not None and _extension(output) not in EXTENSION_FORMATS
 
 
 def render(results, fmt: str, tool: str, meta: Mapping | None = None,
            figures: list[str] | None = None, group_by: str | None = None, *,
-           verbose: bool = False, terminal: Terminal = NO_TERMINAL) -> str:
+           verbose: bool = False, terminal: Terminal = NO_TERMINAL, show: str | None = None,
+           strict: bool = False) -> str:
     """`results` in format `fmt` (one of FORMATS), as text ending with a newline.
 
-    plain: the compact report (reports.table.render_compact: the tool's few columns fitted
-    to `terminal`, a summary per group, the failures in full, the summary line); with
-    `verbose`, and always for github: every column, then the summary line (github: a blank
-    line between, so Markdown does not read the summary as a row). html: a page titled
-    "<tool> report".
+    plain: the report a person reads (reports.terminal_report.render_compact) in view
+    `show` (by default the summary per group, what failed in full, the skip reasons, the
+    totals; "all": every row too, its case wrapped to fit `terminal`; `strict`: vacuous rows
+    in full); with `verbose`, and always for github: every row and every column, then the
+    summary line (github: a blank line between, so Markdown does not read the summary as a
+    row). html: a page titled "<tool> report".
     json: the results document. junit: one testsuite named after the tool.
     `meta` (e.g. {"argv": [...]}) is added to the default version and time for html, json
     and junit; plain and github read only its "interrupted" (and "signal"): a last line
@@ -72,7 +97,9 @@ def render(results, fmt: str, tool: str, meta: Mapping | None = None,
     """
     results = list(results)
     if fmt in ("plain", "github"):
-        return _text(results, fmt, tool, group_by, verbose, terminal) + _stopped(meta)
+        text = (render_compact(results, tool, group_by, terminal, show, strict) + "\n"
+                if fmt == "plain" and not verbose else _table(results, fmt, group_by))
+        return text + _stopped(meta)
     full_meta = {**default_meta(), **(meta or {})}
     if fmt == "html":
         return render_html(results, f"{tool} report", full_meta, figures)
@@ -83,9 +110,7 @@ def render(results, fmt: str, tool: str, meta: Mapping | None = None,
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
 
 
-def _text(results, fmt, tool, group_by, verbose, terminal) -> str:
-    if fmt == "plain" and not verbose:
-        return render_compact(results, tool, group_by, terminal) + "\n"
+def _table(results, fmt, group_by) -> str:
     if group_by:
         return render_grouped(results, fmt, group_by) + "\n"
     sep = "\n\n" if fmt == "github" else "\n"
@@ -139,33 +164,38 @@ def first_unwritable(*paths) -> str | None:
 def emit(results, *, tool: str, fmt: str = "plain", output=None, meta: Mapping | None = None,
          figures: list[str] | None = None, group_by: str | None = None,
          echo_plain: bool = False, footer: str | None = None, verbose: bool = False,
-         prog: str | None = None, strict: bool = False) -> int:
+         prog: str | None = None, strict: bool = False, show: str | None = None) -> int:
     """The tail every command line tool shares: render `results` in `fmt`, write the text
     atomically to `output` (saying so on stderr) or to stdout, and return the exit status:
     0 all passed, 1 any failed, 2 when `output` cannot be written (one line on stderr).
 
     `echo_plain`: with an `output` in another format, also print the plain table to
     stdout. `footer`: a line printed after the report on stdout (not into a file).
-    `verbose`: the plain table with every column. `prog`: the command's name that opens its
-    messages (default `tool`; mnist-regress reports as the tool "mnist"). `strict`: a
-    vacuous result makes the exit status 1 too (reports.record.exit_status). Plain text on a
-    terminal fits its width (statuses coloured unless NO_COLOR); in a file or a pipe
-    nothing is shortened."""
+    `verbose`: the plain table with every row and column; `show`: the plain report's view
+    (reports.terminal_report.SHOWS; None: the tool's default). `prog`: the command's name
+    that opens its messages (default `tool`; mnist-regress reports as the tool "mnist").
+    `strict`: a vacuous result makes the exit status 1 too (reports.record.exit_status) and
+    is listed in full. Plain text on a terminal fits its width (cases wrapped, statuses
+    coloured unless NO_COLOR); in a file or a pipe nothing is wrapped or left out. Plain
+    text written to a file whose extension names no format (names_no_format) says so."""
     results = list(results)
     prog = prog or tool
+    views = {"group_by": group_by, "verbose": verbose, "show": show, "strict": strict}
     if output is not None:
-        text = render(results, fmt, tool, meta, figures, group_by, verbose=verbose)
+        text = render(results, fmt, tool, meta, figures, **views)
         try:
             write_atomic(output, text)
         except OutputError as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
-        print(f"{prog}: wrote {output} ({len(results)} results)", file=sys.stderr)
+        kind = ("; plain text: its extension names no format, --format picks one"
+                if fmt == "plain" and names_no_format(output) else "")
+        print(f"{prog}: wrote {output} ({len(results)} results{kind})", file=sys.stderr)
         if echo_plain and fmt != "plain":
-            sys.stdout.write(render(results, "plain", tool, group_by=group_by,
-                                    verbose=verbose, terminal=Terminal.of(sys.stdout)))
+            sys.stdout.write(render(results, "plain", tool, **views,
+                                    terminal=Terminal.of(sys.stdout)))
     else:
-        sys.stdout.write(render(results, fmt, tool, meta, figures, group_by, verbose=verbose,
+        sys.stdout.write(render(results, fmt, tool, meta, figures, **views,
                                 terminal=Terminal.of(sys.stdout)))
         if footer:
             print(footer)

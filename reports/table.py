@@ -2,9 +2,10 @@
 
 The full table (render_table, --verbose): the case name, the labels (first-seen order over
 all results), the metrics (first-seen order), the status (upper case) and, when any result
-has one, the message. The compact one (render_compact, a plain report by default): the few
-columns of each tool that a person reads (COMPACT), fitted to a terminal's width, then a
-summary per group, the failures in full and the summary line.
+has one, the message. The compact one (compact_table, `--show all`): the few columns of each
+tool that a person reads (COMPACT), fitted to a terminal's width by wrapping the case and,
+where that is not enough, leaving out the last columns; never by cutting a cell. The plain
+report around it is reports.terminal_report's.
 """
 
 from __future__ import annotations
@@ -117,11 +118,14 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class CompactSpec:
-    """A tool's compact table: its columns after the case, and the label whose values each
-    get a summary row (None: no summary per group)."""
+    """A tool's compact table: its columns after the case, the label whose values each get
+    a summary row (None: no summary per group), and the view a plain report shows by
+    default (reports.terminal_report.SHOWS: "failures", or "all" for a tool whose every
+    row is worth reading)."""
 
     columns: tuple[Column, ...]
     group: str | None = None
+    show: str = "failures"
 
 
 def _cols(*keys: str) -> tuple[Column, ...]:
@@ -137,29 +141,27 @@ COMPACT = {
     "gradcheck-selftest": CompactSpec(_cols("kind~", "tier~", "status", "cases?", "caught?",
                                             "fixed?", "precision?", "check?"), "kind"),
     "gradcheck-coverage": CompactSpec(_cols("checked_by", "status", "cases", "passed",
-                                            "failed", "crashed", "unsupported")),
+                                            "failed", "crashed", "unsupported"), show="all"),
     "optcheck": CompactSpec(_cols("family~", "dtype~", "backend~", "status", "max_rel_err?",
                                   "ratio?", "first_step?"), "family"),
     "optcheck-selftest": CompactSpec(_cols("status", "rows?", "failed_rows?", "caught_by?")),
     "mnist": CompactSpec(_cols("status", "measured?", "torch?", "bar?", "floor?", "mean?",
-                               "sd?"), "arch"),
+                               "sd?"), "arch", show="all"),
 }
 SEPARATOR = 2        # spaces between columns (tabulate's "plain" and "simple" styles)
-MIN_CASE = 20        # the case column is shortened to no fewer characters, then the others
-MIN_CELL = 6
-ELLIPSIS = "…"
+MIN_CASE = 20        # the case column wraps to no fewer characters; columns go first
+INDENT = "  "        # a wrapped cell's continuation lines
 COLORS = {"pass": "32", "fail": "31", "error": "31;1", "crash": "35;1", "skip": "33",
           "unsupported": "33", "vacuous": "33;1"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Terminal:
-    """Where a plain report goes: `width` to fit (None: a file or pipe, nothing shortened),
-    `color` for the statuses, and the `ellipsis` of a shortened cell."""
+    """Where a plain report goes: `width` to fit (None: a file or pipe, every column on one
+    line per row) and `color` for the statuses."""
 
     width: int | None = None
     color: bool = False
-    ellipsis: str = ELLIPSIS
 
     @classmethod
     def of(cls, stream) -> Terminal:
@@ -167,81 +169,97 @@ class Terminal:
         when it is a tty; a plain Terminal() for a file or pipe."""
         if not (hasattr(stream, "isatty") and stream.isatty()):
             return cls()
-        try:
-            ELLIPSIS.encode(getattr(stream, "encoding", None) or "ascii")
-            ellipsis = ELLIPSIS
-        except (UnicodeError, LookupError):
-            ellipsis = "..."
-        return cls(shutil.get_terminal_size().columns, not os.environ.get("NO_COLOR"),
-                   ellipsis)
+        return cls(shutil.get_terminal_size().columns, not os.environ.get("NO_COLOR"))
 
 
-# A file or a pipe: nothing shortened, no colour.
+# A file or a pipe: nothing wrapped or left out, no colour.
 NO_TERMINAL = Terminal()
 
+def _break_points(text: str) -> list[str]:
+    """`text` in pieces that end after an opening parenthesis or after a comma outside
+    square brackets (`pool_2d(`, `x=[2,3,6,5],`, `mode=max,`): where a case may wrap."""
+    pieces, start, depth = [], 0, 0
+    for i, c in enumerate(text):
+        depth += (c == "[") - (c == "]")
+        if c == "(" or (c == "," and depth <= 0):
+            pieces.append(text[start:i + 1])
+            start = i + 1
+    return [*pieces, text[start:]] if start < len(text) else pieces
 
-def shorten_middle(text: str, width: int, ellipsis: str = ELLIPSIS) -> str:
-    """`text` cut to `width` characters by replacing its middle with `ellipsis`, so that both
-    ends of a case name (op and last parameters) stay readable."""
+
+def wrap_cell(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken after a parenthesis or a comma
+    outside square brackets where it can (else anywhere); every line after the first opens
+    with INDENT. Nothing is lost: the lines without their indent join back into `text`."""
     if len(text) <= width:
-        return text
-    if width <= len(ellipsis):
-        return text[:width]
-    keep = width - len(ellipsis)
-    head = (keep + 1) // 2
-    return text[:head] + ellipsis + text[len(text) - (keep - head):]
+        return [text]
+    lines: list[str] = []
+    line = ""
+    for token in _break_points(text):
+        room = width - (len(INDENT) if lines else 0)
+        if line and len(line) + len(token) > room:
+            lines.append(line)
+            line = ""
+            room = width - len(INDENT)
+        line += token
+        while len(line) > room > 0:
+            lines.append(line[:room])
+            line = line[room:]
+            room = width - len(INDENT)
+    lines.append(line)
+    return [lines[0], *(INDENT + rest for rest in lines[1:] if rest)]
 
 
-def fit_widths(natural: list[int], floors: list[int], width: int | None) -> list[int]:
-    """Column widths within `width` (separators included): the first column gives up what
-    is needed down to its floor, then the widest of the others, one character at a time.
-    None, or a table that fits: `natural` unchanged. May stay wider when all are at floor."""
-    widths = list(natural)
-    if width is None:
-        return widths
-    over = sum(widths) + SEPARATOR * (len(widths) - 1) - width
-    if over <= 0:
-        return widths
-    cut = min(over, widths[0] - floors[0])
-    widths[0] -= max(cut, 0)
-    over -= max(cut, 0)
-    while over > 0:
-        shrinkable = [i for i in range(1, len(widths)) if widths[i] > floors[i]]
-        if not shrinkable:
-            break
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
-        over -= 1
-    return widths
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+    """A table fitted to a terminal: its text and the headers of the columns it left out."""
+
+    text: str
+    dropped: tuple[str, ...] = ()
 
 
-def _fitted(headers: list[str], rows: list[list[str]], terminal: Terminal,
-            first_floor: int = MIN_CASE, right: bool = False,
-            statuses: tuple[int, list[str]] | None = None) -> str:
-    """A table in the look of tabulate's "simple" style, cells shortened to fit
-    terminal.width; headers never shortened nor padded (tabulate's "simple" pads them by
-    two, which a narrow terminal cannot spare). `right`: columns after the first aligned
-    right. `statuses` (column, status per row): cells coloured after shortening,
-    never shortened."""
+def fit_table(headers: list[str], rows: list[list[str]], terminal: Terminal,
+              right: bool = False, statuses: tuple[int, list[str]] | None = None) -> Fitted:
+    """A table in the look of tabulate's "simple" style, fitted to terminal.width: the last
+    columns are left out (named in Fitted.dropped; never the first, the status column nor
+    the one after it) until the first column has half the width (at least MIN_CASE, at most
+    what it needs), and its cells wrap within that (wrap_cell). No cell is ever cut.
+    `right`: columns after the first aligned right. `statuses` (column, status per row):
+    those cells coloured."""
+    status_col = statuses[0] if statuses is not None else None
     natural = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
-    floors = [min(n, max(len(h), first_floor if i == 0 else MIN_CELL))
-              for i, (n, h) in enumerate(zip(natural, headers, strict=True))]
-    if statuses is not None:
-        col, per_row = statuses
-        floors[col] = natural[col]          # a status is never shortened
-    widths = fit_widths(natural, floors, terminal.width)
-    rows = [[shorten_middle(c, w, terminal.ellipsis) for c, w in zip(row, widths, strict=True)]
-            for row in rows]
-    if statuses is not None:
-        for row, status in zip(rows, per_row, strict=True):
-            row[col] = _paint(status, row[col], terminal)
-    align = ["left"] + ["right" if right else "left"] * (len(headers) - 1)
-    text = tabulate([headers, ["-" * w for w in widths], *rows], tablefmt="plain",
-                    colalign=align, disable_numparse=True)
-    return "\n".join(line.rstrip() for line in text.split("\n"))
+    keep = list(range(len(headers)))
+    first = natural[0]
+    if terminal.width is not None:
+        def room():
+            return terminal.width - sum(natural[i] + SEPARATOR for i in keep[1:])
+        kept = {0} if status_col is None else {0, status_col, status_col + 1}
+        target = min(first, max(MIN_CASE, len(headers[0]), terminal.width // 2))
+        while room() < target and any(i not in kept for i in keep):
+            keep.remove(next(i for i in reversed(keep) if i not in kept))
+        first = min(first, max(room(), MIN_CASE, len(headers[0])))
+    widths = [first, *(natural[i] for i in keep[1:])]
+
+    def line(cells, row_index=None):
+        out = []
+        for n, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+            pad = " " * (width - len(cell))
+            if row_index is not None and keep[n] == status_col and cell:
+                cell = paint(statuses[1][row_index], cell, terminal)
+            out.append(pad + cell if right and n else cell + pad)
+        return (" " * SEPARATOR).join(out).rstrip()
+
+    lines = [line([headers[i] for i in keep]), line(["-" * w for w in widths])]
+    for n, row in enumerate(rows):
+        head, *more = wrap_cell(row[0], first)
+        lines.append(line([head, *(row[i] for i in keep[1:])], n))
+        lines += [line([cont, *("" for _ in keep[1:])]) for cont in more]
+    return Fitted("\n".join(lines),
+                  tuple(headers[i] for i in range(len(headers)) if i not in keep))
 
 
-def _paint(status: str, text: str, terminal: Terminal) -> str:
+def paint(status: str, text: str, terminal: Terminal) -> str:
+    """`text` in the colour of `status` when `terminal` has colour."""
     return f"\x1b[{COLORS[status]}m{text}\x1b[0m" if terminal.color else text
 
 
@@ -249,11 +267,15 @@ def _value(r, key: str):
     return r.labels[key] if key in r.labels else r.metrics.get(key)
 
 
+def compact_spec(results, tool: str = "") -> CompactSpec | None:
+    """The COMPACT entry of `results` (the first result's tool, else `tool`), or None."""
+    return COMPACT.get(results[0].tool if results else tool)
+
+
 def compact_columns(results, tool: str = "") -> list[str]:
     """The compact table's keys after "case" for `results` (the first result's tool, else
     `tool`); a tool without a COMPACT entry shows its labels, metrics and status."""
-    name = results[0].tool if results else tool
-    spec = COMPACT.get(name)
+    spec = compact_spec(results, tool)
     if spec is None:
         label_keys, metric_keys = columns(results)
         return [*label_keys, *metric_keys, "status"]
@@ -274,74 +296,11 @@ def _cell(r, key: str) -> str:
     return " ".join(text.split("\n"))
 
 
-def compact_table(results, tool: str = "", terminal: Terminal = NO_TERMINAL) -> str:
-    """One row per result, the compact columns (compact_columns), fitted to the terminal;
-    statuses coloured when it says so."""
+def compact_table(results, tool: str = "", terminal: Terminal = NO_TERMINAL) -> Fitted:
+    """One row per result, the compact columns (compact_columns), fitted to the terminal
+    (fit_table: the case wraps, never cut); statuses coloured when it says so."""
     keys = compact_columns(results, tool)
     rows = [[r.name, *(_cell(r, k) for k in keys)] for r in results]
     statuses = ((keys.index("status") + 1, [r.status for r in results])
                 if "status" in keys else None)
-    return _fitted(["case", *keys], rows, terminal, statuses=statuses)
-
-
-def group_summary(results, key: str | None, terminal: Terminal = NO_TERMINAL) -> str:
-    """A row per value of label `key` (first-seen order): passed, failed and errors counts,
-    crashed, skipped and unsupported where any, and the kinks (summed) where rows have
-    them. Empty when `key` is None or no result has that label."""
-    if key is None or not any(key in r.labels for r in results):
-        return ""
-    groups: dict[str, list] = {}
-    for r in results:
-        groups.setdefault(format_value(r.labels.get(key)), []).append(r)
-    counted = {"passed": ("pass",), "failed": ("fail",), "errors": ("error",),
-               "crashed": ("crash",), "skipped": ("skip",), "unsupported": ("unsupported",),
-               "vacuous": ("vacuous",)}
-    words = [w for w, statuses in counted.items()
-             if w in ("passed", "failed", "errors") or any(r.status in statuses
-                                                           for r in results)]
-    kinks = any("kinks" in r.metrics for r in results)
-    rows = []
-    for value, rs in groups.items():
-        row = [value, *(str(sum(r.status in counted[w] for r in rs)) for w in words)]
-        if kinks:
-            row.append(str(sum(int(r.metrics.get("kinks") or 0) for r in rs)))
-        rows.append(row)
-    headers = [key, *words] + (["kinks"] if kinks else [])
-    return _fitted(headers, rows, terminal, first_floor=MIN_CELL, right=True)
-
-
-def failure_list(results, terminal: Terminal = NO_TERMINAL) -> str:
-    """Every failed, erred or crashed result: its status and case, then its message and its
-    repro command (metrics["repro"]) in full, indented; then, as such, every vacuous one
-    (a check that could not have failed). Empty when there are none."""
-    failed = [r for r in results if not r.ok]
-    vacuous = [r for r in results if r.status == "vacuous"]
-    parts = [_listed(f"failures ({len(failed)}):", failed, terminal) if failed else "",
-             _listed(f"vacuous ({len(vacuous)}): these checks could not have failed",
-                     vacuous, terminal) if vacuous else ""]
-    return "\n\n".join(p for p in parts if p)
-
-
-def _listed(title: str, rows, terminal: Terminal) -> str:
-    lines = [title]
-    for r in rows:
-        lines += ["", f"{_paint(r.status, r.status.upper(), terminal)} {r.name}"]
-        lines += [f"  {line}" for line in r.message.splitlines() if line.strip()]
-        repro = r.metrics.get("repro")
-        if repro and repro not in r.message:
-            lines.append(f"  reproduce: {repro}")
-    return "\n".join(lines)
-
-
-def render_compact(results, tool: str = "", group_by: str | None = None,
-                   terminal: Terminal = NO_TERMINAL) -> str:
-    """The plain report a person reads: the compact table, a summary per group (label
-    `group_by`, default the tool's COMPACT group), the failures, then the summary line."""
-    results = list(results)
-    if not results:
-        return summary_line(results)
-    spec = COMPACT.get(results[0].tool or tool)
-    key = group_by or (spec.group if spec else None)
-    parts = [compact_table(results, tool, terminal), group_summary(results, key, terminal),
-             failure_list(results, terminal), summary_line(results)]
-    return "\n\n".join(p for p in parts if p)
+    return fit_table(["case", *keys], rows, terminal, statuses=statuses)

@@ -1,6 +1,7 @@
-"""optcheck's plain report: its compact columns and a summary per family by default, the
-tables per family with --verbose; the progress bar only when stderr is a terminal. The
-checks are a stand-in (run_plan replaced), so these tests are fast."""
+"""optcheck's plain report: a summary per family by default (folded when all pass), every
+check in the compact columns with --show all, the tables per family with --verbose; the
+progress bar only when stderr is a terminal. The checks are a stand-in (run_plan replaced),
+so these tests are fast."""
 
 from __future__ import annotations
 
@@ -30,8 +31,14 @@ def checks(monkeypatch):
     return calls
 
 
-def test_default_is_compact_with_a_summary_per_family(checks, capsys):
+def test_default_is_the_summary_folded_when_every_family_passed(checks, capsys):
     assert main(["--opt", "adam", "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "6 families: all passed (--show all lists every row)", "", "24 passed"]
+
+
+def test_show_all_is_compact_with_a_summary_per_family(checks, capsys):
+    assert main(["--opt", "adam", "--no-progress", "--show", "all"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["case", "family", "dtype", "status", "max_rel_err"]
     assert "family       passed  failed  errors" in lines

@@ -1,6 +1,7 @@
-"""The compact plain report: each tool's few columns, fitted to a terminal's width (cases
-shortened in the middle), a summary per group, the failures in full; every column with
-verbose, in files and pipes nothing shortened, colour only on a terminal."""
+"""The compact table (`--show all`): each tool's few columns, fitted to a terminal's width by
+wrapping the case and leaving out the last columns, never by cutting a cell; every column
+with verbose; in files and pipes nothing wrapped; colour only on a terminal. The report
+around it (summary, failures, skip reasons) is tested in test_terminal_report."""
 
 from __future__ import annotations
 
@@ -9,21 +10,24 @@ import re
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reports.output import emit, render
 from reports.record import Result
 from reports.table import (
+    INDENT,
     NO_TERMINAL,
     Terminal,
     compact_columns,
-    fit_widths,
-    group_summary,
-    render_compact,
+    compact_table,
+    fit_table,
     render_grouped,
     render_table,
-    shorten_middle,
     summary_line,
+    wrap_cell,
 )
+from reports.terminal_report import render_compact
 
 LONG = ("pool_2d(type=f64,x=[2,3,6,5],kernel=[1,1],mode=max,padding=[0,0],stride=[1,2],"
         "cotangent=expanded)")
@@ -58,20 +62,40 @@ def visible(text: str) -> list[str]:
     return ANSI.sub("", text).splitlines()
 
 
-def test_shorten_middle_keeps_both_ends():
-    assert shorten_middle("abcdefghij", 10) == "abcdefghij"
-    assert shorten_middle("abcdefghij", 7) == "abc…hij"
-    assert shorten_middle("abcdefghij", 6) == "abc…ij"
-    assert shorten_middle("abcdefghij", 7, "...") == "ab...ij"
-    assert shorten_middle("abcdefghij", 1) == "a"
+def unwrapped(lines: list[str]) -> str:
+    return "".join(line.removeprefix(INDENT) for line in lines)
 
 
-def test_fit_widths_the_first_column_gives_way_then_the_widest_other():
-    assert fit_widths([50, 6, 8], [20, 6, 6], None) == [50, 6, 8]
-    assert fit_widths([50, 6, 8], [20, 6, 6], 100) == [50, 6, 8]
-    assert fit_widths([50, 6, 8], [20, 6, 6], 40) == [22, 6, 8]      # 22 + 2 + 6 + 2 + 8
-    assert fit_widths([50, 6, 10], [20, 6, 6], 38) == [20, 6, 8]
-    assert fit_widths([50, 6, 10], [20, 6, 6], 10) == [20, 6, 6]     # all at their floors
+def test_a_case_wraps_after_commas_and_brackets_and_loses_nothing():
+    assert wrap_cell("abc", 10) == ["abc"]
+    lines = wrap_cell(LONG, 40)
+    assert lines == ["pool_2d(type=f64,x=[2,3,6,5],", "  kernel=[1,1],mode=max,padding=[0,0],",
+                     "  stride=[1,2],cotangent=expanded)"]
+    assert unwrapped(lines) == LONG
+
+
+@given(st.text(alphabet="ab,([])=", max_size=80), st.integers(3, 50))
+def test_wrapping_keeps_every_character_within_the_width(text, width):
+    lines = wrap_cell(text, width)
+    assert unwrapped(lines) == text
+    assert all(len(line) <= width for line in lines)
+
+
+def test_fit_table_leaves_out_the_last_columns_first_and_never_status():
+    headers = ["case", "status", "max_rel_err", "kinks", "torch"]
+    rows = [[LONG, "PASS", "1e-12", "0", "agree"]]
+    wide = fit_table(headers, rows, Terminal(200))
+    assert wide.dropped == () and LONG in wide.text
+    narrow = fit_table(headers, rows, Terminal(50), statuses=(1, ["pass"]))
+    assert narrow.dropped == ("kinks", "torch")
+    lines = narrow.text.splitlines()
+    assert lines[0].split() == ["case", "status", "max_rel_err"]
+    assert all(len(line) <= 50 for line in lines)
+    assert unwrapped([line.split("  PASS")[0].rstrip() for line in lines[2:]]) == LONG
+    tiny = fit_table(headers, rows, Terminal(10), statuses=(1, ["pass"]))
+    assert tiny.dropped == ("kinks", "torch") and "PASS" in tiny.text
+    assert unwrapped([line.split("  PASS")[0].rstrip() for line in
+                      tiny.text.splitlines()[2:]]) == LONG
 
 
 def test_gradcheck_rows_show_status_error_kinks_and_agreements():
@@ -99,7 +123,7 @@ def test_other_tools_have_their_own_columns_and_unknown_ones_get_every_column():
                         {"ops": "relu", "kind": kind, "tier": "fast"})
                  for kind in ("backward", "kernel")]
     assert compact_columns(grad_self) == ["kind", "status", "cases", "caught", "check"]
-    assert "kind      passed" in render_compact(grad_self)
+    assert "kind      passed" in render_compact(grad_self, show="summary")
     opt_self = [Result("optcheck-selftest", "adam_eps: eps outside", "pass",
                        {"rows": 30, "failed_rows": 4, "caught_by": "torch (4)"}, "caught",
                        {"optimizer": "adam", "backend": "cpu", "dtype": "f64"})]
@@ -108,48 +132,41 @@ def test_other_tools_have_their_own_columns_and_unknown_ones_get_every_column():
     assert compact_columns(other) == ["k", "x", "status"]
 
 
-def test_compact_report_fits_the_terminal_and_shortens_the_case_in_the_middle():
-    text = render(sweep(), "plain", "gradcheck", terminal=Terminal(width=100))
+def test_every_row_fits_the_terminal_with_its_case_wrapped_never_cut():
+    text = render(sweep(), "plain", "gradcheck", terminal=Terminal(width=100), show="all")
     lines = visible(text)
-    assert lines[0].split() == ["case", "status", "max_rel_err", "kinks", "forward", "torch"]
     table = lines[:lines.index("")]
-    assert all(len(line) <= 100 for line in table) and len(table[2]) == 100
-    assert table[2].startswith("pool_2d(type=f64,x=[2,3,6,5]…e=[1,2],cotangent=expanded)  PASS")
-    assert "checked_fraction" not in text and "x[0, 1, 1, 0]" not in text
+    assert table[0].split() == ["case", "status", "max_rel_err", "kinks", "forward", "torch"]
+    assert all(len(line) <= 100 for line in table)
+    assert table[2].startswith("pool_2d(type=f64,x=[2,3,6,5],kernel=[1,1],mode=max,")
+    assert table[2].split()[1:] == ["PASS", "1e-12", "0", "agree", "agree"]
+    assert unwrapped([table[2].split()[0], table[3].rstrip()]) == LONG
+    assert "…" not in text and "checked_fraction" not in text and "x[0, 1, 1, 0]" not in text
 
 
-def test_compact_report_sums_per_op_and_lists_failures_in_full():
-    text = render(sweep(), "plain", "gradcheck", terminal=Terminal(width=40))
+def test_a_narrow_terminal_leaves_out_columns_and_says_which():
+    text = render(sweep(), "plain", "gradcheck", terminal=Terminal(width=60), show="all")
     lines = visible(text)
-    start = lines.index("op       passed  failed  errors  kinks")
-    assert lines[start + 2].split() == ["pool_2d", "2", "0", "0", "3"]
-    assert lines[start + 3].split() == ["relu", "0", "1", "0", "0"]
-    assert lines[start + 4].split() == ["conv_2d", "0", "0", "1", "0"]
-    failures = lines[lines.index("failures (2):"):]
-    assert failures[1:8] == ["", "FAIL relu(type=f32,x=[10])", f"  {MESSAGE}",
-                             f"  reproduce: {REPRO}", "", "ERROR conv_2d(type=f32)",
-                             "  ShapeError: bad"]
-    assert lines[-1] == summary_line(sweep()) == "2 passed, 1 failed, 1 errors"
-    assert text.endswith("\n")
+    assert lines[0].split() == ["case", "status", "max_rel_err", "kinks"]
+    footer = ("(left out to fit: forward, torch; a wider terminal, a pipe or --output FILE "
+              "shows them)")
+    assert lines[lines.index("") - 1] == footer
+    assert all(len(line) <= 60 for line in lines[:lines.index("") - 1])
 
 
-def test_group_by_gives_the_summary_per_group_and_no_failures_section_when_all_pass():
-    rows = [Result("optcheck", f"adam: c{i}", "pass", {"max_rel_err": 0.0},
-                   labels={"family": fam, "dtype": "f64"})
-            for i, fam in enumerate(("closed-form", "torch", "torch"))]
-    text = render_compact(rows, "optcheck", group_by="family")
-    assert "family       passed  failed  errors\n" in text
-    assert "torch             2       0       0\n" in text
-    assert "failures" not in text and text.endswith("3 passed")
-    assert group_summary(rows, None) == "" and group_summary(rows, "op") == ""
+def test_an_empty_report_and_a_tool_without_groups():
     assert render_compact([], "gradcheck") == "no cases"
+    rows = [Result("mine", f"c{i}", "pass", {"x": i}) for i in range(3)]
+    assert render_compact(rows, show="all").splitlines()[0].split() == ["case", "x", "status"]
+    assert render_compact(rows) == "3 passed"
 
 
-def test_files_and_pipes_get_the_compact_columns_unshortened():
-    text = render(sweep(), "plain", "gradcheck")
+def test_files_and_pipes_get_the_compact_columns_unwrapped():
+    text = render(sweep(), "plain", "gradcheck", show="all")
     assert LONG in text and "…" not in text and "\x1b[" not in text
     assert text.splitlines()[0].split()[1:] == ["status", "max_rel_err", "kinks", "forward",
                                                 "torch"]
+    assert compact_table(sweep(), "gradcheck").dropped == ()
 
 
 def test_verbose_and_the_other_formats_keep_every_column():
@@ -166,8 +183,8 @@ def test_verbose_and_the_other_formats_keep_every_column():
 
 
 def test_colour_marks_statuses_without_moving_the_columns():
-    plain = render(sweep(), "plain", "gradcheck", terminal=Terminal(width=80))
-    coloured = render(sweep(), "plain", "gradcheck", terminal=Terminal(80, True))
+    plain = render(sweep(), "plain", "gradcheck", terminal=Terminal(width=80), show="all")
+    coloured = render(sweep(), "plain", "gradcheck", terminal=Terminal(80, True), show="all")
     assert "\x1b[32mPASS\x1b[0m" in coloured and "\x1b[31mFAIL\x1b[0m relu" in coloured
     assert ANSI.sub("", coloured) == plain and "\x1b[" not in plain
 
@@ -189,9 +206,9 @@ def test_terminal_of_a_stream(monkeypatch):
     assert Terminal.of(io.StringIO()) == NO_TERMINAL == Terminal()
     monkeypatch.setenv("COLUMNS", "77")
     monkeypatch.delenv("NO_COLOR", raising=False)
-    assert Terminal.of(FakeTty()) == Terminal(77, True, "…")
+    assert Terminal.of(FakeTty()) == Terminal(77, True)
     monkeypatch.setenv("NO_COLOR", "1")
-    assert Terminal.of(FakeTty("ascii")) == Terminal(77, False, "...")
+    assert Terminal.of(FakeTty("ascii")) == Terminal(77, False)
 
 
 @pytest.fixture
@@ -209,14 +226,14 @@ def tty_stdout(monkeypatch):
 
 def test_emit_fits_a_terminal_but_not_a_file(tty_stdout, tmp_path):
     tty = tty_stdout()
-    assert emit(sweep(), tool="gradcheck") == 1
+    assert emit(sweep(), tool="gradcheck", show="all") == 1
     shown = tty.getvalue()
-    assert "\x1b[32mPASS" in shown and "…" in shown
-    assert max(len(line) for line in visible(shown)[:5]) == 70
+    assert "\x1b[32mPASS" in shown and LONG not in shown
+    assert max(len(line) for line in visible(shown)[:5]) <= 70
     path = tmp_path / "r.txt"
-    assert emit(sweep(), tool="gradcheck", output=path) == 1
+    assert emit(sweep(), tool="gradcheck", output=path, show="all") == 1
     text = path.read_text()
-    assert text == render(sweep(), "plain", "gradcheck") and LONG in text
+    assert text == render(sweep(), "plain", "gradcheck", show="all") and LONG in text
     assert "\x1b[" not in text and "checked_fraction" not in text
     assert emit(sweep(), tool="gradcheck", output=path, verbose=True) == 1
     assert "checked_fraction" in path.read_text()
@@ -225,7 +242,7 @@ def test_emit_fits_a_terminal_but_not_a_file(tty_stdout, tmp_path):
 def test_emit_echo_plain_fits_the_terminal(tty_stdout, tmp_path):
     path = tmp_path / "r.json"
     tty = tty_stdout()
-    emit(sweep(), tool="gradcheck", fmt="json", output=path, echo_plain=True)
+    emit(sweep(), tool="gradcheck", fmt="json", output=path, echo_plain=True, show="all")
     assert '"checked_fraction"' in path.read_text()
     shown = visible(tty.getvalue())
-    assert shown[0].split()[0] == "case" and max(len(line) for line in shown[:5]) == 70
+    assert shown[0].split()[0] == "case" and max(len(line) for line in shown[:5]) <= 70

@@ -62,7 +62,8 @@ COUNTS = {"passed": 1, "failed": 2, "errors": 1, "crashed": 0, "skipped": 1, "un
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_renders_every_status(fmt):
-    text = render(mixed_results(), fmt, "gradcheck", meta={"argv": ["--op", "relu"]})
+    text = render(mixed_results(), fmt, "gradcheck", meta={"argv": ["--op", "relu"]},
+                  show="all")
     assert text.endswith("\n")
     for r in mixed_results():
         if fmt in ("plain", "github"):
