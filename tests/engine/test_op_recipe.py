@@ -1,4 +1,4 @@
-"""The README's first recipe, "add an op", followed from outside the repository.
+"""docs/architecture.md's first recipe, "add an op", followed from outside the repository.
 
 A toy op `double` (y = 2 x) is written as one module in a temporary directory: its shape
 rule, backward rule, CPU kernel, torch reference, sample cases and strategy, registered

@@ -140,7 +140,7 @@ ggml = pytest.mark.skipif(importlib.util.find_spec("libggml") is None,
 
 @ggml
 def test_ggml_pool_2d_backward_on_a_permuted_gradient_is_caught():
-    """The bug that broke ggml's MNIST CNN training (README, MNIST), now a gradcheck row:
+    """The bug that broke ggml's MNIST CNN training (docs/guides/mnist.md), now a gradcheck row:
     the contiguous case passes, the permuted one fails."""
     from gradcheck.adapters import get_adapter
     adapter = get_adapter("ggml")
@@ -208,7 +208,7 @@ def test_a_scalar_output_is_checked_contiguous_only():
 
 
 def test_torch_autograd_gradcheck_passes_what_the_cotangent_checks_catch():
-    """The README's claim: torch's own gradcheck feeds backward contiguous gradients only."""
+    """docs/findings/torch.md: torch's gradcheck feeds backward contiguous gradients only."""
     torch = pytest.importorskip("torch")
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_ReadsAsContiguous.make(), (x,))

@@ -289,7 +289,8 @@ def test_an_isolated_adapter_runs_jvp_and_hvp_in_its_worker(tmp_path, monkeypatc
     assert rows[2].message != f"no second order in pid {os.getpid()}"
 
 
-def test_the_readme_example_of_the_new_modes_runs():
+def test_the_docs_example_of_the_new_modes_runs():
+    """docs/guides/gradcheck.md, Forward mode and second order: its example, as written."""
     result = check_torch(torch.nn.functional.gelu, [np.linspace(-3, 3, 12)], ad="both",
                          order=2)
     assert (result.status, result.metrics["parts"]) == \

@@ -2,7 +2,7 @@
 
 ggml aborts the process on a failed GGML_ASSERT, so no test triggers one in this process:
 the abort test runs in a subprocess. Every case run here in-process is one on which ggml
-0.20.2 neither aborts nor errs (see the README's ggml findings for those that do).
+0.20.2 neither aborts nor errs (docs/findings/ggml.md lists those that do).
 Its 16-bit cases are test_ggml_16bit.
 """
 
@@ -312,7 +312,7 @@ GgmlAdapter().vjp(case, case.generate_inputs(), np.ones((3, 2, 5)))
 def test_ggml_segfaults_on_trainable_sinks():
     """ggml 0.20.2's SOFT_MAX backward writes no gradient for src[2], the sinks, and its
     closing check `ggml_are_same_shape(src2, cgraph->grads[isrc2])` (ggml.c:7101) reads
-    the missing gradient: a NULL dereference in ggml_build_backward_expand (the README's
+    the missing gradient: a NULL dereference in ggml_build_backward_expand (docs/findings/ggml.md's
     finding; such cases are `crash` rows)."""
     proc = subprocess.run([sys.executable, "-c", SEGFAULTING], capture_output=True,
                           text=True, timeout=120)
@@ -320,7 +320,7 @@ def test_ggml_segfaults_on_trainable_sinks():
 
 
 # --- generated cases and repro commands ------------------------------------------------------
-# the strided max-pool case of the README: ggml's pool_2d reads and writes its input as if
+# docs/findings/ggml.md's strided max-pool case: ggml's pool_2d reads and writes its input as if
 # contiguous (a segfault, or wrong and non-deterministic values)
 STRIDED_POOL = Sample.make("pool_2d", [InputSpec("x", (1, 2, 4, 4), "distinct",
                                                  permute=(0, 2, 1, 3))],

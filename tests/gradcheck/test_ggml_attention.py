@@ -2,7 +2,7 @@
 ggml_flash_attn_ext checked forward only, and llama.cpp's decoder blocks from ggml's ops.
 
 Every case run in this process is one on which ggml 0.20.2 does not abort (GQA with a batch
-and ALiBi abort in ggml's backward: the README's findings)."""
+and ALiBi abort in ggml's backward: docs/findings/ggml.md)."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def _socket_server(where) -> tuple[subprocess.Popen, int]:
 
 @pytest.mark.slow
 def test_two_hosts_through_socket_gateways(tmp_path, serial_doc):
-    """The README's `--tx socket=HOST:PORT` recipe with two servers on this machine."""
+    """docs/guides/distributed.md's `--tx socket=HOST:PORT` recipe, two servers on this machine."""
     servers = []
     try:
         for name in ("host1", "host2"):

@@ -148,7 +148,7 @@ def test_ggml_cnn_gradients_before_the_last_pooling_are_wrong(lib, mnist):
 
 
 def test_ggml_pool_2d_backward_reads_a_permuted_gradient_as_contiguous(lib):
-    """Why ggml's CNN training differs from torch's (README, MNIST): ggml 0.20.2's pool_2d
+    """Why ggml's CNN training differs from torch's (docs/guides/mnist.md): ggml 0.20.2's pool_2d
     backward reads its incoming gradient as if it were contiguous. The MNIST CNN's flatten,
     cont(permute(pool_2d(x))), hands it a permuted one, so every gradient before the last
     pooling is wrong while the forward pass and the dense layer's gradient are right. When

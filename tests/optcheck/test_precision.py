@@ -63,7 +63,7 @@ def test_the_engine_passes_with_a_margin(optimizer, dtype):
     for r in rows:
         assert r.status == "pass", (r.name, r.message)
         assert r.labels["family"] == "precision" and r.labels["dtype"] == dtype
-        # measured at 100 steps: at most 1.32 (README); 8 is the bar
+        # measured at 100 steps: at most 1.32 (docs/guides/optcheck.md); 8 is the bar
         assert r.metrics["ratio"] < 2.0, (r.name, r.metrics)
         assert r.metrics["err_vs_f64"] > 0 and r.metrics["ref_err"] > 0
 
