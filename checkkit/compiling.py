@@ -28,10 +28,10 @@ EVENT = "numba:compile"
 
 def kernel_group(dispatcher) -> str:
     """What a compiled kernel belongs to, for a person: the last part of its module's name
-    (engine.backends.cpu.pool_2d -> pool_2d), else its function's name."""
+    (engine.backends.cpu.pool_2d -> pool_2d), else (a script's) its function's name."""
     func = getattr(dispatcher, "py_func", None)
-    module = getattr(func, "__module__", None) or ""
-    return module.rsplit(".", 1)[-1] or getattr(func, "__name__", "kernels")
+    module = (getattr(func, "__module__", None) or "").rsplit(".", 1)[-1]
+    return module if module not in ("", "__main__") else getattr(func, "__name__", "kernels")
 
 
 def job_subject(job) -> str:
@@ -88,6 +88,7 @@ def _bar_shower(tool: str, stream):
         bar.set_description_str(f"{tool}: compiling kernels for {group} (first run only)",
                                 refresh=False)
         bar.update(1)
+        bar.refresh()          # each compilation takes a while: no need to save redraws
 
     def close() -> None:
         if bar is not None:
