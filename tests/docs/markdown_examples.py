@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import shlex
 import subprocess
 import sys
@@ -155,10 +156,11 @@ class ShellExample:
         return _label(self.path, self.line)
 
 
-def _command_lines(code: str, first_line: int):
+def _command_lines(code: str, first_line: int, console: bool = False):
     """(line, text) of each logical line of a shell block: `\\` continuations joined, a
-    `$ ` prompt dropped; output lines of a ```console block (no prompt) are left out."""
-    prompts = any(x.lstrip().startswith("$ ") for x in code.splitlines())
+    `$ ` prompt dropped; in a block with prompts (always in a ```console block) the lines
+    without one are the commands' output, left out."""
+    prompts = console or any(x.lstrip().startswith("$ ") for x in code.splitlines())
     pending, start = "", 0
     for i, raw in enumerate(code.splitlines()):
         text = raw.strip()
@@ -184,7 +186,7 @@ def shell_examples(path: pathlib.Path) -> list[ShellExample]:
     for block in code_blocks(path.read_text(encoding="utf-8"), path):
         if block.lang not in SHELL:
             continue
-        for line, text in _command_lines(block.code, block.line):
+        for line, text in _command_lines(block.code, block.line, block.lang == "console"):
             try:
                 words = shlex.split(text, comments=True)
             except ValueError:       # not a command line (unbalanced quotes in prose)
@@ -210,6 +212,8 @@ LONG_OPTIONS = {
     "optcheck": ("--self-test", "--workers", "--steps", "--random"),
 }
 LONG_ENGINES = ("tinygrad",)
+# an argument that stands for the reader's own value: `...`, `<case>`, `NAME`, `FILE`
+PLACEHOLDER = re.compile(r"\.\.\.|…|<[^<>]+>|^[A-Z][A-Z_]+$")
 
 
 def skip_reason(example: ShellExample) -> str | None:
@@ -217,13 +221,17 @@ def skip_reason(example: ShellExample) -> str | None:
     runs; gradcheck runs with `--list`, `--op NAME` or `--repro CASE` and optcheck with
     `--opt NAME` (not `all`), unless an option in LONG_OPTIONS or an engine in
     LONG_ENGINES makes it long, or the command depends on the page's context (an
-    environment variable set before it, a placeholder for your own adapter module, an
-    input file an earlier command made); the MNIST commands train for minutes and never
-    run; gradcheck-report reads result files an earlier command wrote."""
+    environment variable set before it, a placeholder (PLACEHOLDER, or your own adapter
+    module as `--engine module:attribute`), an input file an earlier command made); the
+    MNIST commands train for minutes and never run; gradcheck-report reads result files
+    an earlier command wrote."""
     argv = example.argv
     if _assigns(argv[0]):
         return "sets an environment variable for the command (e.g. a cold kernel cache)"
     tool, args = argv[0], argv[1:]
+    placeholders = [a for a in args if PLACEHOLDER.search(a)]
+    if placeholders:
+        return f"{placeholders[0]} is a placeholder for a value of yours"
     if "--help" in args or "-h" in args:
         return None
     if tool not in LONG_OPTIONS:

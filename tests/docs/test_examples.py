@@ -39,10 +39,12 @@ def test_shell_example_runs(example, tmp_path):
 
 
 def test_the_pages_have_examples():
-    """The collection above finds the README's examples (an empty list would pass them
-    all)."""
+    """The collection above finds examples in the README and in docs/ (an empty list would
+    pass them all)."""
     readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    assert any(e.path == readme for e in SHELL_EXAMPLES)
+    found = {e.path for e in PYTHON_EXAMPLES + SHELL_EXAMPLES}
+    assert readme in found
+    assert any(path != readme for path in found)
 
 
 # --- a broken example fails ------------------------------------------------------------------
@@ -81,6 +83,11 @@ $ gradcheck --op no_such_op \\
 $ gradcheck --all | tail -3
 $ NUMBA_CACHE_DIR=$(mktemp -d) gradcheck --op relu
 ```
+
+```console
+$ optcheck --opt sgd
+optcheck --opt adam: this line is output, not a command
+```
 '''
 
 
@@ -111,8 +118,9 @@ def test_a_planted_broken_shell_example_fails(planted, tmp_path):
         ("gradcheck", "--op", "no_such_op", "--dtype", "f64"),
         ("gradcheck", "--all")]
     assert examples[3].argv[0].startswith("NUMBA_CACHE_DIR=")
-    assert [e.line for e in examples] == [29, 30, 32, 33]
-    listed, unknown, everything, cold = examples
+    assert examples[4].argv == ("optcheck", "--opt", "sgd") and len(examples) == 5
+    assert [e.line for e in examples] == [29, 30, 32, 33, 37]
+    listed, unknown, everything, cold, _ = examples
     assert skip_reason(listed) is None and skip_reason(unknown) is None
     assert "--all" in skip_reason(everything)
     assert "environment variable" in skip_reason(cold)
@@ -152,6 +160,9 @@ def test_fence_info_strings(tmp_path, fence, lang, options):
     (("optcheck", "--self-test"), False),
     (("mnist-train", "--arch", "fc"), False),
     (("mnist-regress", "--help"), True),
+    (("gradcheck", "--repro", "Sample(...)"), False),
+    (("gradcheck", "--op", "NAME"), False),
+    (("gradcheck", "--op", "<op>"), False),
 ])
 def test_which_shell_examples_run(tmp_path, argv, runs):
     example = ShellExample(tmp_path, 1, " ".join(argv), argv)
