@@ -13,7 +13,8 @@ A tool's plugin is a ToolPlugin of its request class (checkkit.request): its opt
 FILE`. It is idle, and imports nothing heavy, unless `--TOOL` is given. Then the request
 is validated as the command line validates it, and its Plan's jobs (checkkit.jobs) become
 the items, collected without any test file under one session-level collector per tool,
-`gradcheck::CASE` and `optcheck::CASE`, in the same order in every xdist worker; each item
+`gradcheck::CASE` and `optcheck::CASE` (`gradcheck::OP[CASE]` where the case string holds a
+"[": item_name), in the same order in every xdist worker; each item
 runs exactly what the command line runs for that job.
 
 An item fails when one of its rows fails, errs or crashes (the report: each such row's
@@ -25,15 +26,16 @@ writes). On the controller `--TOOL-json FILE` writes every row, in the command l
 as the gradverify.results/1 document that `TOOL --format json` writes (reports.render,
 written atomically); its meta.argv is pytest's.
 
-An xdist worker compiles into a numba cache of its own, `$NUMBA_CACHE_DIR/xdist-gwN`
-(default base: ~/.cache/gradverify/numba), as the project's tests do: numba's disk cache is
-not safe for two processes compiling one kernel at once.
+Every xdist worker, like the command lines and the tests, loads and compiles our kernels in
+the one numba cache (NUMBA_CACHE_DIR, else <checkkit.cache.default_cache_dir()>/numba: see
+checkkit.cache), which the engine makes safe for processes sharing it
+(engine.backends.cpu.disk_cache): a warm command line makes warm workers.
 """
 
 from __future__ import annotations
 
 import os
-import sys
+import re
 
 import pytest
 
@@ -139,7 +141,6 @@ class ToolPlugin:
                 raise pytest.UsageError(f"{stray} applies to --{self.tool}, which is not given")
             return
         if hasattr(config, "workerinput"):
-            _worker_numba_cache(config.workerinput["workerid"])
             _one_line_warnings(self.tool)
         elif not config.pluginmanager.has_plugin(SIGNALS_PLUGIN):
             config.pluginmanager.register(_Signals(), SIGNALS_PLUGIN)
@@ -184,18 +185,16 @@ def _one_line_warnings(tool: str) -> None:
     format_warnings_as(tool)
 
 
-def _worker_numba_cache(worker: str) -> None:
-    """NUMBA_CACHE_DIR of this xdist worker: `<base>/xdist-<worker>`, base the variable's
-    value or ~/.cache/gradverify/numba; left as it is when it already names this worker
-    (as the project's tests/conftest.py sets it) or when numba is loaded already (numba
-    reads it on import: too late)."""
-    if "numba" in sys.modules:
-        return
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    base = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(cache, "gradverify", "numba")
-    leaf = f"xdist-{worker}"
-    if os.path.basename(os.path.normpath(base)) != leaf:
-        os.environ["NUMBA_CACHE_DIR"] = os.path.join(base, leaf)
+def item_name(job_name: str) -> str:
+    """The pytest name of the item of job `job_name`: the job's name, or, where that holds a
+    "[", `OP[JOB_NAME]` (OP: the name up to its first "(", ":" or "["). pytest reads an
+    id's parameters from its first "[" to a "]" that ends it (NodeId.parse, which a report
+    from an xdist worker and --junitxml go through): `relu(type=f32,x=[3,4])` would come
+    back as `relu(type=f32,x=[3,4])]`; `relu[relu(type=f32,x=[3,4])]` comes back whole, the
+    case string, which `-k` and the command line's `-k` take, inside the brackets."""
+    if "[" not in job_name:
+        return job_name
+    return f"{re.match(r'[^([:]*', job_name).group().strip()}[{job_name}]"
 
 
 class SweepItem(pytest.Item):
@@ -209,8 +208,8 @@ class SweepItem(pytest.Item):
     def runtest(self):
         self.rows = self.job.run()
         for row in self.rows:
-            self.user_properties.append(
-                ("status", row.status if row.name == self.name else f"{row.status}: {row.name}"))
+            status = row.status if row.name == self.job.name else f"{row.status}: {row.name}"
+            self.user_properties.append(("status", status))
             if "repro" in row.metrics:
                 self.user_properties.append(("repro", row.metrics["repro"]))
         judge_rows(self.rows)
@@ -221,7 +220,7 @@ class SweepItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"{self.parent.name}: {self.name}"
+        return self.path, None, f"{self.parent.name}: {self.job.name}"
 
 
 class SweepCollector(pytest.Collector):
@@ -232,7 +231,7 @@ class SweepCollector(pytest.Collector):
         self.jobs = jobs
 
     def collect(self):
-        return [SweepItem.from_parent(self, name=job.name, job=job) for job in self.jobs]
+        return [SweepItem.from_parent(self, name=item_name(job.name), job=job) for job in self.jobs]
 
 
 def is_signal(exc: BaseException) -> bool:
@@ -273,7 +272,7 @@ class Sweep:
 
     def __init__(self, config, tool: str, plan):
         self.config, self.tool, self.plan = config, tool, plan
-        self.index = {f"{tool}::{job.name}": i for i, job in enumerate(plan.jobs)}
+        self.index = {f"{tool}::{item_name(job.name)}": i for i, job in enumerate(plan.jobs)}
         self.rows: dict[int, list] = {}
         self.written: list[str] = []
 
