@@ -164,8 +164,11 @@ def test_regress_seeds_reports_mean_and_spread(tmp_path, capsys, mnist_subset):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "tensorflow"], "unknown engine tensorflow; known: engine, ggml"),
+    (["--engine", "tensorflow"], "unknown engine tensorflow (known: engine, ggml;"),
+    (["--engine", "ggm"], "unknown engine ggm; did you mean ggml? (known: engine, ggml;"),
     (["--seeds", "0"], "--seeds must lie in [1, 100]"),
+    (["--format", "json", "--output", "r.html"],
+     "mnist-regress: --format json contradicts --output r.html (html); drop one"),
     (["--engine", "ggml", "--ggml-lib", "/nonexistent/ggml"],
      "ggml: --ggml-lib /nonexistent/ggml does not exist"),
     (["--ggml-lib", "/nonexistent/ggml"], "--ggml-lib applies to --engine ggml only"),

@@ -56,3 +56,32 @@ def test_verbose_gives_a_table_per_family_with_every_column(checks, capsys):
 
 def test_progress_only_when_stderr_is_a_terminal(checks, monkeypatch, capsys):
     assert_progress_only_on_a_terminal(main, ["--opt", "adam"], checks, monkeypatch)
+
+
+def test_the_output_extension_picks_the_format(checks, tmp_path):
+    path = tmp_path / "r.json"
+    assert main(["--opt", "adam", "--no-progress", "--output", str(path)]) == 0
+    assert path.read_text().startswith("{")
+    assert main(["--opt", "adam", "--no-progress", "--output", str(tmp_path / "r.md")]) == 0
+    assert (tmp_path / "r.md").read_text().startswith("## closed-form")
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--opt", "adam", "--format", "plain", "--output", "r.xml"],
+     "optcheck: --format plain contradicts --output r.xml (junit); drop one"),
+    (["--opt", "adam", "--engine", "torhc"],
+     "optcheck: unknown engine 'torhc'; did you mean torch? (known: engine, torch, "
+     "torch-foreach, torch-fused, ggml, optax, or module:attribute naming your own adapter)"),
+])
+def test_refusals_in_one_line(checks, capsys, argv, line):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_an_unknown_optimizer_gets_the_closest_ones(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--opt", "adan"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "optcheck: error: argument --opt: invalid choice: 'adan'; did you mean adam? (choose "
+        "from sgd, adam, adamw")
