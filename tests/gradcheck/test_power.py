@@ -178,8 +178,10 @@ def test_cli_strict_exits_1_on_a_vacuous_row(monkeypatch, capsys):
     monkeypatch.setattr(cli, "rows_of", lambda *a: [vacuous])
     argv = ["--op", "relu", "--dtype", "f64", "--no-progress"]
     assert cli.main(argv) == 0
-    assert "vacuous (1): these checks could not have failed" in capsys.readouterr().out
+    assert "vacuous (1), by reason:\n  1  vacuous: x: its reference gradient is 0 everywhere" \
+        in capsys.readouterr().out
     assert cli.main([*argv, "--strict"]) == 1
+    assert "vacuous (1): these checks could not have failed" in capsys.readouterr().out
 
 
 # --- mixed precision: judged by what is computed ---------------------------------------------
