@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -202,9 +204,57 @@ def _dtype_label(dt) -> str:
         return np.dtype(dt).name
 
 
+def _autograd_function(fn) -> type | None:
+    """The torch.autograd.Function subclass whose `apply` `fn` is (None for anything else)."""
+    owner = getattr(fn, "__self__", None)
+    if not isinstance(owner, type) or getattr(fn, "__name__", None) != "apply":
+        return None
+    torch = sys.modules.get("torch")
+    if torch is None or not issubclass(owner, torch.autograd.Function):
+        return None
+    return owner
+
+
+def function_name(fn) -> str:
+    """What a case of `fn` is called: its name (`lambda` for a lambda, `function` without
+    one); for a torch.autograd.Function's `F.apply`, the class's name F."""
+    function_class = _autograd_function(fn)
+    if function_class is not None:
+        return function_class.__name__
+    name = getattr(fn, "__name__", None) or "function"
+    return "lambda" if name == "<lambda>" else name
+
+
+def input_names(fn, count: int) -> list[str]:
+    """The names of `fn`'s first `count` inputs: its positional parameters (for a
+    torch.autograd.Function's `F.apply`, F.forward's after `ctx`), `x<i>` for an input
+    no positional parameter names (past them, under *args, or a function without a
+    signature, as numpy's ufuncs)."""
+    function_class = _autograd_function(fn)
+    target = fn if function_class is None else function_class.forward
+    try:
+        parameters = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    torch = sys.modules.get("torch")
+    if (function_class is not None and positional and torch is not None
+            and function_class.setup_context is torch.autograd.Function.setup_context):
+        positional = positional[1:]          # forward(ctx, ...): no separate setup_context
+    names = positional[:count]
+    for i in range(len(names), count):
+        name = f"x{i}"
+        while name in names:
+            name = f"_{name}"
+        names.append(name)
+    return names
+
+
 def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
                    **fields) -> FunctionCase:
-    """The FunctionCase of `fn` at `arrays`, named `name(x0=[shape],...)`."""
+    """The FunctionCase of `fn` at `arrays`, named `NAME(a=[shape],...)` after the function
+    and its parameters (function_name, input_names)."""
     arrays = tuple(np.asarray(a) for a in arrays)
     if not arrays:
         raise ValueError(f"{what} needs at least one input array")
@@ -218,11 +268,9 @@ def _function_case(fn, arrays, grad, name, what: str, engine_dtypes: bool,
     if len(grad) != len(arrays):
         raise ValueError(f"grad has {len(grad)} flags for {len(arrays)} inputs")
     label = dtype_name if engine_dtypes else _dtype_label
-    inputs = tuple(InputSpec(f"x{i}", a.shape, dtype=label(a.dtype), grad=bool(g))
-                   for i, (a, g) in enumerate(zip(arrays, grad, strict=True)))
-    fn_name = name or getattr(fn, "__name__", "function")
-    if fn_name == "<lambda>":
-        fn_name = "lambda"
+    inputs = tuple(InputSpec(n, a.shape, dtype=label(a.dtype), grad=bool(g))
+                   for n, a, g in zip(input_names(fn, len(arrays)), arrays, grad, strict=True))
+    fn_name = name or function_name(fn)
     shapes = ",".join(f"{i.name}=[{','.join(map(str, i.shape))}]" for i in inputs)
     return FunctionCase(f"{fn_name}({shapes})", fields.pop("build_fn", None), arrays, inputs,
                         dtype_name(floats[0].dtype), **fields)

@@ -76,7 +76,8 @@ def function_case(build, arrays, *, grad=None, torch_fn=None, name: str | None =
                   cotangent: str = "contiguous") -> FunctionCase:
     """The case of `build(*tensors)`, an engine expression of its inputs, at `arrays`, as
     gradcheck.api.check_function checks it for one cotangent layout (engine.samples);
-    its string is `NAME(x0=[shape],...)`."""
+    its string is `NAME(a=[shape],...)`, named after the function and its parameters
+    (gradcheck.api.input_names)."""
     case = _function_case(build, arrays, grad, name, "function_case", True, build_fn=build,
                           torch_fn=torch_fn)
     return dataclasses.replace(case, cotangent=cotangent)

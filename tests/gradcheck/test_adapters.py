@@ -107,7 +107,7 @@ def test_numpy_right_vjp_passes(dtype):
 def test_numpy_wrong_vjp_fails_as_backprop():
     r = check_numpy(np.tanh, lambda w, x: [w * (1 - np.tanh(x) ** 2) * 1.01], [_x()])
     assert r.status == "fail" and r.metrics["forward"] == "agree"
-    assert "numerical: x0 15/15 off" in r.message
+    assert "numerical: x 15/15 off" in r.message.replace("x0 ", "x ")  # numpy<2: no signature
     with pytest.raises(AssertionError, match="gradcheck fail"):
         assert_numpy(np.tanh, lambda w, x: [w * 0.5], [_x()])
 
@@ -192,13 +192,13 @@ def _cube_function(factor: float):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_custom_torch_function_right_backward_passes(dtype):
     r = assert_torch(_cube_function(3.0), [_x(dtype)], name="cube")
-    assert r.name == "cube(x0=[3,5])" and r.labels["engine"] == "torch"
+    assert r.name == "cube(x=[3,5])" and r.labels["engine"] == "torch"
 
 
 def test_custom_torch_function_wrong_backward_fails():
     r = check_torch(_cube_function(2.0), [_x()], name="cube")
     assert r.status == "fail" and r.metrics["forward"] == "agree"
-    assert "numerical: x0" in r.message
+    assert "numerical: x 15/15 off" in r.message             # Cube.forward(ctx, x)
 
 
 def test_torch_callable_with_a_reference_checks_its_forward():

@@ -162,7 +162,7 @@ def test_check_torch_feeds_a_custom_function_every_layout():
     bad = _ReadsAsContiguous.make()
     result = check_torch(bad, [x], name="neg")
     assert result.status in ("fail", "error")
-    assert "cotangent=permuted: " in result.message and result.name == "neg(x0=[3,4])"
+    assert "cotangent=permuted: " in result.message and result.name == "neg(x=[3,4])"
     assert result.labels["cotangents"] == "contiguous,permuted,expanded,sliced"
     only_plain = check_torch(bad, [x], name="neg", cotangents=("contiguous",))
     assert only_plain.status == "pass", only_plain.message
