@@ -127,6 +127,7 @@ def ops_page() -> str:
     checked = sum(r["fast"] is not None for r in rows)
     titles = [cell(ENGINE_TITLES.get(e, e)) for e in ENGINES]
     lines = [
+        "---", "hide:", "  - toc", "---", "",     # Material: the tables take the width
         "# Ops",
         "",
         "Generated from the registry when this site was built (nothing here is typed by "
@@ -152,16 +153,22 @@ def ops_page() -> str:
     for engine, why in unknown.items():
         lines.append(f"- **{cell(ENGINE_TITLES.get(engine, engine))}**: not known when this site "
                      f"was built: {cell(why)}")
-    lines += ["", "| op | kind | backward | order 2 | dtypes | cases | fast | scale | "
-              + " | ".join(titles) + " | description |",
-              "|---|---|---|---|---|--:|--:|--:|" + "--:|" * len(titles) + "---|"]
+    lines += ["", "## Cases and engines", "",
+              "| op | cases | fast | scale | " + " | ".join(titles) + " |",
+              "|---|--:|--:|--:|" + "--:|" * len(titles)]
     for r in rows:
         engines = [(_count(r["engines"][e]) if e in r["engines"] else
                     ("" if r["fast"] is None else "?")) for e in ENGINES]
         lines.append("| " + " | ".join([
-            f"`{r['op']}`", cell(r["kind"]), cell(r["backward"]), cell(r["order 2"]),
-            cell(r["dtypes"]), _count(r["cases"]), _count(r["fast"]), _count(r["scale"]),
-            *engines, cell(r["description"])]) + " |")
+            f"`{r['op']}`", _count(r["cases"]), _count(r["fast"]), _count(r["scale"]),
+            *engines]) + " |")
+    lines += ["", "## Kinds, dtypes and gradients", "",
+              "| op | kind | dtypes | backward | order 2 | description |",
+              "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            f"`{r['op']}`", cell(r["kind"]), cell(r["dtypes"].replace(",", ", ")),
+            cell(r["backward"]), cell(r["order 2"]), cell(r["description"])]) + " |")
     return "\n".join(lines) + "\n"
 
 
