@@ -39,7 +39,8 @@ thead th { background: #f5f5f5; cursor: pointer; user-select: none; white-space:
 thead th::after { content: " \\2195"; color: #aaa; }
 thead th.asc::after { content: " \\2191"; color: #333; }
 thead th.desc::after { content: " \\2193"; color: #333; }
-.grids { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
+.grids { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start;
+  overflow-x: auto; }
 .legend { color: #555; font-size: .9em; margin: 0 0 .5em; }
 table.grid td { text-align: center; min-width: 3.5em; }
 table.grid td a, table.grid th a { color: inherit; text-decoration: none; display: block; }

@@ -2,8 +2,9 @@
 
 The page, top to bottom: the title, the counts per status, the run's meta; a sticky bar
 with the filter box, the status selector and open/close-all; the summary grid (one row per
-section, e.g. per op, one column per value of a second label, e.g. the dtype, each cell
-coloured by its worst status and linking to its section); the failures (every fail, error
+section, one column per value of a second label: gradcheck's op x dtype, optcheck's
+optimizer x family; each cell coloured by its worst status and linking to its section,
+GRID_ROWS rows to a table, side by side); the failures (every fail, error
 and crash row with its message and repro command, linking to the row); the skip reasons,
 grouped; the error plots (reports.html_plots, each point linking to its row); then one
 collapsible section (<details>) per op, its rows in few columns (case, the grid's column
@@ -32,8 +33,8 @@ from reports.table import columns, format_value
 __all__ = ["STATUS_COLOURS", "error_plot_svg", "grid_labels", "render_html"]
 
 # (section label, grid column label) pairs, the first whose section label the results
-# carry wins: gradcheck's ops x dtypes, optcheck's optimizers x checks.
-GRID_LABELS = (("op", "dtype"), ("optimizer", "check"))
+# carry wins: gradcheck's ops x dtypes, optcheck's optimizers x check families.
+GRID_LABELS = (("op", "dtype"), ("optimizer", "family"))
 # A cell's colour: the first of these among its statuses.
 WORST_FIRST = ("crash", "fail", "error", "vacuous", "pass", "unsupported", "skip")
 PROBLEMS = ("fail", "error", "crash")

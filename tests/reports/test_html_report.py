@@ -93,9 +93,9 @@ def test_worst_status_ranks_problems_over_passes_over_skips():
 
 def test_grid_labels_follow_the_tool():
     assert grid_labels(sample()) == ("op", "dtype")
-    opt = [Result("optcheck", "adam: quadratic", "pass", labels={"optimizer": "adam",
-                                                                 "check": "torch"})]
-    assert grid_labels(opt) == ("optimizer", "check")
+    opt = [Result("optcheck", "adam: quadratic", "pass",
+                  labels={"optimizer": "adam", "family": "torch", "check": "grid"})]
+    assert grid_labels(opt) == ("optimizer", "family")
     assert grid_labels([Result("mnist", "fc", "pass", labels={"arch": "fc"})]) == \
         (None, None)
     page = render_html(opt, "optcheck report")
