@@ -116,3 +116,18 @@ def test_importing_the_engine_with_bad_settings_warns_and_works(a_file):
                   "no disk cache"):
         assert words in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("numba_first", [False, True])
+def test_importing_the_engine_points_numba_at_the_one_root(tmp_path, numba_first):
+    """NUMBA_CACHE_DIR unset: the engine sets it to <GRADVERIFY_CACHE>/numba before numba
+    caches anything, even where numba was imported first; processes it starts inherit it."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["GRADVERIFY_CACHE"] = str(tmp_path / "g")
+    code = ("import os, sys\n" + ("import numba\n" if numba_first else "") +
+            "import engine, numba.core.config as c\n"
+            "print(c.CACHE_DIR)\nprint(os.environ['NUMBA_CACHE_DIR'])")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(tmp_path / "g" / "numba")] * 2
