@@ -20,13 +20,16 @@ tabs, whose indented bodies are parsed again.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import os
 import pathlib
 import re
 import shlex
 import subprocess
 import sys
+import textwrap
 
 from markdown_it import MarkdownIt
 
@@ -71,9 +74,12 @@ def _dedent(text: str) -> str:
     return "\n".join(x[indent:] for x in lines)
 
 
-def code_blocks(text: str, path: pathlib.Path, first_line: int = 0) -> list[Block]:
-    """The fenced code blocks of Markdown `text`, in page order; an indented block (an
-    admonition's or a content tab's body) is parsed again for the fences inside it."""
+def code_blocks(text: str, path: pathlib.Path, first_line: int = 0, *,
+                indented_code: bool = False) -> list[Block]:
+    """The fenced code blocks of Markdown `text`, in page order. An indented block is an
+    admonition's or a content tab's body, parsed again for the fences inside it, or, with
+    `indented_code` (a docstring, where examples are indented), a code block of its own
+    (language "")."""
     blocks = []
     for token in MarkdownIt("commonmark").parse(text):
         if not token.map:
@@ -83,6 +89,9 @@ def code_blocks(text: str, path: pathlib.Path, first_line: int = 0) -> list[Bloc
             lang = words[0].lower() if words else ""
             blocks.append(Block(path, lang, frozenset(words[1:]), token.content,
                                 first_line + token.map[0] + 2))
+        elif token.type == "code_block" and indented_code:
+            blocks.append(Block(path, "", frozenset(), token.content,
+                                first_line + token.map[0] + 1))
         elif token.type == "code_block":
             blocks += code_blocks(_dedent(token.content), path, first_line + token.map[0])
     return blocks
@@ -139,6 +148,41 @@ def run_python(example: PythonExample) -> None:
     so that a traceback points at the page's lines); whatever it raises propagates."""
     code = compile(example.source, str(example.path), "exec")
     exec(code, {"__name__": "__docs_example__"})
+
+
+def is_sketch(source: str) -> bool:
+    """Whether a docstring's example is a sketch rather than a program: a statement of its
+    is a bare `...` standing for code the reader writes (`def update(...): ...`)."""
+    return any(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+               and node.value.value is Ellipsis for node in ast.walk(ast.parse(source)))
+
+
+def docstring_examples(objects) -> list[PythonExample]:
+    """The Python examples in the docstrings of `objects` (modules, classes, functions: the
+    ones the API reference renders), which the site shows as code: each indented or fenced
+    block of a docstring that parses as Python, labelled with the source file and line it
+    starts on."""
+    examples = []
+    for obj in objects:
+        doc = obj.__doc__ if isinstance(obj.__doc__, str) else None
+        if not doc:
+            continue
+        path = pathlib.Path(inspect.getsourcefile(obj))
+        source = path.read_text(encoding="utf-8").splitlines()
+        start = 0 if inspect.ismodule(obj) else inspect.getsourcelines(obj)[1] - 1
+        for block in code_blocks(inspect.cleandoc(doc), path, indented_code=True):
+            if block.lang not in ("", *PYTHON) or "notest" in block.options:
+                continue
+            try:
+                ast.parse(block.code)
+            except SyntaxError:      # a formula or a shell line, not a program
+                continue
+            first = block.code.strip().splitlines()[0].strip()
+            line = next((i + 1 for i, text in enumerate(source)
+                         if i >= start and text.strip() == first), 1)
+            examples.append(PythonExample(path, line, "\n" * (line - 1)
+                                          + textwrap.dedent(block.code)))
+    return examples
 
 
 # --- shell -----------------------------------------------------------------------------------

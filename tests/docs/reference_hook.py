@@ -15,3 +15,22 @@ def load():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def api_objects() -> list:
+    """The objects the API reference documents (the hook's API), with the public members of
+    each module and class among them (what mkdocstrings renders of them)."""
+    import inspect
+    import pkgutil
+    found = []
+    for _, paths in load().API:
+        for path in paths:
+            obj = pkgutil.resolve_name(path)
+            found.append(obj)
+            if inspect.ismodule(obj):
+                found += [m for n, m in vars(obj).items() if not n.startswith("_")
+                          and getattr(m, "__module__", None) == obj.__name__]
+            elif inspect.isclass(obj):
+                found += [m for n, m in vars(obj).items() if not n.startswith("_")
+                          and (inspect.isfunction(m) or inspect.isclass(m))]
+    return found

@@ -11,6 +11,8 @@ import pytest
 from tests.docs.markdown_examples import (
     ShellExample,
     code_blocks,
+    docstring_examples,
+    is_sketch,
     pages,
     python_examples,
     run_command,
@@ -18,13 +20,25 @@ from tests.docs.markdown_examples import (
     shell_examples,
     skip_reason,
 )
+from tests.docs.reference_hook import api_objects
 
 PYTHON_EXAMPLES = [e for page in pages() for e in python_examples(page)]
+# the docstrings the API reference renders (docs/hooks/reference.py's API), their members'
+# included
+DOCSTRING_EXAMPLES = docstring_examples(api_objects())
 SHELL_EXAMPLES = list({e.argv: e for page in pages() for e in shell_examples(page)}.values())
 
 
 @pytest.mark.parametrize("example", PYTHON_EXAMPLES, ids=lambda e: e.label)
 def test_python_example_runs(example, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_python(example)
+
+
+@pytest.mark.parametrize("example", DOCSTRING_EXAMPLES, ids=lambda e: e.label)
+def test_docstring_example_runs(example, tmp_path, monkeypatch):
+    if is_sketch(example.source):
+        pytest.skip("a sketch: a bare `...` stands for the reader's code")
     monkeypatch.chdir(tmp_path)
     run_python(example)
 
@@ -134,6 +148,26 @@ def test_a_command_that_outlives_its_timeout_fails(tmp_path):
                                                                    "conv_2d"))
     problem = run_command(example, tmp_path, timeout=0.01)
     assert problem is not None and "still running" in problem
+
+
+def test_a_docstring_example_is_found_and_a_broken_one_fails():
+    def planted():
+        """What it does; an example:
+
+            import math
+            assert math.isclose(math.sqrt(2.0) ** 2, 3.0)
+
+        And a sketch:
+
+            def update(params):
+                ...
+        """
+    example, sketch = docstring_examples([planted])
+    assert not is_sketch(example.source) and is_sketch(sketch.source)
+    assert example.path == pathlib.Path(__file__)
+    assert example.line == planted.__code__.co_firstlineno + 3
+    with pytest.raises(AssertionError):
+        run_python(example)
 
 
 @pytest.mark.parametrize("fence, lang, options", [
