@@ -4,12 +4,12 @@ The page, top to bottom: the title, the counts per status, the run's meta; a sti
 with the filter box, the status selector and open/close-all; the summary grid (one row per
 section, one column per value of a second label: gradcheck's op x dtype, optcheck's
 optimizer x family; each cell coloured by its worst status and linking to its section,
-GRID_ROWS rows to a table, side by side); the failures (every fail, error
-and crash row with its message and repro command, linking to the row); the skip reasons,
-grouped; the error plots (reports.html_plots, each point linking to its row); then one
-collapsible section (<details>) per op, its rows in few columns (case, the grid's column
-label where the case string does not say it, status, the error metrics, message); a click
-on a row shows every other column.
+GRID_ROWS rows to a table, side by side); the failures (every fail, error and crash row,
+FAILURES_LISTED at most, with its message and repro command, linking to the row); the skip
+reasons, grouped; the error plots (reports.html_plots, each point linking to its row); then
+one collapsible section (<details>) per op, open where something in it failed, its rows in
+few columns (case, the grid's column label where the case string does not say it, status,
+the error metrics, message); a click on a row shows every other column.
 
 A cell's worst status ranks crash, fail, error, vacuous, pass, unsupported, skip: skipped
 and unsupported cases colour a cell only where nothing in it ran.
@@ -39,6 +39,9 @@ GRID_LABELS = (("op", "dtype"), ("optimizer", "family"))
 WORST_FIRST = ("crash", "fail", "error", "vacuous", "pass", "unsupported", "skip")
 PROBLEMS = ("fail", "error", "crash")
 GRID_ROWS = 40   # the grid's rows per table; more tables sit side by side
+# The failures listed in full at the top; beyond that many (a broken engine, an injected
+# bug) the list would take the browser seconds to lay out, and the rest are a selector away.
+FAILURES_LISTED = 1000
 _SHORT = {"pass": "pass", "fail": "fail", "error": "error", "crash": "crash", "skip": "skip",
           "unsupported": "unsup", "vacuous": "vacuous"}
 
@@ -141,7 +144,7 @@ class _Page:
         out = [f'<section id="failures"><h2>Failures ({len(bad)})</h2><table class="fails">'
                f"<thead><tr><th>case</th>{across}<th>status</th><th>message</th>"
                "<th>reproduce</th></tr></thead><tbody>\n"]
-        for i in bad:
+        for i in bad[:FAILURES_LISTED]:
             r = self.results[i]
             repro = r.metrics.get("repro")
             cell = f"<code>{_e(repro)}</code>" if repro else ""
@@ -150,7 +153,12 @@ class _Page:
                        f'{_e(r.name)}</a></td>{a}<td class="status status-{r.status}">'
                        f'{r.status.upper()}</td>'
                        f'<td class="msg">{_e(r.message)}</td><td>{cell}</td></tr>\n')
-        out.append("</tbody></table></section>\n")
+        out.append("</tbody></table>")
+        if len(bad) > FAILURES_LISTED:
+            out.append(f'<p class="legend">and {len(bad) - FAILURES_LISTED} more, in their '
+                       'sections: the status selector\'s "failed, errors and crashes" shows '
+                       "only them; a click on a row shows its repro command.</p>")
+        out.append("</section>\n")
         return "".join(out)
 
     def skip_reasons(self) -> str:

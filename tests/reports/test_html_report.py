@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from reports import Result, render_html
 from reports.html_plots import TITLED_POINTS, error_plot_svg
-from reports.html_report import grid_labels, worst
+from reports.html_report import FAILURES_LISTED, grid_labels, worst
 
 EVIL = "</script><script>alert(1)</script><!--&amp;\u2028"
 
@@ -110,6 +110,13 @@ def test_failures_come_first_with_message_and_repro_linking_to_the_row():
     assert 'href="#r2"' in fails and "numerical: backprop of x is off" in fails
     assert "<code>gradcheck --op relu -k &#x27;relu(type=f64)&#x27;</code>" in fails
     assert "No case failed" in render_html(sample()[:2], "r")
+
+
+def test_a_flood_of_failures_lists_the_first_and_says_how_many_more():
+    rows = [row("relu", "f32", "fail", "off") for _ in range(FAILURES_LISTED + 7)]
+    fails = section(render_html(rows, "r"), "failures")
+    assert f"Failures ({FAILURES_LISTED + 7})" in fails
+    assert fails.count('class="frow') == FAILURES_LISTED and "and 7 more" in fails
 
 
 def test_skip_reasons_are_grouped_with_counts():
