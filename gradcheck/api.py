@@ -3,7 +3,7 @@ torch callables (custom torch.autograd.Function included), under the same checks
 
     import numpy as np
     from engine import ops
-    from gradcheck.api import check_function, check_numpy, check_torch, assert_gradients
+    from gradcheck import assert_gradients, check_function, check_numpy, check_torch
 
     def swish(x, beta):
         return ops.mul(x, ops.sigmoid(ops.mul(x, beta)))

@@ -1,6 +1,6 @@
 """optcheck from Python, for an optimizer written as two numpy functions:
 
-    from optcheck.api import assert_optimizer, check_optimizer
+    from optcheck import assert_optimizer, check_optimizer
 
     def init(params):                                  # dicts of arrays, name -> array
         return {k: {"exp_avg": np.zeros_like(p), "exp_avg_sq": np.zeros_like(p)}
