@@ -9,12 +9,14 @@ one scoreboard (reports.scoreboard).
 The format follows --output's extension (.html, .md, .txt; another one is plain text), or
 --format; both given and disagreeing is a usage error. Exit status: 0 when no merged row
 failed, erred or crashed, 1 when one did, 2 for bad input (a missing or unreadable file,
-not JSON, another schema, over reports.scoreboard.MAX_BYTES) or an output that cannot be
-written, each said in one line on stderr.
+not JSON, another schema, over --max-mib (default reports.scoreboard.MAX_BYTES) or the
+files over four times that together) or an output that cannot be written, each said in one
+line on stderr.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -39,10 +41,37 @@ def build_parser(prog: str = "gradcheck-report") -> ArgumentParser:
     p.add_argument("--format", choices=FORMATS,
                    help="plain (a terminal table), github (Markdown) or html (one page); "
                         "default: from --output's extension, else plain")
+    p.add_argument("--max-mib", type=_positive, default=MAX_BYTES // 2**20, metavar="N",
+                   help=f"refuse a file over N MiB, and files over 4 N MiB together "
+                        f"(default {MAX_BYTES // 2**20}; a gradcheck --all file is about 4)")
     p.add_argument("--output", metavar="FILE",
                    help="write the scoreboard to FILE (atomically; .html, .md or .txt) "
                         "instead of standard output")
     return p
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return n
+
+
+def too_big_together(paths, limit: int) -> str | None:
+    """Why `paths` together are too much to read (their sizes add up to over `limit`
+    bytes), or None; a path that cannot be looked at is left to read_results to name."""
+    total = 0
+    for path in paths:
+        try:
+            total += max(os.stat(path).st_size, 0)
+        except (OSError, ValueError):
+            continue
+    if total > limit:
+        return f"the files hold {total} bytes together, more than {limit} (--max-mib)"
+    return None
 
 
 def format_of(fmt: str | None, output: str | None) -> tuple[str | None, str | None]:
@@ -66,8 +95,13 @@ def main(argv=None, prog: str = "gradcheck-report") -> int:
     fmt, problem = format_of(args.format, args.output)
     if problem:
         parser.error(problem)
+    limit = args.max_mib * 2**20
+    problem = too_big_together(args.files, 4 * limit)
+    if problem:
+        print(f"{prog}: {problem}", file=sys.stderr)
+        return 2
     try:
-        sources = [read_results(path) for path in args.files]
+        sources = [read_results(path, limit) for path in args.files]
     except ScoreboardError as exc:
         print(f"{prog}: {one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -137,6 +137,16 @@ def test_cli_bad_files_are_one_line_and_exit_2(tmp_path, capsys):
     assert "No such file" in capsys.readouterr().err
 
 
+def test_cli_size_caps_each_file_and_all_together(files, tmp_path, capsys):
+    big = write(tmp_path, b" " * (2**20 + 1), "big.json")
+    assert report_cli.main([str(big), "--max-mib", "1"]) == 2
+    assert "1048577 bytes, more than the 1048576" in capsys.readouterr().err
+    parts = [write(tmp_path, b" " * 2**20, f"p{k}.json") for k in range(5)]
+    assert report_cli.main([*map(str, parts), "--max-mib", "1"]) == 2
+    assert "5242880 bytes together, more than 4194304" in capsys.readouterr().err
+    one_line_refusal([files[0], "--max-mib", "0"], capsys, "positive whole number")
+
+
 def test_an_unwritable_output_is_exit_2(files, tmp_path, capsys):
     assert report_cli.main([files[0], "--output", str(tmp_path / "no" / "b.html")]) == 2
     assert "cannot write" in capsys.readouterr().err
