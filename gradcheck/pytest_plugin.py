@@ -10,7 +10,8 @@ by pytest-xdist over processes and hosts (checkkit.sweep has the machinery and t
 One item per case that `gradcheck` selects with the same options, named by its case string
 (and `[BACKEND]` when more than one backend is checked) inside its op's brackets,
 `gradcheck::relu[relu(type=f64,x=[10])]` (pytest reads an id's brackets as its parameters:
-checkkit.sweep.item_name), running exactly what the command line runs for it; with --gradcheck-random N, one item per op (and backend),
+checkkit.sweep.item_name), running exactly what the command line runs for it; with
+--gradcheck-random N, one item per op (and backend),
 `OP(generated)`, runs that op's generated cases (hypothesis shrinks a failure within the
 one call). An isolated engine (ggml) runs in one worker process per pytest process, kept
 across items, restarted after a crash.
