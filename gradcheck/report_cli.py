@@ -36,8 +36,8 @@ def build_parser(prog: str = "gradcheck-report") -> ArgumentParser:
         description="Merge gradcheck result files (--format json) of several engines into "
                     "one scoreboard: op x engine, the counts per status, the failing rows.")
     p.add_argument("files", nargs="+", metavar="RESULTS.json",
-                   help=f"result files written by gradcheck --format json (at most "
-                        f"{MAX_BYTES // 2**20} MiB each)")
+                   help="result files written by gradcheck --format json (each at most "
+                        "--max-mib)")
     p.add_argument("--format", choices=FORMATS,
                    help="plain (a terminal table), github (Markdown) or html (one page); "
                         "default: from --output's extension, else plain")
