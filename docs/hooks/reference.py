@@ -225,30 +225,31 @@ def _argument(action: argparse.Action) -> str:
     if action.metavar is not None:
         return str(action.metavar)
     if action.choices is not None:
-        return " \\| ".join(f"`{c}`" for c in action.choices)
+        return "{" + ",".join(str(c) for c in action.choices) + "}"
     return action.dest.upper()
 
 
 def _default(action: argparse.Action) -> str:
     if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or action.required:
         return ""
-    return f"`{action.default}`"
+    return f" (default: `{action.default}`)"
 
 
-def options_table(parser: argparse.ArgumentParser) -> list[str]:
+def options_list(parser: argparse.ArgumentParser) -> list[str]:
     """Markdown lines: every option and positional argument of `parser`, grouped as its
-    --help groups them, with what it takes, its default and its help text."""
+    --help groups them, as a definition list: the option with what it takes, then its
+    help text and default."""
     lines = []
     for group in parser._action_groups:       # argparse keeps the --help groups only here
         actions = [a for a in group._group_actions if a.help is not argparse.SUPPRESS]
         if not actions:
             continue
-        lines += ["", f"**{cell(group.title)}**", "",
-                  "| option | argument | default | what it does |", "|---|---|---|---|"]
+        lines += ["", f"**{cell(group.title)}**"]
         for action in actions:
-            names = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
-            lines.append(f"| {names} | {_argument(action)} | {_default(action)} | "
-                         f"{cell(_help(action, parser.prog))} |")
+            argument = _argument(action)
+            names = ", ".join(f"`{s}{' ' + argument if argument else ''}`"
+                              for s in action.option_strings) or f"`{action.dest}`"
+            lines += ["", names, f":   {cell(_help(action, parser.prog))}{_default(action)}"]
     return lines
 
 
@@ -257,15 +258,15 @@ def cli_page() -> str:
     options table and epilog, from its parser."""
     lines = ["# Command lines", "",
              "Generated from each tool's argument parser when this site was built: the "
-             "same text as `TOOL --help`, as tables."]
+             "same text as `TOOL --help`."]
     for script, make in PARSERS.items():
         parser = make()
-        with mock.patch.dict(os.environ, {"COLUMNS": "100"}):
+        with mock.patch.dict(os.environ, {"COLUMNS": "80"}):
             usage = parser.format_usage().strip()
         lines += ["", f"## {script}", "", "```text", usage, "```", ""]
         if parser.description:
             lines.append(cell(parser.description))
-        lines += options_table(parser)
+        lines += options_list(parser)
         if parser.epilog:
             lines += ["", cell(parser.epilog)]
     return "\n".join(lines) + "\n"
