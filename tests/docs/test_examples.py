@@ -26,7 +26,18 @@ PYTHON_EXAMPLES = [e for page in pages() for e in python_examples(page)]
 # the docstrings the API reference renders (docs/hooks/reference.py's API), their members'
 # included
 DOCSTRING_EXAMPLES = docstring_examples(api_objects())
-SHELL_EXAMPLES = list({e.argv: e for page in pages() for e in shell_examples(page)}.values())
+
+
+def _first_of_each_command() -> list[ShellExample]:
+    """Each command once, where it first appears (the README's before the pages')."""
+    first: dict[tuple[str, ...], ShellExample] = {}
+    for page in pages():
+        for example in shell_examples(page):
+            first.setdefault(example.argv, example)
+    return list(first.values())
+
+
+SHELL_EXAMPLES = _first_of_each_command()
 
 
 @pytest.mark.parametrize("example", PYTHON_EXAMPLES, ids=lambda e: e.label)
