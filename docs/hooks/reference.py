@@ -27,8 +27,9 @@ from collections.abc import Callable
 from unittest import mock
 
 # the engines of the table's columns, in this order: gradcheck.adapters.ENGINES' names
-# (numpy is left out: its adapter runs a user's forward/VJP pair, not the registry's ops)
+# but NOT_IN_TABLE's
 ENGINES = ("engine", "torch", "ggml", "jax", "tinygrad")
+NOT_IN_TABLE = {"numpy": "its adapter runs a user's forward/VJP pair, not the registry's ops"}
 ENGINE_TITLES = {"engine": "ours"}
 
 # the API reference: (section title, objects mkdocstrings documents, by dotted path)
@@ -148,7 +149,9 @@ def ops_page() -> str:
         "backward graph (`--ad fwd`, `--order 2`).",
         f"- **{', '.join(titles)}**: how many of the op's fast cases the engine's adapter "
         "runs (`gradcheck --engine NAME --op OP`); the others it reports `unsupported`, "
-        "with the reason (no such op, no float64, no strided views, ...).",
+        "with the reason (no such op, no float64, no strided views, ...). The numpy "
+        "engine checks a forward/VJP pair of yours rather than the registry's ops, and "
+        "`--engine module:attribute` your own adapter: neither has a column.",
     ]
     for engine, why in unknown.items():
         lines.append(f"- **{cell(ENGINE_TITLES.get(engine, engine))}**: not known when this site "

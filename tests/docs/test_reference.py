@@ -98,6 +98,12 @@ def test_our_engine_runs_every_fast_case():
             assert row["engines"]["engine"] == row["fast"], row["op"]
 
 
+def test_every_built_in_engine_has_a_column_or_a_reason():
+    from gradcheck.adapters import ENGINES
+    assert set(reference.ENGINES) | set(reference.NOT_IN_TABLE) == set(ENGINES)
+    assert not set(reference.ENGINES) & set(reference.NOT_IN_TABLE)
+
+
 def test_an_engine_that_cannot_be_made_is_said_unknown(monkeypatch):
     hook = load()
     monkeypatch.setattr(hook, "ENGINES", (*hook.ENGINES, "no_such_engine"))
