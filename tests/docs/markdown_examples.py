@@ -1,14 +1,18 @@
 """The code examples of the README and the documentation pages, found and run.
 
 Python: every fenced ```python (or ```py) block runs, alone, in a fresh namespace, in a
-temporary working directory; ```python notest is not run, and ```python continuation runs
-after the block before it, in one program (pytest-markdown-docs' markers, so that
-`pytest --markdown-docs README.md docs` reads the pages the same way).
+temporary working directory; a block marked `notest` is not run, and one marked
+`continuation` runs after the block before it, in one program. The marks go in the fence's
+info string, plain (```python notest) or in the attribute form that MkDocs' superfences
+renders as code ({.python notest}); they are pytest-markdown-docs' marks, so that
+`pytest --markdown-docs --markdown-docs-syntax=superfences README.md docs` reads the pages
+the same way. The Python examples in the docstrings the API reference renders run too
+(docstring_examples).
 
 Shell: in ```bash, ```sh, ```shell and ```console blocks, each command line of one of the
 project's tools (a `$ ` prompt and `\\` continuations allowed; what follows a pipe or a
-redirection is left out) is a shell example. The cheap ones run (`cheap_command` states the
-rule, `skip_reason` says why another does not), as a subprocess with a timeout; a command
+redirection is left out) is a shell example. The cheap ones run (`skip_reason` states the
+rule and says why another does not), as a subprocess with a timeout; a command
 that the tool accepts and runs to its verdict passes: exit status 0, or 1 when some row
 failed (which some examples show on purpose: `--inject`, an engine's known defects). A
 usage error (2: an option or op the tool does not know any more), any other status, a
