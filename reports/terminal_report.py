@@ -4,10 +4,11 @@ matters first, every row only on request.
 Views (SHOWS, the command lines' `--show`):
 
 - "failures", most tools' default: the summary per group (the tool's COMPACT group, e.g.
-  one row per op), folded to the groups with anything but a pass and one line for the
-  rest; then every failed, erred or crashed row in full (status, case, message, repro
-  command), and under `strict` every vacuous one; then the skipped, unsupported (and,
-  without `strict`, vacuous) rows grouped by reason, a few cases each; then the totals.
+  one row per op), folded, when it has more than FOLD_ABOVE groups, to the groups with
+  anything but a pass and one line for the rest; then every failed, erred or crashed
+  row in full (status, case, message, repro command), and under `strict` every vacuous
+  one; then the skipped, unsupported (and, without `strict`, vacuous) rows grouped by
+  reason, a few cases each; then the totals.
 - "summary": the summary per group, every group, then the totals.
 - "all" (the default of tools whose every row is worth reading, COMPACT's `show`): every
   row in the compact columns (reports.table.compact_table), then what "failures" shows,
@@ -35,6 +36,8 @@ from reports.table import (
 SHOWS = ("failures", "summary", "all")
 EXAMPLES = 3        # cases shown per skip reason
 REASONS = 8         # reasons shown per status; the rest counted in one line
+FOLD_ABOVE = 12     # the default view folds a summary of more groups than this (--all's
+#                     ~100 ops); a few ops (`--op pool_2d`) keep their rows
 # the counted columns of a summary per group: its word, the statuses it counts
 _COUNTED = {"passed": "pass", "failed": "fail", "errors": "error", "crashed": "crash",
             "skipped": "skip", "unsupported": "unsupported", "vacuous": "vacuous"}
@@ -85,6 +88,11 @@ def group_summary(results, key: str | None, terminal: Terminal = NO_TERMINAL,
     headers = [key, *words] + (["kinks"] if kinks else [])
     table = _with_dropped(fit_table(headers, rows, terminal, right=True))
     return table + (f"\n{rest}" if rest else "")
+
+
+def _groups(results, key: str | None) -> int:
+    """How many values label `key` takes over `results`."""
+    return len({format_value(r.labels.get(key)) for r in results}) if key else 0
 
 
 def _with_dropped(fitted: Fitted) -> str:
@@ -169,6 +177,7 @@ def render_compact(results, tool: str = "", group_by: str | None = None,
         parts = [group_summary(results, key, terminal)]
     else:
         table = _with_dropped(compact_table(results, tool, terminal)) if show == "all" else ""
-        parts = [table, group_summary(results, key, terminal, fold=show == "failures"),
+        fold = show == "failures" and _groups(results, key) > FOLD_ABOVE
+        parts = [table, group_summary(results, key, terminal, fold=fold),
                  failure_list(results, terminal, strict), reason_list(results, strict)]
     return "\n\n".join(p for p in [*parts, summary_line(results)] if p)

@@ -31,10 +31,12 @@ def checks(monkeypatch):
     return calls
 
 
-def test_default_is_the_summary_folded_when_every_family_passed(checks, capsys):
+def test_default_is_the_summary_per_family_when_every_family_passed(checks, capsys):
     assert main(["--opt", "adam", "--no-progress"]) == 0
-    assert capsys.readouterr().out.splitlines() == [
-        "6 families: all passed (--show all lists every row)", "", "24 passed"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["family", "passed", "failed", "errors"]
+    assert [x.split()[1:] for x in lines[2:8]] == [["4", "0", "0"]] * 6
+    assert lines[8:] == ["", "24 passed"]
 
 
 def test_show_all_is_compact_with_a_summary_per_family(checks, capsys):

@@ -13,6 +13,7 @@ from reports.record import Result
 from reports.table import Terminal, summary_line
 from reports.terminal_report import (
     EXAMPLES,
+    FOLD_ABOVE,
     REASONS,
     default_show,
     group_summary,
@@ -43,7 +44,7 @@ def test_a_sweep_that_all_passes_is_a_few_lines_on_a_terminal():
 
 
 def test_the_default_shows_only_the_groups_that_did_not_all_pass():
-    rows = all_passing(ops=5, per_op=3)
+    rows = all_passing(ops=FOLD_ABOVE + 3, per_op=3)
     rows[4] = row(LONG, "fail", "op1", "numerical: off\nworst x[1]", repro=REPRO)
     rows[7] = row("op2(type=f64,x=[1])", "skip", "op2", "no gradient: integer output")
     lines = render_compact(rows, "gradcheck", terminal=Terminal(60)).splitlines()
@@ -51,13 +52,14 @@ def test_the_default_shows_only_the_groups_that_did_not_all_pass():
                          "---  ------  ------  ------  -------  -----",
                          "op1       2       1       0        0      0",
                          "op2       2       0       0        1      0",
-                         "3 other ops: all passed (--show all lists every row)"]
+                         f"{FOLD_ABOVE + 1} other ops: all passed (--show all lists "
+                         "every row)"]
     failures = lines[lines.index("failures (1):"):]
     assert failures[1:6] == ["", f"FAIL {LONG}", "  numerical: off", "  worst x[1]",
                              f"  reproduce: {REPRO}"]
     skipped = lines[lines.index("skipped (1), by reason:"):]
     assert skipped[1:3] == ["  1  no gradient: integer output", "     op2(type=f64,x=[1])"]
-    assert lines[-1] == "13 passed, 1 failed, 1 skipped"
+    assert lines[-1] == f"{3 * (FOLD_ABOVE + 3) - 2} passed, 1 failed, 1 skipped"
 
 
 def test_every_failing_row_is_listed_however_many():
@@ -101,6 +103,14 @@ def test_summary_shows_every_group_and_all_shows_every_row():
     assert all(r.name in every for r in rows) and "op2" in every.split("\n\n")[1]
     with pytest.raises(ValueError, match="show must be one of"):
         render_compact(rows, "gradcheck", show="some")
+
+
+def test_a_summary_of_a_few_groups_keeps_every_row():
+    rows = all_passing(ops=FOLD_ABOVE, per_op=2)
+    lines = render_compact(rows, "gradcheck").splitlines()
+    assert [x.split()[:2] for x in lines[2:2 + FOLD_ABOVE]] == [[f"op{i}", "2"]
+                                                               for i in range(FOLD_ABOVE)]
+    assert "all passed" not in "\n".join(lines)
 
 
 def test_the_folded_summary_of_a_single_group_and_no_groups():
