@@ -219,8 +219,9 @@ def cpu_sum(out, ins, axes, keepdims):
         return lambda: out.fill(0) if out.size else None
 
     def by_numpy():            # in float64, rounded once into out
-        return np.copyto(out, np.sum(ins[0], axis=tuple(axes), dtype=np.float64,
-                                     keepdims=keepdims).reshape(out.shape))
+        with np.errstate(invalid="ignore", over="ignore"):   # inf - inf is NaN, as in IEEE
+            return np.copyto(out, np.sum(ins[0], axis=tuple(axes), dtype=np.float64,
+                                         keepdims=keepdims).reshape(out.shape))
     if paths.PLAIN:            # the plain twin
         return by_numpy
     half16 = is_half(x.dtype)  # 16-bit: the kernels read and write patterns
