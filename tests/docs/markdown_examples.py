@@ -15,8 +15,10 @@ redirection is left out) is a shell example. The cheap ones run (`skip_reason` s
 rule and says why another does not), as a subprocess with a timeout; a command
 that the tool accepts and runs to its verdict passes: exit status 0, or 1 when some row
 failed (which some examples show on purpose: `--inject`, an engine's known defects). A
-usage error (2: an option or op the tool does not know any more), any other status, a
-traceback or the timeout breaks the example.
+usage error (2: an option or op the tool does not know any more) breaks the example, unless
+the page shows that refusal: a ```console block whose output lines after the command are
+all in the tool's stderr, word for word (a page on bad input shows `gradcheck --op pool2d`
+and its did-you-mean line). Any other status, a traceback or the timeout breaks it too.
 
 Fences are found with markdown-it-py (CommonMark), also inside admonitions and content
 tabs, whose indented bodies are parsed again.
@@ -193,11 +195,13 @@ def docstring_examples(objects) -> list[PythonExample]:
 
 @dataclasses.dataclass(frozen=True)
 class ShellExample:
-    """One command line of a tool, as a page shows it, and the argv it runs."""
+    """One command line of a tool, as a page shows it, the argv it runs, and the output
+    the page shows for it (a ```console block's lines after the command)."""
     path: pathlib.Path
     line: int
     text: str
     argv: tuple[str, ...]
+    output: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -205,26 +209,30 @@ class ShellExample:
 
 
 def _command_lines(code: str, first_line: int, console: bool = False):
-    """(line, text) of each logical line of a shell block: `\\` continuations joined, a
-    `$ ` prompt dropped; in a block with prompts (always in a ```console block) the lines
-    without one are the commands' output, left out."""
+    """(line, text, output) of each logical line of a shell block: `\\` continuations
+    joined, a `$ ` prompt dropped; in a block with prompts (always in a ```console block)
+    the lines without one are the output the page shows for the command before them."""
     prompts = console or any(x.lstrip().startswith("$ ") for x in code.splitlines())
+    commands: list[tuple[int, str, list[str]]] = []
     pending, start = "", 0
     for i, raw in enumerate(code.splitlines()):
         text = raw.strip()
         if not pending:
             start = first_line + i
+            if prompts and not text.startswith("$ "):
+                if commands and text:
+                    commands[-1][2].append(text)
+                continue
             if prompts:
-                if not text.startswith("$ "):
-                    continue
                 text = text[2:]
         if text.endswith("\\"):
             pending += text[:-1] + " "
             continue
-        yield start, pending + text
+        commands.append((start, pending + text, []))
         pending = ""
     if pending:
-        yield start, pending
+        commands.append((start, pending, []))
+    return [(line, text, tuple(output)) for line, text, output in commands]
 
 
 def shell_examples(path: pathlib.Path) -> list[ShellExample]:
@@ -234,7 +242,8 @@ def shell_examples(path: pathlib.Path) -> list[ShellExample]:
     for block in code_blocks(path.read_text(encoding="utf-8"), path):
         if block.lang not in SHELL:
             continue
-        for line, text in _command_lines(block.code, block.line, block.lang == "console"):
+        for line, text, output in _command_lines(block.code, block.line,
+                                                 block.lang == "console"):
             try:
                 words = shlex.split(text, comments=True)
             except ValueError:       # not a command line (unbalanced quotes in prose)
@@ -242,7 +251,7 @@ def shell_examples(path: pathlib.Path) -> list[ShellExample]:
             if not words or words[0] not in TOOLS and not _assigns(words[0]):
                 continue
             cut = next((i for i, w in enumerate(words) if w in SHELL_OPERATORS), len(words))
-            found.append(ShellExample(path, line, text, tuple(words[:cut])))
+            found.append(ShellExample(path, line, text, tuple(words[:cut]), output))
     return found
 
 
@@ -315,10 +324,20 @@ def _value(args, option: str) -> str | None:
     return values[-1] if values else None
 
 
+def _documented_refusal(example: ShellExample, done) -> bool:
+    """Whether a usage error (exit 2) is the one the page shows: a page that documents bad
+    input shows the command and the tool's one-line refusal, which must still be the
+    tool's, word for word."""
+    shown = [line for line in example.output if line]
+    said = {line.strip() for line in done.stderr.splitlines()}
+    return done.returncode == 2 and bool(shown) and all(line in said for line in shown)
+
+
 def run_command(example: ShellExample, cwd: pathlib.Path,
                 timeout: float = COMMAND_TIMEOUT) -> str | None:
     """Run a shell example's tool (the console script beside this Python) in `cwd`; None
-    when it ran to a verdict (exit 0 or 1, no traceback), else what went wrong."""
+    when it ran to a verdict (exit 0 or 1) or refused its input as the page shows (exit 2,
+    _documented_refusal), with no traceback; else what went wrong."""
     tool = pathlib.Path(sys.executable).with_name(example.argv[0])
     argv = [str(tool) if tool.exists() else example.argv[0], *example.argv[1:]]
     try:
@@ -326,7 +345,8 @@ def run_command(example: ShellExample, cwd: pathlib.Path,
                               timeout=timeout, env={**os.environ, "COLUMNS": "100"})
     except subprocess.TimeoutExpired:
         return f"{example.text}: still running after {timeout:g} s"
-    if done.returncode not in (0, 1) or "Traceback (most recent call last)" in done.stderr:
+    if "Traceback (most recent call last)" in done.stderr or (
+            done.returncode not in (0, 1) and not _documented_refusal(example, done)):
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
         return f"{example.text}: exit status {done.returncode}\n{tail}"
     return None

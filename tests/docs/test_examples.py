@@ -4,6 +4,7 @@ one), and a broken example fails these tests."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -143,7 +144,8 @@ def test_a_planted_broken_shell_example_fails(planted, tmp_path):
         ("gradcheck", "--op", "no_such_op", "--dtype", "f64"),
         ("gradcheck", "--all")]
     assert examples[3].argv[0].startswith("NUMBA_CACHE_DIR=")
-    assert examples[4].argv == ("optcheck", "--opt", "sgd") and len(examples) == 5
+    assert examples[4].argv == ("optcheck", "--opt", "sgd")
+    assert examples[4].output == ("optcheck --opt adam: this line is output, not a command",)
     assert [e.line for e in examples] == [29, 30, 32, 33, 37]
     listed, unknown, everything, cold, _ = examples
     assert skip_reason(listed) is None and skip_reason(unknown) is None
@@ -152,6 +154,13 @@ def test_a_planted_broken_shell_example_fails(planted, tmp_path):
     assert run_command(listed, tmp_path) is None
     problem = run_command(unknown, tmp_path)
     assert problem is not None and "exit status 2" in problem and "no_such_op" in problem
+    # a refusal the page shows after the command, word for word, is the example working
+    # (a page on bad input); a refusal the page does not show breaks it
+    said = [x for x in problem.splitlines()[1:] if x.strip()]
+    quoted = dataclasses.replace(unknown, output=tuple(said))
+    assert said and run_command(quoted, tmp_path) is None
+    misquoted = dataclasses.replace(unknown, output=("gradcheck: not what it says",))
+    assert "exit status 2" in run_command(misquoted, tmp_path)
 
 
 def test_a_command_that_outlives_its_timeout_fails(tmp_path):
