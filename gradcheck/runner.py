@@ -63,23 +63,28 @@ def _gradient_column(op) -> str:
     return f"{grad}; not in --all: no vjp_of to check it against"
 
 
-LIST_HEADERS = ("op", "kind", "backward", "order 2", "cases", "dtypes", "generated",
-                "description")
+LIST_HEADERS = ("op", "kind", "backward", "order 2", "cases", "in --all", "scale", "dtypes",
+                "generated", "description")
 
 
 def list_rows() -> list[dict]:
     """The rows of `gradcheck --list`, one per registered op, as dicts keyed by LIST_HEADERS:
     kind, whether it has a backward rule, whether our engine takes its second order (and so
-    its forward mode, gradcheck.derivatives), its number of registry sample cases and the
-    dtypes they come in, whether it has a strategy for generated cases, its description.
-    The documentation's ops table is built from these rows too, so the two cannot differ."""
+    its forward mode, gradcheck.derivatives), its number of registry sample cases, the rows
+    `gradcheck --all` runs for it (the samples and their cotangent variants: the fast tier;
+    empty for an op --all leaves out) and `--tier scale` adds, the dtypes of its samples,
+    whether it has a strategy for generated cases, its description. The documentation's
+    ops table is built from these rows too, so the two cannot differ."""
     rows = []
+    checked = set(checkable_ops())
     for name, op in all_ops().items():
         samples = op.samples() if op.samples else []
+        fast = len(tier_cases(op, "fast")) if name in checked else ""
+        scale = len(tier_cases(op, "scale")) if name in checked and op.scale else ""
         rows.append(dict(zip(LIST_HEADERS, (
             name, op.kind, _gradient_column(op), _second_order_column(op, samples),
-            len(samples), _dtypes(samples), "yes" if op.strategy else "", op.doc),
-            strict=True)))
+            len(samples), fast, scale, _dtypes(samples), "yes" if op.strategy else "",
+            op.doc), strict=True)))
     return rows
 
 

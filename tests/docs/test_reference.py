@@ -55,6 +55,8 @@ def test_the_ops_table_agrees_with_gradcheck_list(gradcheck_list):
     assert [r["op"] for r in rows] == [r["op"] for r in gradcheck_list]
     for ours, listed in zip(rows, gradcheck_list, strict=True):
         assert str(ours["cases"]) == listed["cases"], ours["op"]
+        assert str(ours["fast"] or "") == listed["in --all"], ours["op"]
+        assert str(ours["scale"] or "") == listed["scale"], ours["op"]
         assert ours["kind"] == listed["kind"], ours["op"]
         assert ours["dtypes"] == listed["dtypes"], ours["op"]
 
