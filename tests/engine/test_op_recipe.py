@@ -135,7 +135,7 @@ def test_gradcheck_list_shows_it(toy_op, capsys):
 
 
 def test_gradcheck_op_checks_it(toy_op, capsys):
-    assert main(["--op", "double", "--no-torch", "--no-progress"]) == 0
+    assert main(["--op", "double", "--no-torch", "--no-progress", "--show", "all"]) == 0
     out = capsys.readouterr().out
     for case in ("double(type=f32,x=[3])", "double(type=f64,x=[2,3])"):
         assert case in out, out
@@ -178,5 +178,6 @@ def test_the_toy_op_is_gone_afterwards():
 def test_gradcheck_op_checks_it_on_the_cuda_backend(toy_op, capsys):
     from tests.engine.backends.cuda.kernel_harness import needs_cuda
     needs_cuda()
-    assert main(["--op", "double", "--backend", "cuda", "--no-torch", "--no-progress"]) == 0
+    assert main(["--op", "double", "--backend", "cuda", "--no-torch", "--no-progress",
+                 "--show", "all"]) == 0
     assert "double(type=f32,x=[3])" in capsys.readouterr().out
