@@ -209,7 +209,7 @@ def test_the_request_refuses_bad_modes():
 
 def test_the_cli_runs_torch_both_modes_and_order_2_on_softmax(capsys):
     assert main(["--engine", "torch", "--ad", "both", "--order", "2", "--op", "softmax",
-                 "--dtype", "f64", "--no-progress"]) == 0
+                 "--dtype", "f64", "--no-progress", "--show", "all"]) == 0
     out = capsys.readouterr().out
     assert "[fwd]" in out and "[order 2]" in out
 

@@ -41,7 +41,7 @@ def test_a_repro_command_reruns_the_drawn_case(capsys):
     command = repro_command(case, EngineAdapter(), by_repr=True)
     words = shlex.split(command)
     assert words[:2] == ["gradcheck", "--repro"] and parse_case(words[2]) == case
-    assert main(words[1:] + ["--no-progress"]) == 0
+    assert main(words[1:] + ["--no-progress", "--show", "all"]) == 0
     assert "x=[4,4]slice[1:5,0:8:2]range[-2,2]" in capsys.readouterr().out
 
 

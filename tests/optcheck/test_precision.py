@@ -136,7 +136,7 @@ def test_cli_dtype_bf16_prints_ratios_and_exits_0(capsys):
 
 def test_cli_your_settings_in_16_bits_are_a_precision_row(capsys):
     assert main(["--opt", "adam", "--dtype", "f16", "--family", "precision", "--steps", "10",
-                 "--lr", "0.05", "--amsgrad", "--no-progress"]) == 0
+                 "--lr", "0.05", "--amsgrad", "--no-progress", "--show", "all"]) == 0
     out = capsys.readouterr().out
     assert "adam: user(lr=0.05" in out and "FAIL" not in out
 
