@@ -147,6 +147,12 @@ class JVP:
 
 @runtime_checkable
 class Adapter(Protocol):
+    """An engine under test (the module doc has the whole contract): `--engine
+    module:Class` names one, and gradcheck builds it with no arguments. It runs a case's
+    forward and VJP (`vjp`; forward mode and second order through the optional `jvp` and
+    `hvp`), says which cases it cannot run (`unsupported`) and names its engine
+    (`describe`); everything else stays gradcheck's."""
+
     name: str          # as given to --engine, e.g. "engine", "ggml"
     isolated: bool     # run cases in worker processes (the engine may abort the process)
 

@@ -65,6 +65,9 @@ class Group:
 
 @runtime_checkable
 class Stepper(Protocol):
+    """One optimizer over its parameters, made by `OptimizerAdapter.stepper`: `step`
+    applies one update, `snapshot` shows the parameters and the state it exposes."""
+
     def step(self, grads: dict) -> None:
         """One update with these gradients."""
 
@@ -74,6 +77,11 @@ class Stepper(Protocol):
 
 @runtime_checkable
 class OptimizerAdapter(Protocol):
+    """An optimizer implementation under test (the module doc has the whole contract):
+    `--engine module:Class` names one. It makes a `Stepper` per scenario, says which rules,
+    dtypes and settings it cannot run (`unsupported`) and names itself (`describe`);
+    everything else stays optcheck's."""
+
     name: str
 
     def describe(self) -> str:
