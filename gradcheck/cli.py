@@ -17,6 +17,8 @@
     gradcheck --engine ggml --op pool_2d --random 50   generated cases in ggml, shrunk
     gradcheck --engine ggml --coverage        ggml's backward ops: the registry op checking each
     gradcheck --engine mypkg.adapter:MyAdapter --all     your engine (an Adapter)
+    gradcheck --all --output report.html      the format from the extension: a page to read
+    gradcheck report ours.json torch.json     several engines' results as one scoreboard
 
 The plain report shows the summary per op (the ops with anything but a pass), every failing
 row with its message and repro command, the skip reasons and the totals; --show all every
@@ -63,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compare each op's backprop gradients with float64 numerical gradients "
                     "and torch autograd on the registry's sample cases.",
         epilog="Exit status: 0 all cases pass, 1 any case fails, errors or crashes (or, "
-               "with --strict, is vacuous), 2 usage error.")
+               "with --strict, is vacuous), 2 usage error. Several engines' JSON results "
+               "merged into one scoreboard: gradcheck report a.json b.json (or "
+               "gradcheck-report).")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--op", action="append", metavar="NAME",
                       help="op to check (repeatable); see --list")
