@@ -37,7 +37,7 @@ from gradcheck.engine_under_test import (
     boundscheck_environ,
 )
 from gradcheck.mutants import CONTROL, MUTANTS, Mutant
-from gradcheck.request import run_plan
+from gradcheck.request import check_ops, run_plan
 from gradcheck.runner import run_checks
 from gradcheck.selftest import caught_by, mutant_cases, run_mutant
 from reports import Result
@@ -343,3 +343,13 @@ def test_a_raising_kernel_is_an_error_row_naming_it():
     assert r.status == "error"
     assert r.message.startswith("error: KernelError: IndexError in op relu's kernel "
                                 "cpu_relu_raising")
+
+
+@pytest.mark.parametrize("op", ["relu", "matmul"])
+def test_an_isolated_run_gives_the_verdicts_of_an_in_process_one(op):
+    """The registry test runs our engine in its own process (a worker per op cost minutes
+    of CI); this holds the isolated worker's rows, fast and scale tier, to those."""
+    isolated = check_ops([op], tier="all", isolate=True)
+    local = check_ops([op], tier="all", no_isolate=True)
+    assert [(r.name, r.status, r.message) for r in isolated] == \
+        [(r.name, r.status, r.message) for r in local]

@@ -18,7 +18,10 @@ pytestmark = pytest.mark.registry
 
 @pytest.mark.parametrize("op", checkable_ops())
 def test_every_case_passes_and_can_fail(op):
-    rows = check_ops([op], tier="all")
+    # in this process: the verdicts are the isolated worker's (tests/gradcheck/
+    # test_isolated_engine.py holds the two alike), and a worker started per op cost 3-4 s
+    # each, over 3 minutes of CI in all; a crash still fails the test (xdist reports it)
+    rows = check_ops([op], tier="all", no_isolate=True)
     assert rows
     bad = [f"{r.status}: {r.name}: {r.message}" for r in rows
            if r.status not in ("pass", "skip")]
