@@ -27,6 +27,7 @@ import numpy as np
 
 import engine
 from engine.backends.cpu import paths
+from engine.mutation import patches
 from engine.tensor import is_float
 from gradcheck.adapters.engine_adapter import EngineAdapter, weighted_graph
 from gradcheck.adapters.torch_adapter import as_torch
@@ -219,13 +220,16 @@ _LAST: list = []       # [(key, EngineReference)]: the last case's (float64_refe
 def float64_reference(case, arrays) -> Float64Reference:
     """The float64 reference of `case` on input values `arrays` (see the module doc). The
     last case's engine graph is kept, planned, and handed out again for the same case on
-    the same values (its weights and constant cells set afresh by `weigh`): a case's
-    reverse-mode, forward-mode and second-order rows share it."""
+    the same values (its weights and constant cells set afresh by `weigh`), while no patch
+    of engine.mutation.patches has started or ended: a case's reverse-mode, forward-mode and
+    second-order rows share it."""
     forward = getattr(case, "reference_forward", None)
     if forward is not None:
         return FunctionReference(case, arrays, forward)
+    # a kernel patched or put back since (a mutant, a test's planted kernel) makes a new
+    # graph: the kept one's kernels were bound when it was planned
     key = (repr(case), tuple(hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
-                             for a in arrays))
+                             for a in arrays), patches.generation())
     if _LAST and _LAST[0][0] == key:
         reference = _LAST[0][1]
         reference.constant = None

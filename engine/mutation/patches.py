@@ -33,6 +33,25 @@ from engine.backends.cpu.jit import bindable
 from engine.registry import get_op, registered
 from engine.tensor import is_half
 
+# How many times a patch has been put in or taken out: a cache of planned graphs (their
+# kernels bound when they were planned) keys on it, so that no graph planned under a patch
+# runs after it, nor one planned before it within it (gradcheck.reference's last case).
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """The patch generation: changes whenever any patch of this module starts or ends."""
+    return _GENERATION[0]
+
+
+@contextlib.contextmanager
+def _counted():
+    _GENERATION[0] += 1
+    try:
+        yield
+    finally:
+        _GENERATION[0] += 1
+
 
 @contextlib.contextmanager
 def backward_replaced(op_name: str, make: Callable):
@@ -40,10 +59,11 @@ def backward_replaced(op_name: str, make: Callable):
     op = get_op(op_name)
     real = op.backward
     op.backward = make(real)
-    try:
-        yield
-    finally:
-        op.backward = real
+    with _counted():
+        try:
+            yield
+        finally:
+            op.backward = real
 
 
 @contextlib.contextmanager
@@ -53,10 +73,11 @@ def kernel_replaced(op_name: str, make: Callable, backend: str = "cpu"):
     op = get_op(op_name)
     real = op.kernels
     op.kernels = {**real, backend: make(real[backend])}
-    try:
-        yield
-    finally:
-        op.kernels = real
+    with _counted():
+        try:
+            yield
+        finally:
+            op.kernels = real
 
 
 def rebound(kernel, make: Callable):
@@ -112,10 +133,11 @@ def function_replaced(module: types.ModuleType, name: str, make: Callable):
                          f"(engine.mutation.patches.REPLACEABLE)")
     real = getattr(module, name)
     setattr(module, name, make(real))
-    try:
-        yield
-    finally:
-        setattr(module, name, real)
+    with _counted():
+        try:
+            yield
+        finally:
+            setattr(module, name, real)
 
 
 def half_function_replaced(name: str, make: Callable):
@@ -136,10 +158,11 @@ def half_kernel_replaced(op_name: str, make: Callable):
         k = real(self, op, dtypes)
         return make(k) if op.name == op_name and any(is_half(d) for d in dtypes) else k
     backend.kernel = kernel
-    try:
-        yield
-    finally:
-        backend.kernel = real
+    with _counted():
+        try:
+            yield
+        finally:
+            backend.kernel = real
 
 
 @contextlib.contextmanager

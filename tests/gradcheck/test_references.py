@@ -91,3 +91,28 @@ def test_a_planted_bug_in_alibis_slopes_fails_rows(monkeypatch):
     for op in ("attention", "softmax"):
         failed, total = _failed(op, alibi)
         assert total and failed, (op, failed, total)
+
+
+def test_the_kept_reference_graph_is_not_reused_across_a_kernel_patch():
+    """The last case's planned float64 graph binds its kernels when planned: a patch put in
+    or taken out since (a mutant, a test's planted kernel) must give a new graph, or the
+    kernel of a lifted mutant would go on computing the reference."""
+    from engine.mutation.patches import prepare_replaced
+    from engine.registry import get_op
+    from gradcheck.reference import float64_reference
+
+    case = next(s for s in get_op("relu").samples() if s.dtype == "f64")
+    arrays = case.generate_inputs()
+    clean = float64_reference(case, arrays).output()
+    assert float64_reference(case, arrays) is float64_reference(case, arrays)  # kept
+
+    def doubled(real):
+        def prepare(out, ins, **params):
+            run = real(out, ins, **params)
+            return lambda: (run(), out.__imul__(2))
+        return prepare
+    with prepare_replaced("relu", doubled):
+        patched = float64_reference(case, arrays).output()
+    after = float64_reference(case, arrays).output()
+    np.testing.assert_array_equal(patched, 2 * clean)
+    np.testing.assert_array_equal(after, clean)
