@@ -21,13 +21,11 @@ import os
 import sys
 
 from checkkit.usage import ArgumentParser, one_line
-from reports.output import OutputError, write_atomic
+from reports.output import OutputError, report_format, write_atomic
 from reports.record import exit_status
 from reports.scoreboard import MAX_BYTES, ScoreboardError, merge, read_results, render_board
 
 FORMATS = ("plain", "github", "html")
-_EXTENSIONS = {".html": "html", ".htm": "html", ".md": "github", ".txt": "plain"}
-_REFUSED_EXTENSIONS = (".json", ".xml")
 
 
 def build_parser(prog: str = "gradcheck-report") -> ArgumentParser:
@@ -75,17 +73,18 @@ def too_big_together(paths, limit: int) -> str | None:
 
 
 def format_of(fmt: str | None, output: str | None) -> tuple[str | None, str | None]:
-    """(format, None), or (None, the usage problem) for --format and --output."""
-    if output is None:
-        return fmt or "plain", None
-    ext = os.path.splitext(output)[1].lower()
-    if ext in _REFUSED_EXTENSIONS:
+    """(format, None), or (None, the usage problem) for --format and --output: the format
+    every tool infers (reports.output.report_format), refused where it is not a
+    scoreboard's (.json, .xml)."""
+    try:
+        inferred = report_format(fmt, output)
+    except ValueError as exc:
+        return None, str(exc)
+    if inferred not in FORMATS:
+        ext = os.path.splitext(output)[1].lower()
         return None, (f"--output {output}: a scoreboard is written as .html, .md or .txt, "
                       f"not {ext}")
-    implied = _EXTENSIONS.get(ext)
-    if fmt and implied and fmt != implied:
-        return None, f"--format {fmt} contradicts --output {output} (which means {implied})"
-    return fmt or implied or "plain", None
+    return inferred, None
 
 
 def main(argv=None, prog: str = "gradcheck-report") -> int:
