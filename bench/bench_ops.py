@@ -251,6 +251,10 @@ def parse(argv=None):
     p.add_argument("--threads", type=int,
                    help="threads for the engine and for torch alike (default: the "
                         "engine's, GRADVERIFY_THREADS)")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc's malloc as it is: torch's outputs of 32 MiB and more "
+                        "then come from fresh mmaps whose pages fault in every call (see "
+                        "op_timing.reuse_freed_memory)")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     p.add_argument("--list", action="store_true",
                    help="list the cases and the skipped ops, and time nothing")
@@ -320,10 +324,12 @@ def main(argv=None) -> int:
         return 2
     import torch
     n = set_threads(args.threads)
+    reuse = not args.default_malloc and op_timing.reuse_freed_memory()
     meta = {"torch": torch.__version__, "threads": n, "repeat": args.repeat,
-            "rounds": args.rounds, "dtypes": list(args.dtypes)}
+            "rounds": args.rounds, "dtypes": list(args.dtypes), "malloc_reuses": reuse}
     print(f"torch {torch.__version__}; engine and torch on {n} threads each; median of "
-          f"{args.repeat} runs in {args.rounds} rounds, engine and torch taking turns")
+          f"{args.repeat} runs in {args.rounds} rounds, engine and torch taking turns; "
+          f"malloc {'keeps freed blocks (mallopt)' if reuse else 'as glibc sets it'}")
     start = time.perf_counter()
     rows = run(cases, args.repeat, args.rounds)
     meta["seconds"] = round(time.perf_counter() - start, 1)

@@ -288,7 +288,10 @@ def test_rows_sort_worst_first_by_forward_backward_then_forward():
 
 @pytest.fixture
 def planted(monkeypatch):
-    """time_case planted: every case at ratio 1.0, but gelu's forward + backward at 3x."""
+    """time_case planted: every case at ratio 1.0, but gelu's forward + backward at 3x;
+    malloc left as it is (its calls counted)."""
+    calls = []
+    monkeypatch.setattr(op_timing, "reuse_freed_memory", lambda: calls.append(1) or True)
     def fake(case, repeat, rounds, engine_twin=None):
         slow = 3.0 if case.op == "gelu" else 1.0
         timing = op_timing.Timing(0.002, 0.002, 0.004 * slow, 0.004)
@@ -296,6 +299,7 @@ def planted(monkeypatch):
             timing.engine32_fwd, timing.engine32_fb = 0.002, 0.004
         return timing
     monkeypatch.setattr(op_timing, "time_case", fake)
+    return calls
 
 
 def test_a_slow_op_fails_the_run_and_tops_the_table(planted, tmp_path, capsys):
@@ -312,9 +316,11 @@ def test_a_slow_op_fails_the_run_and_tops_the_table(planted, tmp_path, capsys):
     record = json.loads(out.read_text())
     assert record["schema"] == bench_ops.SCHEMA and len(record["rows"]) == 9
     assert record["rows"][0]["op"] == "gelu" and not record["rows"][0]["met"]
-    assert record["meta"]["threads"] >= 1
+    assert record["meta"]["threads"] >= 1 and record["meta"]["malloc_reuses"] is True
+    assert planted == [1]
 
 
 def test_all_targets_met_exits_0(planted, capsys):
-    assert bench_ops.main(["--op", "relu", "--op", "matmul"]) == 0
-    assert "all targets met" in capsys.readouterr().out
+    assert bench_ops.main(["--op", "relu", "--op", "matmul", "--default-malloc"]) == 0
+    out = capsys.readouterr().out
+    assert "all targets met" in out and "malloc as glibc sets it" in out and planted == []
