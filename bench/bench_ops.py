@@ -296,6 +296,7 @@ def run(cases, repeat: int, rounds: int, progress=None) -> list[Row]:
         row = judge(case, op_timing.time_case(case, repeat, rounds, engine_twin=twin))
         rows.append(row)
         gc.collect()
+        op_timing.release_freed_memory()
         ratio = _ratio(row.ratio_fb if row.ratio_fb is not None else row.ratio_fwd)
         print(f"[{i}/{len(cases)}] {row.label}: {ratio} ({'ok' if row.met else 'MISS'}, "
               f"{time.perf_counter() - t0:.1f} s)", file=progress, flush=True)
