@@ -21,7 +21,7 @@ from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, scale_case
+from engine.scale_cases import SQUARE, bench_case, scale_case
 from engine.strategies import MAGNITUDES, MAX_ELEMENTS, draw_input, sample_strategy, shapes
 
 
@@ -125,7 +125,15 @@ def _scale():
                         InputSpec("labels", SQUARE, "probs", -2.0, 2.0, grad=False)])]
 
 
-register(OpDef("cross_entropy_loss", params={}, scale=_scale, infer=_infer, backward=_backward,
+def _bench():
+    """Bench case: a language model's loss, 256 rows of logits over 32,000 tokens."""
+    return [bench_case("cross_entropy_loss",
+                       [InputSpec("logits", (256, 32000), "uniform", -3.0, 3.0),
+                        InputSpec("labels", (256, 32000), "probs", -2.0, 2.0, grad=False)])]
+
+
+register(OpDef("cross_entropy_loss", params={}, scale=_scale, bench=_bench, infer=_infer,
+               backward=_backward,
                kernels={"cpu": cpu_cross_entropy_loss,
                         "cuda": "engine.backends.cuda.cross_entropy:cuda_cross_entropy_loss"},
                build=cross_entropy_loss,

@@ -11,7 +11,18 @@ from engine.ops.shape import broadcast_to, cont_if_strided, reshape
 from engine.params import Params, axes_param, bool_param, boolean, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import HALF_ROWS, HALF_SCALE_DTYPES, SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_HALF_DTYPES,
+    BENCH_ROWS,
+    HALF_ROWS,
+    HALF_SCALE_DTYPES,
+    SQUARE,
+    TRANSPOSED,
+    bench_case,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -175,8 +186,16 @@ def _sum_scale():
             scale_case("sum", [InputSpec("x", SQUARE)], dtype, axis=1, keepdims=False))]
 
 
+def _sum_bench():
+    """Bench cases: the row sums of BENCH_ROWS (4096 rows of 4096), in float32, float16 and
+    bfloat16, and the sum of all of it."""
+    x = [InputSpec("x", BENCH_ROWS)]
+    return bench_cases("sum", x, (BENCH_DTYPE, *BENCH_HALF_DTYPES), axis=-1,
+                       keepdims=False) + [bench_case("sum", x, axis=None, keepdims=False)]
+
+
 register(OpDef("sum", params=Params(dict(axes=ints_param(0), keepdims=bool_param())),
-               scale=_sum_scale, infer=_sum_infer, backward=_sum_backward,
+               scale=_sum_scale, bench=_sum_bench, infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
                build=sum, samples=_samples("sum"),
                strategy=_strategy("sum"),
@@ -188,7 +207,12 @@ def _mean_scale():
             scale_case("mean", [InputSpec("x", SQUARE)], axis=-1, keepdims=False)]
 
 
-register(OpDef("mean", scale=_mean_scale, kind="composite", compose=mean,
+def _mean_bench():
+    """Bench case: the mean of each row of BENCH_ROWS."""
+    return [bench_case("mean", [InputSpec("x", BENCH_ROWS)], axis=-1, keepdims=False)]
+
+
+register(OpDef("mean", scale=_mean_scale, bench=_mean_bench, kind="composite", compose=mean,
                params=Params(dict(axis=axes_param(), keepdims=bool_param(default=False))),
                samples=_samples("mean"),
                strategy=_strategy("mean"),
@@ -199,8 +223,13 @@ def _sum_rows_scale():
     return [scale_case("sum_rows", [InputSpec("x", SQUARE)])]
 
 
+def _sum_rows_bench():
+    """Bench case: the row sums of BENCH_ROWS, kept as a column."""
+    return [bench_case("sum_rows", [InputSpec("x", BENCH_ROWS)])]
+
+
 register(OpDef("sum_rows", kind="composite", compose=sum_rows, samples=_sum_rows_samples,
-               scale=_sum_rows_scale,
+               scale=_sum_rows_scale, bench=_sum_rows_bench,
                strategy=_sum_rows_strategy, torch=lambda x: x.sum(dim=-1, keepdim=True),
                doc="ggml's SUM_ROWS: sum over the last axis, kept as size 1"))
 

@@ -63,7 +63,15 @@ from engine.registry import (
     unregister,
 )
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_ELEMENTS,
+    BENCH_HALF_DTYPES,
+    SQUARE,
+    TRANSPOSED,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import dtype_name, is_float
 
@@ -272,6 +280,23 @@ def _scale(row: Unary):
     return scale
 
 
+# activations a 16-bit model runs (bench cases in float16 and bfloat16 too)
+HALF_AT_BENCH = ("relu", "tanh", "sigmoid", "gelu", "gelu_erf", "gelu_quick", "silu", "elu",
+                 "softplus")
+
+
+def _bench(row: Unary):
+    """The op's bench case: an activation of a large model, BENCH_ELEMENTS in its domain
+    (and in 16 bits for HALF_AT_BENCH)."""
+    kind, low, high = row.domain
+
+    def bench():
+        dtypes = (BENCH_DTYPE, *(BENCH_HALF_DTYPES if row.name in HALF_AT_BENCH else ()))
+        return bench_cases(row.name, [InputSpec("x", BENCH_ELEMENTS, kind, low, high)], dtypes,
+                           **row.sample_params[0])
+    return bench
+
+
 def activation_back(name: str, g, x, **params):
     """The gradient of activation `name` at x given the output gradient g: g * f'(x), one
     pass (op `<name>_back`). A strided g is made contiguous first."""
@@ -290,7 +315,7 @@ def define_unary(row: Unary) -> None:
                    kernels={"cpu": cpu.unary(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"},
                    build=_builder(row), torch=row.torch, samples=_samples(row),
-                   scale=_scale(row), strategy=_strategy(row), doc=row.doc,
+                   scale=_scale(row), bench=_bench(row), strategy=_strategy(row), doc=row.doc,
                    zero_gradient=row.zero_gradient))
     if row.gradient is None:
         return
