@@ -133,6 +133,10 @@ class OpDef:
     #                           weights its VJP vanishes: "expanded", constant along the
     #                           last axis, for an op that normalises along it (softmax);
     #                           gradcheck's cotangent cases expand along the first instead
+    adds_up: bool = False     # its output adds up elements of its first input over the
+    #                           axes of a broadcast (sum; repeat_back, over repeat's tiles):
+    #                           a 16-bit backward that builds one on terms made from its
+    #                           gradient makes those terms in float32 (engine.graph)
 
     def __post_init__(self):
         if self.kind not in KINDS:

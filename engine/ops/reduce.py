@@ -198,7 +198,7 @@ register(OpDef("sum", params=Params(dict(axes=ints_param(0), keepdims=bool_param
                scale=_sum_scale, bench=_sum_bench, infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
                build=sum, samples=_samples("sum"),
-               strategy=_strategy("sum"),
+               strategy=_strategy("sum"), adds_up=True,
                torch=_torch_reduce(lambda x, **k: x.sum(**k)),
                doc="sum over axes (all by default), optionally keeping them as size 1"))
 def _mean_scale():

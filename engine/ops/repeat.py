@@ -177,6 +177,7 @@ register(OpDef("repeat", params=SHAPE, scale=_repeat_scale, bench=_repeat_bench,
                samples=_repeat_samples, strategy=_repeat_strategy,
                doc="x tiled to a shape (each side a multiple of x's); gradient: repeat_back"))
 register(OpDef("repeat_back", params=SHAPE, kind="backward", infer=_repeat_back_infer,
+               adds_up=True,
                backward=lambda g, out, gin, shape: (repeat(g, gin.shape),),
                kernels={"cpu": cpu_repeat_back,
                         "cuda": "engine.backends.cuda.indexing:cuda_repeat_back"},

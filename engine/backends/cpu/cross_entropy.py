@@ -45,15 +45,18 @@ def _cross_entropy_rows(logits, labels, partials, out):
 
 @parallel_kernel
 def _cross_entropy_back_rows(g, logits, labels, out):
-    """out[r, c] = gscale (softmax(logits[r])[c] - labels[r, c]), gscale = g[0] / N in
-    float64 (g read when the kernel runs)."""
+    """out[r, c] = gscale (softmax(logits[r])[c] t_r - labels[r, c]), t_r = sum_c
+    labels[r, c], gscale = g[0] / N, in float64 (g read when the kernel runs)."""
     rows, n = logits.shape
     gscale = np.float64(g[0]) / rows if rows else 0.0
     for r in prange(rows):
         lse = row_logsumexp(logits, r)
+        total = 0.0
+        for j in range(n):
+            total += np.float64(labels[r, j])
         for j in range(n):
             p = np.exp(np.float64(logits[r, j]) - lse)
-            out[r, j] = gscale * (p - np.float64(labels[r, j]))
+            out[r, j] = gscale * (p * total - np.float64(labels[r, j]))
 
 
 @bindable
