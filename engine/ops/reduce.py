@@ -241,6 +241,7 @@ import numpy as np  # noqa: E402
 
 from engine import mutation  # noqa: E402
 from engine.backends.cpu import threads  # noqa: E402
+from engine.backends.cpu.reduce import add_partials  # noqa: E402
 from engine.mutation import Mutant  # noqa: E402
 from engine.mutation.kernels import prepared, reads_as_contiguous, unwritten  # noqa: E402
 from engine.mutation.patches import half_kernel_replaced, prepare_replaced  # noqa: E402
@@ -275,6 +276,30 @@ def sum_chunks_overlap(prepare):
             run()
             again = x_flat[size::size][:acc.shape[0] - 1]
             flat_out[0] += np.sum(again, dtype=np.float64)
+        return call
+    return mutated
+
+
+def sum_chunks_split_drops_tail(prepare):
+    """sum:chunks_split: the ranges of chunks given to the threads are nchunks // parts
+    long each, so the last nchunks % parts chunks are never summed: their partials hold
+    0, as fresh memory would (the scratch's stale partials of an earlier run could hold the
+    right values, and the bug pass by luck of the allocator)."""
+    def mutated(out, ins, **params):
+        run, split = prepared(prepare, out, ins, params, "sum:chunks_split")
+        if not split:
+            return run
+        x_flat, acc, flat_out, fmt, parts, chunks = run.args  # sum_in_chunks's
+        per = acc.shape[0] // parts
+        if per * parts == acc.shape[0]:
+            return run
+
+        def call():
+            acc[per * parts:, 0] = 0.0
+            threads.side_by_side([functools.partial(chunks, x_flat, acc, i * per,
+                                                    (i + 1) * per, fmt)
+                                  for i in range(parts)])()
+            add_partials(acc, flat_out, fmt)
         return call
     return mutated
 
@@ -344,6 +369,11 @@ mutation.register(
            "end: the first element of every later chunk is added twice",
            lambda: prepare_replaced("sum", sum_chunks_overlap),
            where=_axis(None), tier="scale", max_cases=1, kind="chunk boundary"),
+    Mutant("sum_chunks_split_drops_tail", ("sum",),
+           "the whole-tensor sum's chunks on the engine's threads (sum:chunks_split) in "
+           "ranges of nchunks // threads: the last nchunks % threads chunks are never "
+           "summed", lambda: prepare_replaced("sum", sum_chunks_split_drops_tail),
+           where=_axis(None), tier="scale", max_cases=1, kind="dropped tail"),
     Mutant("sum_rows_float32_accumulator", ("sum",),
            "the sum over rows (sum:rows, from 2^17 elements) adds 1.5 million rows into one "
            "float32 accumulator row instead of float64 rows per chunk: a relative error "

@@ -42,6 +42,7 @@ KNOWN = {
     "pool_2d:tiled": "max pooling whose windows tile the image, forward",
     "pool_2d_back:tiled": "max pooling whose windows tile the image, backward",
     "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
+    "sum:chunks_split": "a whole-tensor sum's chunks as ranges on the engine's threads",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",
     "sum:runs": "a sum of contiguous runs into vertical accumulators",
     "sum:lanes": "16-bit runs summed in float64 vector lanes, in the compiler's order",

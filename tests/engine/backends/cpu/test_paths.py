@@ -25,6 +25,7 @@ REACHED_BY = {
     "pool_2d:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "pool_2d_back:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "sum:chunks": ("sum", "axis=None"),
+    "sum:chunks_split": ("sum", "axis=None"),
     "sum:rows": ("sum", "x=[1500007,3]"),
     "sum:runs": ("sum", "x=[1031,1031],axis=1"),
     "sum:runs_split": ("sum", "x=[1031,1031],axis=1"),
