@@ -216,8 +216,7 @@ def bind_step(step: Step, results: list) -> Call | None:
     t = step.tensor
     if type(step) is ViewStep:
         result = be.device_view(step.op, ins, step.params)
-        call = (functools.partial(be.copy, be.persistent(t), result) if t.persistent
-                else None)
+        call = be.bind_copy(be.persistent(t), result) if t.persistent else None
     else:
         result = be.persistent(t) if t.persistent else step.out
         bind = getattr(step.kernel, "bind", None)

@@ -104,6 +104,22 @@ def test_attention_splits_forward_and_backward(text):
     assert taken["attention:tiles"] > 0
 
 
+def test_a_transposed_result_is_copied_in_tiles():
+    """transpose's scale case: its view's gradient (a transposed view of the upstream
+    gradient) is copied into the gradient's buffer by cont's tiled kernel (the executor's
+    view copy, CpuBackend.bind_copy); plain mode copies it by numpy."""
+    case = _case("transpose", "transpose")
+    assert _run(case)["copy:tiled"] > 0
+    with paths.plain():
+        assert not _run(case)
+
+
+def test_norm_runs_in_ranges_of_rows():
+    """norm's scale cases split norm and norm_back into ranges of rows on the threads."""
+    taken = _run(_case("norm", "norm"))
+    assert taken["split:cpu_norm"] > 0 and taken["split:cpu_norm_back"] > 0
+
+
 def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
     monkeypatch.setattr(jit, "PARALLEL", True)
     op, text = REACHED_BY["parallel"]
