@@ -9,8 +9,9 @@ writes it once, into its own cache line of `partials` (no false sharing); the pa
 then added serially in chunk order; a row's terms are summed in vector lanes (any_order),
 so the result is the same bits on every run and thread count of one machine. Exponentials
 and row maxima are softmax's (row_logsumexp: patterns.exp_into, row_extreme), which took
-the forward + backward from 2.9x torch's to ... over (256, 32000)
-(python bench/bench_ops.py --op cross_entropy_loss --repeat 7).
+the forward + backward from 2.9x torch's to 0.6x over (256, 32000) (python
+bench/bench_ops.py --op cross_entropy_loss --repeat 7, 2 threads, a loaded machine): a libm
+exp per element in float64 and strict-order sums had been the cost.
 """
 
 from __future__ import annotations
