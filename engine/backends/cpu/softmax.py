@@ -136,8 +136,11 @@ def _masked_logits(xr, mr, s, slope, er, fmt):
     """z_j = s xr[j] + slope mr[j] into the scratch row er (s and slope in er's type), and
     max_j z_j (float64). One strided pass over the mask row (a broadcast mask has stride 0
     across heads and batches), then the maximum by integer keys over the contiguous er
-    (row_extreme), which vectorises where a float maximum does not."""
+    (row_extreme), which vectorises where a float maximum does not; -inf for an empty
+    row (row_extreme reads one element)."""
     n = xr.shape[0]
+    if n == 0:
+        return -np.inf
     for j in range(n):
         er[j] = s * value(xr[j], fmt) + slope * value(mr[j], fmt)
     return row_extreme(er, n, fmt, False)
