@@ -20,8 +20,8 @@ element broadcast over 48 had a gradient 3.5e-4 off (truth 0) where torch's
 float64-computed reference errs 6e-17, 124 times the precision bar (`gradcheck --op
 softmax --random 200 --seed 1`), and reglu on one element expanded to 8 a gradient 10%
 off (--seed 3). So such terms are made in float32 and summed before the one rounding to
-16 bits (tests/engine/test_wide_gradients.py: 55 to 2,000 times an ulp before, at most half
-an ulp now):
+16 bits (tests/engine/test_wide_gradients.py, whose bound is an ulp of the result plus
+float32's rounding of the terms: 54 to 9,400 times it before, at most half of it now):
 
 - a node "wants a wide gradient" when it is 16-bit and its rule adds up (an `adds_up` op:
   sum, repeat_back) terms made from its gradient, in 16 bits, for an input that needs a
