@@ -13,10 +13,18 @@ op's output buffer and its inputs (possibly strided or broadcast views), and nev
 allocates.
 
 Rows with `in_float64` (the activations) compute in float64 whatever the dtype, rounded
-once when stored (LLVM may still evaluate a libm call on a widened float32 value in
-float32, sin as sinf: within an ulp); the plain unary ops and the binary ops compute in the
-inputs' dtype. An op's float parameters reach its scalar math as a tuple in the row's order
-(of the dtype the math computes in).
+once when stored; but their plain kernels widen with `float()`, which numba types as a
+float32 for a float32 element, so on float32 tensors the row's libm calls are float32's
+(sin as sinf: within an ulp) and its arithmetic float32 where no float64 constant enters
+(the vector kernels below widen to float64 truly). The plain unary ops and the binary ops
+compute in the inputs' dtype. An op's float parameters reach its scalar math as a tuple in
+the row's order (of the dtype the math computes in).
+
+The ops of engine.backends.cpu.vector_unary.FAST (the activations on exp, tanh, erfc and
+log1p, and exp and log) have a second pair of kernels for float32 outputs (16-bit ones
+too, which reach them widened: engine.backends.cpu.half), compiled `contracting`: the
+same values from vectorised float64 math instead of a libm call per element (the fast
+path `vector:<op>`; its plain twin, the row's math, runs in plain mode and for float64).
 """
 
 from __future__ import annotations
@@ -29,8 +37,17 @@ import numpy as np
 from engine import elementwise as table
 from engine.backends import sequence
 from engine.backends.compile_scalar import compile_scalar, source_digest
-from engine.backends.cpu import layout, threads
-from engine.backends.cpu.jit import OPTIONS, bindable, call, parallel_kernel, prange, scalar_math
+from engine.backends.cpu import layout, paths, threads
+from engine.backends.cpu.jit import (
+    CONTRACT,
+    OPTIONS,
+    bindable,
+    call,
+    parallel_kernel,
+    prange,
+    scalar_math,
+)
+from engine.backends.cpu.vector_unary import FAST
 
 # the scalar math is compiled into each kernel that calls it (LLVM inlines it there) and
 # cached with it; the functions themselves get no cache entries of their own
@@ -56,6 +73,26 @@ def _gradient_map(g, x, out, params):
     (out may alias x)."""
     for i in prange(x.size):
         out[i] = gradient(g[i], float(x[i]), *params)  # noqa: F821
+
+
+def _vector_map(x, out, params):
+    """out[i] = forward(float64 of x[i], params) over 1-D contiguous arrays (out may alias
+    x): a vector_unary function, params a tuple."""
+    for i in prange(x.size):
+        out[i] = forward(_float64(x[i]), params)  # noqa: F821
+
+
+def _vector_gradient_map(g, x, out, params):
+    """out[i] = gradient(g[i], float64 of x[i], params) over 1-D contiguous arrays."""
+    for i in prange(x.size):
+        out[i] = gradient(g[i], _float64(x[i]), params)  # noqa: F821
+
+
+@scalar_math
+def _float64(v):
+    """v in float64: the vector kernels' widening (numba types float() of a float32 as a
+    float32)."""
+    return np.float64(v)
 
 
 def _binary_flat(a, b, out):
@@ -110,30 +147,49 @@ def _binary_4d(a, b, out):
             out[i0, i1, i2, i3] = forward(a[i0, i1, i2, i3], b[i0, i1, i2, i3])  # noqa: F821
 
 
-def specialise(template, op_name: str, *sources, **bound):
-    """`template` compiled for op `op_name` (serial and parallel, jit.parallel_kernel), its
-    global names `bound` to compiled scalar math. numba's disk cache keys a function by its
-    qualified name: each op's copy gets its own, which also carries the digest of the
-    row's `sources`, so that editing a row's math (in another file than this one, which is
-    all numba watches) recompiles it."""
+def specialise(template, op_name: str, *sources, options=None, **bound):
+    """`template` compiled for op `op_name` (serial and parallel, jit.parallel_kernel, with
+    numba `options` beside jit's), its global names `bound` to compiled scalar math.
+    numba's disk cache keys a function by its qualified name: each op's copy gets its own,
+    which also carries the digest of the row's `sources`, so that editing a row's math (in
+    another file than this one, which is all numba watches) recompiles it."""
     fn = types.FunctionType(template.__code__, {**template.__globals__, **bound},
                             f"{template.__name__}__{op_name}")
     fn.__qualname__ = f"{template.__qualname__}__{op_name}_{source_digest(*sources)}"
     fn.__doc__ = template.__doc__
-    return parallel_kernel(fn)
+    return parallel_kernel(fn, **(options or {}))
+
+
+def _vector_twin(template, op_name: str, fn, **bound):
+    """`template` for op `op_name`'s float32 fast path, its global names `bound` to
+    vector_unary's `fn` (whose source keys the cache name), compiled contracting."""
+    return specialise(template, op_name, fn.py_func, options=CONTRACT, **bound)
+
+
+def _choice(op_name: str, plain, vector):
+    """pick(dtype) -> (kernel, cast): for a float32 output, outside plain mode, op
+    `op_name`'s vector kernel (fast path `vector:<op>`, parameters as floats); else its
+    plain one (cast None: the caller's)."""
+    def pick(dtype):
+        if vector is not None and dtype == np.float32 and not paths.PLAIN:
+            paths.taken(f"vector:{op_name}")
+            return vector, float
+        return plain, None
+    return pick
 
 
 # --- dispatchers: the kernel of op `name`, kernel(out, ins, **params) -----------------------
-def _map_dispatcher(op_name, kernel, args):
-    """kernel(out, [x], **params) running map `kernel` with args(out's dtype, params): a
-    strided x is first copied into out (layout.copy_call: a transposed view in tiles, any
-    other by numpy, whose copy picks the best loop order for any strides) and mapped in
-    place."""
+def _map_dispatcher(op_name, pick, args):
+    """kernel(out, [x], **params) running the map kernel pick(out's dtype) gives (with the
+    cast of its parameters) with args(out's dtype, params, cast): a strided x is first
+    copied into out (layout.copy_call: a transposed view in tiles, any other by numpy,
+    whose copy picks the best loop order for any strides) and mapped in place."""
     def prepare(out, ins, **params):
         (x,) = ins
+        kernel, cast = pick(out.dtype)
         flat_out = out.reshape(-1)
         src = x.reshape(-1) if x.flags.c_contiguous else flat_out
-        run = call(kernel, src, flat_out, args(out.dtype, params))
+        run = call(kernel, src, flat_out, args(out.dtype, params, cast))
         return run if x.flags.c_contiguous else sequence(layout.copy_call(out, x), run)
     prepare.__name__ = f"cpu_{op_name}"
     return threads.split(bindable(prepare))
@@ -146,9 +202,12 @@ def unary(name: str):
         return cont
     row = table.UNARY[name]
     widen = float if row.in_float64 else scalar(table.identity)
-    kernel = specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
-    return _map_dispatcher(name, kernel, lambda dtype, params: row.kernel_args(
-        name, params, float if row.in_float64 else dtype.type))
+    plain = specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
+    fast = FAST.get(name)
+    vector = fast and _vector_twin(_vector_map, name, fast.forward, forward=fast.forward)
+    return _map_dispatcher(name, _choice(name, plain, vector),
+                           lambda dtype, params, cast: row.kernel_args(
+                               name, params, cast or (float if row.in_float64 else dtype.type)))
 
 
 def unary_back(name: str):
@@ -156,10 +215,15 @@ def unary_back(name: str):
     for unary op `name` of the table. g must be C-contiguous (the op's builder makes it
     so); a strided x is gathered into out and mapped in place."""
     row = table.UNARY[name]
-    kernel = specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
+    plain = specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
+    fast = FAST.get(name)
+    vector = fast and fast.gradient and _vector_twin(_vector_gradient_map, name,
+                                                     fast.gradient, gradient=fast.gradient)
+    pick = _choice(row.back_name, plain, vector)
 
     def prepare(out, ins, **params):
         g, x = ins
+        kernel, _ = pick(out.dtype)
         flat_out = out.reshape(-1)
         src = x.reshape(-1) if x.flags.c_contiguous else flat_out
         run = call(kernel, g.reshape(-1), src, flat_out, row.kernel_args(row.back_name, params))
