@@ -20,9 +20,12 @@ Special values are the row's: NaN in gives NaN out, the infinities give the row'
 (NaN where the row's formula gives inf * 0, as torch's does), -0 gives -0 where the row
 does.
 
-    FAST[name] = VectorMath(forward, gradient)    # gradient None for exp and log, whose
-                                                   # gradients are composed of engine ops
+    FAST[name] = VectorMath(forward, gradient, reach)
     forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
+
+gradient is None for exp and log, whose gradients are composed of engine ops; `reach`
+bounds the inputs the functions take (sin and cos: |x| <= 2^20, vector_math.TRIG_REACH),
+beyond which the kernel computes the row's libm math instead (in float64).
 
 Every function is `scalar_math`: numba inlines it into the kernel that calls it (the
 templates of engine.backends.cpu.elementwise), which is compiled contracting; inlined by
@@ -39,7 +42,17 @@ from typing import NamedTuple
 
 from engine import elementwise as table
 from engine.backends.cpu.jit import scalar_math
-from engine.backends.cpu.vector_math import erfc_nonneg, exp, exp_expm1, expm1, log, log1p
+from engine.backends.cpu.vector_math import (
+    TRIG_REACH,
+    cos,
+    erfc_nonneg,
+    exp,
+    exp_expm1,
+    expm1,
+    log,
+    log1p,
+    sin,
+)
 from engine.elementwise import GELU_CUBIC, GELU_QUICK_COEF, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI
 
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -192,9 +205,30 @@ def log_forward(v, params):
     return log(v)
 
 
+@scalar_math
+def sin_forward(v, params):
+    return sin(v)
+
+
+@scalar_math
+def sin_gradient(g, v, params):
+    return g * cos(v)
+
+
+@scalar_math
+def cos_forward(v, params):
+    return cos(v)
+
+
+@scalar_math
+def cos_gradient(g, v, params):
+    return -g * sin(v)
+
+
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
+    reach: float = math.inf          # beyond |x| > reach the kernel takes the row's math
 
 
 FAST = {
@@ -209,4 +243,6 @@ FAST = {
     "expm1": VectorMath(expm1_forward, expm1_gradient),
     "exp": VectorMath(exp_forward, None),
     "log": VectorMath(log_forward, None),
+    "sin": VectorMath(sin_forward, sin_gradient, TRIG_REACH),
+    "cos": VectorMath(cos_forward, cos_gradient, TRIG_REACH),
 }

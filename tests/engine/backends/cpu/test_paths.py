@@ -118,6 +118,20 @@ def test_each_vector_op_takes_its_vector_kernels_at_scale(op):
         assert not _run(case)
 
 
+@pytest.mark.parametrize("op", ["gelu", "sin"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_16_bit_scale_cases_take_the_native_vector_kernels(op, dtype):
+    """The activations' vector kernels read 16-bit patterns themselves (no widening): the
+    16-bit scale cases of gelu and sin take them, split over the threads; plain mode takes
+    the widened float32 kernel of the row's math."""
+    case = _case(op, f"type={dtype},")
+    taken = _run(case)
+    assert taken[f"vector:{op}"] > 0 and taken[f"vector:{op}_back"] > 0, sorted(taken)
+    assert taken[f"split:cpu_{op}"] > 0, sorted(taken)
+    with paths.plain():
+        assert not _run(case)
+
+
 def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
     monkeypatch.setattr(jit, "PARALLEL", True)
     op, text = REACHED_BY["parallel"]
