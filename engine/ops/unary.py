@@ -67,6 +67,8 @@ from engine.scale_cases import (
     BENCH_DTYPE,
     BENCH_ELEMENTS,
     BENCH_HALF_DTYPES,
+    HALF_SCALE_DTYPES,
+    SCALE_DTYPE,
     SQUARE,
     TRANSPOSED,
     bench_cases,
@@ -265,18 +267,25 @@ def _back_samples(row: Unary):
 # ops whose scale cases also take a transposed view (the tiled copy into a contiguous
 # buffer before the kernel; the same code for every unary op, so a few ops suffice)
 PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
+# ops whose scale cases are also float16 and bfloat16: the activations' vector kernels read
+# 16-bit patterns themselves (engine.backends.cpu.elementwise), split over the threads; one
+# template with a reach (sin) and one without (gelu) take every such kernel's code
+HALF_AT_SCALE = ("gelu", "sin")
 
 
 def _scale(row: Unary):
     """The op's scale cases: one contiguous float32 input of SQUARE in its domain, split
-    over the engine's threads in ragged chunks (engine.scale_cases), and for the ops of
-    PERMUTED_AT_SCALE a transposed view of it too."""
+    over the engine's threads in ragged chunks (engine.scale_cases), for the ops of
+    PERMUTED_AT_SCALE a transposed view of it too, and for those of HALF_AT_SCALE the
+    contiguous one in float16 and bfloat16."""
     kind, low, high = row.domain
 
     def scale():
         layouts = [None] + ([TRANSPOSED] if row.name in PERMUTED_AT_SCALE else [])
+        dtypes = (SCALE_DTYPE,) + (HALF_SCALE_DTYPES if row.name in HALF_AT_SCALE else ())
         return [scale_case(row.name, [InputSpec("x", SQUARE, kind, low, high, permute=p)],
-                           **row.sample_params[0]) for p in layouts]
+                           dtype, **row.sample_params[0])
+                for dtype in dtypes for p in (layouts if dtype == SCALE_DTYPE else [None])]
     return scale
 
 
