@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from engine.backends import sequence
+from engine.backends.calls import sequence
 from engine.errors import EngineError
 from engine.registry import OpDef
 from engine.tensor import Tensor

@@ -39,7 +39,7 @@ import numba
 import numpy as np
 
 from engine import elementwise as table
-from engine.backends import sequence
+from engine.backends.calls import sequence
 from engine.backends.compile_scalar import compile_scalar, source_digest
 from engine.backends.cpu import half, layout, paths, threads
 from engine.backends.cpu.jit import (
