@@ -410,6 +410,51 @@ def test_every_16_bit_input_is_rounded_right(case, dtype):
         f"{case} {dtype}: {err[worst]:.6f} ulps at {x64[rest][worst]!r}"
 
 
+# --- special values: the row's ----------------------------------------------------------------
+SPECIAL_X = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4028235e38,
+                      -3.4028235e38, 1e-30, -1e-30, 20.0, -20.0, 30.0, -30.0, 100.0,
+                      -100.0, 800.0, -800.0, 2.0 ** 21, -(2.0 ** 21)], np.float32)
+SPECIAL_G = np.array([1.0, -1.0, 0.0, -0.0, np.inf, -np.inf, np.nan, 1e30], np.float32)
+
+
+def _row_float64(name: str, which: str, x, g=None):
+    """The row's libm math on x (and g) in float64, the plain kernel, rounded to float32."""
+    row = UNARY[name]
+    params = {k: 1.0 for k in row.params}
+    out = np.empty(x.shape)
+    if which == "forward":
+        cpu.unary(name)(out, [x.astype(np.float64)], **params)
+    else:
+        cpu.unary_back(name)(out, [g.astype(np.float64), x.astype(np.float64)], **params)
+    with np.errstate(over="ignore"):
+        return out.astype(np.float32)
+
+
+def _classes(a):
+    return np.select([np.isnan(a), np.isposinf(a), np.isneginf(a), a == 0], [1, 2, 3, 4], 0)
+
+
+@pytest.mark.parametrize("case", CASES, ids="-".join)
+def test_special_values_are_the_rows(case):
+    """NaN where the row's float64 math gives NaN, the same infinities, zero where it is
+    zero with its sign (a forward's -0 at -0); gradients for every g of SPECIAL_G too."""
+    name, which = case
+    x = SPECIAL_X if name != "log" else np.abs(SPECIAL_X)
+    if which == "forward":
+        got = kernel_output(name, which, x, 1.0)
+        want = _row_float64(name, which, x)
+    else:
+        gg, xx = (a.reshape(-1) for a in np.meshgrid(SPECIAL_G, x, indexing="ij"))
+        got = np.empty_like(xx)
+        cpu.unary_back(name)(got, [gg, xx], **{k: 1.0 for k in UNARY[name].params})
+        want = _row_float64(name, which, xx, gg)
+    same = _classes(got) == _classes(want)
+    zeros = want == 0
+    same[zeros] &= np.signbit(got[zeros]) == np.signbit(want[zeros])
+    i = int(np.argmin(same))
+    assert same.all(), f"{case}: got {got[i]!r} where the row gives {want[i]!r} (element {i})"
+
+
 def test_every_fast_op_is_an_activation_or_exp_or_log():
     """FAST names rows of the table; each gradient is the row's one-pass op's."""
     for name, fast in FAST.items():
