@@ -16,9 +16,9 @@ major: a row-major m x n matrix is its n x m transpose, so the call computes c^T
 op(b)^T op(a)^T, the same flags, the operands swapped. Which thread calls it changes
 nothing: one call is one BLAS call.
 
-SciPy's OpenBLAS keeps a thread pool of its own, apart from numpy's; engine_threads holds
-it to one thread with numpy's while a plan runs on the engine's threads (threadpoolctl
-finds both, this module having loaded SciPy's before the first plan runs).
+SciPy's OpenBLAS keeps a thread pool of its own, apart from numpy's; threads.one_blas_thread
+holds it to one thread with numpy's (threadpoolctl's list of libraries is read again when
+this module has loaded SciPy's: a plan may have run before).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from llvmlite import binding
 from numba import types
 from numba.extending import get_cython_function_address
 
+from engine.backends.cpu import threads
 from engine.backends.cpu.jit import njit
+
+threads.blas_libraries_loaded()                 # SciPy's (module doc)
 
 _ARGS = 13       # ?gemm(transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
 

@@ -221,6 +221,12 @@ def engine_threads():
     return contextlib.nullcontext() if THREADS <= 1 else one_blas_thread()
 
 
+def blas_libraries_loaded() -> None:
+    """A module has loaded a BLAS library: threadpoolctl's list is read again at the next
+    hold (engine.backends.cpu.blas, SciPy's)."""
+    _blas_controllers.cache_clear()
+
+
 @contextlib.contextmanager
 def one_blas_thread():
     """Every BLAS library held to one thread while the block runs, restored afterwards (a
