@@ -4,6 +4,7 @@ benchmark, not a test).
     python bench/bench_attention.py            # or: tox -e bench
     python bench/bench_attention.py --repeat 30
     python bench/bench_attention.py --threads 1     # both on one thread
+    python bench/bench_attention.py --part scaling  # only the 1 -> 2 threads gain
 
 attention: causal self-attention of 8 heads, 512 tokens, head size 64, float32 (the issue's
 shape; batch 1), and the same with grouped-query attention (2 kv heads); the engine's
@@ -19,24 +20,34 @@ fed with the forward values and an upstream gradient (as bench_cpu's). The timed
 come in rounds, engine and torch taking turns, each turn after a pause (torch's workers
 keep spinning a while after its calls) and 0.1 s of untimed runs. The machine is shared and
 noisy: read the ratios, not the seconds.
+
+Thread scaling (issue 37): attention's forward + backward (both cases) on one thread and
+on two, the engine's and torch's, the four taking turns in the same rounds; the engine's
+gain, time on one thread / time on two, must be at least TARGET_SCALING (torch's printed
+beside it). "One thread" holds BLAS to one thread as well (threadpoolctl), as the engine's
+two threads do while a plan runs. Needs two cores; skipped with fewer.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 
 import numpy as np
+import threadpoolctl
 import torch
 from bench_cpu import engine_backward, engine_forward, same_threads
 from tabulate import tabulate
 
 from engine import ops
 from engine.backends.cpu import threads as engine_threads
+from engine.backends.cpu.environment import default_threads
 
 TARGET_RATIO = 1.5
+TARGET_SCALING = 1.8          # attention fwd + bwd, engine time on 1 thread / on 2
 PAUSE_S = 0.5
 # untimed runs after each pause: this VM's idle cores take milliseconds to wake, and an
 # engine whose worker threads block (never spin) met a sleeping core in the first few runs
@@ -76,24 +87,70 @@ def rope_case(rng, t, h, d):
             torch_rope, [x, pos])
 
 
-def _median_of_rounds(timers, repeat, rounds):
+def _median_of_rounds(timers, repeat, rounds, settings=None):
     """Median seconds of each zero-argument call in `timers`, timed in `rounds` rounds of
     repeat // rounds runs each, the calls taking turns round by round (a load that comes
     and goes on the shared machine meets both sides), after a pause before each turn
-    (torch's workers keep spinning a while after its calls) and WARM_S of untimed runs."""
+    (torch's workers keep spinning a while after its calls) and WARM_S of untimed runs.
+    settings[i], where given, is a context manager factory entered around call i's turns
+    (its thread counts)."""
     times = [[] for _ in timers]
+    settings = settings or [contextlib.nullcontext] * len(timers)
     for _ in range(rounds):
-        for fn, out in zip(timers, times, strict=True):
-            time.sleep(PAUSE_S)
-            warm_until = time.perf_counter() + WARM_S
-            fn()                                # warm-up: compile, caches, pages, and
-            while time.perf_counter() < warm_until:     # cores woken from the pause
-                fn()
-            for _ in range(max(1, repeat // rounds)):
-                t0 = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - t0)
+        for fn, setting, out in zip(timers, settings, times, strict=True):
+            with setting():
+                time.sleep(PAUSE_S)
+                warm_until = time.perf_counter() + WARM_S
+                fn()                            # warm-up: compile, caches, pages, and
+                while time.perf_counter() < warm_until:     # cores woken from the pause
+                    fn()
+                for _ in range(max(1, repeat // rounds)):
+                    t0 = time.perf_counter()
+                    fn()
+                    out.append(time.perf_counter() - t0)
     return [statistics.median(t) for t in times]
+
+
+@contextlib.contextmanager
+def _on_threads(n):
+    """The engine (its plans bound inside), torch and BLAS on `n` threads while the block
+    runs, as they were after."""
+    engine_before, torch_before = engine_threads.get_num_threads(), torch.get_num_threads()
+    engine_threads.set_num_threads(n)
+    torch.set_num_threads(n)
+    try:
+        with threadpoolctl.threadpool_limits(limits=n, user_api="blas"):
+            yield
+    finally:
+        engine_threads.set_num_threads(engine_before)
+        torch.set_num_threads(torch_before)
+
+
+def scaling(name, build, torch_fn, arrays, repeat, rounds):
+    """[name, engine 1 thread, engine 2 threads, torch 1, torch 2]: forward + backward
+    seconds (the sums of their medians), the engine's plans bound on each count."""
+    plans = {}
+    for n in (1, 2):
+        with _on_threads(n):
+            plans[n] = (engine_forward(build, arrays)[0], engine_backward(build, arrays))
+    tens = [torch.from_numpy(a.copy()) for a in arrays]
+    req = [t.clone().requires_grad_(True) for t in tens]
+    y = torch_fn(*req)
+    g = torch.from_numpy(np.random.default_rng(1).normal(size=tuple(y.shape))
+                         .astype(np.float32))
+
+    def torch_forward():
+        with torch.no_grad():
+            torch_fn(*tens)
+
+    def torch_backward():
+        torch.autograd.grad(y, req, g, retain_graph=True)
+    timers, settings = [], []
+    for n in (1, 2):
+        timers += [plans[n][0].compute, plans[n][1].compute, torch_forward, torch_backward]
+        settings += [lambda n=n: _on_threads(n)] * 4
+    t = _median_of_rounds(timers, repeat, rounds, settings)
+    return [name, t[0] + t[1], t[4] + t[5], t[2] + t[3], t[6] + t[7]]
 
 
 def bench(name, build, torch_fn, arrays, repeat, rounds):
@@ -124,6 +181,8 @@ def main(argv=None) -> int:
                    help="rounds the timed runs are cut into, engine and torch taking turns")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for the engine and for torch alike (default: each's own)")
+    p.add_argument("--part", choices=("all", "ratios", "scaling"), default="all",
+                   help="engine/torch ratios, the 1 -> 2 threads gain, or both")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.repeat < 1:
         p.error("--repeat and --rounds must be at least 1")
@@ -134,9 +193,37 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     cases = [attention_case(rng, 8, 8, 512, 64), attention_case(rng, 8, 2, 512, 64),
              rope_case(rng, 512, 8, 64), rope_case(rng, 2048, 32, 128)]
+    ok = True
+    if args.part in ("all", "ratios"):
+        ok = ratios(cases, args.repeat, args.rounds) and ok
+    if args.part in ("all", "scaling"):
+        ok = thread_scaling(cases[:2], args.repeat, args.rounds) and ok
+    print("all targets met" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+def thread_scaling(cases, repeat, rounds) -> bool:
+    """The 1 -> 2 threads table of attention's cases; whether each met TARGET_SCALING."""
+    if default_threads() < 2:
+        print("thread scaling: skipped (this process may use one core)")
+        return True
     table, ok = [], True
-    for name, e_fwd, e_bwd, t_fwd, t_bwd in (bench(*c, args.repeat, args.rounds)
-                                                  for c in cases):
+    for name, e1, e2, t1, t2 in (scaling(*c, repeat, rounds) for c in cases):
+        gain = e1 / e2
+        ok = ok and gain >= TARGET_SCALING
+        table.append([name, f"{e1 * 1e3:.2f}", f"{e2 * 1e3:.2f}", f"{gain:.2f}",
+                      f"{t1 * 1e3:.2f}", f"{t2 * 1e3:.2f}", f"{t1 / t2:.2f}",
+                      "ok" if gain >= TARGET_SCALING else "LESS THAN TARGET"])
+    print(tabulate(table, headers=["case (fwd + bwd)", "engine 1T ms", "engine 2T ms",
+                                   "engine gain", "torch 1T ms", "torch 2T ms", "torch gain",
+                                   f"target >= {TARGET_SCALING:g}"]))
+    return ok
+
+
+def ratios(cases, repeat, rounds) -> bool:
+    """The engine/torch table of every case; whether each met TARGET_RATIO."""
+    table, ok = [], True
+    for name, e_fwd, e_bwd, t_fwd, t_bwd in (bench(*c, repeat, rounds) for c in cases):
         for phase, e, t in (("forward", e_fwd, t_fwd), ("backward", e_bwd, t_bwd),
                             ("fwd + bwd", e_fwd + e_bwd, t_fwd + t_bwd)):
             ratio = e / t
@@ -148,8 +235,7 @@ def main(argv=None) -> int:
                           verdict])
     print(tabulate(table, headers=["case", "pass", "engine ms", "torch ms", "engine/torch",
                                    f"target <= {TARGET_RATIO:g}"]))
-    print("all targets met" if ok else "SOME TARGETS MISSED")
-    return 0 if ok else 1
+    return ok
 
 
 if __name__ == "__main__":

@@ -27,10 +27,16 @@ it should: a row that sees one key (P = 1) gets dS = g_lse exactly, where dO.O i
 against a float32 dP would leave a rounding of dP (relative 1e-7 of |dO| |v|). A block
 holds every key its rows see, so D_i is complete when dS is formed; fwd's O is not read.
 
-The products run in BLAS (numpy's matmul on the views as they are: a permuted view's rows
-are BLAS rows with a leading dimension), the row pieces (scores, maxima, exponentials,
-log-sum-exps, dS) in numba kernels, in float64 with exponentials in a polynomial that
-vectorises (patterns.exp_into). float16 and bfloat16 reach the kernels widened to float32
+The products run in BLAS on the views as they are (a permuted view's rows are BLAS rows
+with a leading dimension), the row pieces (scores, maxima, exponentials, log-sum-exps, dS)
+in numba kernels, in float64 with exponentials in a polynomial that vectorises
+(patterns.exp_into). Each (batch, head) task is one compiled call (_fwd_task, _back_task:
+the row kernels and SciPy's BLAS called from numba, engine.backends.cpu.blas), which
+holds no GIL from its first product to its last. As a Python loop of numpy matmuls and
+row kernels, a head took and gave back the GIL a few dozen times, and two threads gained
+1.5x where torch's gained nearly 2 (forward 5.6 -> 3.6 ms, backward 11.0 -> 7.1, the
+issue's shape); figures after the change in docs/performance.md (`python
+bench/bench_attention.py --part scaling`). float16 and bfloat16 reach the kernels widened to float32
 (engine.backends.cpu.half; the backward widens them itself, to know their rounding).
 
 The saved lse is rounded to fwd's dtype: off by up to half an ulp of |lse| (2^-9 |lse| in
@@ -49,9 +55,14 @@ query row over every key, one thread):
 - split:cpu_attention_fwd / split:cpu_attention_back: (batch, head) pairs (backward: (batch,
   kv head) pairs, so that no two threads add into the same dk, dv) handed out one at a
   time to the engine's threads (a thread that starts late takes fewer), from
-  threads.MIN_MACS multiply-adds.
+  threads.MIN_MACS multiply-adds;
+- attention:compiled: each task one compiled call (above), BLAS held to one thread; the
+  plain twin is the Python loop over numpy's matmuls (also taken by arrays BLAS cannot
+  read as they are, and by dtypes other than float32 and float64).
 Each row is computed by the same arithmetic on either path; only the products' shapes (and
-so BLAS's order of summation) differ.
+so BLAS's order of summation; the compiled backward adds dk and dv in BLAS, beta = 1)
+differ. A task computes the same bits on whichever thread runs it: results are the same on
+every thread count.
 """
 
 from __future__ import annotations
@@ -64,6 +75,7 @@ import numpy as np
 
 from engine.backends.alibi_math import alibi_slopes
 from engine.backends.cpu import half, paths, threads
+from engine.backends.cpu.blas import gemm
 from engine.backends.cpu.jit import CONTRACT, bindable, njit
 from engine.backends.cpu.patterns import (
     dot_any_order,
@@ -163,6 +175,57 @@ def _back_rows(s, dp, mask, has_mask, slope, row0, shift, causal, scale, cap, x,
             drow[j] = 0.0
 
 
+@njit
+def _fwd_task(qh, kh, vh, mask, has_mask, slope, shift, causal, scale, cap, blocks, o, lse,
+              sbuf, x, ch):
+    """One (batch, head) task of the forward, every block of query rows (blocks: rows
+    [i0, i1) over kend keys), in one call: S = Q K^T, the rows (_fwd_rows), O = P V. The
+    same steps as the Python loop of the plain twin, the products in SciPy's BLAS."""
+    for i in range(blocks.shape[0]):
+        i0, i1, kend = blocks[i, 0], blocks[i, 1], blocks[i, 2]
+        s = sbuf[:(i1 - i0) * kend].reshape(i1 - i0, kend)
+        gemm(False, True, qh[i0:i1], kh[:kend], s, 0.0)
+        _fwd_rows(s, mask[i0:i1, :kend], has_mask, slope, i0, shift, causal, scale, cap,
+                  x, ch, lse[i0:i1])
+        gemm(False, False, s, vh[:kend], o[i0:i1], 0.0)
+
+
+@njit
+def _back_task(q, kh, vh, g, fwd, mask, has_mask, slopes, h0, group, dvn, shift, causal,
+               scale, cap, blocks, unit, dq, dkh, dvh, sbuf, pbuf, x, ch):
+    """One (batch, kv head) task of the backward in one call: for each of its query heads
+    h0..h0+group-1 (q, g, fwd, mask and dq indexed by query head), every block of rows:
+    S = Q K^T,
+    dP = dO V^T, the rows (_back_rows: P and scale dS), dq = dS K, dk += dS^T Q,
+    dv += P^T dO (BLAS adding into dk and dv: beta = 1)."""
+    dkh[:, :] = 0.0
+    dvh[:, :] = 0.0
+    for h in range(h0, h0 + group):
+        qh, gh, fh = q[h], g[h], fwd[h]
+        for i in range(blocks.shape[0]):
+            i0, i1, kend = blocks[i, 0], blocks[i, 1], blocks[i, 2]
+            n = i1 - i0
+            s = sbuf[:n * kend].reshape(n, kend)
+            dp = pbuf[:n * kend].reshape(n, kend)
+            gemm(False, True, qh[i0:i1], kh[:kend], s, 0.0)
+            gemm(False, True, gh[i0:i1, :dvn], vh[:kend], dp, 0.0)
+            _back_rows(s, dp, mask[h, i0:i1, :kend], has_mask, slopes[h], i0, shift, causal,
+                       scale, cap, x, ch, fh[i0:i1, dvn], gh[i0:i1, dvn], unit)
+            gemm(False, False, dp, kh[:kend], dq[h, i0:i1], 0.0)
+            gemm(True, False, dp, qh[i0:i1], dkh[:kend], 1.0)
+            gemm(True, False, s, gh[i0:i1, :dvn], dvh[:kend], 1.0)
+
+
+def _blas_rows(a) -> bool:
+    """Whether BLAS can read (or write) `a`'s last two axes as they are: unit stride along
+    the last, a row stride of whole elements no shorter than a row (numpy's matmul copies
+    any other view itself)."""
+    if a.shape[-1] > 1 and a.strides[-1] != a.itemsize:
+        return False
+    row = a.strides[-2]
+    return a.shape[-2] <= 1 or (row % a.itemsize == 0 and row >= a.shape[-1] * a.itemsize)
+
+
 def _as_4d(a):
     return a if a.ndim == 4 else a[None]
 
@@ -184,6 +247,7 @@ class _Geometry:
         self.blocks = [(i0, min(self.tq, i0 + tile), self.keys(i0, min(self.tq, i0 + tile),
                                                                tile < self.tq))
                        for i0 in range(0, self.tq, max(tile, 1))]
+        self.block_array = np.array(self.blocks, np.int64).reshape(-1, 3)
         if len(self.blocks) > 1:
             paths.taken("attention:tiles")
             if any(kend < self.tk for _, _, kend in self.blocks):
@@ -195,6 +259,21 @@ class _Geometry:
         if not (self.causal and tiled):
             return self.tk
         return min(self.tk, max(0, i1 + self.shift))
+
+    def compiled(self, *outs) -> bool:
+        """Whether each task runs as one compiled call (attention:compiled, recorded): not
+        in plain mode, for float32 or float64 alike, with inputs and outputs BLAS reads
+        as they are (else numpy's matmuls, which copy what they must)."""
+        arrays = (self.q, self.k, self.v, *outs)
+        fast = (not paths.PLAIN and self.q.dtype in (np.float32, np.float64)
+                and all(a.dtype == self.q.dtype and _blas_rows(a) for a in arrays))
+        if fast:
+            paths.taken("attention:compiled")
+        return fast
+
+    def mask_or(self, shape):
+        """The 4-D mask, or (no mask) an empty stand-in of `shape` the kernels never read."""
+        return np.empty(shape, self.q.dtype) if self.mask is None else self.mask
 
     def macs(self) -> int:
         return self.b * self.hq * self.tq * self.tk * (self.d + self.dv)
@@ -239,10 +318,14 @@ class _Tasks:
                 self.next = self.done = 0
 
 
-def _chunked(name, geo, tasks, make):
+def _chunked(name, geo, tasks, make, compiled):
     """One call computing every task of `tasks` with make(take)'s calls (take() gives the
     next task or None), side by side on the engine's threads when the work pays for it
-    (recorded as split:`name`)."""
+    (recorded as split:`name`). `compiled`: the tasks call BLAS themselves (_fwd_task,
+    _back_task), which is held to one thread while they run, on any number of the engine's
+    threads: a product then sums in the same order whoever runs it (SciPy's OpenBLAS on two
+    threads gave float64 products other bits than on one), and tasks side by side do not
+    share the cores with BLAS's workers. Outside a plan nothing else holds it."""
     n = min(threads.parts() if geo.macs() >= threads.MIN_MACS else 1, len(tasks))
     if n > 1:
         paths.taken(f"split:{name}")
@@ -255,17 +338,39 @@ def _chunked(name, geo, tasks, make):
             finally:
                 queue.finished()
         return whole
-    return threads.side_by_side([call(make(queue.take)) for _ in range(max(n, 1))])
+    every = threads.side_by_side([call(make(queue.take)) for _ in range(max(n, 1))])
+    if not compiled:
+        return every
+
+    def held():
+        with threads.one_blas_thread():
+            every()
+    return held
 
 
-@bindable
-def cpu_attention_fwd(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0):
-    """kernel(out, [q, k, v] or [q, k, v, mask], **params): out (.., Hq, Tq, Dv + 1) gets O
-    and the log-sum-exp (module doc)."""
-    q, k, v, *mask = ins
-    geo = _Geometry(q, k, v, mask[0] if mask else None, scale, causal, logit_softcap,
-                    max_bias)
-    out4 = _as_4d(out)
+def _fwd_compiled(geo, out4):
+    """The forward's tasks, each one call of _fwd_task."""
+    mask = geo.mask_or((1, geo.hq, 0, 0))
+
+    def make(take):
+        sbuf, = geo.scratch(geo.q.dtype, geo.tk)
+        x, ch = np.empty(geo.tk, np.float64), np.empty(geo.tk, np.float64)
+
+        def run():
+            while (task := take()) is not None:
+                b, h = task
+                c = h // geo.group
+                _fwd_task(geo.q[b, h], geo.k[b, c], geo.v[b, c], mask[min(b, len(mask) - 1), h],
+                          geo.mask is not None, float(geo.slopes[h]), geo.shift, geo.causal,
+                          geo.scale, geo.cap, geo.block_array, out4[b, h, :, :geo.dv],
+                          out4[b, h, :, geo.dv], sbuf, x, ch)
+        return run
+    return make
+
+
+def _fwd_numpy(geo, out4):
+    """The forward's tasks as a Python loop over blocks: numpy's matmuls and _fwd_rows (the
+    plain twin of _fwd_compiled)."""
 
     def make(take):
         sbuf, = geo.scratch(geo.q.dtype, geo.tk)
@@ -282,24 +387,46 @@ def cpu_attention_fwd(out, ins, scale, causal=False, logit_softcap=0.0, max_bias
                               out4[b, h, i0:i1, geo.dv])
                     np.matmul(s, vh[:kend], out=out4[b, h, i0:i1, :geo.dv])
         return run
-    return _chunked("cpu_attention_fwd", geo, [(b, h) for b in range(geo.b)
-                                                for h in range(geo.hq)], make)
+    return make
 
 
-def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0,
-                  unit=None):
-    """The backward on float32 or float64 arrays (module doc); `unit`: the unit roundoff
-    of the dtype fwd's lse was stored in (None: fwd's own)."""
-    g, q, k, v, *mask, fwd = ins
-    unit = float(np.finfo(fwd.dtype).eps) / 2 if unit is None else float(unit)
+@bindable
+def cpu_attention_fwd(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0):
+    """kernel(out, [q, k, v] or [q, k, v, mask], **params): out (.., Hq, Tq, Dv + 1) gets O
+    and the log-sum-exp (module doc)."""
+    q, k, v, *mask = ins
     geo = _Geometry(q, k, v, mask[0] if mask else None, scale, causal, logit_softcap,
                     max_bias)
-    g4, fwd4 = _as_4d(g), _as_4d(fwd)
-    nq, nk = geo.q.size, geo.k.size
-    dq = out[:nq].reshape(geo.q.shape)
-    dk = out[nq:nq + nk].reshape(geo.k.shape)
-    dv = out[nq + nk:].reshape(geo.v.shape)
+    out4 = _as_4d(out)
+    compiled = geo.compiled(out4)
+    make = (_fwd_compiled if compiled else _fwd_numpy)(geo, out4)
+    return _chunked("cpu_attention_fwd", geo, [(b, h) for b in range(geo.b)
+                                                for h in range(geo.hq)], make, compiled)
 
+
+def _back_compiled(geo, unit, fwd4, g4, dq, dk, dv):
+    """The backward's tasks, each one call of _back_task."""
+    mask = geo.mask_or((1, geo.hq, 0, 0))
+
+    def make(take):
+        sbuf, pbuf = geo.scratch(geo.q.dtype, geo.tk, geo.tk)
+        x, ch = np.empty(geo.tk, np.float64), np.empty(geo.tk, np.float64)
+
+        def run():
+            while (task := take()) is not None:
+                b, c = task
+                _back_task(geo.q[b], geo.k[b, c], geo.v[b, c], g4[b], fwd4[b],
+                           mask[min(b, len(mask) - 1)], geo.mask is not None, geo.slopes,
+                           c * geo.group, geo.group, geo.dv, geo.shift, geo.causal, geo.scale,
+                           geo.cap, geo.block_array, unit, dq[b], dk[b, c], dv[b, c], sbuf,
+                           pbuf, x, ch)
+        return run
+    return make
+
+
+def _back_numpy(geo, unit, fwd4, g4, dq, dk, dv):
+    """The backward's tasks as a Python loop over heads and blocks: numpy's matmuls and
+    _back_rows (the plain twin of _back_compiled)."""
     def make(take):
         sbuf, pbuf = geo.scratch(geo.q.dtype, geo.tk, geo.tk)
         kbuf = np.empty(geo.tk * geo.d, geo.q.dtype)
@@ -330,8 +457,28 @@ def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0
                         np.matmul(s.T, gh[i0:i1, :geo.dv], out=tv)
                         dvh[:kend] += tv
         return run
+    return make
+
+
+def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0,
+                  unit=None):
+    """The backward on float32 or float64 arrays (module doc); `unit`: the unit roundoff
+    of the dtype fwd's lse was stored in (None: fwd's own)."""
+    g, q, k, v, *mask, fwd = ins
+    unit = float(np.finfo(fwd.dtype).eps) / 2 if unit is None else float(unit)
+    geo = _Geometry(q, k, v, mask[0] if mask else None, scale, causal, logit_softcap,
+                    max_bias)
+    g4, fwd4 = _as_4d(g), _as_4d(fwd)
+    nq, nk = geo.q.size, geo.k.size
+    dq = out[:nq].reshape(geo.q.shape)
+    dk = out[nq:nq + nk].reshape(geo.k.shape)
+    dv = out[nq + nk:].reshape(geo.v.shape)
+
+    grads = (g4, dq, dk, dv)
+    compiled = geo.compiled(*grads)
+    make = (_back_compiled if compiled else _back_numpy)(geo, unit, fwd4, *grads)
     return _chunked("cpu_attention_back", geo, [(b, c) for b in range(geo.b)
-                                                 for c in range(geo.hkv)], make)
+                                                 for c in range(geo.hkv)], make, compiled)
 
 
 _back_float = bindable(_back_prepare)

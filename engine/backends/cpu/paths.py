@@ -3,15 +3,15 @@
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, the chunked sums,
 the column bands of get_rows_back's scatter, numba's parallel compilations, the
-activations' vectorised float32 math) has a plain twin, and gradcheck's scale tier compares
-the two. Three tools make that possible:
+activations' vectorised float32 math, attention's compiled tasks) has a plain twin, and
+gradcheck's scale tier compares the two. Three tools make that possible:
 
 - `plain()`: while the block runs, kernels bound or run take their plain twins only: one
   thread and no chunks, BLAS for every product, numpy's copies, the general pooling
   kernels, sums by numpy in float64, get_rows_back in one band, serial compilations, the
-  activations' libm math. It is the independent float64 reference of the scale tier
-  (where torch has no equivalent) and a way to tell whether a wrong result comes from a
-  fast path. A plan bound outside the
+  activations' libm math, attention's Python loop over numpy's matmuls. It is the
+  independent float64 reference of the scale tier (where torch has no equivalent) and a
+  way to tell whether a wrong result comes from a fast path. A plan bound outside the
   block keeps the paths it was bound with.
 - `poisoned()`: arenas allocated in the block are filled with NaN bytes, as reused
   memory holds garbage (np.empty of a big arena gives fresh, zeroed pages).
@@ -56,6 +56,9 @@ KNOWN = {
     "attention:tiles": "attention's query rows in blocks, each block's products apart",
     "attention:causal_skip": "causal attention's blocks skipping the keys none of their "
                              "rows sees",
+    "attention:compiled": "each (batch, head) task of attention one compiled call, its "
+                          "products in SciPy's BLAS, instead of numpy's matmuls between "
+                          "row kernels",
 }
 
 _recorders: list[collections.Counter] = []

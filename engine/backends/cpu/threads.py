@@ -215,13 +215,22 @@ def _blas_controllers() -> list:
         return []
 
 
-@contextlib.contextmanager
 def engine_threads():
     """While a plan runs with more than one thread: BLAS held to one thread (the engine's
     chunks are the parallelism), restored afterwards."""
-    if THREADS <= 1:
-        yield
-        return
+    return contextlib.nullcontext() if THREADS <= 1 else one_blas_thread()
+
+
+def blas_libraries_loaded() -> None:
+    """A module has loaded a BLAS library: threadpoolctl's list is read again at the next
+    hold (engine.backends.cpu.blas, SciPy's)."""
+    _blas_controllers.cache_clear()
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """Every BLAS library held to one thread while the block runs, restored afterwards (a
+    library already on one thread is not called)."""
     libs = _blas_controllers()
     before = [lib.get_num_threads() for lib in libs]
     for lib, n in zip(libs, before, strict=True):

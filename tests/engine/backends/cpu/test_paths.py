@@ -36,6 +36,7 @@ REACHED_BY = {
     "vector": ("gelu", "gelu(type=f32,x=[1031,1031])"),
     "attention:tiles": ("attention", "mask=[131,263]"),
     "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
+    "attention:compiled": ("attention", "q=[2,2,300,64]"),
 }
 
 
@@ -103,7 +104,7 @@ def test_attention_splits_forward_and_backward(text):
     the engine's threads, and take query blocks, in every scale case."""
     taken = _run(_case("attention", text))
     assert taken["split:cpu_attention_fwd"] > 0 and taken["split:cpu_attention_back"] > 0
-    assert taken["attention:tiles"] > 0
+    assert taken["attention:tiles"] > 0 and taken["attention:compiled"] > 0
 
 
 def test_a_transposed_result_is_copied_in_tiles():
@@ -158,7 +159,7 @@ def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
 
 @pytest.mark.parametrize("family", ["split", "matmul:sparse", "copy:tiled", "pool_2d:tiled",
                                     "sum:rows", "get_rows_back:bands",
-                                    "attention:causal_skip", "vector"])
+                                    "attention:causal_skip", "attention:compiled", "vector"])
 def test_plain_mode_takes_no_fast_path(family):
     op, text = REACHED_BY[family]
     case = _case(op, text)
