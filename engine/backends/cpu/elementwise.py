@@ -359,13 +359,13 @@ def unary(name: str):
         return _mapped(vector[fmt][0], ins, out, row.kernel_args(name, params),
                        vector[fmt][1])
 
-    halves = name in HALF_NATIVE and _half_kernels(_half_map, name, row.forward,
-                                                     scalar(row.forward))
+    halves = (_half_kernels(_half_map, name, row.forward, scalar(row.forward))
+              if name in HALF_NATIVE else None)
 
     def half_call(out, ins, params, fmt):
         return _mapped(halves[fmt], ins, out, row.kernel_args(name, params, np.float32))
     return dispatcher(name, plain_call, vector and vector_call, native=row.in_float64,
-                      half_call=halves and half_call)
+                      half_call=half_call if halves else None)
 
 
 def unary_back(name: str):
