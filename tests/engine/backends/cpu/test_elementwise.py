@@ -2,7 +2,8 @@
 path `half:<op>`: relu and relu_back read and write 16-bit patterns in one pass): on all
 2^16 patterns of each format, the bits of their plain twins, the float32 kernels widened
 (half.widened), special values and signed zeros included; a strided input is gathered
-first; the 16-bit scale cases take them and plain mode does not."""
+first; the 16-bit scale cases take them and plain mode does not. And the vector maps of a
+strided input, gathered into out and mapped in place, give the contiguous input's bits."""
 
 from __future__ import annotations
 
@@ -72,3 +73,22 @@ def test_the_16_bit_scale_cases_of_relu_take_the_pattern_kernels(text):
     assert taken["half:relu"] > 0 and taken["half:relu_back"] > 0, sorted(taken)
     with paths.plain():
         assert not _run(case)
+
+
+@pytest.mark.parametrize("name", ["gelu_erf", "tanh", "sin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_a_strided_input_maps_in_place_to_the_contiguous_bits(name, dtype):
+    """A strided x is gathered into out and mapped there (the vector maps' in-place twins;
+    sin's reach template has none and maps out onto itself): forward and gradient, the
+    bits of the same values read contiguous."""
+    x = np.random.default_rng(5).uniform(-6.0, 6.0, (64, 96)).astype(dtype)
+    g = np.random.default_rng(6).uniform(-1.0, 1.0, (96, 64)).astype(dtype)
+    for kernel, ins in ((cpu.unary(name), lambda v: [v]),
+                        (cpu.unary_back(name), lambda v: [g, v])):
+        strided, contiguous = np.empty((96, 64), dtype), np.empty((96, 64), dtype)
+        with paths.recording() as taken:
+            kernel(strided, ins(x.T))
+        kernel(contiguous, ins(np.ascontiguousarray(x.T)))
+        assert any(p.startswith("vector:") for p in taken), sorted(taken)
+        assert np.array_equal(strided.view(np.uint16 if dtype == np.float16 else np.uint32),
+                              contiguous.view(np.uint16 if dtype == np.float16 else np.uint32))
