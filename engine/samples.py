@@ -39,8 +39,8 @@ import numpy as np
 from engine.registry import get_op
 from engine.tensor import FLOAT_NAMES, HALF_DTYPES, UNIT_ROUNDOFF, as_dtype, dtype_name, is_float
 
-GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "int", "sparse", "sparse_cols",
-              "special")
+GENERATORS = ("uniform", "away_from_zero", "distinct", "probs", "log_probs", "int", "sparse",
+              "sparse_cols", "special")
 SPECIAL_SHARE = 0.25       # "special": the share of NaN, +inf and -inf (a third each, at
 #                            least one of each)
 SPARSE_DENSITY = 0.1       # the share of non-zeros of a "sparse" input
@@ -60,7 +60,8 @@ class InputSpec:
     the other, shuffled (a relu of negatives only has a zero gradient: its check could not
     fail); distinct: a shuffled evenly spaced grid over [low, high] (no ties, so max-pool
     and argmax are differentiable); probs: rows on the probability simplex along the last
-    axis; int: integers in [low, high); sparse:
+    axis; log_probs: their logarithms, rows whose exponentials sum to 1 (log_softmax's
+    outputs); int: integers in [low, high); sparse:
     uniform in [low, high] where a random SPARSE_DENSITY of the elements are, exact zeros
     elsewhere (the zero-skipping matmul takes such an operand; MNIST's images are 19%
     non-zero); sparse_cols: as an image's borders, non-zeros (a share
@@ -256,6 +257,10 @@ class InputSpec:
             z = rng.uniform(lo, hi, shape)
             z = np.exp(z - z.max(axis=-1, keepdims=True))
             x = z / z.sum(axis=-1, keepdims=True)
+        elif self.kind == "log_probs":
+            z = rng.uniform(lo, hi, shape)
+            z = z - z.max(axis=-1, keepdims=True)
+            x = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
         else:
             x = rng.integers(int(lo), int(hi), shape)
         return np.asarray(x).astype(dt)

@@ -257,7 +257,7 @@ def _expandable(kind: str, ndim: int, expand):
     (they would tie), not the rows of probabilities (a repeated row is no distribution)."""
     if kind == "distinct" or expand is False:
         return False
-    if kind == "probs":
+    if kind in ("probs", "log_probs"):
         axes = range(ndim - 1) if expand is True else [a for a in expand if a != ndim - 1]
         return tuple(axes)
     return expand

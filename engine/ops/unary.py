@@ -269,8 +269,9 @@ def _back_samples(row: Unary):
 PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
 # ops whose scale cases are also float16 and bfloat16: the activations' vector kernels read
 # 16-bit patterns themselves (engine.backends.cpu.elementwise), split over the threads; one
-# template with a reach (sin) and one without (gelu) take every such kernel's code
-HALF_AT_SCALE = ("gelu", "sin")
+# template with a reach (sin) and one without (gelu) take every such kernel's code; relu's
+# and relu_back's 16-bit kernels too (elementwise.HALF_NATIVE, the path half:<op>)
+HALF_AT_SCALE = ("gelu", "sin", "relu")
 
 
 def _scale(row: Unary):

@@ -30,6 +30,9 @@ def test_generators():
     assert len(np.unique(d)) == d.size
     p = InputSpec("p", (5, 4), "probs").generate(rng, "f32")
     np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
+    lp = InputSpec("lp", (5, 4), "log_probs", -20.0, 20.0).generate(rng, "f64")
+    assert (lp <= 0).all()
+    np.testing.assert_allclose(np.exp(lp).sum(-1), 1, rtol=1e-14)
     i = InputSpec("i", (50,), "int", 0, 3, dtype="i32", grad=False).generate(rng, "f32")
     assert i.dtype == np.int32 and set(np.unique(i)) <= {0, 1, 2}
 

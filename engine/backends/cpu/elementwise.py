@@ -91,16 +91,34 @@ def _vector_map(x, out, params):
     argument, the loops of the reach templates below tested it per element, 4 times
     slower); forward a vector_unary function, params a tuple."""
     for i in prange(x.size):
-        out[i] = rounded(forward(_float64(value(x[i], FMT)), params), out, FMT)  # noqa: F821
+        out[i] = rounded(forward(float64(value(x[i], FMT)), params), out, FMT)  # noqa: F821
 
 
 def _vector_gradient_map(g, x, out, params):
     """out[i] = gradient(g[i], x[i], params) as _vector_map, g of x's type."""
     for i in prange(x.size):
-        out[i] = rounded(gradient(value(g[i], FMT), _float64(value(x[i], FMT)),  # noqa: F821
+        out[i] = rounded(gradient(value(g[i], FMT), float64(value(x[i], FMT)),  # noqa: F821
                                   params), out, FMT)
 
 
+def _vector_map_in_place(out, params):
+    """_vector_map with x = out (a strided x gathered into out first: _mapped). Given two
+    names for one array, LLVM's run-time overlap check sends the loop to its scalar
+    version: gelu_erf over a strided (2048, 4096) half of a (2048, 8192) array took 153
+    ms where the contiguous half took 39 (one thread, load 7)."""
+    for i in prange(out.size):
+        out[i] = rounded(forward(float64(value(out[i], FMT)), params), out, FMT)  # noqa: F821
+
+
+def _vector_gradient_map_in_place(g, out, params):
+    """_vector_gradient_map with x = out (see _vector_map_in_place)."""
+    for i in prange(out.size):
+        out[i] = rounded(gradient(value(g[i], FMT), float64(value(out[i], FMT)),  # noqa: F821
+                                  params), out, FMT)
+
+
+_IN_PLACE = {_vector_map: _vector_map_in_place,
+             _vector_gradient_map: _vector_gradient_map_in_place}
 _BLOCK = 1024        # elements of a block of the reach templates
 
 
@@ -115,13 +133,13 @@ def _vector_map_reach(x, out, params):
         xs = x[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
         os = out[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
         for i in range(xs.size):
-            os[i] = rounded(forward(_float64(value(xs[i], FMT)), params), os, FMT)  # noqa: F821
+            os[i] = rounded(forward(float64(value(xs[i], FMT)), params), os, FMT)  # noqa: F821
         beyond = 0
         for i in range(xs.size):
-            beyond += abs(_float64(value(xs[i], FMT))) > reach  # noqa: F821
+            beyond += abs(float64(value(xs[i], FMT))) > reach  # noqa: F821
         if beyond:
             for i in range(xs.size):
-                v = _float64(value(xs[i], FMT))
+                v = float64(value(xs[i], FMT))
                 if abs(v) > reach:  # noqa: F821
                     os[i] = rounded(wide(v, *params), os, FMT)  # noqa: F821
 
@@ -134,24 +152,56 @@ def _vector_gradient_map_reach(g, x, out, params):
         xs = x[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
         os = out[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
         for i in range(xs.size):
-            os[i] = rounded(gradient(value(gs[i], FMT), _float64(value(xs[i], FMT)),  # noqa: F821
+            os[i] = rounded(gradient(value(gs[i], FMT), float64(value(xs[i], FMT)),  # noqa: F821
                                      params), os, FMT)
         beyond = 0
         for i in range(xs.size):
-            beyond += abs(_float64(value(xs[i], FMT))) > reach  # noqa: F821
+            beyond += abs(float64(value(xs[i], FMT))) > reach  # noqa: F821
         if beyond:
             for i in range(xs.size):
-                v = _float64(value(xs[i], FMT))
+                v = float64(value(xs[i], FMT))
                 if abs(v) > reach:  # noqa: F821
-                    os[i] = rounded(wide(_float64(value(gs[i], FMT)), v, *params),  # noqa: F821
+                    os[i] = rounded(wide(float64(value(gs[i], FMT)), v, *params),  # noqa: F821
                                     os, FMT)
 
 
 @scalar_math
-def _float64(v):
+def float64(v):
     """v in float64: the vector kernels' widening (numba types float() of a float32 as a
     float32)."""
     return np.float64(v)
+
+
+def _half_map(x, out, params):
+    """out[i] = forward(x[i]'s value, *params) over 1-D contiguous arrays of 16-bit
+    patterns of format FMT (out may alias x), for the rows of HALF_NATIVE: the values
+    widened to float32 and the result rounded once, in the loop (patterns.value, rounded),
+    as the widened float32 kernel computes them in three passes."""
+    for i in prange(x.size):
+        out[i] = rounded(forward(value(x[i], FMT), *params), out, FMT)  # noqa: F821
+
+
+def _half_binary_flat(a, b, out):
+    """out[i] = forward(a[i], b[i]) over 1-D contiguous arrays of one size of 16-bit
+    patterns of format FMT, as _half_map."""
+    for i in prange(out.size):
+        out[i] = rounded(forward(value(a[i], FMT), value(b[i], FMT)), out, FMT)  # noqa: F821
+
+
+# Plain rows whose 16-bit kernels read and write the patterns in one pass (the path
+# `half:<op>`; the plain twin, the float32 kernel widened, in plain mode): relu over 8M
+# float16 elements took 7.0 times torch's forward and backward, in bfloat16 3.9, widened
+# (half.widened: a float32 copy of x, the kernel, the rounding pass; python
+# bench/bench_ops.py --op relu --repeat 7 --threads 1, load 7). Their values are the
+# widened kernel's, bit for bit (tests/engine/backends/cpu/test_elementwise.py).
+HALF_NATIVE = ("relu", "relu_back")
+
+
+def _half_kernels(template, name: str, row_fn, forward):
+    """{F16: kernel, BF16: kernel}: `template` bound to the row's compiled `forward` and a
+    16-bit format."""
+    return {fmt: specialise(template, f"{name}_{label}", row_fn, forward=forward, FMT=fmt)
+            for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
 
 
 def _binary_flat(a, b, out):
@@ -226,24 +276,32 @@ def _vector_twin(template, op_name: str, fn, **bound):
 
 
 def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, **bound):
-    """The vector kernels of op `name` by 16-bit format, {F16: kernel, BF16: kernel} (the
-    F16 copy serves float32 too), or None without `fn`: `template`, or where the math
-    reaches only so far (sin, cos), `reach_template` with the row's math `wide` beyond."""
+    """The vector kernels of op `name` by 16-bit format, {F16: (kernel, in_place), BF16:
+    (kernel, in_place)} (the F16 copies serve float32 too), or None without `fn`:
+    `template` and its in-place twin (_IN_PLACE, for a strided x gathered into out), or
+    where the math reaches only so far (sin, cos), `reach_template` with the row's math
+    `wide` beyond, and no in-place twin (None)."""
     if fn is None:
         return None
+    in_place = _IN_PLACE[template]
     if reach != np.inf:
-        template, bound = reach_template, {**bound, "reach": reach, "wide": wide}
-    return {fmt: _vector_twin(template, f"{name}_{label}", fn, FMT=fmt, **bound)
+        template, bound, in_place = reach_template, {**bound, "reach": reach, "wide": wide}, None
+    return {fmt: (_vector_twin(template, f"{name}_{label}", fn, FMT=fmt, **bound),
+                  in_place and _vector_twin(in_place, f"{name}_{label}", fn, FMT=fmt, **bound))
             for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
 
 
-def _dispatcher(op_name: str, plain_call, vector_call, native: bool):
+def dispatcher(op_name: str, plain_call, vector_call, native: bool,
+               chunks=threads.elementwise_chunks, half_call=None):
     """The kernel of op `op_name` from its preparations: `vector_call(out, ins, params,
     fmt)` (None: no vector kernel) for a float32 output and, where `native`, a 16-bit one
     (its patterns, in one pass: the kernel is marked patterns.native_half), outside plain
     mode (the path `vector:<op>`); `plain_call(out, ins, params)` otherwise, a 16-bit
     output through float32 temporaries (half.widened) as for every kernel that is not
-    native."""
+    native. `chunks`: how the kernel is split over the engine's threads (threads.split; the
+    GLU kernels, engine.backends.cpu.glu, cut along axis 0 with their inputs).
+    `half_call(out, ins, params, fmt)`, or None: a 16-bit output's kernel on its patterns
+    outside plain mode (the path `half:<op>`, HALF_NATIVE)."""
     plain = bindable(lambda out, ins, **params: plain_call(out, ins, params))
     widened = half.widened(plain)
 
@@ -253,23 +311,32 @@ def _dispatcher(op_name: str, plain_call, vector_call, native: bool):
                 out.dtype == np.float32 or half_out and native):
             paths.taken(f"vector:{op_name}")
             return vector_call(out, ins, params, fmt_of(out))
+        if half_call is not None and half_out and not paths.PLAIN:
+            run = half_call(out, ins, params, fmt_of(out))
+            if run is not None:
+                paths.taken(f"half:{op_name}")
+                return run
         return (widened if half_out else plain).bind(out, ins, **params)
     prepare.__name__ = f"cpu_{op_name}"
-    kernel = threads.split(bindable(prepare))
-    return native_half(kernel) if native and vector_call is not None else kernel
+    kernel = threads.split(bindable(prepare), chunks=chunks)
+    own_half = native and vector_call is not None or half_call is not None
+    return native_half(kernel) if own_half else kernel
 
 
-def _mapped(kernel, ins, out, args):
+def _mapped(kernel, ins, out, args, in_place=None):
     """A call of map `kernel` on ins (the last of which is x, possibly strided) into out:
     a strided x is first copied into out (layout.copy_call: a transposed view in tiles, any
     other by numpy, whose copy picks the best loop order for any strides) and mapped in
-    place; 16-bit arrays as their patterns."""
+    place, by `in_place` (the kernel's twin without x) where given; 16-bit arrays as their
+    patterns."""
     *rest, x = ins
     flat_out = as_patterns(out).reshape(-1)
-    src = as_patterns(x).reshape(-1) if x.flags.c_contiguous else flat_out
-    arrays = [as_patterns(a).reshape(-1) for a in rest] + [src, flat_out]
-    run = call(kernel, *arrays, args)
-    return run if x.flags.c_contiguous else sequence(layout.copy_call(out, x), run)
+    rest = [as_patterns(a).reshape(-1) for a in rest]
+    if x.flags.c_contiguous:
+        return call(kernel, *rest, as_patterns(x).reshape(-1), flat_out, args)
+    run = (call(in_place, *rest, flat_out, args) if in_place is not None
+           else call(kernel, *rest, flat_out, flat_out, args))
+    return sequence(layout.copy_call(out, x), run)
 
 
 def unary(name: str):
@@ -289,8 +356,16 @@ def unary(name: str):
         return _mapped(plain, ins, out, row.kernel_args(name, params, cast))
 
     def vector_call(out, ins, params, fmt):
-        return _mapped(vector[fmt], ins, out, row.kernel_args(name, params))
-    return _dispatcher(name, plain_call, vector and vector_call, native=row.in_float64)
+        return _mapped(vector[fmt][0], ins, out, row.kernel_args(name, params),
+                       vector[fmt][1])
+
+    halves = (_half_kernels(_half_map, name, row.forward, scalar(row.forward))
+              if name in HALF_NATIVE else None)
+
+    def half_call(out, ins, params, fmt):
+        return _mapped(halves[fmt], ins, out, row.kernel_args(name, params, np.float32))
+    return dispatcher(name, plain_call, vector and vector_call, native=row.in_float64,
+                      half_call=half_call if halves else None)
 
 
 def unary_back(name: str):
@@ -308,8 +383,9 @@ def unary_back(name: str):
         return _mapped(plain, ins, out, row.kernel_args(row.back_name, params))
 
     def vector_call(out, ins, params, fmt):
-        return _mapped(vector[fmt], ins, out, row.kernel_args(row.back_name, params))
-    return _dispatcher(row.back_name, plain_call, vector and vector_call,
+        return _mapped(vector[fmt][0], ins, out, row.kernel_args(row.back_name, params),
+                       vector[fmt][1])
+    return dispatcher(row.back_name, plain_call, vector and vector_call,
                        native=row.in_float64)
 
 
@@ -322,10 +398,12 @@ def binary(name: str):
     forward = scalar(row.forward)
     flat, by_rows, general = (specialise(t, name, row.forward, forward=forward)
                               for t in (_binary_flat, _binary_rows, _binary_4d))
+    if name in HALF_NATIVE:
+        return _binary_half(name, row, forward, flat)
 
     def prepare(out, ins):
         a, b = ins
-        if a.shape == b.shape == out.shape and a.flags.c_contiguous and b.flags.c_contiguous:
+        if _flat(out, a, b):
             return call(flat, a.reshape(-1), b.reshape(-1), out.reshape(-1))
         rows = layout.Rows.of(out.shape, [a, b]) if out.flags.c_contiguous else None
         if rows is not None:
@@ -335,6 +413,34 @@ def binary(name: str):
                              np.broadcast_to(b, out.shape), out)
     prepare.__name__ = f"cpu_{name}"
     return threads.split(bindable(prepare))
+
+
+def _flat(out, a, b) -> bool:
+    """Whether binary operands a and b and out are contiguous arrays of one shape."""
+    return (a.shape == b.shape == out.shape and a.flags.c_contiguous
+            and b.flags.c_contiguous)
+
+
+def _binary_half(name, row, forward, flat):
+    """The kernel of binary op `name` of HALF_NATIVE (relu_back: operands of one shape):
+    flat over contiguous operands, 16-bit ones as patterns (the path half:<op>); other
+    layouts as 4-D views, 16-bit ones widened."""
+    general = specialise(_binary_4d, name, row.forward, forward=forward)
+    halves = _half_kernels(_half_binary_flat, name, row.forward, forward)
+
+    def plain_call(out, ins, params):
+        a, b = ins
+        if _flat(out, a, b):
+            return call(flat, a.reshape(-1), b.reshape(-1), out.reshape(-1))
+        return _binary_views(general, np.broadcast_to(a, out.shape),
+                             np.broadcast_to(b, out.shape), out)
+
+    def half_call(out, ins, params, fmt):
+        a, b = ins
+        if not _flat(out, a, b):
+            return None
+        return call(halves[fmt], *(as_patterns(t).reshape(-1) for t in (a, b, out)))
+    return dispatcher(name, plain_call, None, native=False, half_call=half_call)
 
 
 def _binary_views(kernel, a, b, out):

@@ -53,6 +53,8 @@ KNOWN = {
     "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",
     "vector": "an activation's float32 kernel on vectorised float64 math instead of a libm "
               "call per element (engine.backends.cpu.vector_unary)",
+    "half": "a plain op's 16-bit kernel on the patterns in one pass instead of float32 "
+            "temporaries (engine.backends.cpu.elementwise.HALF_NATIVE)",
     "attention:tiles": "attention's query rows in blocks, each block's products apart",
     "attention:causal_skip": "causal attention's blocks skipping the keys none of their "
                              "rows sees",
@@ -67,7 +69,7 @@ _recorders: list[collections.Counter] = []
 def family(path: str) -> str:
     """The KNOWN family of a recorded path: "split:cpu_relu" -> "split", "vector:gelu" ->
     "vector", "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
-    if path.startswith(("split:", "vector:")):
+    if path.startswith(("split:", "vector:", "half:")):
         return path.split(":", 1)[0]
     if path.startswith("matmul:sparse"):
         return "matmul:sparse"

@@ -1,5 +1,6 @@
 """CUDA kernels of the row-wise ops softmax (with an optional additive mask, ALiBi slopes and
-attention sinks), its backward ops softmax_back and softmax_sink_back, and log_softmax,
+attention sinks), its backward ops softmax_back and softmax_sink_back, log_softmax and its
+backward op log_softmax_back,
 along the last axis (n elements; rows are all leading axes):
 
     softmax:      out_j = exp(z_j - m) / (sum_k exp(z_k - m) + exp(sink_h - m)),
@@ -8,6 +9,7 @@ along the last axis (n elements; rows are all leading axes):
     softmax_sink_back: out_h = -sum over the rows of head h of p_sink sum_j g_j y_j,
                   p_sink = exp(sink_h - m) / (sum_k exp(z_k - m) + exp(sink_h - m))
     log_softmax:  out_j = x_j - m - log(sum_k exp(x_k - m)),   m = max_k x_k
+    log_softmax_back: out_j = g_j - exp(y_j) sum_k g_k
 
 h is a row's head, axis 1 of x seen as 4-D (B, H, R, n); slope_h = alibi_slope(h, H,
 max_bias) (engine.backends.alibi_math, inlined; 1 without ALiBi); the sink terms only with
@@ -39,6 +41,7 @@ from engine.backends.cuda.launch import (
     row_kernel,
     row_launch,
     row_max,
+    row_sum,
     segment_logsumexp,
     segment_max,
     segment_passes,
@@ -180,7 +183,16 @@ def _log_softmax_row(shared, x, x_, out, base, count, n, unused, tid, width):
         out[base + j] = float64(x[base + j]) - lse
 
 
+@cuda.jit(device=True)
+def _log_softmax_back_row(shared, g, y, out, base, count, n, unused, tid, width):
+    """out[base + j] = g[base + j] - exp(y[base + j]) sum_k g[base + k], in float64."""
+    total = row_sum(shared, g, base, count, tid, width)
+    for j in range(tid % width, count, width):
+        out[base + j] = float64(g[base + j]) - math.exp(float64(y[base + j])) * total
+
+
 _softmax_kernel = row_kernel(_softmax_row, "_softmax_kernel")
+_log_softmax_back_kernel = row_kernel(_log_softmax_back_row, "_log_softmax_back_kernel")
 _softmax_back_kernel = row_kernel(_softmax_back_row, "_softmax_back_kernel")
 _log_softmax_kernel = row_kernel(_log_softmax_row, "_log_softmax_kernel")
 
@@ -225,6 +237,11 @@ def cuda_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
         gf, xf, mf, sf, of, tuple(x4.shape), mstrides, n, float(scale), float(max_bias), width)
 
 
+def cuda_log_softmax_back(out, ins):
+    """The dispatcher of log_softmax_back: ins = [g, y]."""
+    launch_rows(_log_softmax_back_kernel, "log_softmax_back", out, ins)
+
+
 def cuda_log_softmax(out, ins):
     """The dispatcher of log_softmax: ins = [x]."""
     launch_rows(_log_softmax_kernel, "log_softmax", out, ins)
@@ -241,4 +258,5 @@ PTX_SIGNATURES = [sig for t in ("float32", "float64") for sig in [
      f"void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {_TUPLE}, {_TUPLE}, int64, "
      "float64, float64, int64)"),
     (_log_softmax_kernel, ROW_SIGNATURE.format(t=t)),
+    (_log_softmax_back_kernel, ROW_SIGNATURE.format(t=t)),
 ]]

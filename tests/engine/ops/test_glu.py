@@ -89,16 +89,16 @@ def test_backward_uses_the_activation_gradient_op(op):
 
 def test_threaded_split_gives_the_plain_bits():
     """A big fused input runs as chunks on the engine's threads (split:cpu_swiglu), with
-    the bits of the whole."""
+    the bits of the whole (one thread: the same vector kernel, vector:swiglu, unsplit)."""
     kernel = glu("swiglu")
     x = RNG.uniform(-4, 4, (1031, 1040)).astype(np.float32)
     whole = np.full((1031, 520), np.nan, np.float32)
-    with paths.plain():
-        kernel.bind(whole, [x], swapped=False)()
+    out = np.full_like(whole, np.nan)
     before = threads.get_num_threads()
-    threads.set_num_threads(3)
     try:
-        out = np.full_like(whole, np.nan)
+        threads.set_num_threads(1)
+        kernel.bind(whole, [x], swapped=False)()
+        threads.set_num_threads(3)
         with paths.recording() as taken:
             kernel.bind(out, [x], swapped=False)()
     finally:

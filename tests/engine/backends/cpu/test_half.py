@@ -154,3 +154,23 @@ def test_every_float32_nan_keeps_its_payload_as_numpy_does():
     payloads = np.arange(1, 1 << 23, dtype=np.uint32)
     values = np.concatenate([payloads | 0x7F800000, payloads | 0xFF800000]).view(np.float32)
     assert np.array_equal(narrow(values, half.F16), reference_narrow(values, np.float16))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+def test_widened_copies_keep_a_permuted_layout(dtype):
+    """widened_copy of a permuted view of a contiguous block (a transposed matrix, matmul's
+    backward operands) is the same permutation of a contiguous float32 block, widened in
+    memory order; other strided views (sliced, broadcast) come back contiguous; the values
+    exact in every case."""
+    x = np.random.default_rng(3).uniform(-4.0, 4.0, (6, 5, 4)).astype(dtype)
+    for view, permuted in [(x, False), (x.T, True), (x.transpose(1, 0, 2), True),
+                           (x[:, :, None].transpose(3, 2, 0, 1), True), (x[::2], False),
+                           (x[:, 1:4].transpose(2, 0, 1), False),
+                           (np.broadcast_to(x[:1], (3, 5, 4)), False)]:
+        wide = half.widened_copy(view)
+        assert wide.dtype == np.float32 and wide.shape == view.shape
+        assert np.array_equal(wide, view.astype(np.float32))
+        assert wide.flags.c_contiguous != permuted
+        if permuted:
+            order = np.argsort([-s for s in view.strides], kind="stable")
+            assert wide.transpose(order).flags.c_contiguous

@@ -34,6 +34,7 @@ REACHED_BY = {
     "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),
     "parallel": ("relu", "relu(type=f32,x=[1031,1031])"),
     "vector": ("gelu", "gelu(type=f32,x=[1031,1031])"),
+    "half": ("relu", "relu(type=f16,x=[1031,1031])"),
     "attention:tiles": ("attention", "mask=[131,263]"),
     "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
     "attention:compiled": ("attention", "q=[2,2,300,64]"),
@@ -159,7 +160,8 @@ def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
 
 @pytest.mark.parametrize("family", ["split", "matmul:sparse", "copy:tiled", "pool_2d:tiled",
                                     "sum:rows", "get_rows_back:bands",
-                                    "attention:causal_skip", "attention:compiled", "vector"])
+                                    "attention:causal_skip", "attention:compiled", "vector",
+                                    "half"])
 def test_plain_mode_takes_no_fast_path(family):
     op, text = REACHED_BY[family]
     case = _case(op, text)
@@ -187,3 +189,4 @@ def test_family_names():
     assert paths.family("matmul:sparse_left/rows+blas") == "matmul:sparse"
     assert paths.family("sum:rows") == "sum:rows"
     assert paths.family("vector:gelu_back") == "vector"
+    assert paths.family("half:relu_back") == "half"

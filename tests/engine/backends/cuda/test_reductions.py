@@ -1,6 +1,6 @@
 """CUDA kernels of the reductions and row-wise ops against the CPU kernels: sum (and mean,
 sum_rows, its composites), softmax (with ALiBi and sinks), softmax_back, softmax_sink_back,
-log_softmax, cross_entropy_loss(_back),
+log_softmax, log_softmax_back, cross_entropy_loss(_back),
 argmax, norm(_back), rms_norm(_back).
 
 Every registry sample's graph is replayed kernel by kernel (kernel_harness.replay). Under
@@ -32,7 +32,7 @@ from tests.engine.ops.op_harness import TOL
 pytestmark = [pytest.mark.cudasim]
 needs_cuda()
 
-ROW_OPS = ("softmax", "softmax_back", "softmax_sink_back", "log_softmax",
+ROW_OPS = ("softmax", "softmax_back", "softmax_sink_back", "log_softmax", "log_softmax_back",
            "cross_entropy_loss", "cross_entropy_loss_back", "argmax", "norm", "norm_back",
            "rms_norm", "rms_norm_back")
 # sample op -> the kernels its graphs are replayed for (a composite's graph holds sums; the
@@ -113,6 +113,7 @@ def test_rows_longer_than_a_block(launch, monkeypatch):
     compare("sum", [x], (), axes=(0, 1), keepdims=False)
     compare("softmax", [x], x.shape, scale=0.7)
     compare("log_softmax", [x], x.shape)
+    compare("log_softmax_back", [g, x - np.log(np.exp(x).sum(-1, keepdims=True))], x.shape)
     compare("norm_back", [g, x], x.shape, eps=1e-5)
     compare("rms_norm", [x], x.shape, eps=1e-6)
     compare("cross_entropy_loss", [x, np.abs(g) / np.abs(g).sum(-1, keepdims=True)], ())

@@ -1,0 +1,94 @@
+"""The 16-bit kernels of the plain rows of engine.backends.cpu.elementwise.HALF_NATIVE (the
+path `half:<op>`: relu and relu_back read and write 16-bit patterns in one pass): on all
+2^16 patterns of each format, the bits of their plain twins, the float32 kernels widened
+(half.widened), special values and signed zeros included; a strided input is gathered
+first; the 16-bit scale cases take them and plain mode does not. And the vector maps of a
+strided input, gathered into out and mapped in place, give the contiguous input's bits."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from engine.backends.cpu import elementwise as cpu
+from engine.backends.cpu import paths
+from engine.registry import get_op
+from tests.engine.backends.cpu.test_paths import _run
+
+DTYPES = pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+
+
+def _every_pattern(dtype, shape=(256, 256)):
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype).reshape(shape)
+
+
+def _both(kernel, ins, dtype):
+    """(the kernel's output, its plain twin's, the paths the first took)."""
+    shape = ins[0].shape
+    fast, plain = np.empty(shape, dtype), np.empty(shape, dtype)
+    with paths.recording() as taken:
+        kernel(fast, ins)
+    with paths.plain():
+        kernel(plain, ins)
+    return fast, plain, taken
+
+
+@DTYPES
+def test_relu_of_every_pattern_is_the_widened_kernels(dtype):
+    x = _every_pattern(dtype)
+    fast, plain, taken = _both(cpu.unary("relu"), [x], dtype)
+    assert taken["half:relu"] > 0, sorted(taken)
+    assert np.array_equal(fast.view(np.uint16), plain.view(np.uint16))
+    assert (fast.view(np.uint16)[x.astype(np.float32) > 0]
+            == x.view(np.uint16)[x.astype(np.float32) > 0]).all()
+    strided, _, taken = _both(cpu.unary("relu"), [x.T], dtype)   # gathered first
+    assert taken["half:relu"] > 0
+    assert np.array_equal(strided.view(np.uint16), fast.T.view(np.uint16))
+
+
+@DTYPES
+def test_relu_back_of_every_pattern_is_the_widened_kernels(dtype):
+    """g every pattern against x every pattern in a shuffled order, and x against itself."""
+    x = _every_pattern(dtype)
+    g = np.random.default_rng(7).permutation(x.reshape(-1)).reshape(x.shape)
+    for ins in ([g, x], [x, x]):
+        fast, plain, taken = _both(cpu.binary("relu_back"), ins, dtype)
+        assert taken["half:relu_back"] > 0, sorted(taken)
+        assert np.array_equal(fast.view(np.uint16), plain.view(np.uint16))
+
+
+@DTYPES
+def test_relu_back_of_a_strided_input_takes_the_plain_kernel(dtype):
+    x = _every_pattern(dtype)
+    fast, plain, taken = _both(cpu.binary("relu_back"), [x, x.T], dtype)
+    assert "half:relu_back" not in taken
+    assert np.array_equal(fast.view(np.uint16), plain.view(np.uint16))
+
+
+@pytest.mark.parametrize("text", ["type=f16", "type=bf16"])
+def test_the_16_bit_scale_cases_of_relu_take_the_pattern_kernels(text):
+    case = next(c for c in get_op("relu").scale() if text in str(c))
+    taken = _run(case)
+    assert taken["half:relu"] > 0 and taken["half:relu_back"] > 0, sorted(taken)
+    with paths.plain():
+        assert not _run(case)
+
+
+@pytest.mark.parametrize("name", ["gelu_erf", "tanh", "sin"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_a_strided_input_maps_in_place_to_the_contiguous_bits(name, dtype):
+    """A strided x is gathered into out and mapped there (the vector maps' in-place twins;
+    sin's reach template has none and maps out onto itself): forward and gradient, the
+    bits of the same values read contiguous."""
+    x = np.random.default_rng(5).uniform(-6.0, 6.0, (64, 96)).astype(dtype)
+    g = np.random.default_rng(6).uniform(-1.0, 1.0, (96, 64)).astype(dtype)
+    for kernel, ins in ((cpu.unary(name), lambda v: [v]),
+                        (cpu.unary_back(name), lambda v: [g, v])):
+        strided, contiguous = np.empty((96, 64), dtype), np.empty((96, 64), dtype)
+        with paths.recording() as taken:
+            kernel(strided, ins(x.T))
+        kernel(contiguous, ins(np.ascontiguousarray(x.T)))
+        assert any(p.startswith("vector:") for p in taken), sorted(taken)
+        assert np.array_equal(strided.view(np.uint16 if dtype == np.float16 else np.uint32),
+                              contiguous.view(np.uint16 if dtype == np.float16 else np.uint32))
