@@ -48,8 +48,9 @@ but within 2^-24 of a 16-bit tie. A graph without broadcast gradients is built a
 and float64 graphs always (softmax's mask goes wide in its own rule, engine.ops.softmax,
 in float64 for every dtype). What float32's costs, where a graph has them: a bias's
 gradient (add of a row to a batch) makes the batch's gradient, and the rule of the op
-that consumes the sum, in float64, a cast each way (the measured figures are in
-docs/guides/engine.md, on broadcast gradients).
+that consumes the sum, in float64, a cast each way (bench/bench_wide_gradients.py: a bias
+added to a (2048, 4096) batch went from 0.41 to 0.98 of torch's forward + backward, one
+thread, a loaded machine; docs/guides/engine.md).
 """
 
 from __future__ import annotations
