@@ -11,37 +11,46 @@
 Forward and backward live in one graph because the backward pass reads forward
 intermediates. Gradients are computed for param-flagged tensors only.
 
-Broadcast gradients in 16 bits. The gradient of a broadcast operand is a sum of terms, one
-per copy (sum_to in a binary op's, matmul's or softmax's rule; expand's, broadcast_to's and
-repeat's rules sum their gradient itself). Made by 16-bit kernels, each term is rounded to
-16 bits before the sum, and a sum of n terms that cancel errs by about sqrt(n) roundings of
-the terms, far more than the one rounding of its result: a float16 softmax mask of one
-element broadcast over 48 had a gradient 3.5e-4 off (truth 0) where torch's
-float64-computed reference errs 6e-17, 124 times the precision bar (`gradcheck --op
-softmax --random 200 --seed 1`), and reglu on one element expanded to 8 a gradient 10%
-off (--seed 3). So such terms are made in float32 and summed before the one rounding to
-16 bits (tests/engine/test_wide_gradients.py, whose bound is an ulp of the result plus
-float32's rounding of the terms: 54 to 9,400 times it before, at most half of it now):
+Broadcast gradients below float64. The gradient of a broadcast operand is a sum of terms,
+one per copy (sum_to in a binary op's, matmul's or softmax's rule; expand's, broadcast_to's
+and repeat's rules sum their gradient itself). Made by kernels of the operand's dtype, each
+term is rounded to it before the sum, and a sum of n terms that cancel errs by about
+sqrt(n) roundings of the terms, far more than the one rounding of its result: a float16
+softmax mask of one element broadcast over 48 had a gradient 3.5e-4 off (truth 0) where
+torch's float64-computed reference errs 6e-17, 124 times the precision bar (`gradcheck --op
+softmax --random 200 --seed 1`), reglu on one element expanded to 8 a gradient 10% off
+(--seed 3), and a float32 mask of one element expanded to 2 (or 4) erred 3.4e-8, 23.6 (9.6)
+times the bar, torch's own float32 erring as much (`gradcheck --repro` of softmax x=[2],
+mask=[2]expand[0], scale 1; the --random 200 --seed 2 failure of issue 37). So such terms
+are made in the next wider float (WIDER: float32 for float16 and bfloat16, float64 for
+float32) and summed before the one rounding to the operand's dtype
+(tests/engine/test_wide_gradients.py, whose bound is an ulp of the result plus the wider
+float's rounding of the terms: 16-bit terms erred 54 to 9,400 times it before, float32
+ones 58 to 892 times; both at most half of it now):
 
-- a node "wants a wide gradient" when it is 16-bit and its rule adds up (an `adds_up` op:
-  sum, repeat_back) terms made from its gradient, in 16 bits, for an input that needs a
-  gradient (found by building the rule on a placeholder gradient), or when it only moves
-  its gradient's values (a view, cont) to an input that wants one;
-- the gradient a node wants is float32, made by its consumers' rules run wide: every 16-bit
-  input widened (a cast, exact), the node's output recomputed in float32 from them (a rule
-  that reads it, such as exp's y or div's a / b, reads it unrounded; one that does not
-  leaves the recomputation unused, and no plan runs it), so that the rule's terms are
-  float32; each other input of such a rule takes its 16-bit result as before (the rule is
-  built twice; nothing unused is ever planned). The node's own rule then runs wide too,
-  its sum adding float32 terms (in float64 accumulators, engine.backends.cpu.reduce), and
-  its inputs' gradients are cast to their dtype once. (The recomputation costs a forward
-  pass only where a rule reads its output: attention_fwd's, on an expanded 16-bit q, k or
-  v, is an attention forward in float32.)
+- a node "wants a wide gradient" when it is below float64 and its rule adds up (an
+  `adds_up` op: sum, repeat_back) terms made from its gradient, in its dtype, for an input
+  that needs a gradient (found by building the rule on a placeholder gradient), or when it
+  only moves its gradient's values (a view, cont) to an input that wants one;
+- the gradient a node wants is of the next wider float, made by its consumers' rules run
+  wide: every narrower float input widened (a cast, exact), the node's output recomputed
+  in the wider float from them (a rule that reads it, such as exp's y or div's a / b,
+  reads it unrounded; one that does not leaves the recomputation unused, and no plan runs
+  it), so that the rule's terms are wide; each other input of such a rule takes its
+  result in its own dtype as before (the rule is built twice; nothing unused is ever
+  planned). The node's own rule then runs wide too, its sum adding wide terms (in float64
+  accumulators, engine.backends.cpu.reduce), and its inputs' gradients are cast to their
+  dtype once. (The recomputation costs a forward pass only where a rule reads its output:
+  attention_fwd's, on an expanded q, k or v, is an attention forward in the wider float.)
 
-The sum is rounded twice, to float32 and then to 16 bits: the correctly rounded result but
-within 2^-24 of a 16-bit tie. A 16-bit graph without broadcast gradients is built as
-before, and float32 and float64 graphs always (softmax's mask alone goes wide in its own
-rule there, engine.ops.softmax).
+A 16-bit sum is rounded twice, to float32 and then to 16 bits: the correctly rounded result
+but within 2^-24 of a 16-bit tie. A graph without broadcast gradients is built as before,
+and float64 graphs always (softmax's mask goes wide in its own rule, engine.ops.softmax,
+in float64 for every dtype). What float32's costs, where a graph has them: a bias's
+gradient (add of a row to a batch) makes the batch's gradient, and the rule of the op
+that consumes the sum, in float64, a cast each way (bench/bench_wide_gradients.py: a bias
+added to a (2048, 4096) batch went from 0.41 to 0.98 of torch's forward + backward, one
+thread, a loaded machine; docs/guides/engine.md).
 """
 
 from __future__ import annotations
@@ -51,9 +60,12 @@ import numpy as np
 from engine.errors import EngineError, ShapeError, StalePlanError
 from engine.planner import Plan
 from engine.registry import OPS, make_node
-from engine.tensor import Flag, Tensor, as_dtype, is_float, is_half
+from engine.tensor import FLOAT_NAMES, Flag, Tensor, as_dtype, dtype_name, is_float
 
-WIDE = "f32"      # the dtype of the gradients a 16-bit node wants wide (module doc)
+# the next wider float of each float dtype that has one: the dtype of the gradient a node of
+# that dtype wants wide (module doc)
+WIDER = {as_dtype("f16"): as_dtype("f32"), as_dtype("bf16"): as_dtype("f32"),
+         as_dtype("f32"): as_dtype("f64")}
 
 
 def _topo(outputs, seen: set[int], order: list[Tensor]) -> None:
@@ -151,12 +163,12 @@ class Graph:
                                       f"{node.name!r} lies between a param and the loss")
                 continue
             src_grads = _rule_gradients(op, g, node, needs, wide)
+            ran_wide = node.id in wide or any(s.id in wide for s in node.srcs)
             for src, sg in zip(node.srcs, src_grads, strict=True):
                 if sg is None or not needs.get(src.id):
                     continue
-                dtype = as_dtype(WIDE) if wide.get(src.id) else src.dtype
-                if sg.dtype != dtype and _half(src) and {sg.dtype, dtype} == {
-                        as_dtype(WIDE), src.dtype}:
+                dtype = wide.get(src.id, src.dtype)
+                if sg.dtype != dtype and ran_wide and _narrower(dtype, sg.dtype):
                     sg = OPS["cast"].build(sg, dtype)   # a wide result rounded once
                 if sg.shape != src.shape or sg.dtype != dtype:
                     raise ShapeError(f"backward of {node.op} gave a {sg.dtype} gradient of "
@@ -239,31 +251,43 @@ def _needs_grad(nodes) -> dict[int, bool]:
     return needs
 
 
-def _half(t: Tensor) -> bool:
-    return is_float(t.dtype) and is_half(t.dtype)
+def _widens(t: Tensor) -> bool:
+    """Whether t's dtype has a wider float (WIDER): every float but float64."""
+    return t.dtype in WIDER
 
 
-def _wants_wide(nodes, needs) -> dict[int, bool]:
-    """Which nodes want a float32 gradient (module doc), in the graph's order: a 16-bit
-    node whose rule adds up terms made from its gradient, or that only moves its
-    gradient's values to an input that wants one."""
-    wide: dict[int, bool] = {}
+def _rank(dtype) -> int:
+    """A float dtype's place in FLOAT_NAMES' order by width (both 16-bit ones first)."""
+    return max(1, FLOAT_NAMES.index(dtype_name(dtype)))
+
+
+def _narrower(dtype, than) -> bool:
+    """Whether float `dtype` is narrower than float `than` (a 16-bit one than float32 or
+    float64, float32 than float64); False for any other dtype."""
+    return is_float(dtype) and is_float(than) and _rank(dtype) < _rank(than)
+
+
+def _wants_wide(nodes, needs) -> dict[int, np.dtype]:
+    """Which nodes want a wide gradient (module doc), and its dtype (WIDER's, of theirs), in
+    the graph's order: a node below float64 whose rule adds up terms made from its
+    gradient, or that only moves its gradient's values to an input that wants one."""
+    wide: dict[int, np.dtype] = {}
     for t in nodes:
-        if t.is_leaf or not needs.get(t.id) or not _half(t):
+        if t.is_leaf or not needs.get(t.id) or not _widens(t):
             continue
         op = OPS[t.op]
         if op.backward is None:
             continue
         if (op.kind == "view" or t.op == "cont") and wide.get(t.srcs[0].id):
-            wide[t.id] = True
+            wide[t.id] = WIDER[t.dtype]
         elif _adds_up_its_gradient(op, t, needs):
-            wide[t.id] = True
+            wide[t.id] = WIDER[t.dtype]
     return wide
 
 
 def _adds_up_its_gradient(op, node: Tensor, needs) -> bool:
     """Whether node's rule, built on a placeholder gradient (and then dropped), adds up
-    terms made from that gradient in 16 bits, over more than one element each, for an
+    terms made from that gradient below float64, over more than one element each, for an
     input that needs a gradient. Every node the rule makes is newer than the placeholder."""
     probe = Tensor(node.shape, node.dtype, name=f"{node.name}.grad_probe")
     made = lambda t: t.id > probe.id and not t.is_leaf   # noqa: E731
@@ -277,7 +301,7 @@ def _adds_up_its_gradient(op, node: Tensor, needs) -> bool:
             if not made(t) or t.id in seen:
                 continue
             seen.add(t.id)
-            if (OPS[t.op].adds_up and _half(t) and t.srcs[0].size > t.size
+            if (OPS[t.op].adds_up and _widens(t) and t.srcs[0].size > t.size
                     and _reaches(t.srcs[0], probe, made)):
                 return True
             stack.extend(t.srcs)
@@ -301,32 +325,36 @@ def _rule_gradients(op, g: Tensor, node: Tensor, needs, wide) -> tuple:
     """The gradients of node's inputs from its rule: run as it is, or wide (module doc)
     for a node that wants a wide gradient, and for the inputs that want one."""
     if wide.get(node.id):
-        grads = _wide_rule(op, g, node)
+        grads = _wide_rule(op, g, node, wide[node.id])
     else:
         grads = op.backward(g, node, *node.srcs, **node.params)
-        if len(grads) == len(node.srcs) and any(wide.get(s.id) for s in node.srcs):
+        wanted = [wide[s.id] for s in node.srcs if s.id in wide]
+        if len(grads) == len(node.srcs) and wanted:
+            dtype = max(wanted, key=_rank)
             grads = tuple(w if wide.get(s.id) else sg for s, sg, w in zip(
-                node.srcs, grads, _wide_rule(op, g, node), strict=True))
+                node.srcs, grads, _wide_rule(op, g, node, dtype), strict=True))
     if len(grads) != len(node.srcs):
         raise EngineError(f"backward of {node.op} returned {len(grads)} "
                           f"gradients for {len(node.srcs)} inputs")
     return grads
 
 
-def _widened(t: Tensor) -> Tensor:
-    return OPS["cast"].build(t, WIDE) if _half(t) else t
+def _widened(t: Tensor, dtype) -> Tensor:
+    """t cast (exactly) to float `dtype` where it is a narrower float, else t itself."""
+    return OPS["cast"].build(t, dtype) if _narrower(t.dtype, dtype) else t
 
 
-def _wide_rule(op, g: Tensor, node: Tensor) -> tuple:
-    """node's rule on its gradient and inputs widened to float32 and its output recomputed
-    from them in float32 (a cast of the stored one where the op's output is 16-bit
-    whatever its inputs, as a cast's)."""
-    srcs = tuple(_widened(s) for s in node.srcs)
-    out = _widened(node)
-    if _half(node) and any(s is not w for s, w in zip(node.srcs, srcs, strict=True)):
+def _wide_rule(op, g: Tensor, node: Tensor, dtype) -> tuple:
+    """node's rule on its gradient and inputs widened to `dtype` and its output recomputed
+    from them in `dtype` (a cast of the stored one where the op's output has a dtype of its
+    own whatever its inputs', as a cast's)."""
+    srcs = tuple(_widened(s, dtype) for s in node.srcs)
+    out = _widened(node, dtype)
+    if _narrower(node.dtype, dtype) and any(
+            s is not w for s, w in zip(node.srcs, srcs, strict=True)):
         again = make_node(node.op, srcs, **node.params)
-        out = out if _half(again) else again
-    return op.backward(_widened(g), out, *srcs, **node.params)
+        out = again if again.dtype == dtype else out
+    return op.backward(_widened(g, dtype), out, *srcs, **node.params)
 
 
 def compute(*tensors: Tensor, backend="cpu") -> list[np.ndarray]:

@@ -1,6 +1,6 @@
-"""The gradient of a broadcast operand in 16 bits: its terms made in float32, summed, rounded
-once (engine.graph's wide gradients; softmax's mask, engine.ops.softmax._mask_gradient, in
-float64 for float32 too).
+"""The gradient of a broadcast operand below float64: its terms made in the next wider float
+(float32 for 16 bits, float64 for float32), summed, rounded once (engine.graph's wide
+gradients; softmax's mask, engine.ops.softmax._mask_gradient, in float64 for every dtype).
 
 Each case makes the terms of one broadcast operand's gradient cancel: n = 64 copies whose
 loss weights have almost no sum along the broadcast axis (or, for cross_entropy, labels
@@ -12,11 +12,14 @@ the sum of their magnitudes S. A result may err
     tol = one ulp of the dtype at the truth + 2^-22 S
 
 (one rounding of the sum, and float32's rounding of each term, 2^-24 of it, with a margin
-of 4; for float64 terms 2^-50 S). Terms rounded to 16 bits before the sum, as before,
-err by about sqrt(n) of their roundings: 10 to 300 times tol (the cases check their own
-power: the rounded terms' sum fails the bound by 4 times at least, and tol is below half
-the truth at most elements, so a gradient off by 1.5x fails). Every case fails on the engine
-without the wide gradients (commit message of the change).
+of 4; for the float64 terms of a float32 operand 2^-50 S). Terms rounded to the operand's
+dtype before the sum, as before, err by about sqrt(n) of their roundings: 10 to 300 times
+tol (the cases check their own power: the rounded terms' sum fails the bound by 4 times at
+least, and tol is below half the truth at most elements, so a gradient off by 1.5x fails).
+Every 16-bit case fails on the engine without the wide gradients (commit message of the
+change), and every float32 case but softmax's (whose mask went wide in its own rule
+before) on the engine whose wide gradients were 16-bit only (the message of the commit that
+widened float32's).
 """
 
 from __future__ import annotations
@@ -241,13 +244,15 @@ FAMILIES = (binary_cases, matmul_cases, softmax_cases, cross_entropy_cases, glu_
             norm_cases, view_cases)
 
 
-def all_cases(dtypes=HALF):
+def all_cases(dtypes=(*HALF, "f32")):
+    """Every family's cases in every dtype; float32's terms float64."""
     rng = np.random.default_rng(37)
     out = []
     for dtype in dtypes:
         for family in FAMILIES:
-            out += family(dtype, rng)
-    return out + softmax_cases("f32", rng)
+            out += [dataclasses.replace(c, terms="f64") if dtype == "f32" else c
+                    for c in family(dtype, rng)]
+    return out
 
 
 CASES = all_cases()
@@ -283,25 +288,28 @@ def _backward_nodes(build, shapes, dtype):
     return graph.nodes
 
 
-@pytest.mark.parametrize("dtype", ["f16", "f32"])
-def test_graphs_without_a_16_bit_broadcast_gradient_are_built_as_before(dtype):
-    """No cast where nothing is summed over a broadcast (16 bits), nor in float32 (whose
-    softmax mask alone goes wide, in its own rule)."""
+@pytest.mark.parametrize("dtype", ["f16", "f32", "f64"])
+def test_graphs_without_a_broadcast_gradient_below_float64_are_built_as_before(dtype):
+    """No cast where nothing is summed over a broadcast, nor in float64 (nothing wider)."""
     same = _backward_nodes(lambda a, b: ops.softmax(ops.mul(a, b), 0.5), [(4, 6), (4, 6)],
                            dtype)
     assert all(t.op != "cast" for t in same)
     broadcast = _backward_nodes(lambda a, b: ops.relu(ops.add(ops.mul(a, b), b)),
                                 [(4, 6), (6,)], dtype)
-    assert any(t.op == "cast" for t in broadcast) == (dtype == "f16")
+    assert any(t.op == "cast" for t in broadcast) == (dtype != "f64")
 
 
-def test_a_wide_gradient_passes_through_views_and_copies():
+@pytest.mark.parametrize("dtype, wide", [("f16", np.float32), ("bf16", np.float32),
+                                         ("f32", np.float64)])
+def test_a_wide_gradient_passes_through_views_and_copies(dtype, wide):
     """expand -> permute -> cont -> exp: the view and the copy between the broadcast and
-    the op that makes the terms want the wide gradient too, so exp's rule runs in float32
-    and the expand's sum adds float32 terms, rounded once."""
+    the op that makes the terms want the wide gradient too, so exp's rule runs in the next
+    wider float and the expand's sum adds its terms, rounded once."""
     nodes = _backward_nodes(lambda x: ops.exp(ops.cont(ops.permute(
-        ops.expand(x, shape=(3, 8, 5)), (0, 2, 1)))), [(1, 8, 5)], "f16")
+        ops.expand(x, shape=(3, 8, 5)), (0, 2, 1)))), [(1, 8, 5)], dtype)
     summed = [t for t in nodes if t.op == "sum" and t.srcs[0].size == 120 and t.size == 40]
-    assert [t.dtype for t in summed] == [np.float32]
-    back = [t for t in nodes if t.op == "exp" and t.dtype == np.float32]
-    assert back, "exp recomputed in float32 for its rule (which reads its output)"
+    assert [t.dtype for t in summed] == [wide]
+    back = [t for t in nodes if t.op == "exp" and t.dtype == wide]
+    assert back, "exp recomputed wide for its rule (which reads its output)"
+    grad = [t for t in nodes if t.name == "x0.grad"]
+    assert [t.dtype for t in grad] == [DTYPES[dtype]]

@@ -198,6 +198,29 @@ def test_softmax_back_is_softmax_vjp_where_softmax_gives_y():
     np.testing.assert_array_equal(point.g, arrays[0].astype(np.float64))
 
 
+def _without_renormalize(real):
+    """softmax_back's kernel ignoring renormalize: y as stored, undivided."""
+    def kernel(out, ins, **params):
+        real(out, ins, **{**params, "renormalize": False})
+    return kernel
+
+
+def test_softmax_back_renormalized_is_softmax_vjp_for_rows_off_the_simplex():
+    """With renormalize, y's rows may sum to anything positive: softmax at log(y) / scale
+    is y / sum(y), whose VJP the renormalized kernel gives; the kernel without the division
+    fails the same rows (against the VJP and against torch)."""
+    cases = [c for c in _f32_cases("softmax_back") if c.kwargs.get("renormalize")]
+    assert cases
+    for case in cases:
+        y = case.generate_inputs()[1]
+        assert np.all(np.abs(y.sum(-1) - 1.0) > 0.1), case     # off the simplex
+    rows = _rows(cases)
+    assert all(r.status == "pass" and r.metrics["vjp_of"] == "softmax" for r in rows), rows
+    with kernel_replaced("softmax_back", _without_renormalize):
+        rows = _rows(cases)
+    assert all(r.status == "fail" for r in rows), [r.message for r in rows]
+
+
 def test_pool_2d_back_samples_hold_the_pooled_output_of_their_input():
     """pool_2d_back's registry builder makes y = pool_2d(x), so its cases are consistent."""
     case = next(c for c in get_op("pool_2d_back").samples() if c.kwargs["mode"] == "max")

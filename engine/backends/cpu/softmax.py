@@ -219,17 +219,28 @@ def _sum_heads(part, out, nb, nh, nr, fmt):
         out[h] = rounded(total, out, fmt)
 
 
+@any_order
+def _row_total(a, n, fmt):
+    """value(a[0]) + ... + value(a[n - 1]) in float64, in vector lanes (sum_any_order)."""
+    total = 0.0
+    for j in range(n):
+        total += value(a[j], fmt)
+    return total
+
+
 @contracting
-def _softmax_back_rows(g, y, out, scale, fmt):
+def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
     """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k]), the sum in float64
-    (dot_any_order), the rest in y's work type."""
+    (dot_any_order), the rest in y's work type; with renormalize, of y[r] / t_r, t_r =
+    sum_k y[r, k] (float64): s / t_r y[r, j] (g[r, j] - sum_k g[r, k] y[r, k] / t_r)."""
     rows, n = y.shape
     for r in prange(rows):
         gr = g[r]
         yr = y[r]
         orow = out[r]
-        dot = work(dot_any_order(gr, yr, n, fmt), y)
-        s = work(scale, y)
+        inv = 1.0 / _row_total(yr, n, fmt) if renormalize else 1.0
+        dot = work(dot_any_order(gr, yr, n, fmt) * inv, y)
+        s = work(scale * inv, y)
         for j in range(n):
             orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow, fmt)
 
@@ -371,14 +382,14 @@ def cpu_softmax(out, ins, scale=1.0, max_bias=0.0):
 
 @native_half
 @bindable
-def cpu_softmax_back(out, ins, scale=1.0):
+def cpu_softmax_back(out, ins, scale=1.0, renormalize=False):
     """softmax_back; 16-bit arrays as their patterns, big ones in ranges of rows on the
     engine's threads (see cpu_softmax)."""
     g, y = ins
     fmt = fmt_of(y)
     return _split_rows("cpu_softmax_back", [g, y, out], lambda gr, yr, outr: call(
         _softmax_back_rows, as_patterns(gr), as_patterns(yr), as_patterns(outr),
-        float(scale), fmt))
+        float(scale), bool(renormalize), fmt))
 
 
 @native_half

@@ -6,6 +6,8 @@ along the last axis (n elements; rows are all leading axes):
     softmax:      out_j = exp(z_j - m) / (sum_k exp(z_k - m) + exp(sink_h - m)),
                   z = s x + slope_h mask,  m = max(max_k z_k, sink_h)
     softmax_back: out_j = s y_j (g_j - sum_k g_k y_k)
+                  (renormalize: of y_j / sum_k y_k, the stored output of a
+                  softmax without sinks, whose rounded row sums to 1 only nearly)
     softmax_sink_back: out_h = -sum over the rows of head h of p_sink sum_j g_j y_j,
                   p_sink = exp(sink_h - m) / (sum_k exp(z_k - m) + exp(sink_h - m))
     log_softmax:  out_j = x_j - m - log(sum_k exp(x_k - m)),   m = max_k x_k
@@ -176,6 +178,17 @@ def _softmax_back_row(shared, g, y, out, base, count, n, scale, tid, width):
 
 
 @cuda.jit(device=True)
+def _softmax_back_renormalized_row(shared, g, y, out, base, count, n, scale, tid, width):
+    """_softmax_back_row of y[base + j] / t, t = sum_k y[base + k] (softmax_back's
+    renormalize): out[base + j] = s / t y[base + j] (g[base + j] - sum_k g y / t)."""
+    total = row_sum(shared, y, base, count, tid, width)
+    dot = row_dot(shared, g, 0.0, y, 0.0, base, count, tid, width)
+    inv = 1.0 / total if count else 0.0       # unused past the last row
+    for j in range(tid % width, count, width):
+        out[base + j] = scale * inv * float64(y[base + j]) * (float64(g[base + j]) - dot * inv)
+
+
+@cuda.jit(device=True)
 def _log_softmax_row(shared, x, x_, out, base, count, n, unused, tid, width):
     """out[base + j] = x[base + j] - logsumexp_k x[base + k]."""
     lse = segment_logsumexp(shared, x, base, count, tid, width)
@@ -194,6 +207,8 @@ def _log_softmax_back_row(shared, g, y, out, base, count, n, unused, tid, width)
 _softmax_kernel = row_kernel(_softmax_row, "_softmax_kernel")
 _log_softmax_back_kernel = row_kernel(_log_softmax_back_row, "_log_softmax_back_kernel")
 _softmax_back_kernel = row_kernel(_softmax_back_row, "_softmax_back_kernel")
+_softmax_back_renormalized_kernel = row_kernel(_softmax_back_renormalized_row,
+                                               "_softmax_back_renormalized_kernel")
 _log_softmax_kernel = row_kernel(_log_softmax_row, "_log_softmax_kernel")
 
 
@@ -214,9 +229,10 @@ def cuda_softmax(out, ins, scale=1.0, max_bias=0.0):
                                             mstrides, n, float(scale), float(max_bias), width)
 
 
-def cuda_softmax_back(out, ins, scale=1.0):
+def cuda_softmax_back(out, ins, scale=1.0, renormalize=False):
     """The dispatcher of softmax_back: ins = [g, y]."""
-    launch_rows(_softmax_back_kernel, "softmax_back", out, ins, scale)
+    kernel = _softmax_back_renormalized_kernel if renormalize else _softmax_back_kernel
+    launch_rows(kernel, "softmax_back", out, ins, scale)
 
 
 def cuda_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
@@ -254,6 +270,7 @@ PTX_SIGNATURES = [sig for t in ("float32", "float64") for sig in [
      f"void({t}[::1], {t}[::1], {t}[::1], boolean, {t}[::1], {_TUPLE}, {_TUPLE}, int64, "
      "float64, float64, int64)"),
     (_softmax_back_kernel, ROW_SIGNATURE.format(t=t)),
+    (_softmax_back_renormalized_kernel, ROW_SIGNATURE.format(t=t)),
     (_softmax_sink_back_kernel,
      f"void({t}[::1], {t}[::1], {t}[::1], {t}[::1], {t}[::1], {_TUPLE}, {_TUPLE}, int64, "
      "float64, float64, int64)"),

@@ -32,7 +32,9 @@ def _cross_entropy_loss_back(g, logits, labels):
     return d
 
 
-def _softmax_back(g, y, scale=1.0):
+def _softmax_back(g, y, scale=1.0, renormalize=False):
+    if renormalize:
+        y = y / y.sum(-1, keepdim=True)
     return y * (g - (g * y).sum(-1, keepdim=True)) * scale
 
 

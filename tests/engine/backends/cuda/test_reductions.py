@@ -114,6 +114,8 @@ def test_rows_longer_than_a_block(launch, monkeypatch):
     compare("softmax", [x], x.shape, scale=0.7)
     compare("log_softmax", [x], x.shape)
     compare("log_softmax_back", [g, x - np.log(np.exp(x).sum(-1, keepdims=True))], x.shape)
+    y = np.abs(x) + np.float32(0.1)             # rows off the simplex: renormalize divides
+    compare("softmax_back", [g, y], x.shape, scale=0.7, renormalize=True)
     compare("norm_back", [g, x], x.shape, eps=1e-5)
     compare("rms_norm", [x], x.shape, eps=1e-6)
     compare("cross_entropy_loss", [x, np.abs(g) / np.abs(g).sum(-1, keepdims=True)], ())
