@@ -8,20 +8,18 @@ conv2d:
 
 (x read as 0 in the padding), OH = (H + 2 p_h - d_h (KH - 1) - 1) // s_h + 1 (OW likewise).
 With K = C*KH*KW, P = OH*OW, cols = reshape(im2col(x, ...), (N, P, K)) (dtype w's) and
-w_rows = reshape(w, (O, K)), it is composed in one of two arrangements, batched over n:
+w_rows = reshape(w, (O, K)), it is the batched product
 
-    kernel rows first:  out[n] = w_rows @ cols[n]^T                  (O, P): already NCHW
-    columns first:      out[n] = (cols[n] @ w_rows^T)^T              (P, O), then copied NCHW
+    out[n] = w_rows @ cols[n]^T          (O, P): already NCHW, no copy
 
-so its gradients come from those parts: im2col_back for x, matmul's rule for w. Kernel rows
-first needs no copy in the forward pass; but the gradient of cols[n]^T comes out as
-w_rows^T @ g[n], (K, P), and is copied to (P, K) for im2col_back: N*P*K elements. Columns
-first copies the output, N*P*O elements, in the forward pass, and its backward reads g[n]^T
-as a strided view with no copy, its cols gradient g[n]^T @ w_rows already (P, K). So:
-
-- x with no gradient (it depends on no param, as a model's input images): kernel rows
-  first, no copy at all;
-- x with a gradient: the arrangement that copies less, kernel rows first when K <= O.
+so its gradients come from those parts: im2col_back for x, matmul's rule for w. The
+gradient of cols[n]^T comes out of matmul's rule as w_rows^T @ g[n], (K, P), and its
+transpose, which im2col_back reads through a reshape, is computed as g[n]^T @ w_rows,
+(P, K), in that order (engine.ops.shape.contiguous_product) rather than copied: no copy in
+either pass. (Before, a convolution whose image has a gradient and K > O took the
+arrangement (cols[n] @ w_rows^T)^T, copying its (P, O) output to NCHW, the smaller of the
+two copies then: N*P*O elements, 5 of the MNIST CNN's 130 ms per training batch,
+`bench/profile_mnist.py --arch cnn --threads 1`.)
 
 The batched products are N products of (O, K) by (K, P) (or their transposes), rather than
 one (N*P, K) by (K, O) product whose K and O are small, a shape that measured far below
@@ -35,7 +33,7 @@ from __future__ import annotations
 from engine.errors import DTypeError, ShapeError
 from engine.ops.im2col import im2col
 from engine.ops.matmul import matmul
-from engine.ops.shape import cont, cont_if_strided, reshape, transpose
+from engine.ops.shape import cont_if_strided, reshape, transpose
 from engine.params import Params, pair, size_param, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
@@ -58,19 +56,6 @@ def _check(x, w, stride, padding, dilation) -> tuple[int, int]:
     return window_output_size("conv_2d", x.shape, w.shape[2:], stride, padding, dilation)
 
 
-def _depends_on_a_param(t) -> bool:
-    """Whether t gets a gradient: it is a param or is computed from one."""
-    seen, stack = set(), [t]
-    while stack:
-        u = stack.pop()
-        if u.is_param:
-            return True
-        if u.id not in seen:
-            seen.add(u.id)
-            stack.extend(u.srcs)
-    return False
-
-
 def conv_2d(x, w, stride=1, padding=0, dilation=1):
     """2-D convolution of NCHW x with OIHW kernel w (torch's conv2d without bias).
 
@@ -86,11 +71,7 @@ def conv_2d(x, w, stride=1, padding=0, dilation=1):
     cols = reshape(im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype),
                    (n, oh * ow, k))
     w_rows = reshape(cont_if_strided(w), (o, k))                 # a strided kernel is copied
-    if k <= o or not _depends_on_a_param(x):
-        out = matmul(w_rows, transpose(cols))                      # (N, O, OH*OW)
-    else:
-        out = cont(transpose(matmul(cols, transpose(w_rows))))     # (N, OH*OW, O) -> NCHW
-    return reshape(out, (n, o, oh, ow))
+    return reshape(matmul(w_rows, transpose(cols)), (n, o, oh, ow))    # (N, O, OH*OW)
 
 
 def _torch_conv_2d(x, w, stride=1, padding=0, dilation=1):
