@@ -7,6 +7,8 @@ without an image gradient, and the copies its training graph makes (none of its 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -302,20 +304,26 @@ def _ops_reaching(t) -> set[str]:
 
 
 @pytest.mark.parametrize("x_grad", [False, True], ids=["x-input", "x-param"])
-def test_conv_2d_training_graph_copies_no_columns(x_grad):
-    """Neither pass copies the columns or the output: the forward product is already NCHW,
-    and the columns' gradient, the transpose of a product, is computed transposed
-    (engine.ops.shape.contiguous_product). The only copies left are the params' own
-    gradients (kernel-sized)."""
+def test_conv_2d_copies_only_where_its_arrangement_must(x_grad):
+    """The training graph never copies the columns or their gradient (N*P*K elements):
+    kernel rows first, taken for an input without a gradient, K <= O or O >= 64, copies
+    nothing larger than the kernel (the columns' gradient is computed transposed);
+    columns first, for an input with a gradient, K > O and O < 64, copies its output."""
     leaf = engine.param if x_grad else engine.input_tensor
-    for x_shape, w_shape in (((2, 8, 6, 6), (4, 8, 3, 3)), ((2, 1, 6, 6), (9, 1, 3, 3))):
+    for x_shape, w_shape, output_copied in (((2, 8, 6, 6), (4, 8, 3, 3), x_grad),     # K=72
+                                            ((2, 1, 6, 6), (9, 1, 3, 3), False),      # K=9
+                                            ((2, 8, 6, 6), (64, 8, 3, 3), False)):    # O=64
         w = engine.param(w_shape)
         out = ops.conv_2d(leaf(x_shape), w, padding=1)
         loss = ops.sum(ops.mul(out, engine.input_tensor(out.shape)))
         graph = engine.Graph([loss])
         graph.build_backward(loss)
-        copies = [t for t in graph.nodes if t.op == "cont"]
-        assert all(t.size <= w.size for t in copies), [(t.name, t.shape) for t in copies]
+        copies = [t.shape for t in graph.nodes if t.op == "cont"]
+        n, c, h, wd = x_shape
+        columns = n * h * wd * c * 9
+        assert all(math.prod(shape) < columns for shape in copies), copies
+        assert ((n, w_shape[0], h * wd) in copies) == output_copied, copies
+        assert all(math.prod(s) <= w.size for s in copies if s != (n, w_shape[0], h * wd))
 
 
 def _assert_close(got, want, dtype):
