@@ -9,12 +9,13 @@ AdamW lr=1e-3, weight_decay=1e-2; cross-entropy; each batch made of physical bat
 whose gradients accumulate, as `mnist-train` and ggml's example train, `--physical N` for
 another size) of the engine's CPU backend (the MNIST models of mnist_target.models through
 engine.train.Trainer) and of the same models in torch on the CPU, with torch.set_num_threads
-equal to the engine's thread count (engine.backends.cpu.threads). Targets (issue 6):
+equal to the engine's thread count (engine.backends.cpu.threads). Targets (issue 6; the
+CNN's and the BLAS bound's tightened by issue 37 from 0.8 and 1.4):
 
     FC (784-500-ReLU-10) at batch 1000    engine / torch <= 0.8
     FC at batch 100                       engine / torch <= 1.0
-    CNN at batch 1000                     engine / torch <= 0.8
-    FC at batch 1000                      engine / BLAS bound <= 1.4
+    CNN at batch 1000                     engine / torch <= 0.6
+    FC at batch 1000                      engine / BLAS bound <= 1.2
 
 The BLAS bound is the epoch's matmul FLOPs (2 M K N summed over the matmul nodes of the
 engine's training graph, dense) over numpy's sgemm throughput, measured in the same run on
@@ -49,9 +50,9 @@ LR, WEIGHT_DECAY = 1e-3, 1e-2
 PHYSICAL = 500                 # ggml's example: logical batch 1000 made of two of 500
 MNIST_DENSITY = 0.19           # share of non-zero pixels in MNIST's training images
 SGEMM_SIZE = 2048
-BLAS_TARGET = 1.4
+BLAS_TARGET = 1.2
 # name: (architecture, batch, target engine / torch)
-CASES = {"fc1000": ("fc", 1000, 0.8), "fc100": ("fc", 100, 1.0), "cnn1000": ("cnn", 1000, 0.8)}
+CASES = {"fc1000": ("fc", 1000, 0.8), "fc100": ("fc", 100, 1.0), "cnn1000": ("cnn", 1000, 0.6)}
 
 
 # --- children: one training run each, reporting one JSON line ------------------------------

@@ -364,21 +364,11 @@ def compute(*tensors: Tensor, backend="cpu") -> list[np.ndarray]:
     return [t.numpy() for t in tensors]
 
 
-def _is_matrix_transpose(t: Tensor) -> bool:
-    return t.op == "permute" and t.params.get("axes") == (1, 0)
-
-
 def _transposed_product(g: Tensor) -> Tensor | None:
     """For a gradient that is the transpose of a matrix product, (a @ b)^T, the product
-    b^T @ a^T: the same terms, written in g's layout, where copying the transposed view
-    would be a pass of its own (a weight W used as W^T in `x @ W^T`, as in ggml's layout,
-    gets its gradient this way). None for any other gradient."""
-    if not _is_matrix_transpose(g) or g.srcs[0].op != "matmul":
-        return None
-    a, b = g.srcs[0].srcs
-    if a.ndim != 2 or b.ndim != 2:
-        return None
-
-    def t(x):
-        return x.srcs[0] if _is_matrix_transpose(x) else OPS["permute"].build(x, axes=(1, 0))
-    return OPS["matmul"].build(t(b), t(a))
+    b^T @ a^T (engine.ops.shape.transposed_product): the same terms, written in g's
+    layout, where copying the transposed view would be a pass of its own (a weight W used
+    as W^T in `x @ W^T`, as in ggml's layout, gets its gradient this way). None for any
+    other gradient, and for batched products."""
+    from engine.ops.shape import transposed_product
+    return transposed_product(g) if g.ndim == 2 else None

@@ -54,7 +54,41 @@ def reshape(x, shape):
 
 
 def _reshape_backward(g, out, x, shape):
-    return (reshape(cont_if_strided(g), x.shape),)
+    return (reshape(contiguous_product(g), x.shape),)
+
+
+def contiguous_product(g):
+    """g made contiguous: cont_if_strided(g), except the transpose of a product, which
+    is computed transposed instead (transposed_product). A reshape's backward needs its
+    gradient contiguous; a matmul's backward hands the gradient of a transposed operand
+    (conv_2d's `transpose(cols)`) as such a transpose, which cont would copy whole once
+    more (conv_2d: N*OH*OW*C*KH*KW elements)."""
+    if g.contiguous:
+        return g
+    return transposed_product(g) or cont(g)
+
+
+def _is_swap(t) -> bool:
+    """Whether t is a permute that swaps its last two axes (the matrix transpose)."""
+    return (t.op == "permute"
+            and t.params["axes"] == tuple(range(t.ndim - 2)) + (t.ndim - 1, t.ndim - 2))
+
+
+def transposed_product(g):
+    """For g the transpose of a (batched) matrix product, permute(a @ b) swapping the last
+    two axes, the product b^T @ a^T: the same dot products written in g's layout, where
+    copying the transposed view would be a pass of its own; None for any other g. A
+    transposed operand is unwrapped (x^T^T is x). Meant for a gradient, whose product was
+    built for this transpose alone: a product also read elsewhere would be computed
+    twice."""
+    if not _is_swap(g) or g.srcs[0].op != "matmul":
+        return None
+    from engine.ops.matmul import matmul  # matmul's module imports this one
+    a, b = g.srcs[0].srcs
+
+    def t(x):
+        return x.srcs[0] if _is_swap(x) else transpose(x)
+    return matmul(t(b), t(a))
 
 
 # --- permute / transpose ------------------------------------------------------------------------

@@ -1,18 +1,18 @@
 """The CPU backend's fast paths: which ones a computation takes, and a plain mode with none.
 
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
-zero-skipping matmul, the tiled transposed copy, the tiled max pooling, the chunked sums,
-the column bands of get_rows_back's scatter, numba's parallel compilations, the
-activations' vectorised float32 math, attention's compiled tasks) has a plain twin, and
-gradcheck's scale tier compares the two. Three tools make that possible:
+zero-skipping matmul, the tiled transposed copy, the tiled max pooling, col2im's scatter,
+the chunked sums, the column bands of get_rows_back's scatter, numba's parallel
+compilations, the activations' vectorised float32 math, attention's compiled tasks) has a
+plain twin, and gradcheck's scale tier compares the two. Three tools make that possible:
 
 - `plain()`: while the block runs, kernels bound or run take their plain twins only: one
   thread and no chunks, BLAS for every product, numpy's copies, the general pooling
-  kernels, sums by numpy in float64, get_rows_back in one band, serial compilations, the
-  activations' libm math, attention's Python loop over numpy's matmuls. It is the
-  independent float64 reference of the scale tier (where torch has no equivalent) and a
-  way to tell whether a wrong result comes from a fast path. A plan bound outside the
-  block keeps the paths it was bound with.
+  kernels, col2im's gather, sums by numpy in float64, get_rows_back in one band, serial
+  compilations, the activations' libm math, attention's Python loop over numpy's matmuls.
+  It is the independent float64 reference of the scale tier (where torch has no
+  equivalent) and a way to tell whether a wrong result comes from a fast path. A plan
+  bound outside the block keeps the paths it was bound with.
 - `poisoned()`: arenas allocated in the block are filled with NaN bytes, as reused
   memory holds garbage (np.empty of a big arena gives fresh, zeroed pages).
 - `recording()`: a Counter of the fast paths taken while the block runs, by name (see
@@ -43,6 +43,8 @@ KNOWN = {
     "copy:tiled": "a transposed view copied in 8 x 8 tiles",
     "pool_2d:tiled": "max pooling whose windows tile the image, forward",
     "pool_2d_back:tiled": "max pooling whose windows tile the image, backward",
+    "im2col_back:scatter": "col2im scattering each image's column vectors into a float64 "
+                           "image, instead of a gather per image cell",
     "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
     "sum:chunks_split": "a whole-tensor sum's chunks as ranges on the engine's threads",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",

@@ -2,10 +2,12 @@
 MNIST-like and odd shapes, strides, padding (also wider than the window), dilation, float32,
 float64 and mixed dtypes, permuted inputs, window sizes compiled into the kernel and read at
 run time, and arrays large enough for the parallel compilations. Output buffers start as
-NaN, so an element a kernel forgets to write shows up. And conv_2d in both of its
-arrangements (kernel rows first, columns first) against torch."""
+NaN, so an element a kernel forgets to write shows up. And conv_2d against torch, with and
+without an image gradient, and the copies its training graph makes (none of its size)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -14,9 +16,11 @@ import torch.nn.functional as F
 
 import engine
 from engine import ops
+from engine.backends.cpu import paths
 from engine.backends.cpu.im2col import STATIC_WINDOW, cpu_im2col, cpu_im2col_back
 from engine.backends.cpu.jit import PARALLEL_MIN_SIZE
 from engine.backends.cpu.pool_2d import MAX_TILE, cpu_pool_2d, cpu_pool_2d_back
+from gradcheck.adapters.engine_adapter import engine_thread_count
 from tests.engine.ops.op_harness import TOL, evaluate, weighted_grads
 
 FLOATS = {"f32": np.float32, "f64": np.float64}
@@ -238,9 +242,47 @@ def test_avg_pool_matches_the_reference(case, dtype):
     np.testing.assert_allclose(y, want, **tol)
 
 
-# --- conv_2d's two arrangements -------------------------------------------------------------------
-# (x shape, w shape, stride, padding, dilation); K = C*KH*KW against O decides the arrangement
-# when x has a gradient
+# --- im2col_back's scatter against its gather ------------------------------------------------
+SCATTER_CASES = [((3, 8, 14, 14), 3, 3, (1, 1), (1, 1), (1, 1)),
+                 ((2, 9, 9, 8), 3, 2, (2, 1), (1, 0), (1, 2)),
+                 ((2, 8, 7, 6), 2, 3, (3, 2), (0, 3), (2, 1)),        # padding wider than
+                 ((1, 8, 5, 5), 7, 6, (1, 1), (2, 2), (1, 1)),        # a window; run-time
+                 ((2, 8, 40, 40), 3, 3, (1, 1), (1, 1), (1, 1))]      # sizes; parallel
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("case", SCATTER_CASES, ids=str)
+def test_im2col_back_scatter_gives_the_gathers_bits(case, dtype, threads):
+    """The fast path im2col_back:scatter adds each cell's terms in the gather's order: the
+    same bits as its plain twin, on contiguous and permuted columns, at 1 and 2 threads."""
+    x_shape, kh, kw, stride, padding, dilation = case
+    oh = _output_size(x_shape[2], kh, stride[0], padding[0], dilation[0])
+    ow = _output_size(x_shape[3], kw, stride[1], padding[1], dilation[1])
+    rng = np.random.default_rng(3)
+    g = rng.standard_normal((x_shape[0], oh, ow, x_shape[1] * kh * kw)).astype(FLOATS[dtype])
+    permuted = np.ascontiguousarray(g.transpose(0, 3, 1, 2)).transpose(0, 2, 3, 1)
+    args = (x_shape, kh, kw, stride, padding, dilation, dtype)
+    with engine_thread_count(threads):
+        results = []
+        for cols in (g, permuted):
+            with paths.recording() as taken:
+                fast = np.full(x_shape, np.nan, FLOATS[dtype])
+                cpu_im2col_back(fast, [cols], *args)
+            assert taken["im2col_back:scatter"] > 0
+            with paths.plain():
+                plain = np.full(x_shape, np.nan, FLOATS[dtype])
+                cpu_im2col_back(plain, [cols], *args)
+            np.testing.assert_array_equal(fast.view(np.uint8), plain.view(np.uint8))
+            results.append(fast)
+    want = im2col_back_reference(g, x_shape, kh, kw, stride, padding, dilation, FLOATS[dtype])
+    for got in results:
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+# --- conv_2d -------------------------------------------------------------------------------------
+# (x shape, w shape, stride, padding, dilation); K = C*KH*KW above and below O (the two
+# arrangements conv_2d once chose between)
 CONV_CASES = {
     "mnist-conv1": ((3, 1, 28, 28), (8, 1, 3, 3), 1, 1, 1),
     "mnist-conv2": ((3, 8, 14, 14), (16, 8, 3, 3), 1, 1, 1),
@@ -263,13 +305,25 @@ def _ops_reaching(t) -> set[str]:
 
 @pytest.mark.parametrize("x_grad", [False, True], ids=["x-input", "x-param"])
 def test_conv_2d_copies_only_where_its_arrangement_must(x_grad):
-    """Kernel rows first (no copy) for an input without a gradient or K <= O; columns first
-    (the output copied to NCHW) for an input with a gradient and K > O."""
+    """The training graph never copies the columns or their gradient (N*P*K elements):
+    kernel rows first, taken for an input without a gradient, K <= O or O >= 64, copies
+    nothing larger than the kernel (the columns' gradient is computed transposed);
+    columns first, for an input with a gradient, K > O and O < 64, copies its output."""
     leaf = engine.param if x_grad else engine.input_tensor
-    wide = ops.conv_2d(leaf((2, 8, 6, 6)), engine.param((4, 8, 3, 3)), padding=1)    # K=72
-    narrow = ops.conv_2d(leaf((2, 1, 6, 6)), engine.param((9, 1, 3, 3)), padding=1)  # K=9
-    assert ("cont" in _ops_reaching(wide)) == x_grad
-    assert "cont" not in _ops_reaching(narrow)
+    for x_shape, w_shape, output_copied in (((2, 8, 6, 6), (4, 8, 3, 3), x_grad),     # K=72
+                                            ((2, 1, 6, 6), (9, 1, 3, 3), False),      # K=9
+                                            ((2, 8, 6, 6), (64, 8, 3, 3), False)):    # O=64
+        w = engine.param(w_shape)
+        out = ops.conv_2d(leaf(x_shape), w, padding=1)
+        loss = ops.sum(ops.mul(out, engine.input_tensor(out.shape)))
+        graph = engine.Graph([loss])
+        graph.build_backward(loss)
+        copies = [t.shape for t in graph.nodes if t.op == "cont"]
+        n, c, h, wd = x_shape
+        columns = n * h * wd * c * 9
+        assert all(math.prod(shape) < columns for shape in copies), copies
+        assert ((n, w_shape[0], h * wd) in copies) == output_copied, copies
+        assert all(math.prod(s) <= w.size for s in copies if s != (n, w_shape[0], h * wd))
 
 
 def _assert_close(got, want, dtype):

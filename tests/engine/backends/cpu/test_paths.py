@@ -25,6 +25,7 @@ REACHED_BY = {
     "copy:tiled": ("cont", "x=[1031,1031]perm[1,0]"),
     "pool_2d:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "pool_2d_back:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
+    "im2col_back:scatter": ("conv_2d", "x=[8,8,64,64]"),
     "sum:chunks": ("sum", "axis=None"),
     "sum:chunks_split": ("sum", "axis=None"),
     "sum:rows": ("sum", "x=[1500007,3]"),
