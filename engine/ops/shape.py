@@ -83,12 +83,12 @@ def transposed_product(g):
     twice."""
     if not _is_swap(g) or g.srcs[0].op != "matmul":
         return None
-    from engine.ops.matmul import matmul  # matmul's module imports this one
     a, b = g.srcs[0].srcs
 
     def t(x):
         return x.srcs[0] if _is_swap(x) else transpose(x)
-    return matmul(t(b), t(a))
+    # by its registry name: engine.ops.matmul imports this module
+    return make_node("matmul", (t(b), t(a)))
 
 
 # --- permute / transpose ------------------------------------------------------------------------
