@@ -142,6 +142,8 @@ class ToolPlugin:
             return
         if hasattr(config, "workerinput"):
             _one_line_warnings(self.tool)
+            from checkkit.compiling import report_compiles
+            report_compiles()     # to the command line's progress line (--workers)
         elif not config.pluginmanager.has_plugin(SIGNALS_PLUGIN):
             config.pluginmanager.register(_Signals(), SIGNALS_PLUGIN)
         config.pluginmanager.register(Sweep(config, self.tool, self.make_plan(config)),
