@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import types
 
 import numba.core.event as numba_event
 import pytest
@@ -49,51 +50,44 @@ def test_blocks_are_runs_of_one_subject():
     assert blocks([]) == []
 
 
-def test_a_helper_runs_the_last_blocks_down_to_the_run(tmp_path):
+def test_a_helper_runs_blocks_ahead_of_the_run_leaving_it_the_next(tmp_path):
     request = MarkingRequest(str(tmp_path / "marks"), os.getpid())
     rows, listener, by_pid, codes, shown = run(request)
     assert rows == list(range(30))                   # the run's own rows, all of them
     assert by_pid.pop(os.getpid()) == list(range(30))  # the run ran every job itself
     assert codes == [0]
-    # whole blocks from the end, each in order, down to the block after the run's next job
-    assert list(by_pid.values()) == [[i for b in (25, 20, 15, 10) for i in range(b, b + 5)]]
+    # the run finished block 0: the helper leaves it block 1 and takes the second block
+    # not taken after it, each in order, until none is left
+    assert list(by_pid.values()) == [[i for b in (15, 20, 25, 10) for i in range(b, b + 5)]]
+    assert ahead.GAP == 1
     assert listener.ahead == 20 and listener.count == 30 + 20
     assert shown.splitlines()[-1].startswith("marking: compiled 50 kernels in ")
     assert "20 of them ahead of the run in helper processes" in shown
 
 
-class _Value:
-    def __init__(self, value):
-        self.value = value
-
+class _Array(list):
     def get_lock(self):
         return contextlib.nullcontext()
 
 
-def test_a_helper_stops_where_the_run_has_got_to(tmp_path):
+def test_a_helper_leaves_the_rest_of_a_block_the_run_has_reached(tmp_path):
     request = MarkingRequest(str(tmp_path / "marks"), -1)
     jobs = request.plan().jobs
-    position, claimed = _Value(12), _Value(30)
+    position, claimed = types.SimpleNamespace(value=12), _Array([0] * 6)
     reporter = Reporter(None, "")                # counts the jobs' compilations
 
-    def caught_up(inner=jobs[27].run):       # the run gets to job 27 meanwhile
-        position.value = 27
+    def caught_up(inner=jobs[22].run):       # the run gets to job 22 meanwhile
+        position.value = 22
         return inner()
-    jobs[27].run = caught_up
-    ahead._run_blocks(jobs, position, claimed, reporter, os.getppid())
-    assert marks(request.log)[os.getpid()] == [25, 26, 27]
-    assert claimed.value == 25
-    position.value, claimed.value = 12, 30
-    jobs[27].run = caught_up.__defaults__[0]
-    open(request.log, "w").close()
+    jobs[22].run = caught_up
     with numba_event.install_listener(EVENT, reporter):
         ahead._run_blocks(jobs, position, claimed, reporter, os.getppid())
-    # blocks from the end, down to the one the run is in (10..14 holds job 12)
-    assert marks(request.log)[os.getpid()] == list(range(25, 30)) + list(range(20, 25)) \
-        + list(range(15, 20))
-    assert reporter.subject == "op3"
+    # the run is in block 2: block 3 left to it, block 4 taken until the run got there,
+    # then block 5, the one block left ahead of the run
+    assert marks(request.log)[os.getpid()] == [20, 21, 22, 25, 26, 27, 28, 29]
+    assert claimed == [0, 0, 0, 0, 1, 1] and reporter.subject == "op5"
     open(request.log, "w").close()
-    position.value, claimed.value = -1, 30
+    position.value, claimed[:] = 4, [0] * 6
     ahead._run_blocks(jobs, position, claimed, reporter, -1)
     assert marks(request.log) == {}               # the run's process is gone: nothing
 
@@ -117,7 +111,7 @@ def test_a_helper_stops_after_cpu_time_without_a_compilation(tmp_path):
     rows, listener, by_pid, codes, _ = run(request, jobs, quiet_seconds=0.0)
     assert rows == list(range(30)) and codes == [0]
     by_pid.pop(os.getpid())
-    assert list(by_pid.values()) == [[25]] and listener.ahead == 0
+    assert list(by_pid.values()) == [[15]] and listener.ahead == 0
 
 
 def test_a_helper_whose_plan_is_not_the_runs_runs_nothing(tmp_path):

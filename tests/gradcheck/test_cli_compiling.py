@@ -13,6 +13,7 @@ import textwrap
 import types
 
 import numba.core.event as numba_event
+import pytest
 
 from checkkit.compiling import compile_progress, job_subject, kernel_group, watch_jobs
 from checkkit.jobs import Job
@@ -98,3 +99,18 @@ def test_a_cached_kernel_shows_the_line_on_its_first_run_only(tmp_path):
         "gradcheck: compiling kernels for twice (first run only)…"
     assert "gradcheck: compiled 1 kernels in " in runs[0].stderr
     assert runs[1].stderr == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", [["--isolate"], ["--workers", "1"]])
+def test_a_worker_processs_compilations_show_on_the_command_line(tmp_path, where):
+    env = {**os.environ, "GRADVERIFY_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.getcwd()}
+    env.pop("NUMBA_CACHE_DIR", None)
+    run = subprocess.run([sys.executable, "-m", "gradcheck.cli", "--op", "neg", "--dtype",
+                          "f64", "--progress", "--no-torch", *where], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert "gradcheck: compiling kernels for neg (first run only)…" in lines
+    assert any(line.startswith("gradcheck: compiled ") for line in lines)
