@@ -14,8 +14,9 @@ functions they call) made from 164 Python functions, in about 100 s of CPU time 
 170 (`python bench/bench_first_run.py --breakdown`, docs/performance.md); 185 of the 422
 are kernels compiled again for the F-ordered and strided arrays that its cotangent
 variants and sliced inputs make. No table could list them and stay true, so a helper
-runs the run's own jobs, built from the same request in a fresh interpreter, and throws
-their rows away. The run's own
+runs the run's own jobs, built in a fresh interpreter from the request's `ahead()` (the
+same jobs, compiling the same kernels, maybe checked more cheaply: gradcheck's leave
+torch out), and throws their rows away. The run's own
 process still checks every job itself: a helper changes how long a run takes, never what
 it reports (numba's cache is keyed by the code and the types, engine.backends.cpu.jit,
 and safe for processes sharing it, engine.backends.cpu.disk_cache).
@@ -40,7 +41,11 @@ checkkit.compiling), checked after each job, if the blocks a helper could still 
 MIN_JOBS jobs (a run of one op is one block: none). A warm run starts none and costs
 nothing. How many: GRADVERIFY_COMPILE_AHEAD=N where set (0 or off: none, for a machine
 whose other cores are busy), else one per core beyond the first (os.sched_getaffinity: a
-process held to one core starts none), at most MAX_HELPERS.
+process held to one core starts none), at most MAX_HELPERS. A helper runs at niceness
+NICE: on a quiet machine it has a core to itself; on a busy one it must not take the
+run's. Measured on the shared 2-core machine at a load of 4-5, a helper at the run's own
+priority left the run 138 s of CPU time instead of 178 s but took so much of the cores
+that the run's wall time grew from 225 s to 263 s (bench/bench_first_run.py's runs).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ MIN_JOBS = 200         # fewer jobs left: too few kernels to pay a helper's star
 QUIET_SECONDS = 30.0   # CPU seconds of a helper's jobs without a compilation: warm there
 WAIT = 0.2             # seconds between two looks at the run's position
 GAP = 1                # blocks ahead of the run that a helper leaves to it
+NICE = 10              # a helper's niceness: it takes a core only where one is idle
 
 
 def read_helpers(environ=None) -> tuple[int | None, str | None]:
@@ -153,7 +159,7 @@ class Ahead:
         """Start the helpers now."""
         from checkkit.compiling import LOG_VARIABLE
         from checkkit.worker import main_left_alone
-        args = (self.request, names_digest(self.jobs), self.position, self.claimed,
+        args = (self.request.ahead(), names_digest(self.jobs), self.position, self.claimed,
                 os.environ.get(LOG_VARIABLE), os.getpid(), self.quiet_seconds)
         with main_left_alone():
             for n in range(self.helpers):
@@ -191,6 +197,8 @@ def _help(request, digest, position, claimed, log, parent, quiet_seconds) -> Non
     """A helper process: the request's plan, its jobs run as the module doc says, their
     rows and errors thrown away, nothing written to the terminal."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the run ends its helpers itself
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)

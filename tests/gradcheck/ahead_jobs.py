@@ -13,6 +13,7 @@ import types
 import numba.core.event as numba_event
 
 from checkkit.jobs import Job, Plan
+from checkkit.request import Request
 
 
 def fire(module: str = "engine.backends.cpu.softmax") -> None:
@@ -25,7 +26,7 @@ def fire(module: str = "engine.backends.cpu.softmax") -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class MarkingRequest:
+class MarkingRequest(Request):
     """`n` jobs in blocks of `block` per op ("op0", "op1", ...); each appends "PID INDEX" to
     `log`, fires a compilation when `compiles`, and sleeps `delay` seconds in the process
     `slow_pid` (the run's: the helpers outrun it)."""

@@ -180,3 +180,14 @@ def test_a_worker_process_reports_its_compilations(mode):
             "gradcheck: compiling kernels for rope (first run only)…"]
     else:
         assert stream.getvalue() == ""
+
+
+def test_gradchecks_helpers_run_the_same_jobs_more_cheaply():
+    from checkkit.ahead import names_digest
+    from gradcheck.request import GradcheckRequest
+    request = GradcheckRequest(op=("relu", "softmax"), random=2)
+    cheap = request.ahead()
+    assert (cheap.no_torch, cheap.mode) == (True, "fast") and request.mode == "auto"
+    with request.plan() as plan, cheap.plan() as cheap_plan:
+        assert names_digest(plan.jobs) == names_digest(cheap_plan.jobs)
+        assert len(plan.jobs) > 100
