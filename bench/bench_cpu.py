@@ -2,6 +2,7 @@
 
     python bench/bench_cpu.py            # or: tox -e bench
     python bench/bench_cpu.py --repeat 30 --no-startup
+    python bench/bench_cpu.py --ops gelu,silu --dtypes f32,bf16 --threads 1
 
 For relu and max pool_2d 2x2 on a (1000, 8, 28, 28) float32 tensor, and a 1000x784 @ 784x500
 float32 matmul, prints the median time of the engine and of torch, forward and backward, and
@@ -11,6 +12,14 @@ backward rule with the forward values as inputs, against torch.autograd.grad of 
 Also prints the BLAS throughput of the matmul, and the start-up time of
 `gradcheck --op relu` with an empty numba cache and with a warm one (target warm < 3 s).
 The machine is shared and noisy: read the ratios, not the seconds.
+
+`--ops NAME,...` (`--ops activations`: every activation of the elementwise table) times
+those unary ops instead, on 8M elements (`--size`) drawn from each op's sample domain, in
+each of `--dtypes`: the forward graph, the backward graph (`<name>_back(g, x)`) and
+forward + backward, engine and torch alternating call by call (so that a busy spell of the
+machine slows both), both on `--threads` threads (default: the engine's count, torch set
+to it). Target: forward + backward at most 1.2x torch's in float32 (issue 37); the other
+dtypes are printed for information.
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from engine.registry import OPS
 
 TARGET_RATIO = 1.5
 TARGET_WARM_START = 3.0
+TARGET_ACTIVATION = 1.2      # --ops: forward + backward, float32
+ACTIVATION_SIZE = 1 << 23    # 8M elements
 
 
 def median_time(fn, repeat: int, warmup: int = 2) -> float:
@@ -126,11 +137,117 @@ def startup_times(*extra) -> tuple[float, float]:
     return out[0], out[1]
 
 
+def alternating(fns, repeat: int, warmup: int = 2) -> list[float]:
+    """The median time of each of `fns`, timed in turn call by call (`repeat` rounds after
+    `warmup` untimed ones), so that a busy spell of the machine falls on all of them."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def _torch_of(a: np.ndarray) -> torch.Tensor:
+    """A torch tensor of `a`'s values in its dtype (bfloat16 through its bit patterns)."""
+    import ml_dtypes
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def activation_names(spec: str) -> list[str]:
+    """`--ops`: names of unary ops of the elementwise table, or "activations" for every
+    row with a scalar gradient (those with a `<name>_back` op)."""
+    from engine import elementwise
+    if spec == "activations":
+        return [n for n, row in elementwise.UNARY.items() if row.gradient is not None]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in elementwise.UNARY]
+    if unknown:
+        raise SystemExit(f"--ops: not unary ops of the elementwise table: {unknown}")
+    return names
+
+
+def bench_unary(name: str, dtype: str, size: int, repeat: int) -> list:
+    """[op, dtype, engine fwd, torch fwd, engine bwd, torch bwd] (seconds) for unary op
+    `name` on `size` elements of its sample domain (the row's first sample parameters)."""
+    import ml_dtypes
+
+    from engine import elementwise
+    row = elementwise.UNARY[name]
+    params = row.sample_params[0]
+    kind, low, high = row.domain
+    rng = np.random.default_rng(0)
+    x = rng.uniform(low, high, size=(size // 4096, 4096))
+    if kind == "away_from_zero":
+        x *= rng.choice([-1.0, 1.0], size=x.shape)
+    np_dtype = {"f32": np.float32, "f64": np.float64, "f16": np.float16,
+                "bf16": ml_dtypes.bfloat16}[dtype]
+    x = x.astype(np_dtype)
+    build = getattr(ops, name)
+    fwd, _ = engine_forward(lambda t: build(t, **params), [x])
+    bwd = engine_backward(lambda t: build(t, **params), [x])
+    tx = _torch_of(x)
+    req = tx.clone().requires_grad_(True)
+    y = row.torch(req, **params)
+    g = _torch_of(rng.normal(size=x.shape).astype(np_dtype))
+
+    def torch_fwd():
+        with torch.no_grad():
+            row.torch(tx, **params)
+    times = alternating([fwd.compute, torch_fwd, bwd.compute,
+                         lambda: torch.autograd.grad(y, req, g, retain_graph=True)], repeat)
+    return [name, dtype, *times]
+
+
+def activations_main(args) -> int:
+    """--ops: the unary ops' table (see the module doc); 0 when every float32 op meets
+    TARGET_ACTIVATION."""
+    from engine.backends.cpu import threads as engine_threads
+    n = engine_threads.get_num_threads()
+    torch.set_num_threads(n)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; engine threads "
+          f"{n}; {args.size} elements; median of {args.repeat} alternating runs")
+    table, ok = [], True
+    for name in activation_names(args.ops):
+        for dtype in args.dtypes.split(","):
+            op, dt, ef, tf, eb, tb = bench_unary(name, dtype, args.size, args.repeat)
+            ratio = (ef + eb) / (tf + tb)
+            judged = dtype == "f32"
+            ok = ok and (ratio <= TARGET_ACTIVATION or not judged)
+            verdict = "" if not judged else ("ok" if ratio <= TARGET_ACTIVATION
+                                             else "SLOWER THAN TARGET")
+            table.append([op, dt, f"{ef * 1e3:.2f}", f"{tf * 1e3:.2f}", f"{ef / tf:.2f}",
+                          f"{eb * 1e3:.2f}", f"{tb * 1e3:.2f}", f"{eb / tb:.2f}",
+                          f"{ratio:.2f}", verdict])
+            print(*table[-1], sep="  ", file=sys.stderr, flush=True)   # progress
+    print(tabulate(table, headers=["op", "dtype", "engine fwd ms", "torch fwd ms", "fwd",
+                                   "engine bwd ms", "torch bwd ms", "bwd", "fwd+bwd",
+                                   f"target <= {TARGET_ACTIVATION} (f32)"]))
+    print("all targets met" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
+    p.add_argument("--ops", default=None,
+                   help="unary ops to time instead (comma-separated, or 'activations')")
+    p.add_argument("--dtypes", default="f32", help="--ops: dtypes (f32,f64,f16,bf16)")
+    p.add_argument("--size", type=int, default=ACTIVATION_SIZE, help="--ops: elements")
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for the engine and for torch alike (default: each's own; "
+                        "with --ops, torch takes the engine's)")
     args = p.parse_args(argv)
+    same_threads(p, args.threads)
+    if args.ops:
+        return activations_main(args)
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1000, 8, 28, 28)).astype(np.float32)

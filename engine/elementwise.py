@@ -188,6 +188,11 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 SOFTPLUS_THRESHOLD = 20.0       # torch's default: softplus(x) = x for x > 20
 
 
+# In the saturated tails, 1 - tanh^2 v, s (1 - s) and 1 + tanh u cancel: written so, in
+# float64, tanh's gradient was off by 2e-4 at |v| = 15 and 0 from 19.1, sigmoid's by 1e-3
+# at 30 and 0 from 37, gelu by 0.7% at -7 and 0 below -7.3, where float32 still holds
+# their values (1.7e-17 at 20, 4e-18 at 40, 5.6e-17 at -7.3; against mpmath). So they are
+# written with e^-|v|, whose small values float64 keeps, as torch's are not.
 def sigmoid(v):
     """1 / (1 + e^-v), without overflow for either sign."""
     if v >= 0.0:
@@ -196,28 +201,43 @@ def sigmoid(v):
     return e / (1.0 + e)
 
 
+def sigmoid_pair(u):
+    """(sigmoid(u), 1 - sigmoid(u)), both to float64's precision: with e = e^-|u|,
+    1 / (1 + e) and e / (1 + e), the larger and the smaller."""
+    e = math.exp(-abs(u))
+    r = 1.0 / (1.0 + e)
+    if u >= 0.0:
+        return r, e * r
+    return e * r, r
+
+
 def tanh_gradient(g, v):
-    """g (1 - tanh^2 v)."""
-    t = math.tanh(v)
-    return g * (1.0 - t * t)
+    """g (1 - tanh^2 v) = g 4 e / (1 + e)^2, e = e^-2|v|."""
+    e = math.exp(-2.0 * abs(v))
+    return g * (4.0 * e / ((1.0 + e) * (1.0 + e)))
 
 
 def sigmoid_gradient(g, v):
-    """g s (1 - s), s = sigmoid(v)."""
-    s = sigmoid(v)
-    return g * (s * (1.0 - s))
+    """g s (1 - s) = g e / (1 + e)^2, s = sigmoid(v), e = e^-|v|."""
+    e = math.exp(-abs(v))
+    return g * (e / ((1.0 + e) * (1.0 + e)))
+
+
+def gelu_u(v):
+    """2 sqrt(2/pi) (v + 0.044715 v^3): gelu's 0.5 (1 + tanh(u / 2)) is sigmoid(u)."""
+    return 2.0 * SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)
 
 
 def gelu(v):
-    """0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))."""
-    return 0.5 * v * (1.0 + math.tanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v)))
+    """0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) = v sigmoid(u), u = gelu_u(v)."""
+    return v * sigmoid(gelu_u(v))
 
 
 def gelu_gradient(g, v):
-    """g (0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 v^2)), t the tanh above."""
-    t = math.tanh(SQRT_2_OVER_PI * (v + GELU_CUBIC * v * v * v))
-    return g * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * SQRT_2_OVER_PI *
-                (1.0 + 3.0 * GELU_CUBIC * v * v))
+    """g (0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 v^2)), t the tanh above:
+    g (S + v S (1 - S) 2 sqrt(2/pi) (1 + 3 0.044715 v^2)), S = sigmoid(u)."""
+    s, c = sigmoid_pair(gelu_u(v))
+    return g * (s + v * (s * c) * (2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * v * v)))
 
 
 def gelu_erf(v):

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from engine.backends import sequence
+from engine.backends.calls import sequence
 from engine.errors import EngineError
 from engine.registry import OpDef
 from engine.tensor import Tensor
@@ -216,8 +216,7 @@ def bind_step(step: Step, results: list) -> Call | None:
     t = step.tensor
     if type(step) is ViewStep:
         result = be.device_view(step.op, ins, step.params)
-        call = (functools.partial(be.copy, be.persistent(t), result) if t.persistent
-                else None)
+        call = be.bind_copy(be.persistent(t), result) if t.persistent else None
     else:
         result = be.persistent(t) if t.persistent else step.out
         bind = getattr(step.kernel, "bind", None)

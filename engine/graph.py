@@ -10,6 +10,38 @@
 
 Forward and backward live in one graph because the backward pass reads forward
 intermediates. Gradients are computed for param-flagged tensors only.
+
+Broadcast gradients in 16 bits. The gradient of a broadcast operand is a sum of terms, one
+per copy (sum_to in a binary op's, matmul's or softmax's rule; expand's, broadcast_to's and
+repeat's rules sum their gradient itself). Made by 16-bit kernels, each term is rounded to
+16 bits before the sum, and a sum of n terms that cancel errs by about sqrt(n) roundings of
+the terms, far more than the one rounding of its result: a float16 softmax mask of one
+element broadcast over 48 had a gradient 3.5e-4 off (truth 0) where torch's
+float64-computed reference errs 6e-17, 124 times the precision bar (`gradcheck --op
+softmax --random 200 --seed 1`), and reglu on one element expanded to 8 a gradient 10%
+off (--seed 3). So such terms are made in float32 and summed before the one rounding to
+16 bits (tests/engine/test_wide_gradients.py, whose bound is an ulp of the result plus
+float32's rounding of the terms: 54 to 9,400 times it before, at most half of it now):
+
+- a node "wants a wide gradient" when it is 16-bit and its rule adds up (an `adds_up` op:
+  sum, repeat_back) terms made from its gradient, in 16 bits, for an input that needs a
+  gradient (found by building the rule on a placeholder gradient), or when it only moves
+  its gradient's values (a view, cont) to an input that wants one;
+- the gradient a node wants is float32, made by its consumers' rules run wide: every 16-bit
+  input widened (a cast, exact), the node's output recomputed in float32 from them (a rule
+  that reads it, such as exp's y or div's a / b, reads it unrounded; one that does not
+  leaves the recomputation unused, and no plan runs it), so that the rule's terms are
+  float32; each other input of such a rule takes its 16-bit result as before (the rule is
+  built twice; nothing unused is ever planned). The node's own rule then runs wide too,
+  its sum adding float32 terms (in float64 accumulators, engine.backends.cpu.reduce), and
+  its inputs' gradients are cast to their dtype once. (The recomputation costs a forward
+  pass only where a rule reads its output: attention_fwd's, on an expanded 16-bit q, k or
+  v, is an attention forward in float32.)
+
+The sum is rounded twice, to float32 and then to 16 bits: the correctly rounded result but
+within 2^-24 of a 16-bit tie. A 16-bit graph without broadcast gradients is built as
+before, and float32 and float64 graphs always (softmax's mask alone goes wide in its own
+rule there, engine.ops.softmax).
 """
 
 from __future__ import annotations
@@ -18,8 +50,10 @@ import numpy as np
 
 from engine.errors import EngineError, ShapeError, StalePlanError
 from engine.planner import Plan
-from engine.registry import OPS
-from engine.tensor import Flag, Tensor, is_float
+from engine.registry import OPS, make_node
+from engine.tensor import Flag, Tensor, as_dtype, is_float, is_half
+
+WIDE = "f32"      # the dtype of the gradients a 16-bit node wants wide (module doc)
 
 
 def _topo(outputs, seen: set[int], order: list[Tensor]) -> None:
@@ -103,6 +137,7 @@ class Graph:
             raise EngineError("build_backward: the graph has no param-flagged tensor")
 
         needs = _needs_grad(self.nodes)
+        wide = _wants_wide(self.nodes, needs)
         seed = Tensor(loss.shape, loss.dtype, name=f"{loss.name}.grad_seed", flags=Flag.INPUT)
         grads: dict[int, Tensor] = {loss.id: seed}
         for node in reversed(self.nodes):
@@ -115,14 +150,15 @@ class Graph:
                     raise EngineError(f"op {node.op} has no backward ({op.no_grad}), but "
                                       f"{node.name!r} lies between a param and the loss")
                 continue
-            src_grads = op.backward(g, node, *node.srcs, **node.params)
-            if len(src_grads) != len(node.srcs):
-                raise EngineError(f"backward of {node.op} returned {len(src_grads)} "
-                                  f"gradients for {len(node.srcs)} inputs")
+            src_grads = _rule_gradients(op, g, node, needs, wide)
             for src, sg in zip(node.srcs, src_grads, strict=True):
                 if sg is None or not needs.get(src.id):
                     continue
-                if sg.shape != src.shape or sg.dtype != src.dtype:
+                dtype = as_dtype(WIDE) if wide.get(src.id) else src.dtype
+                if sg.dtype != dtype and _half(src) and {sg.dtype, dtype} == {
+                        as_dtype(WIDE), src.dtype}:
+                    sg = OPS["cast"].build(sg, dtype)   # a wide result rounded once
+                if sg.shape != src.shape or sg.dtype != dtype:
                     raise ShapeError(f"backward of {node.op} gave a {sg.dtype} gradient of "
                                      f"shape {list(sg.shape)} for an input of shape "
                                      f"{list(src.shape)} ({src.dtype})")
@@ -201,6 +237,96 @@ def _needs_grad(nodes) -> dict[int, bool]:
         else:
             needs[t.id] = is_float(t.dtype) and any(needs.get(s.id) for s in t.srcs)
     return needs
+
+
+def _half(t: Tensor) -> bool:
+    return is_float(t.dtype) and is_half(t.dtype)
+
+
+def _wants_wide(nodes, needs) -> dict[int, bool]:
+    """Which nodes want a float32 gradient (module doc), in the graph's order: a 16-bit
+    node whose rule adds up terms made from its gradient, or that only moves its
+    gradient's values to an input that wants one."""
+    wide: dict[int, bool] = {}
+    for t in nodes:
+        if t.is_leaf or not needs.get(t.id) or not _half(t):
+            continue
+        op = OPS[t.op]
+        if op.backward is None:
+            continue
+        if (op.kind == "view" or t.op == "cont") and wide.get(t.srcs[0].id):
+            wide[t.id] = True
+        elif _adds_up_its_gradient(op, t, needs):
+            wide[t.id] = True
+    return wide
+
+
+def _adds_up_its_gradient(op, node: Tensor, needs) -> bool:
+    """Whether node's rule, built on a placeholder gradient (and then dropped), adds up
+    terms made from that gradient in 16 bits, over more than one element each, for an
+    input that needs a gradient. Every node the rule makes is newer than the placeholder."""
+    probe = Tensor(node.shape, node.dtype, name=f"{node.name}.grad_probe")
+    made = lambda t: t.id > probe.id and not t.is_leaf   # noqa: E731
+    grads = op.backward(probe, node, *node.srcs, **node.params)
+    for src, sg in zip(node.srcs, grads, strict=False):
+        if sg is None or not needs.get(src.id):
+            continue
+        stack, seen = [sg], set()
+        while stack:
+            t = stack.pop()
+            if not made(t) or t.id in seen:
+                continue
+            seen.add(t.id)
+            if (OPS[t.op].adds_up and _half(t) and t.srcs[0].size > t.size
+                    and _reaches(t.srcs[0], probe, made)):
+                return True
+            stack.extend(t.srcs)
+    return False
+
+
+def _reaches(t: Tensor, target: Tensor, made) -> bool:
+    """Whether `target` is t or a source of t through nodes that `made` accepts."""
+    stack, seen = [t], set()
+    while stack:
+        t = stack.pop()
+        if t is target:
+            return True
+        if made(t) and t.id not in seen:
+            seen.add(t.id)
+            stack.extend(t.srcs)
+    return False
+
+
+def _rule_gradients(op, g: Tensor, node: Tensor, needs, wide) -> tuple:
+    """The gradients of node's inputs from its rule: run as it is, or wide (module doc)
+    for a node that wants a wide gradient, and for the inputs that want one."""
+    if wide.get(node.id):
+        grads = _wide_rule(op, g, node)
+    else:
+        grads = op.backward(g, node, *node.srcs, **node.params)
+        if len(grads) == len(node.srcs) and any(wide.get(s.id) for s in node.srcs):
+            grads = tuple(w if wide.get(s.id) else sg for s, sg, w in zip(
+                node.srcs, grads, _wide_rule(op, g, node), strict=True))
+    if len(grads) != len(node.srcs):
+        raise EngineError(f"backward of {node.op} returned {len(grads)} "
+                          f"gradients for {len(node.srcs)} inputs")
+    return grads
+
+
+def _widened(t: Tensor) -> Tensor:
+    return OPS["cast"].build(t, WIDE) if _half(t) else t
+
+
+def _wide_rule(op, g: Tensor, node: Tensor) -> tuple:
+    """node's rule on its gradient and inputs widened to float32 and its output recomputed
+    from them in float32 (a cast of the stored one where the op's output is 16-bit
+    whatever its inputs, as a cast's)."""
+    srcs = tuple(_widened(s) for s in node.srcs)
+    out = _widened(node)
+    if _half(node) and any(s is not w for s, w in zip(node.srcs, srcs, strict=True)):
+        again = make_node(node.op, srcs, **node.params)
+        out = out if _half(again) else again
+    return op.backward(_widened(g), out, *srcs, **node.params)
 
 
 def compute(*tensors: Tensor, backend="cpu") -> list[np.ndarray]:

@@ -27,6 +27,15 @@ says:
 - `samples() -> list[Sample]`: gradcheck's sample cases (its fast tier);
 - `scale() -> list[Sample]`: its scale cases (Samples with tier "scale"): sizes that take
   every threaded, chunked, tiled and zero-skipping path of its kernels (gradcheck.scale);
+- `bench() -> list[Sample]`: its bench cases (Samples with tier "bench"): one or a few
+  realistic sizes (an activation on 8M elements, a norm over (4096, 4096) rows, a
+  convolution of a CIFAR-like batch), in float32 and in float16 and bfloat16 where the op
+  runs in them, that bench/bench_ops.py times forward and forward + backward against
+  torch (engine.scale_cases.bench_case);
+- `bench_torch(*tensors, **params)`: torch's own fast way to compute the op in the case's
+  dtype, where `torch` trades speed for accuracy (float64 inside: the norms, the masked
+  softmax, rope) or takes a slower route than torch's own op: the bench times this one,
+  else `torch`;
 - `strategy(dtype) -> hypothesis strategy of Sample`: generated cases (shapes, parameters,
   input ranges) for `gradcheck --random N` and the property tests; it imports hypothesis
   itself, so that importing the engine does not;
@@ -112,6 +121,8 @@ class OpDef:
     torch: Callable | None = None
     samples: Callable | None = None
     scale: Callable | None = None
+    bench: Callable | None = None
+    bench_torch: Callable | None = None
     strategy: Callable | None = None
     vjp_of: VJPOf | None = None
     params: Params | dict | None = None
@@ -122,6 +133,10 @@ class OpDef:
     #                           weights its VJP vanishes: "expanded", constant along the
     #                           last axis, for an op that normalises along it (softmax);
     #                           gradcheck's cotangent cases expand along the first instead
+    adds_up: bool = False     # its output adds up elements of its first input over the
+    #                           axes of a broadcast (sum; repeat_back, over repeat's tiles):
+    #                           a 16-bit backward that builds one on terms made from its
+    #                           gradient makes those terms in float32 (engine.graph)
 
     def __post_init__(self):
         if self.kind not in KINDS:

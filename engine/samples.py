@@ -19,10 +19,12 @@ OpDef.null_cotangents) or "sliced" (a view at offset 1 into a buffer one larger 
 side of every axis, as the backward of acc or pad hands it). It is printed last, e.g.
 `...,stride=[2,2],cotangent=permuted`.
 
-A sample's `tier` is "fast" (the registry's `samples`: small, every element checked) or
+A sample's `tier` is "fast" (the registry's `samples`: small, every element checked),
 "scale" (the registry's `scale` cases: sizes that take every threaded, chunked, tiled and
-zero-skipping kernel path, judged by gradcheck.scale). It is not printed: scale cases are
-told apart by their sizes, and selected with `gradcheck --tier scale`.
+zero-skipping kernel path, judged by gradcheck.scale) or "bench" (the registry's `bench`
+cases: the realistic sizes that bench/bench_ops.py times against torch). It is not
+printed: scale cases are told apart by their sizes, and selected with `gradcheck --tier
+scale`.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ SPARSE_COLUMNS = 0.25      # "sparse_cols": the share of columns that hold non-z
 SPARSE_COLUMN_DENSITY = 0.6    # ... and the share of non-zeros within them
 COTANGENTS = ("contiguous", "permuted", "expanded", "expanded_first", "sliced")
 VIEW_BORDER = np.nan       # the border of a sliced input's leaf, outside the op's view
-TIERS = ("fast", "scale")
+TIERS = ("fast", "scale", "bench")
 
 
 @dataclasses.dataclass(frozen=True)

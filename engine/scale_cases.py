@@ -11,6 +11,16 @@ matmul, softmax) have float16 and bfloat16 cases too (HALF_SCALE_DTYPES), where 
 accumulation in the 16-bit type instead of float32 shows (gradcheck.precision).
 
     scale_case("relu", [InputSpec("x", SQUARE)])       # relu(type=f32,x=[1031,1031])
+
+Bench cases (the `OpDef.bench` field, timed by bench/bench_ops.py against torch) are made
+here too: Samples with tier "bench", of the sizes the op meets in real models rather than
+the smallest that take every path, so that a ratio against torch says what a user would
+see. BENCH_ELEMENTS is the elementwise ops' (the issue's 8M elements), BENCH_ROWS the
+row-wise ops' (norms, sums); float16 and bfloat16 cases (BENCH_HALF_DTYPES) where the op
+runs in them and a 16-bit model would use it (softmax, sums, matmul, the activations, the
+norms).
+
+    bench_case("relu", [InputSpec("x", BENCH_ELEMENTS)])     # relu(type=f32,x=[2048,4096])
 """
 
 from __future__ import annotations
@@ -34,3 +44,19 @@ HALF_ROWS = (320, 3277)
 def scale_case(op: str, inputs, dtype: str = SCALE_DTYPE, /, **params) -> Sample:
     """A scale-tier Sample of `op` (as Sample.make, with tier "scale")."""
     return dataclasses.replace(Sample.make(op, inputs, dtype, **params), tier="scale")
+
+
+BENCH_DTYPE = "f32"
+BENCH_HALF_DTYPES = ("f16", "bf16")
+BENCH_ELEMENTS = (2048, 4096)      # 8,388,608 elements: an activation of a large model
+BENCH_ROWS = (4096, 4096)          # rows of a norm or a sum: 4096 tokens of 4096 features
+
+
+def bench_case(op: str, inputs, dtype: str = BENCH_DTYPE, /, **params) -> Sample:
+    """A bench-tier Sample of `op` (as Sample.make, with tier "bench")."""
+    return dataclasses.replace(Sample.make(op, inputs, dtype, **params), tier="bench")
+
+
+def bench_cases(op: str, inputs, dtypes=(BENCH_DTYPE,), /, **params) -> list[Sample]:
+    """bench_case of `op` in each of `dtypes`."""
+    return [bench_case(op, inputs, dtype, **params) for dtype in dtypes]

@@ -27,18 +27,6 @@ from __future__ import annotations
 
 from engine.errors import BackendError
 
-
-def sequence(*calls):
-    """One zero-argument call running `calls` in order (none: a call that does nothing);
-    the executor and the kernels' prepared calls chain their steps with it."""
-    if len(calls) == 1:
-        return calls[0]
-
-    def run_all():
-        for c in calls:
-            c()
-    return run_all
-
 BACKENDS = ("cpu", "cuda")
 
 

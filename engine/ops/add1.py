@@ -20,7 +20,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.shape import cont_if_strided, reshape
 from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SQUARE, TRANSPOSED, bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -84,7 +84,13 @@ def _add1_scale():
             for p in (None, TRANSPOSED)]
 
 
+def _add1_bench():
+    """Bench case: BENCH_ELEMENTS plus one element (c's gradient a sum over all of them)."""
+    return [bench_case("add1", [InputSpec("x", BENCH_ELEMENTS), InputSpec("c", (1, 1))])]
+
+
 register(OpDef("add1", kind="composite", compose=add1, torch=_torch_add1,
-               samples=_add1_samples, scale=_add1_scale, strategy=_add1_strategy,
+               samples=_add1_samples, scale=_add1_scale, bench=_add1_bench,
+               strategy=_add1_strategy,
                doc="x plus a one-element tensor c (every side 1); gradients: g for x, "
                    "sum(g) shaped as c for c"))

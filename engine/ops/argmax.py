@@ -12,6 +12,7 @@ from engine.ops.shape import contiguous_inputs
 from engine.params import check_rows
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
+from engine.scale_cases import bench_case
 from engine.strategies import DISTINCT, draw_input, sample_strategy, shapes
 
 
@@ -48,9 +49,14 @@ def _torch_argmax(x):
     return x.argmax(-1).to(torch.int32)
 
 
+def _bench():
+    """Bench case: the next token of 256 rows of logits over a 32,000-token vocabulary."""
+    return [bench_case("argmax", [InputSpec("x", (256, 32000), "uniform", -3.0, 3.0)])]
+
+
 register(OpDef("argmax", params={}, infer=_infer,
                no_grad="integer output: piecewise constant",
                kernels={"cpu": cpu_argmax, "cuda": "engine.backends.cuda.argmax:cuda_argmax"},
                build=argmax, torch=_torch_argmax,
-               samples=_samples, strategy=_strategy,
+               samples=_samples, bench=_bench, strategy=_strategy,
                doc="index of the max along the last axis, int32, first on ties"))

@@ -57,7 +57,7 @@ from engine.params import (
 from engine.reference_math import reference_alibi_slopes
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import HALF_SCALE_DTYPES, scale_case
+from engine.scale_cases import HALF_SCALE_DTYPES, bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, draw_range, sample_strategy
 from engine.tensor import is_float
 
@@ -256,6 +256,32 @@ def _torch_attention(q, k, v, mask=None, **params):
     return _torch_parts(q, k, v, mask, **params)[0]
 
 
+def _bench_torch_attention(q, k, v, mask=None, *, scale=None, causal=False, logit_softcap=0.0,
+                            max_bias=0.0):
+    """torch's own attention, for the bench: scaled_dot_product_attention in q's dtype,
+    causal as is_causal where Tq = Tk (torch's causal mask is aligned top left, ours bottom
+    right), a mask as an additive bias (times the ALiBi slopes), without the reference's
+    log-sum-exp and its search for rows that see no key; with a softcap, which torch's op
+    has not, or rows that see no key (causal, Tq > Tk), the reference."""
+    import torch
+    import torch.nn.functional as F
+    hq, tq, tk = q.shape[-3], q.shape[-2], k.shape[-2]
+    if logit_softcap > 0.0 or (causal and tq > tk):
+        return _torch_attention(q, k, v, mask, scale=scale, causal=causal,
+                                logit_softcap=logit_softcap, max_bias=max_bias)
+    bias = None
+    if mask is not None:
+        slopes = torch.as_tensor(reference_alibi_slopes(hq, max_bias), dtype=q.dtype)
+        bias = slopes.reshape(hq, 1, 1) * mask
+    if causal and (bias is not None or tq != tk):
+        above = torch.arange(tk)[None, :] > torch.arange(tq)[:, None] + (tk - tq)
+        bias = (0.0 if bias is None else bias) + torch.zeros(
+            (tq, tk), dtype=q.dtype).masked_fill(above, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                          is_causal=causal and bias is None, scale=scale,
+                                          enable_gqa=hq != k.shape[-3])
+
+
 def _torch_attention_fwd(q, k, v, mask=None, **params):
     out, lse = _torch_parts(q, k, v, mask, **params)
     return __import__("torch").cat([out, lse[..., None]], -1)
@@ -423,9 +449,17 @@ def _strategy(op):
     return strategy
 
 
+def _attention_bench():
+    """Bench case: bench/bench_attention.py's, causal self-attention of 8 heads, 512 tokens,
+    head size 64, batch 1."""
+    q, k, v = (InputSpec(name, (1, 8, 512, 64), **(QK if name != "v" else {}))
+               for name in "qkv")
+    return [bench_case("attention", [q, k, v], causal=True, scale=0.125)]
+
+
 register(OpDef("attention", kind="composite", compose=attention, params=ATTENTION_PARAMS,
-               torch=_torch_attention,
-               samples=_attention_samples, scale=_attention_scale,
+               torch=_torch_attention, bench_torch=_bench_torch_attention,
+               samples=_attention_samples, scale=_attention_scale, bench=_attention_bench,
                strategy=_strategy("attention"),
                doc="scaled-dot-product attention (GQA, mask, causal, softcap, ALiBi): the "
                    "view [..., :Dv] of attention_fwd"))

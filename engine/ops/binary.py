@@ -26,7 +26,7 @@ from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.ops.unary import scale
 from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SIDE, SQUARE, TRANSPOSED, bench_case, scale_case
 from engine.strategies import SIGNED, broadcast_pair, draw_input, sample_strategy
 from engine.tensor import Tensor, constant, is_float
 
@@ -135,6 +135,16 @@ def _scale(row: Binary):
     return scale
 
 
+def _bench(row: Binary):
+    """The op's bench cases: two BENCH_ELEMENTS operands; for add, a bias too (b one row
+    broadcast along the rows: its gradient a sum over them)."""
+    def bench():
+        shapes = [BENCH_ELEMENTS] + ([BENCH_ELEMENTS[-1:]] if row.name == "add" else [])
+        return [bench_case(row.name, [InputSpec("a", BENCH_ELEMENTS), _b_spec(row, sb)])
+                for sb in shapes]
+    return bench
+
+
 def _strategy(row: Binary):
     """Random broadcast-compatible shape pairs (0-d included), either operand possibly a
     view (permuted, sliced, expanded); a in a range of SIGNED, b too or in the row's
@@ -185,7 +195,8 @@ def define_binary(row: Binary) -> None:
     if row.broadcasts:
         register(OpDef(row.name, params={}, infer=_infer(row.name), backward=_backward(row),
                        kernels=kernels, build=_builder(row.name), torch=row.torch,
-                       samples=_samples(row), scale=_scale(row), strategy=_strategy(row),
+                       samples=_samples(row), scale=_scale(row), bench=_bench(row),
+                       strategy=_strategy(row),
                        doc=row.doc))
     else:
         register(OpDef(row.name, params={}, kind="backward", infer=_back_infer(row.name),

@@ -21,7 +21,7 @@ from engine.errors import DTypeError
 from engine.params import Params, choice_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample
-from engine.scale_cases import SIDE, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SIDE, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import FLOAT_NAMES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
 
@@ -95,12 +95,18 @@ def _cast_scale():
             for target in ("f16", "bf16", "f64")]
 
 
+def _cast_bench():
+    """Bench case: BENCH_ELEMENTS of float32 rounded to bfloat16 (a mixed-precision
+    model's weights or activations)."""
+    return [bench_case("cast", [InputSpec("x", BENCH_ELEMENTS)], dtype="bf16")]
+
+
 register(OpDef("cast", params=Params(dict(dtype=choice_param(*FLOAT_NAMES))),
                infer=_cast_infer,
                backward=_cast_backward,
                kernels={"cpu": cpu_cast, "cuda": "engine.backends.cuda.elementwise:cuda_cast"},
                build=cast, torch=_torch_cast, samples=_cast_samples, strategy=_cast_strategy,
-               scale=_cast_scale,
+               scale=_cast_scale, bench=_cast_bench,
                doc="x rounded to another float dtype; gradient: g cast back"))
 
 

@@ -18,7 +18,7 @@ from engine.ops.block import block
 from engine.params import Params, int_param, integer
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SIDE, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -100,9 +100,17 @@ def _concat_scale():
                        axis=0)]
 
 
+def _concat_bench():
+    """Bench case: two halves of BENCH_ELEMENTS joined along the last axis."""
+    rows, cols = BENCH_ELEMENTS
+    return [bench_case("concat", [InputSpec("a", (rows, cols // 2)),
+                                  InputSpec("b", (rows, cols // 2))], axis=1)]
+
+
 register(OpDef("concat", params=Params(dict(axis=int_param(
                    0, why="a node holds the axis counted from the front"))),
-               scale=_concat_scale, infer=_concat_infer, backward=_concat_backward,
+               scale=_concat_scale, bench=_concat_bench, infer=_concat_infer,
+               backward=_concat_backward,
                kernels={"cpu": cpu_concat, "cuda": "engine.backends.cuda.indexing:cuda_concat"},
                build=concat, torch=_torch_concat,
                samples=_concat_samples, strategy=_concat_strategy,

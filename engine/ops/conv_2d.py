@@ -39,7 +39,7 @@ from engine.ops.shape import cont, cont_if_strided, reshape, transpose
 from engine.params import Params, pair, size_param, window_output_size
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 from engine.tensor import is_float
 
@@ -159,10 +159,18 @@ def _conv_2d_scale():
                        dilation=1, padding=1, stride=1)]
 
 
+def _conv_2d_bench():
+    """Bench case: a 3 x 3 convolution of a CIFAR-like batch, 64 images of 32 x 32 with 32
+    channels in and 64 out (2.4 GFLOP forward)."""
+    return [bench_case("conv_2d", [InputSpec("x", (64, 32, 32, 32)),
+                                   InputSpec("w", (64, 32, 3, 3))],
+                       dilation=1, padding=1, stride=1)]
+
+
 register(OpDef("conv_2d", kind="composite", compose=conv_2d, torch=_torch_conv_2d,
                params=Params(dict(stride=size_param(pair=True, default=1),
                                   padding=size_param(0, pair=True, default=0),
                                   dilation=size_param(pair=True, default=1))),
-               scale=_conv_2d_scale,
+               scale=_conv_2d_scale, bench=_conv_2d_bench,
                samples=_conv_samples, strategy=_conv_strategy,
                doc="2-D convolution of NCHW input with OIHW kernel, via im2col and matmul"))

@@ -28,7 +28,7 @@ from engine.ops.shape import cont, cont_if_strided, permute, reshape
 from engine.params import Params, pair, size_param
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -116,9 +116,16 @@ def _conv_transpose_2d_scale():
                                              InputSpec("w", (16, 8, 3, 3))], stride=2)]
 
 
+def _conv_transpose_2d_bench():
+    """Bench case: a decoder's stride-2 upsampling, 64 images of 16 x 16 with 64 channels
+    to 32 channels of 33 x 33."""
+    return [bench_case("conv_transpose_2d", [InputSpec("x", (64, 64, 16, 16)),
+                                             InputSpec("w", (64, 32, 3, 3))], stride=2)]
+
+
 register(OpDef("conv_transpose_2d", kind="composite", compose=conv_transpose_2d,
                params=Params(dict(stride=size_param(pair=True, default=1))),
-               scale=_conv_transpose_2d_scale,
+               scale=_conv_transpose_2d_scale, bench=_conv_transpose_2d_bench,
                torch=_torch_conv_transpose_2d, samples=_samples, strategy=_strategy,
                doc="transposed 2-D convolution, no padding (ggml's conv_transpose_2d_p0): "
                    "matmul of pixels with the kernel, then col2im (im2col_back)"))

@@ -46,7 +46,7 @@ from engine.ops.shape import cont, permute, reshape, transpose
 from engine.params import INT32_MAX, Params, int_param, integer
 from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy
 from engine.tensor import is_float
 
@@ -241,15 +241,17 @@ def attention_block(x, pos, attn_norm, wq, wk, wv, wo, *, n_head, n_head_kv, n_d
 
 
 def _torch_attention_block(x, pos, attn_norm, wq, wk, wv, wo, *, n_head, n_head_kv, n_dims,
-                           eps=EPS, scale=None, **rope_params):
+                           eps=EPS, scale=None, precise=True, **rope_params):
     """torch's ops: F.rms_norm, F.linear, the rope of engine.ops.rope written from its
     formulas, F.scaled_dot_product_attention (causal, enable_gqa)."""
     import torch.nn.functional as F
     rope_params = {**ROPE_DEFAULTS, **rope_params, "n_dims": n_dims}
     d, dv = wq.shape[0] // n_head, wv.shape[0] // n_head_kv
     h = _torch_rms_normed(x, attn_norm, eps)
-    q = _torch_rope(F.linear(h, wq).unflatten(-1, (n_head, d)), pos, **rope_params)
-    k = _torch_rope(F.linear(h, wk).unflatten(-1, (n_head_kv, d)), pos, **rope_params)
+    q = _torch_rope(F.linear(h, wq).unflatten(-1, (n_head, d)), pos, precise=precise,
+                    **rope_params)
+    k = _torch_rope(F.linear(h, wk).unflatten(-1, (n_head_kv, d)), pos, precise=precise,
+                    **rope_params)
     v = F.linear(h, wv).unflatten(-1, (n_head_kv, dv))
     o = F.scaled_dot_product_attention(q.transpose(-3, -2), k.transpose(-3, -2),
                                        v.transpose(-3, -2), is_causal=True,
@@ -283,7 +285,7 @@ _ATTENTION_CASES = [
 
 
 def _attention_sample(dtype, lead, t, e, nh, nkv, d, n_dims, mode, views, extra, tier=None):
-    make = Sample.make if tier is None else scale_case
+    make = {None: Sample.make, "scale": scale_case, "bench": bench_case}[tier]
     return make("attention_block", _attention_inputs(lead, t, e, nh, nkv, d, views), dtype,
                 n_head=nh, n_head_kv=nkv, n_dims=n_dims, mode=mode, eps=EPS, **extra)
 
@@ -328,15 +330,35 @@ def _attention_strategy(draw, dtype):
                        mode=draw(st.sampled_from(("normal", "neox"))), eps=EPS)
 
 
+def _mlp_bench():
+    """Bench case: a llama-like feed-forward block, 512 tokens of 1024 features, hidden
+    size 2816."""
+    return [bench_case("mlp_block", _mlp_inputs((512,), 1024, 2816), eps=EPS)]
+
+
+def _attention_bench():
+    """Bench case: a llama-like attention block, 512 tokens of 1024 features, 16 query
+    heads and 4 kv heads of 64, neox rope over the whole head."""
+    return [_attention_sample("f32", (), 512, 1024, 16, 4, 64, 64, "neox", None, {}, "bench")]
+
+
+def _bench_torch_attention_block(*tensors, **params):
+    """The block's torch reference with its rope in x's dtype (the reference's rope computes
+    in float64), for the bench."""
+    return _torch_attention_block(*tensors, precise=False, **params)
+
+
 register(OpDef("mlp_block", kind="composite", compose=mlp_block, params=MLP_PARAMS,
                torch=_torch_mlp_block,
-               samples=_mlp_samples, scale=_mlp_scale, strategy=_mlp_strategy,
+               samples=_mlp_samples, scale=_mlp_scale, bench=_mlp_bench,
+               strategy=_mlp_strategy,
                doc="llama's SwiGLU feed-forward block: x + swiglu(rms_norm(x) w_gate^T, "
                    "rms_norm(x) w_up^T) w_down^T (rms_norm with its weight)"))
 register(OpDef("attention_block", kind="composite", compose=attention_block,
                params=ATTENTION_BLOCK_PARAMS,
-               torch=_torch_attention_block, samples=_attention_samples,
-               scale=_attention_scale, strategy=_attention_strategy,
+               torch=_torch_attention_block, bench_torch=_bench_torch_attention_block,
+               samples=_attention_samples, scale=_attention_scale, bench=_attention_bench,
+               strategy=_attention_strategy,
                doc="llama's causal self-attention block: rms_norm, q/k/v projections, rope "
                    "on q and k, grouped-query attention, output projection, residual"))
 

@@ -27,7 +27,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.params import INT32_MAX, Params, int_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import SIDE, SQUARE, TRANSPOSED, bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -128,12 +128,21 @@ def _scale(op):
     return scale
 
 
+def _bench(op):
+    def bench():
+        """Bench case: the causal mask of 8 heads' (512, 512) attention scores."""
+        return [bench_case(op, [InputSpec("x", (8, 512, 512), "uniform", -3.0, 3.0)],
+                           n_past=0)]
+    bench.__name__ = f"_{op}_bench"
+    return bench
+
+
 for _op, _build, _kernel in (("diag_mask_inf", diag_mask_inf, cpu_diag_mask_inf),
                              ("diag_mask_zero", diag_mask_zero, cpu_diag_mask_zero)):
     register(OpDef(_op, params=PARAMS, infer=_infer(_op), backward=_backward,
                    kernels={"cpu": _kernel, "cuda": f"engine.backends.cuda.diag_mask:cuda_{_op}"},
                    build=_build, torch=_torch(_op), samples=_samples(_op),
-                   scale=_scale(_op), strategy=_strategy(_op),
+                   scale=_scale(_op), bench=_bench(_op), strategy=_strategy(_op),
                    doc=f"x with {FILL[_op]} at [..., i, j] for j > n_past + i (causal mask); "
                        "gradient: diag_mask_zero(g, n_past)"))
 

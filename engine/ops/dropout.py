@@ -24,7 +24,7 @@ from engine.errors import DTypeError, ParamError
 from engine.params import Params, float_param, int_param, is_real, show_value
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SQUARE, TRANSPOSED, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -95,12 +95,25 @@ PARAMS = Params(dict(
     seed=int_param(0, MAX_SEED - 1, why="the hash's uint64 seed")))
 
 
+def _dropout_bench():
+    """Bench case: BENCH_ELEMENTS at p = 0.1."""
+    return [bench_case("dropout", [InputSpec("x", BENCH_ELEMENTS)], p=0.1, seed=5)]
+
+
+def _bench_torch_dropout(x, p, seed):
+    """torch's own dropout (its mask from torch's generator, not the engine's hash: the
+    same work, other bits), for the bench: the reference computes the engine's mask in
+    numpy."""
+    import torch.nn.functional as F
+    return F.dropout(x, p, training=True)
+
+
 register(OpDef("dropout", params=PARAMS,
-               scale=_dropout_scale, infer=_dropout_infer,
+               scale=_dropout_scale, bench=_dropout_bench, infer=_dropout_infer,
                backward=lambda g, out, x, p, seed: (dropout(g, p, seed),),
                kernels={"cpu": cpu_dropout,
                         "cuda": "engine.backends.cuda.dropout:cuda_dropout"},
-               build=dropout, torch=_torch_dropout,
+               build=dropout, torch=_torch_dropout, bench_torch=_bench_torch_dropout,
                samples=_dropout_samples, strategy=_dropout_strategy,
                doc="x * mask / (1 - p), mask a hash of (seed, index); gradient: the same "
                    "mask on g"))

@@ -26,7 +26,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.params import Params, int_param, integer
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, scale_case
+from engine.scale_cases import SIDE, bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, draw_layout, sample_strategy
 from engine.tensor import is_float
 
@@ -158,7 +158,16 @@ def _get_rows_scale():
             scale_case("get_rows", [InputSpec("table", (SIDE, SIDE), permute=(1, 0)), idx])]
 
 
-register(OpDef("get_rows", params={}, scale=_get_rows_scale, infer=_get_rows_infer,
+def _get_rows_bench():
+    """Bench case: a language model's token embedding, 4096 tokens of a (32000, 1024)
+    table (its gradient a scatter-add into the whole table)."""
+    return [bench_case("get_rows", [InputSpec("table", (32000, 1024)),
+                                    InputSpec("idx", (4096,), "int", 0, 32000, dtype="i32",
+                                              grad=False)])]
+
+
+register(OpDef("get_rows", params={}, scale=_get_rows_scale, bench=_get_rows_bench,
+               infer=_get_rows_infer,
                backward=lambda g, out, table, idx: (get_rows_back(g, idx, table.shape[0]),
                                                     None),
                kernels={"cpu": cpu_get_rows,

@@ -33,7 +33,7 @@ from engine.errors import DTypeError, ParamError, ShapeError
 from engine.params import Params, bool_param, boolean
 from engine.registry import OpDef, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SIDE, bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -193,12 +193,22 @@ def _scale(op):
     return scale
 
 
+def _bench(op):
+    def bench():
+        """Bench case: a feed-forward layer's fused (2048, 8192) projection gated into
+        BENCH_ELEMENTS."""
+        rows, cols = BENCH_ELEMENTS
+        return [bench_case(op, [_x(op, (rows, 2 * cols))], swapped=False)]
+    bench.__name__ = f"_{op}_bench"
+    return bench
+
+
 for _op, _act in ACTIVATIONS.items():
     register(OpDef(_op, params=Params(dict(swapped=bool_param())), infer=_infer(_op),
                    backward=_backward(_op),
                    kernels={"cpu": glu(_op), "cuda": f"engine.backends.cuda.glu:cuda_{_op}"},
                    build=_builder(_op), torch=_torch(_op), samples=_samples(_op),
-                   scale=_scale(_op), strategy=_strategy(_op),
+                   scale=_scale(_op), bench=_bench(_op), strategy=_strategy(_op),
                    doc=f"gated linear unit with {_act}: act(x[..., :n]) * x[..., n:] (fused; "
                        "swapped exchanges the halves) or act(a) * b (split)"))
 

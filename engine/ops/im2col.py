@@ -33,7 +33,7 @@ from engine.params import (
 )
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 from engine.tensor import DTYPES, TORCH_DTYPE_NAMES, as_dtype, dtype_name, is_float
 
@@ -220,8 +220,16 @@ def _im2col_scale():
 _PARAMS = dict(kh=size_param(), kw=size_param(), stride=size_param(pair=True),
                padding=size_param(0, pair=True), dilation=size_param(pair=True),
                dtype=choice_param(*DTYPES))
+def _im2col_bench():
+    """Bench case: the columns of conv_2d's bench case, a CIFAR-like batch of 64 images of
+    32 x 32 with 32 channels, 3 x 3 windows with padding 1 (18.9M elements)."""
+    return [bench_case("im2col", [InputSpec("x", (64, 32, 32, 32))], dilation=1, dtype=None,
+                       kh=3, kw=3, padding=1, stride=1)]
+
+
 register(OpDef("im2col", params=Params(_PARAMS),
-               scale=_im2col_scale, infer=_im2col_infer, backward=_im2col_backward,
+               scale=_im2col_scale, bench=_im2col_bench, infer=_im2col_infer,
+               backward=_im2col_backward,
                kernels={"cpu": cpu_im2col, "cuda": "engine.backends.cuda.im2col:cuda_im2col"},
                build=im2col, torch=_torch_im2col,
                samples=_im2col_samples, strategy=_im2col_strategy,

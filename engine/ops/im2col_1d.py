@@ -36,7 +36,7 @@ from engine.params import (
 )
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy, shapes, window_axis
 from engine.tensor import DTYPES, as_dtype, dtype_name, is_float
 
@@ -213,8 +213,15 @@ def _im2col_1d_scale():
 # sizes as ggml's ints; the columns' dtype a float one: infer says so (a DTypeError)
 _PARAMS = dict(k=size_param(), stride=size_param(), padding=size_param(0),
                dilation=size_param(), dtype=choice_param(*DTYPES))
+def _im2col_1d_bench():
+    """Bench case: a 1-D convolution's columns, 32 signals of 128 channels and 1024
+    steps, windows of 3 with padding 1 (12.6M elements)."""
+    return [bench_case("im2col_1d", [InputSpec("x", (32, 128, 1024))], dilation=1,
+                       dtype=None, k=3, padding=1, stride=1)]
+
+
 register(OpDef("im2col_1d", params=Params(_PARAMS),
-               scale=_im2col_1d_scale, infer=_infer, backward=_backward,
+               scale=_im2col_1d_scale, bench=_im2col_1d_bench, infer=_infer, backward=_backward,
                kernels={"cpu": cpu_im2col_1d,
                         "cuda": "engine.backends.cuda.im2col:cuda_im2col_1d"},
                build=im2col_1d, torch=_torch_im2col_1d,

@@ -16,7 +16,7 @@ from engine.ops.softmax import ROW_SHAPES
 from engine.params import check_rows
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, scale_case
+from engine.scale_cases import SQUARE, bench_case, scale_case
 from engine.strategies import draw_row_input, sample_strategy
 
 
@@ -53,8 +53,13 @@ def _log_softmax_scale():
     return [scale_case("log_softmax", [InputSpec("x", SQUARE, "uniform", -3.0, 3.0)])]
 
 
+def _log_softmax_bench():
+    """Bench case: 256 rows of logits over a 32,000-token vocabulary."""
+    return [bench_case("log_softmax", [InputSpec("x", (256, 32000), "uniform", -3.0, 3.0)])]
+
+
 register(OpDef("log_softmax", params={}, infer=_log_softmax_infer, backward=_log_softmax_backward,
-               scale=_log_softmax_scale,
+               scale=_log_softmax_scale, bench=_log_softmax_bench,
                kernels={"cpu": cpu_log_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_log_softmax"},
                build=log_softmax,

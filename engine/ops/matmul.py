@@ -26,7 +26,13 @@ from engine.ops.cast import cast
 from engine.ops.shape import transpose
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import HALF_SCALE_DTYPES, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_HALF_DTYPES,
+    HALF_SCALE_DTYPES,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import broadcast_source, draw_input, sample_strategy, shapes
 from engine.tensor import HALF_DTYPES, dtype_name, is_float
 
@@ -165,7 +171,15 @@ def _torch_matmul(a, b):
     return a @ b
 
 
-register(OpDef("matmul", params={}, scale=_matmul_scale, infer=_infer, backward=_backward,
+def _matmul_bench():
+    """Bench cases: a language model's projection, 512 tokens of 1024 features times a
+    (1024, 2048) weight (2.1 GFLOP forward), in float32, float16 and bfloat16."""
+    return bench_cases("matmul", [InputSpec("a", (512, 1024)), InputSpec("b", (1024, 2048))],
+                       (BENCH_DTYPE, *BENCH_HALF_DTYPES))
+
+
+register(OpDef("matmul", params={}, scale=_matmul_scale, bench=_matmul_bench, infer=_infer,
+               backward=_backward,
                kernels={"cpu": cpu_matmul, "cuda": "engine.backends.cuda.matmul:cuda_matmul"},
                build=matmul, torch=_torch_matmul, samples=_samples, strategy=_strategy,
                doc="matrix product over the last two axes, batch axes broadcast (numpy)"))

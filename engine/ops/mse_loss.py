@@ -16,7 +16,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.ops.reduce import mean
 from engine.registry import OpDef, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SQUARE, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -66,8 +66,14 @@ def _mse_loss_scale():
     return [scale_case("mse_loss", [InputSpec("a", SQUARE), InputSpec("b", SQUARE)])]
 
 
+def _mse_loss_bench():
+    """Bench case: two BENCH_ELEMENTS operands."""
+    return [bench_case("mse_loss", [InputSpec("a", BENCH_ELEMENTS),
+                                    InputSpec("b", BENCH_ELEMENTS)])]
+
+
 register(OpDef("mse_loss", kind="composite", compose=mse_loss, torch=_torch_mse_loss,
-               scale=_mse_loss_scale,
+               scale=_mse_loss_scale, bench=_mse_loss_bench,
                samples=_samples, strategy=_strategy,
                doc="mean((a - b)^2) over every element, a 0-d loss; both inputs "
                    "differentiable"))

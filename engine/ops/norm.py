@@ -27,7 +27,15 @@ from engine.ops.shape import contiguous_inputs
 from engine.params import REQUIRED, Params, check_rows, float_param, is_real, number, show_value
 from engine.registry import OpDef, VJPOf, at_x, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_HALF_DTYPES,
+    BENCH_ROWS,
+    SQUARE,
+    TRANSPOSED,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import draw_row_input, sample_strategy
 
 
@@ -158,6 +166,18 @@ def _torch_norm(x, eps=1e-5):
     return F.layer_norm(x.double(), x.shape[-1:], eps=eps).to(x.dtype)
 
 
+def _bench_torch_rms_norm(x, eps=1e-6):
+    """torch's own rms_norm in x's dtype (the bench's: the reference computes in float64)."""
+    import torch.nn.functional as F
+    return F.rms_norm(x, x.shape[-1:], eps=eps)
+
+
+def _bench_torch_norm(x, eps=1e-5):
+    """torch's own layer norm in x's dtype (the bench's)."""
+    import torch.nn.functional as F
+    return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+
 def _vjp(forward):
     """The torch reference of a backward op: autograd's vector-Jacobian product of
     `forward` at x with the output gradient g."""
@@ -178,6 +198,15 @@ def _norm_scale(name):
     return scale
 
 
+def _norm_bench(name):
+    """Bench cases: BENCH_ROWS rows (4096 tokens of 4096 features), in float32, float16
+    and bfloat16."""
+    def bench():
+        return bench_cases(name, [InputSpec("x", BENCH_ROWS)], (BENCH_DTYPE, *BENCH_HALF_DTYPES),
+                           eps=1e-5)
+    return bench
+
+
 def _backward_by(build_back):
     """The backward of a row normalisation: its dedicated backward op at x."""
     return lambda g, out, x, eps: (build_back(g, x, eps),)
@@ -187,17 +216,19 @@ def _backward_by(build_back):
 # the samples' eps, docs); the CUDA kernels are cuda_<name> and cuda_<name>_back
 _NORMS = (
     ("rms_norm", rms_norm, rms_norm_back, cpu_rms_norm, cpu_rms_norm_back, _torch_rms_norm,
-     1e-6, "x / sqrt(mean(x^2) + eps) along the last axis",
+     _bench_torch_rms_norm, 1e-6, "x / sqrt(mean(x^2) + eps) along the last axis",
      "s g - x s^3 mean(g x), s = 1/sqrt(mean(x^2) + eps): the gradient of rms_norm"),
-    ("norm", norm, norm_back, cpu_norm, cpu_norm_back, _torch_norm,
+    ("norm", norm, norm_back, cpu_norm, cpu_norm_back, _torch_norm, _bench_torch_norm,
      1e-5, "(x - mean) / sqrt(var + eps) along the last axis (layer norm, no affine)",
      "s (g - mean(g) - xhat mean(g xhat)): the gradient of norm"),
 )
-for _name, _build, _build_back, _kernel, _kernel_back, _torch, _eps, _doc, _doc_back in _NORMS:
-    register(OpDef(_name, params=PARAMS, scale=_norm_scale(_name), infer=_row_infer(_name),
+for (_name, _build, _build_back, _kernel, _kernel_back, _torch, _bench_torch, _eps, _doc,
+     _doc_back) in _NORMS:
+    register(OpDef(_name, params=PARAMS, scale=_norm_scale(_name), bench=_norm_bench(_name),
+                   infer=_row_infer(_name),
                    backward=_backward_by(_build_back),
                    kernels={"cpu": _kernel, "cuda": f"engine.backends.cuda.norm:cuda_{_name}"},
-                   build=_build, torch=_torch,
+                   build=_build, torch=_torch, bench_torch=_bench_torch,
                    samples=_samples(_name, _eps), strategy=_strategy(_name), doc=_doc,
                    # norm's output has mean 0 along the row: a cotangent constant along
                    # it has a zero VJP (rms_norm's does not)

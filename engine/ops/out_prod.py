@@ -26,7 +26,7 @@ from engine.ops.matmul import matmul
 from engine.ops.shape import transpose
 from engine.registry import OpDef, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import broadcast_source, draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -110,8 +110,15 @@ def _out_prod_scale():
                                     InputSpec("b", (7, 131, 127))])]
 
 
+def _out_prod_bench():
+    """Bench case: a projection's weight gradient (ggml's use of OUT_PROD), 512 tokens'
+    inputs (512, 1024) against their gradients (512, 2048)."""
+    return [bench_case("out_prod", [InputSpec("a", (512, 1024)), InputSpec("b", (512, 2048))])]
+
+
 register(OpDef("out_prod", kind="composite", compose=out_prod, torch=_torch_out_prod,
-               samples=_out_prod_samples, scale=_out_prod_scale, strategy=_out_prod_strategy,
+               samples=_out_prod_samples, scale=_out_prod_scale, bench=_out_prod_bench,
+               strategy=_out_prod_strategy,
                doc="sum over k of outer products: out[..., n, m] = sum_k a[..., k, m] "
                    "b[..., k, n] (ggml OUT_PROD); a's batch broadcasts to b's"))
 

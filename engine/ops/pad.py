@@ -18,7 +18,7 @@ from engine.ops.block import block
 from engine.params import Params, int_rows_param, int_tuple
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import SQUARE, TRANSPOSED, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -90,9 +90,16 @@ def _pad_scale():
             for p in (None, TRANSPOSED)]
 
 
+def _pad_bench():
+    """Bench case: a convolution's input padded by one pixel, 64 images of 56 x 56 with
+    32 channels."""
+    return [bench_case("pad", [InputSpec("x", (64, 32, 56, 56))],
+                       pads=((0, 0), (0, 0), (1, 1), (1, 1)))]
+
+
 register(OpDef("pad", params=Params(dict(pads=int_rows_param(
                    2, 0, why="zeros added, none taken away"))),
-               scale=_pad_scale, infer=_pad_infer, backward=_pad_backward,
+               scale=_pad_scale, bench=_pad_bench, infer=_pad_infer, backward=_pad_backward,
                kernels={"cpu": cpu_pad, "cuda": "engine.backends.cuda.indexing:cuda_pad"},
                build=pad, torch=_torch_pad, samples=_pad_samples, strategy=_pad_strategy,
                doc="zero padding, one (before, after) pair per axis; gradient: the interior "

@@ -31,7 +31,7 @@ from engine.params import (
 )
 from engine.registry import OpDef, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import DISTINCT, SIGNED, draw_input, sample_strategy, shapes, window_axis
 
 
@@ -112,12 +112,18 @@ def _pool_1d_scale():
                        kernel=3, mode=mode, padding=1, stride=2) for mode in ("max", "avg")]
 
 
+def _pool_1d_bench():
+    """Bench case: max pooling by 2 of 64 signals of 256 channels and 512 steps."""
+    return [bench_case("pool_1d", [InputSpec("x", (64, 256, 512))], kernel=2, mode="max",
+                       padding=0, stride=2)]
+
+
 register(OpDef("pool_1d", kind="composite", compose=pool_1d, torch=_torch_pool_1d,
                params=Params(dict(mode=choice_param(*MODES), kernel=size_param(),
                                   stride=size_param(default=None, nullable=True),
                                   padding=size_param(0, default=0)),
                              rules=(HALF_THE_KERNEL,)),
-               scale=_pool_1d_scale,
+               scale=_pool_1d_scale, bench=_pool_1d_bench,
                samples=_samples, strategy=_strategy,
                doc="1-D max/avg pooling of NCL input (pool_2d on a (N, C, 1, L) view); avg "
                    "divides by the full window"))

@@ -36,7 +36,7 @@ from engine.params import (
 )
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import (
     DISTINCT,
     MAX_ELEMENTS,
@@ -259,8 +259,21 @@ HALF_THE_KERNEL = Rule(("kernel", "padding"), half_the_kernel,
 _PARAMS = Params(dict(mode=choice_param(*MODES), kernel=size_param(pair=True),
                       stride=size_param(pair=True), padding=size_param(0, pair=True)),
                  rules=(HALF_THE_KERNEL,))
+def _pool_bench():
+    """Bench cases: a CIFAR-like batch, 128 images of 32 x 32 with 64 channels (8.4M
+    elements): max pooling by 2 x 2 (windows that tile the image), 3 x 3 windows of
+    stride 2 with padding 1 (ResNet's: the general backward) and average pooling by 2 x 2."""
+    x = InputSpec("x", (128, 64, 32, 32))
+    return [bench_case("pool_2d", [x], kernel=(2, 2), mode="max", padding=(0, 0),
+                       stride=(2, 2)),
+            bench_case("pool_2d", [x], kernel=(3, 3), mode="max", padding=(1, 1),
+                       stride=(2, 2)),
+            bench_case("pool_2d", [x], kernel=(2, 2), mode="avg", padding=(0, 0),
+                       stride=(2, 2))]
+
+
 register(OpDef("pool_2d", params=_PARAMS,
-               scale=_pool_scale, infer=_pool_infer, backward=_pool_backward,
+               scale=_pool_scale, bench=_pool_bench, infer=_pool_infer, backward=_pool_backward,
                kernels={"cpu": cpu_pool_2d, "cuda": "engine.backends.cuda.pool:cuda_pool_2d"},
                build=pool_2d, torch=_torch_pool_2d,
                samples=_pool_samples, strategy=_pool_strategy,

@@ -11,7 +11,18 @@ from engine.ops.shape import broadcast_to, cont_if_strided, reshape
 from engine.params import Params, axes_param, bool_param, boolean, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register, registered
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import HALF_ROWS, HALF_SCALE_DTYPES, SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_HALF_DTYPES,
+    BENCH_ROWS,
+    HALF_ROWS,
+    HALF_SCALE_DTYPES,
+    SQUARE,
+    TRANSPOSED,
+    bench_case,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -175,11 +186,19 @@ def _sum_scale():
             scale_case("sum", [InputSpec("x", SQUARE)], dtype, axis=1, keepdims=False))]
 
 
+def _sum_bench():
+    """Bench cases: the row sums of BENCH_ROWS (4096 rows of 4096), in float32, float16 and
+    bfloat16, and the sum of all of it."""
+    x = [InputSpec("x", BENCH_ROWS)]
+    return bench_cases("sum", x, (BENCH_DTYPE, *BENCH_HALF_DTYPES), axis=-1,
+                       keepdims=False) + [bench_case("sum", x, axis=None, keepdims=False)]
+
+
 register(OpDef("sum", params=Params(dict(axes=ints_param(0), keepdims=bool_param())),
-               scale=_sum_scale, infer=_sum_infer, backward=_sum_backward,
+               scale=_sum_scale, bench=_sum_bench, infer=_sum_infer, backward=_sum_backward,
                kernels={"cpu": cpu_sum, "cuda": "engine.backends.cuda.reduce:cuda_sum"},
                build=sum, samples=_samples("sum"),
-               strategy=_strategy("sum"),
+               strategy=_strategy("sum"), adds_up=True,
                torch=_torch_reduce(lambda x, **k: x.sum(**k)),
                doc="sum over axes (all by default), optionally keeping them as size 1"))
 def _mean_scale():
@@ -188,7 +207,12 @@ def _mean_scale():
             scale_case("mean", [InputSpec("x", SQUARE)], axis=-1, keepdims=False)]
 
 
-register(OpDef("mean", scale=_mean_scale, kind="composite", compose=mean,
+def _mean_bench():
+    """Bench case: the mean of each row of BENCH_ROWS."""
+    return [bench_case("mean", [InputSpec("x", BENCH_ROWS)], axis=-1, keepdims=False)]
+
+
+register(OpDef("mean", scale=_mean_scale, bench=_mean_bench, kind="composite", compose=mean,
                params=Params(dict(axis=axes_param(), keepdims=bool_param(default=False))),
                samples=_samples("mean"),
                strategy=_strategy("mean"),
@@ -199,8 +223,13 @@ def _sum_rows_scale():
     return [scale_case("sum_rows", [InputSpec("x", SQUARE)])]
 
 
+def _sum_rows_bench():
+    """Bench case: the row sums of BENCH_ROWS, kept as a column."""
+    return [bench_case("sum_rows", [InputSpec("x", BENCH_ROWS)])]
+
+
 register(OpDef("sum_rows", kind="composite", compose=sum_rows, samples=_sum_rows_samples,
-               scale=_sum_rows_scale,
+               scale=_sum_rows_scale, bench=_sum_rows_bench,
                strategy=_sum_rows_strategy, torch=lambda x: x.sum(dim=-1, keepdim=True),
                doc="ggml's SUM_ROWS: sum over the last axis, kept as size 1"))
 
@@ -212,6 +241,7 @@ import numpy as np  # noqa: E402
 
 from engine import mutation  # noqa: E402
 from engine.backends.cpu import threads  # noqa: E402
+from engine.backends.cpu.reduce import add_partials  # noqa: E402
 from engine.mutation import Mutant  # noqa: E402
 from engine.mutation.kernels import prepared, reads_as_contiguous, unwritten  # noqa: E402
 from engine.mutation.patches import half_kernel_replaced, prepare_replaced  # noqa: E402
@@ -246,6 +276,30 @@ def sum_chunks_overlap(prepare):
             run()
             again = x_flat[size::size][:acc.shape[0] - 1]
             flat_out[0] += np.sum(again, dtype=np.float64)
+        return call
+    return mutated
+
+
+def sum_chunks_split_drops_tail(prepare):
+    """sum:chunks_split: the ranges of chunks given to the threads are nchunks // parts
+    long each, so the last nchunks % parts chunks are never summed: their partials hold
+    0, as fresh memory would (the scratch's stale partials of an earlier run could hold the
+    right values, and the bug pass by luck of the allocator)."""
+    def mutated(out, ins, **params):
+        run, split = prepared(prepare, out, ins, params, "sum:chunks_split")
+        if not split:
+            return run
+        x_flat, acc, flat_out, fmt, parts, chunks = run.args  # sum_in_chunks's
+        per = acc.shape[0] // parts
+        if per * parts == acc.shape[0]:
+            return run
+
+        def call():
+            acc[per * parts:, 0] = 0.0
+            threads.side_by_side([functools.partial(chunks, x_flat, acc, i * per,
+                                                    (i + 1) * per, fmt)
+                                  for i in range(parts)])()
+            add_partials(acc, flat_out, fmt)
         return call
     return mutated
 
@@ -315,6 +369,11 @@ mutation.register(
            "end: the first element of every later chunk is added twice",
            lambda: prepare_replaced("sum", sum_chunks_overlap),
            where=_axis(None), tier="scale", max_cases=1, kind="chunk boundary"),
+    Mutant("sum_chunks_split_drops_tail", ("sum",),
+           "the whole-tensor sum's chunks on the engine's threads (sum:chunks_split) in "
+           "ranges of nchunks // threads: the last nchunks % threads chunks are never "
+           "summed", lambda: prepare_replaced("sum", sum_chunks_split_drops_tail),
+           where=_axis(None), tier="scale", max_cases=1, kind="dropped tail"),
     Mutant("sum_rows_float32_accumulator", ("sum",),
            "the sum over rows (sum:rows, from 2^17 elements) adds 1.5 million rows into one "
            "float32 accumulator row instead of float64 rows per chunk: a relative error "

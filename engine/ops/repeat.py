@@ -23,7 +23,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.params import Params, int_tuple, ints_param
 from engine.registry import OpDef, VJPOf, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SIDE, SQUARE, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SIDE, SQUARE, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import is_float
 
@@ -163,13 +163,21 @@ def _repeat_scale():
 
 
 SHAPE = Params(dict(shape=ints_param(0)))
-register(OpDef("repeat", params=SHAPE, scale=_repeat_scale, infer=_repeat_infer,
+def _repeat_bench():
+    """Bench case: a row tiled to BENCH_ELEMENTS (repeat_back sums 2048 copies)."""
+    return [bench_case("repeat", [InputSpec("x", (1, BENCH_ELEMENTS[1]))],
+                       shape=BENCH_ELEMENTS)]
+
+
+register(OpDef("repeat", params=SHAPE, scale=_repeat_scale, bench=_repeat_bench,
+               infer=_repeat_infer,
                backward=lambda g, out, x, shape: (repeat_back(g, x.shape),),
                kernels={"cpu": cpu_repeat, "cuda": "engine.backends.cuda.indexing:cuda_repeat"},
                build=repeat, torch=_torch_repeat,
                samples=_repeat_samples, strategy=_repeat_strategy,
                doc="x tiled to a shape (each side a multiple of x's); gradient: repeat_back"))
 register(OpDef("repeat_back", params=SHAPE, kind="backward", infer=_repeat_back_infer,
+               adds_up=True,
                backward=lambda g, out, gin, shape: (repeat(g, gin.shape),),
                kernels={"cpu": cpu_repeat_back,
                         "cuda": "engine.backends.cuda.indexing:cuda_repeat_back"},

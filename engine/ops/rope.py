@@ -43,7 +43,7 @@ from engine.params import (
 )
 from engine.registry import OpDef, VJPOf, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import MAX_ELEMENTS, draw_input, sample_strategy
 from engine.tensor import is_float
 
@@ -148,10 +148,12 @@ def _rope_back_backward(g, out, gin, pos, *ff, **params):
 
 
 def _torch_rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig,
-                freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
-    """rope written from the formulas, vectorised, in float64, rounded once to x's dtype."""
+                freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+                precise=True):
+    """rope written from the formulas, vectorised, in float64, rounded once to x's dtype
+    (precise=False: in x's dtype throughout, as a torch user would write it: the bench's)."""
     import torch
-    work = torch.float64
+    work = torch.float64 if precise else x.dtype
 
     from engine.reference_math import reference_yarn_range
     half = n_dims // 2
@@ -178,6 +180,11 @@ def _torch_rope(x, pos, freq_factors=None, *, sign=1.0, n_dims, mode, n_ctx_orig
         x0, x1 = rot[..., 0::2], rot[..., 1::2]
         y = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2)
     return torch.cat([y, xd[..., n_dims:]], -1).to(x.dtype)
+
+
+def _bench_torch_rope(x, pos, freq_factors=None, **params):
+    """rope in x's dtype, for the bench (the reference computes in float64)."""
+    return _torch_rope(x, pos, freq_factors, precise=False, **params)
 
 
 def _torch_rope_back(g, pos, freq_factors=None, **params):
@@ -294,9 +301,18 @@ def _scale(op, name):
     return cases
 
 
+def _bench():
+    """Bench case: a llama-like layer's queries, 2048 tokens of 32 heads of 128 (8.4M
+    elements), mode normal."""
+    return [bench_case("rope", [InputSpec("x", (2048, 32, 128)),
+                                InputSpec("pos", (2048,), "int", 0, 4096, dtype="i32",
+                                          grad=False)], n_dims=128, **DEFAULTS)]
+
+
 register(OpDef("rope", params=PARAMS, infer=_rope_infer, backward=_rope_backward,
                kernels={"cpu": cpu_rope, "cuda": "engine.backends.cuda.rope:cuda_rope"},
-               build=rope, torch=_torch_rope, samples=_rope_samples, scale=_scale("rope", "x"),
+               build=rope, torch=_torch_rope, bench_torch=_bench_torch_rope,
+               samples=_rope_samples, scale=_scale("rope", "x"), bench=_bench,
                strategy=_strategy("rope", "x"),
                doc="rotary position embeddings (ggml_rope_ext, YaRN); gradient: rope_back"))
 register(OpDef("rope_back", params=PARAMS, kind="backward", infer=_rope_back_infer,

@@ -22,7 +22,7 @@ from engine.ops.block import block, block_slices, check_block
 from engine.params import Params, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SQUARE, bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import constant, is_float
 
@@ -133,15 +133,25 @@ def _scale(name):
 
 
 OFFSET = Params(dict(offset=ints_param(0, why="the block lies inside a")))
+def _bench(name):
+    """Bench case: a (1024, 2048) block at offset (512, 1024) of BENCH_ELEMENTS."""
+    def bench():
+        return [bench_case(name, [InputSpec("a", BENCH_ELEMENTS), InputSpec("b", (1024, 2048))],
+                           offset=(512, 1024))]
+    return bench
+
+
 register(OpDef("set", params=OFFSET,
-               scale=_scale("set"), infer=_infer("set"), backward=_set_backward,
+               scale=_scale("set"), bench=_bench("set"), infer=_infer("set"),
+               backward=_set_backward,
                kernels={"cpu": cpu_set, "cuda": "engine.backends.cuda.indexing:cuda_set"},
                build=set, torch=_torch("set"), samples=_samples("set"),
                strategy=_strategy("set"),
                doc="a with the block at offset replaced by b; gradient: g with the block "
                    "zeroed to a, g's block to b"))
 register(OpDef("acc", params=OFFSET,
-               scale=_scale("acc"), infer=_infer("acc"), backward=_acc_backward,
+               scale=_scale("acc"), bench=_bench("acc"), infer=_infer("acc"),
+               backward=_acc_backward,
                kernels={"cpu": cpu_acc, "cuda": "engine.backends.cuda.indexing:cuda_acc"},
                build=acc, torch=_torch("acc"), samples=_samples("acc"),
                strategy=_strategy("acc"),

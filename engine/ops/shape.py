@@ -17,7 +17,7 @@ from engine.ops.broadcast import broadcast_shapes, sum_to
 from engine.params import Params, int_param, int_tuple, ints_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import BENCH_ELEMENTS, SQUARE, TRANSPOSED, bench_case, scale_case
 from engine.strategies import (
     broadcast_source,
     draw_input,
@@ -243,7 +243,13 @@ def _transpose_scale():
     return [scale_case("transpose", [InputSpec("x", SQUARE)])]
 
 
-register(OpDef("transpose", scale=_transpose_scale, kind="composite", compose=transpose,
+def _transpose_bench():
+    """Bench case: a (4096, 2048) matrix transposed (a view; its gradient a copy)."""
+    return [bench_case("transpose", [InputSpec("x", BENCH_ELEMENTS[::-1])])]
+
+
+register(OpDef("transpose", scale=_transpose_scale, bench=_transpose_bench, kind="composite",
+               compose=transpose,
                params=Params(dict(axis1=int_param(default=-2), axis2=int_param(default=-1))),
                torch=lambda x, axis1=-2, axis2=-1: x.transpose(axis1, axis2),
                samples=_transpose_samples, strategy=_transpose_strategy,
@@ -255,9 +261,15 @@ def _cont_scale():
             scale_case("cont", [InputSpec("x", (131, 97, 89), permute=(2, 0, 1))])]
 
 
+def _cont_bench():
+    """Bench case: attention's heads made contiguous, a (B, T, H, D) = (8, 1024, 16, 64)
+    leaf seen as (B, H, T, D)."""
+    return [bench_case("cont", [InputSpec("x", (8, 16, 1024, 64), permute=(0, 2, 1, 3))])]
+
+
 register(OpDef("cont", params={},
                infer=lambda x: (x.shape, x.dtype), backward=lambda g, out, x: (g,),
-               scale=_cont_scale,
+               scale=_cont_scale, bench=_cont_bench,
                kernels={"cpu": cpu.unary("cont"),
                         "cuda": "engine.backends.cuda.elementwise:cuda_cont"}, build=cont,
                torch=lambda x: x.contiguous(), samples=_cont_samples, strategy=_cont_strategy,
@@ -267,8 +279,14 @@ def _broadcast_to_scale():
     return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE)]
 
 
+def _broadcast_to_bench():
+    """Bench case: a row broadcast to BENCH_ELEMENTS (its gradient a sum over 2048 rows)."""
+    return [bench_case("broadcast_to", [InputSpec("x", BENCH_ELEMENTS[1:])],
+                       shape=BENCH_ELEMENTS)]
+
+
 register(OpDef("broadcast_to", params=SHAPE,
-               scale=_broadcast_to_scale, infer=_broadcast_infer,
+               scale=_broadcast_to_scale, bench=_broadcast_to_bench, infer=_broadcast_infer,
                backward=lambda g, out, x, shape: (sum_to(g, x.shape),),
                kernels={"cpu": _cpu_broadcast_to,
                         "cuda": "engine.backends.cuda.elementwise:cuda_broadcast_to"},

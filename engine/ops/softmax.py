@@ -25,6 +25,8 @@ softmax Jacobian's product gz = y (g - sum_k g_k y_k), which sinks leave as it i
 
     grad_x    = s gz                   (the op softmax_back with scale s)
     grad_mask = slope_h gz summed over the axes the mask was broadcast along
+                                       (such a sum, below float64, from gz made in
+                                       float64 and rounded once: _mask_gradient)
     grad_sink_h = -sum over the rows of head h of p_sink sum_j g_j y_j
                                        (the op softmax_sink_back)
 
@@ -47,12 +49,23 @@ from engine.backends.alibi_math import alibi_slopes
 from engine.backends.cpu.softmax import cpu_softmax, cpu_softmax_back
 from engine.errors import DTypeError, ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
+from engine.ops.cast import cast
 from engine.ops.shape import contiguous_inputs
 from engine.params import Params, alibi_param, check_rows, factor_param, number
 from engine.reference_math import reference_alibi_slopes
 from engine.registry import OpDef, VJPOf, make_node, register, registered, shapes_str
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import HALF_SCALE_DTYPES, SIDE, SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_HALF_DTYPES,
+    HALF_SCALE_DTYPES,
+    SIDE,
+    SQUARE,
+    TRANSPOSED,
+    bench_case,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import (
     MAX_ELEMENTS,
     SIGNED,
@@ -155,12 +168,29 @@ def _softmax_backward(g, y, x, *rest, scale, max_bias=0.0):
     gx = softmax_back(g, y, scale)
     if not rest:
         return (gx,)
-    gz = gx if scale == 1.0 else softmax_back(g, y, 1.0)
-    grads = (gx, sum_to(times_slopes(gz, max_bias), rest[0].shape))
+    grads = (gx, _mask_gradient(g, y, x, rest, gx, scale, max_bias))
     if len(rest) == 1:
         return grads
     return grads + (registered.softmax_sink_back(g, x, *rest, scale=scale,
                                                  max_bias=max_bias),)
+
+
+def _mask_gradient(g, y, x, rest, gx, scale, max_bias):
+    """slope_h gz summed to the mask's shape. Where that sums over broadcast axes below
+    float64, gz is made in float64 from y recomputed there (the forward kernel's z is
+    float64 too) and the sum rounded once: the terms cancel (a mask broadcast along a row
+    shifts it, which softmax ignores: a zero gradient), and gz rounded to x's dtype, or
+    made from the stored y, whose rounding leaves sum_j y_j off 1, errs by those roundings
+    (float16: 1e-4 where torch's float64-computed reference errs 1e-16; float32: 1.5e-8,
+    8.3 times the bar; `gradcheck --op softmax --random 200 --seed 2`)."""
+    mask = rest[0]
+    if mask.size == x.size or x.dtype == np.float64:
+        gz = gx if scale == 1.0 else softmax_back(g, y, 1.0)
+        return sum_to(times_slopes(gz, max_bias), mask.shape)
+    wide = [cast(t, "f64") for t in (g, x, *rest)]
+    y = registered.softmax(*wide[1:], scale=scale, max_bias=max_bias)
+    gz = softmax_back(wide[0], y, 1.0)
+    return cast(sum_to(times_slopes(gz, max_bias), mask.shape), x.dtype)
 
 
 def _softmax_back_infer(g, y, scale):
@@ -342,6 +372,25 @@ def torch_softmax(x, mask=None, sinks=None, scale=1.0, max_bias=0.0):
     return torch.cat([z, column], -1).softmax(-1)[..., :-1].to(x.dtype)
 
 
+def _bench_torch_softmax(x, mask=None, sinks=None, scale=1.0, max_bias=0.0):
+    """torch_softmax in x's dtype, as a torch user writes it (the mask times the ALiBi
+    slopes where max_bias > 0; the sinks a last column of the scores, cut off after the
+    softmax), for the bench: the reference computes a masked softmax in float64."""
+    if mask is None:
+        return (x * scale).softmax(-1)
+    import torch
+    h = n_heads(x.shape)
+    lead = (h, 1, 1)[-min(3, x.ndim):]
+    if max_bias > 0.0:
+        slopes = torch.tensor(reference_alibi_slopes(h, max_bias), dtype=x.dtype)
+        mask = slopes.reshape(lead) * mask
+    z = x * scale + mask
+    if sinks is None:
+        return z.softmax(-1)
+    column = sinks.reshape(lead).expand(*z.shape[:-1], 1)
+    return torch.cat([z, column], -1).softmax(-1)[..., :-1]
+
+
 def _torch_softmax_back(g, y, scale=1.0):
     return scale * y * (g - (g * y).sum(-1, keepdim=True))
 
@@ -378,11 +427,29 @@ def _softmax_scale():
         for dtype in HALF_SCALE_DTYPES]
 
 
+BENCH_SCORES = (8, 512, 512)     # attention scores: 8 heads of 512 queries and keys
+
+
+def _softmax_bench():
+    """Bench cases: attention scores BENCH_SCORES, plain (in float32, float16 and
+    bfloat16), with a (512, 512) mask, and with the mask, ALiBi and a sink per head (as
+    gpt-oss; in the three dtypes). The masks are constants (no gradient); the sinks are
+    learned."""
+    x = InputSpec("x", BENCH_SCORES, "uniform", -3.0, 3.0)
+    mask = InputSpec("mask", BENCH_SCORES[1:], "uniform", -5.0, 0.0, grad=False)
+    sinks = InputSpec("sinks", BENCH_SCORES[:1], "uniform", -1.0, 3.0)
+    dtypes = (BENCH_DTYPE, *BENCH_HALF_DTYPES)
+    return (bench_cases("softmax", [x], dtypes, scale=1.0) +
+            [bench_case("softmax", [x, mask], scale=0.125)] +
+            bench_cases("softmax", [x, mask, sinks], dtypes, scale=0.125, max_bias=8.0))
+
+
 register(OpDef("softmax", params=PARAMS,
-               scale=_softmax_scale, infer=_softmax_infer, backward=_softmax_backward,
+               scale=_softmax_scale, bench=_softmax_bench, infer=_softmax_infer,
+               backward=_softmax_backward,
                kernels={"cpu": cpu_softmax,
                         "cuda": "engine.backends.cuda.softmax:cuda_softmax"},
-               build=_softmax_build, torch=torch_softmax,
+               build=_softmax_build, torch=torch_softmax, bench_torch=_bench_torch_softmax,
                samples=_softmax_samples, strategy=_softmax_strategy,
                # each row sums to 1: a cotangent constant along it has a zero VJP
                null_cotangents=("expanded",),

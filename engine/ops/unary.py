@@ -63,7 +63,17 @@ from engine.registry import (
     unregister,
 )
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import SQUARE, TRANSPOSED, scale_case
+from engine.scale_cases import (
+    BENCH_DTYPE,
+    BENCH_ELEMENTS,
+    BENCH_HALF_DTYPES,
+    HALF_SCALE_DTYPES,
+    SCALE_DTYPE,
+    SQUARE,
+    TRANSPOSED,
+    bench_cases,
+    scale_case,
+)
 from engine.strategies import draw_input, sample_strategy, shapes
 from engine.tensor import dtype_name, is_float
 
@@ -257,19 +267,43 @@ def _back_samples(row: Unary):
 # ops whose scale cases also take a transposed view (the tiled copy into a contiguous
 # buffer before the kernel; the same code for every unary op, so a few ops suffice)
 PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
+# ops whose scale cases are also float16 and bfloat16: the activations' vector kernels read
+# 16-bit patterns themselves (engine.backends.cpu.elementwise), split over the threads; one
+# template with a reach (sin) and one without (gelu) take every such kernel's code
+HALF_AT_SCALE = ("gelu", "sin")
 
 
 def _scale(row: Unary):
     """The op's scale cases: one contiguous float32 input of SQUARE in its domain, split
-    over the engine's threads in ragged chunks (engine.scale_cases), and for the ops of
-    PERMUTED_AT_SCALE a transposed view of it too."""
+    over the engine's threads in ragged chunks (engine.scale_cases), for the ops of
+    PERMUTED_AT_SCALE a transposed view of it too, and for those of HALF_AT_SCALE the
+    contiguous one in float16 and bfloat16."""
     kind, low, high = row.domain
 
     def scale():
         layouts = [None] + ([TRANSPOSED] if row.name in PERMUTED_AT_SCALE else [])
+        dtypes = (SCALE_DTYPE,) + (HALF_SCALE_DTYPES if row.name in HALF_AT_SCALE else ())
         return [scale_case(row.name, [InputSpec("x", SQUARE, kind, low, high, permute=p)],
-                           **row.sample_params[0]) for p in layouts]
+                           dtype, **row.sample_params[0])
+                for dtype in dtypes for p in (layouts if dtype == SCALE_DTYPE else [None])]
     return scale
+
+
+# activations a 16-bit model runs (bench cases in float16 and bfloat16 too)
+HALF_AT_BENCH = ("relu", "tanh", "sigmoid", "gelu", "gelu_erf", "gelu_quick", "silu", "elu",
+                 "softplus")
+
+
+def _bench(row: Unary):
+    """The op's bench case: an activation of a large model, BENCH_ELEMENTS in its domain
+    (and in 16 bits for HALF_AT_BENCH)."""
+    kind, low, high = row.domain
+
+    def bench():
+        dtypes = (BENCH_DTYPE, *(BENCH_HALF_DTYPES if row.name in HALF_AT_BENCH else ()))
+        return bench_cases(row.name, [InputSpec("x", BENCH_ELEMENTS, kind, low, high)], dtypes,
+                           **row.sample_params[0])
+    return bench
 
 
 def activation_back(name: str, g, x, **params):
@@ -290,7 +324,7 @@ def define_unary(row: Unary) -> None:
                    kernels={"cpu": cpu.unary(row.name),
                             "cuda": f"engine.backends.cuda.elementwise:cuda_{row.name}"},
                    build=_builder(row), torch=row.torch, samples=_samples(row),
-                   scale=_scale(row), strategy=_strategy(row), doc=row.doc,
+                   scale=_scale(row), bench=_bench(row), strategy=_strategy(row), doc=row.doc,
                    zero_gradient=row.zero_gradient))
     if row.gradient is None:
         return

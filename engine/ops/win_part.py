@@ -32,7 +32,7 @@ from engine.errors import DTypeError, ShapeError
 from engine.params import Params, integer, size_param
 from engine.registry import OpDef, make_node, register
 from engine.samples import InputSpec, Sample, both_dtypes
-from engine.scale_cases import scale_case
+from engine.scale_cases import bench_case, scale_case
 from engine.strategies import draw_input, sample_strategy
 from engine.tensor import is_float
 
@@ -183,13 +183,30 @@ def _win_unpart_scale():
                        height=h, width=w, window=SCALE_WINDOW)]
 
 
+BENCH_IMAGE = (64, 64, 768)       # SAM's ViT-B image embedding: 64 x 64 patches of 768
+BENCH_WINDOW = 14
+
+
+def _win_part_bench():
+    """Bench case: SAM's image embedding cut into 14 x 14 windows."""
+    return [bench_case("win_part", [InputSpec("x", BENCH_IMAGE)], window=BENCH_WINDOW)]
+
+
+def _win_unpart_bench():
+    """Bench case: SAM's windows put back into its image embedding."""
+    h, w, _ = BENCH_IMAGE
+    return [bench_case("win_unpart", [InputSpec("y", _windows_shape(*BENCH_IMAGE,
+                                                                    BENCH_WINDOW))],
+                       height=h, width=w, window=BENCH_WINDOW)]
+
+
 register(OpDef("win_part", params=Params(dict(window=size_param())), infer=_win_part_infer,
                backward=lambda g, out, x, window: (win_unpart(g, x.shape[0], x.shape[1],
                                                               window),),
                kernels={"cpu": cpu_win_part,
                         "cuda": "engine.backends.cuda.win_part:cuda_win_part"},
                build=win_part, torch=_torch_win_part, samples=_win_part_samples,
-               scale=_win_part_scale, strategy=_win_part_strategy,
+               scale=_win_part_scale, bench=_win_part_bench, strategy=_win_part_strategy,
                doc="an (H, W, C) image cut into zero-padded (window, window, C) windows "
                    "(SAM, ggml WIN_PART); gradient: win_unpart"))
 register(OpDef("win_unpart", params=Params(dict(height=size_param(), width=size_param(),
@@ -199,7 +216,8 @@ register(OpDef("win_unpart", params=Params(dict(height=size_param(), width=size_
                kernels={"cpu": cpu_win_unpart,
                         "cuda": "engine.backends.cuda.win_part:cuda_win_unpart"},
                build=win_unpart, torch=_torch_win_unpart, samples=_win_unpart_samples,
-               scale=_win_unpart_scale, strategy=_win_unpart_strategy,
+               scale=_win_unpart_scale, bench=_win_unpart_bench,
+               strategy=_win_unpart_strategy,
                doc="windows (npy * npx, window, window, C) put back into a (height, width, "
                    "C) image, padding dropped (ggml WIN_UNPART); gradient: win_part"))
 

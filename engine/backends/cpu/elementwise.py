@@ -13,10 +13,22 @@ op's output buffer and its inputs (possibly strided or broadcast views), and nev
 allocates.
 
 Rows with `in_float64` (the activations) compute in float64 whatever the dtype, rounded
-once when stored (LLVM may still evaluate a libm call on a widened float32 value in
-float32, sin as sinf: within an ulp); the plain unary ops and the binary ops compute in the
-inputs' dtype. An op's float parameters reach its scalar math as a tuple in the row's order
-(of the dtype the math computes in).
+once when stored; but their plain kernels widen with `float()`, which numba types as a
+float32 for a float32 element, so on float32 tensors the row's libm calls are float32's
+(sin as sinf: within an ulp) and its arithmetic float32 where no float64 constant enters
+(the vector kernels below widen to float64 truly). The plain unary ops and the binary ops
+compute in the inputs' dtype. An op's float parameters reach its scalar math as a tuple in
+the row's order (of the dtype the math computes in).
+
+The ops of engine.backends.cpu.vector_unary.FAST (the activations on exp, tanh, erfc,
+log1p, sin and cos, and exp and log) have a second pair of kernels, compiled
+`contracting`, for float32 outputs: the same values from vectorised float64 math instead
+of a libm call per element (the fast path `vector:<op>`; its plain twin, the row's math,
+runs in plain mode and for float64). The activations' vector kernels also read and write
+16-bit arrays as their patterns (patterns.value and rounded: one pass, where the widened
+float32 kernel takes three and two float32 temporaries, half.widened); exp's and log's
+16-bit nodes stay widened, as every other kernel's (the self-test's rounding mutants of
+half.store act through exp's).
 """
 
 from __future__ import annotations
@@ -27,10 +39,21 @@ import numba
 import numpy as np
 
 from engine import elementwise as table
-from engine.backends import sequence
+from engine.backends.calls import sequence
 from engine.backends.compile_scalar import compile_scalar, source_digest
-from engine.backends.cpu import layout, threads
-from engine.backends.cpu.jit import OPTIONS, bindable, call, parallel_kernel, prange, scalar_math
+from engine.backends.cpu import half, layout, paths, threads
+from engine.backends.cpu.jit import (
+    CONTRACT,
+    OPTIONS,
+    bindable,
+    call,
+    parallel_kernel,
+    prange,
+    scalar_math,
+)
+from engine.backends.cpu.patterns import as_patterns, fmt_of, native_half, rounded, value
+from engine.backends.cpu.vector_unary import FAST
+from engine.tensor import is_half
 
 # the scalar math is compiled into each kernel that calls it (LLVM inlines it there) and
 # cached with it; the functions themselves get no cache entries of their own
@@ -56,6 +79,79 @@ def _gradient_map(g, x, out, params):
     (out may alias x)."""
     for i in prange(x.size):
         out[i] = gradient(g[i], float(x[i]), *params)  # noqa: F821
+
+
+FMT = half.F16      # the vector templates' 16-bit format: each copy binds its own
+
+
+def _vector_map(x, out, params):
+    """out[i] = forward(x[i]'s value in float64, params), rounded to out's element, over
+    1-D contiguous arrays (out may alias x): float32, or 16-bit patterns of format FMT
+    (patterns.value and rounded; FMT a constant of each copy of the template: as an
+    argument, the loops of the reach templates below tested it per element, 4 times
+    slower); forward a vector_unary function, params a tuple."""
+    for i in prange(x.size):
+        out[i] = rounded(forward(_float64(value(x[i], FMT)), params), out, FMT)  # noqa: F821
+
+
+def _vector_gradient_map(g, x, out, params):
+    """out[i] = gradient(g[i], x[i], params) as _vector_map, g of x's type."""
+    for i in prange(x.size):
+        out[i] = rounded(gradient(value(g[i], FMT), _float64(value(x[i], FMT)),  # noqa: F821
+                                  params), out, FMT)
+
+
+_BLOCK = 1024        # elements of a block of the reach templates
+
+
+def _vector_map_reach(x, out, params):
+    """_vector_map, and for the elements with |x| > reach (rare: sin and cos beyond 2^20),
+    the row's math in float64 (`wide`, a libm call), in a third loop over each block of
+    _BLOCK elements where a second counts one, so that the first loop has no call and
+    vectorises as _vector_map's. Each loop runs over slices: over index ranges of the
+    whole arrays, the same loops took twice the time (a sin kernel's, 20 ms for 8M)."""
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        xs = x[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
+        os = out[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
+        for i in range(xs.size):
+            os[i] = rounded(forward(_float64(value(xs[i], FMT)), params), os, FMT)  # noqa: F821
+        beyond = 0
+        for i in range(xs.size):
+            beyond += abs(_float64(value(xs[i], FMT))) > reach  # noqa: F821
+        if beyond:
+            for i in range(xs.size):
+                v = _float64(value(xs[i], FMT))
+                if abs(v) > reach:  # noqa: F821
+                    os[i] = rounded(wide(v, *params), os, FMT)  # noqa: F821
+
+
+def _vector_gradient_map_reach(g, x, out, params):
+    """_vector_gradient_map with the row's gradient beyond reach (as _vector_map_reach)."""
+    n = x.size
+    for b in prange((n + _BLOCK - 1) // _BLOCK):
+        gs = g[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
+        xs = x[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
+        os = out[b * _BLOCK:min(n, (b + 1) * _BLOCK)]
+        for i in range(xs.size):
+            os[i] = rounded(gradient(value(gs[i], FMT), _float64(value(xs[i], FMT)),  # noqa: F821
+                                     params), os, FMT)
+        beyond = 0
+        for i in range(xs.size):
+            beyond += abs(_float64(value(xs[i], FMT))) > reach  # noqa: F821
+        if beyond:
+            for i in range(xs.size):
+                v = _float64(value(xs[i], FMT))
+                if abs(v) > reach:  # noqa: F821
+                    os[i] = rounded(wide(_float64(value(gs[i], FMT)), v, *params),  # noqa: F821
+                                    os, FMT)
+
+
+@scalar_math
+def _float64(v):
+    """v in float64: the vector kernels' widening (numba types float() of a float32 as a
+    float32)."""
+    return np.float64(v)
 
 
 def _binary_flat(a, b, out):
@@ -110,33 +206,70 @@ def _binary_4d(a, b, out):
             out[i0, i1, i2, i3] = forward(a[i0, i1, i2, i3], b[i0, i1, i2, i3])  # noqa: F821
 
 
-def specialise(template, op_name: str, *sources, **bound):
-    """`template` compiled for op `op_name` (serial and parallel, jit.parallel_kernel), its
-    global names `bound` to compiled scalar math. numba's disk cache keys a function by its
-    qualified name: each op's copy gets its own, which also carries the digest of the
-    row's `sources`, so that editing a row's math (in another file than this one, which is
-    all numba watches) recompiles it."""
+def specialise(template, op_name: str, *sources, options=None, **bound):
+    """`template` compiled for op `op_name` (serial and parallel, jit.parallel_kernel, with
+    numba `options` beside jit's), its global names `bound` to compiled scalar math.
+    numba's disk cache keys a function by its qualified name: each op's copy gets its own,
+    which also carries the digest of the row's `sources`, so that editing a row's math (in
+    another file than this one, which is all numba watches) recompiles it."""
     fn = types.FunctionType(template.__code__, {**template.__globals__, **bound},
                             f"{template.__name__}__{op_name}")
     fn.__qualname__ = f"{template.__qualname__}__{op_name}_{source_digest(*sources)}"
     fn.__doc__ = template.__doc__
-    return parallel_kernel(fn)
+    return parallel_kernel(fn, **(options or {}))
 
 
-# --- dispatchers: the kernel of op `name`, kernel(out, ins, **params) -----------------------
-def _map_dispatcher(op_name, kernel, args):
-    """kernel(out, [x], **params) running map `kernel` with args(out's dtype, params): a
-    strided x is first copied into out (layout.copy_call: a transposed view in tiles, any
-    other by numpy, whose copy picks the best loop order for any strides) and mapped in
-    place."""
+def _vector_twin(template, op_name: str, fn, **bound):
+    """`template` for op `op_name`'s float32 fast path, its global names `bound` to
+    vector_unary's `fn` (whose source keys the cache name), compiled contracting."""
+    return specialise(template, op_name, fn.py_func, options=CONTRACT, **bound)
+
+
+def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, **bound):
+    """The vector kernels of op `name` by 16-bit format, {F16: kernel, BF16: kernel} (the
+    F16 copy serves float32 too), or None without `fn`: `template`, or where the math
+    reaches only so far (sin, cos), `reach_template` with the row's math `wide` beyond."""
+    if fn is None:
+        return None
+    if reach != np.inf:
+        template, bound = reach_template, {**bound, "reach": reach, "wide": wide}
+    return {fmt: _vector_twin(template, f"{name}_{label}", fn, FMT=fmt, **bound)
+            for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
+
+
+def _dispatcher(op_name: str, plain_call, vector_call, native: bool):
+    """The kernel of op `op_name` from its preparations: `vector_call(out, ins, params,
+    fmt)` (None: no vector kernel) for a float32 output and, where `native`, a 16-bit one
+    (its patterns, in one pass: the kernel is marked patterns.native_half), outside plain
+    mode (the path `vector:<op>`); `plain_call(out, ins, params)` otherwise, a 16-bit
+    output through float32 temporaries (half.widened) as for every kernel that is not
+    native."""
+    plain = bindable(lambda out, ins, **params: plain_call(out, ins, params))
+    widened = half.widened(plain)
+
     def prepare(out, ins, **params):
-        (x,) = ins
-        flat_out = out.reshape(-1)
-        src = x.reshape(-1) if x.flags.c_contiguous else flat_out
-        run = call(kernel, src, flat_out, args(out.dtype, params))
-        return run if x.flags.c_contiguous else sequence(layout.copy_call(out, x), run)
+        half_out = is_half(out.dtype)
+        if vector_call is not None and not paths.PLAIN and (
+                out.dtype == np.float32 or half_out and native):
+            paths.taken(f"vector:{op_name}")
+            return vector_call(out, ins, params, fmt_of(out))
+        return (widened if half_out else plain).bind(out, ins, **params)
     prepare.__name__ = f"cpu_{op_name}"
-    return threads.split(bindable(prepare))
+    kernel = threads.split(bindable(prepare))
+    return native_half(kernel) if native and vector_call is not None else kernel
+
+
+def _mapped(kernel, ins, out, args):
+    """A call of map `kernel` on ins (the last of which is x, possibly strided) into out:
+    a strided x is first copied into out (layout.copy_call: a transposed view in tiles, any
+    other by numpy, whose copy picks the best loop order for any strides) and mapped in
+    place; 16-bit arrays as their patterns."""
+    *rest, x = ins
+    flat_out = as_patterns(out).reshape(-1)
+    src = as_patterns(x).reshape(-1) if x.flags.c_contiguous else flat_out
+    arrays = [as_patterns(a).reshape(-1) for a in rest] + [src, flat_out]
+    run = call(kernel, *arrays, args)
+    return run if x.flags.c_contiguous else sequence(layout.copy_call(out, x), run)
 
 
 def unary(name: str):
@@ -146,9 +279,18 @@ def unary(name: str):
         return cont
     row = table.UNARY[name]
     widen = float if row.in_float64 else scalar(table.identity)
-    kernel = specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
-    return _map_dispatcher(name, kernel, lambda dtype, params: row.kernel_args(
-        name, params, float if row.in_float64 else dtype.type))
+    plain = specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
+    fast = FAST.get(name)
+    vector = fast and _vector_kernels(_vector_map, _vector_map_reach, name, fast.forward,
+                                      fast.reach, scalar(row.forward), forward=fast.forward)
+
+    def plain_call(out, ins, params):
+        cast = float if row.in_float64 else out.dtype.type
+        return _mapped(plain, ins, out, row.kernel_args(name, params, cast))
+
+    def vector_call(out, ins, params, fmt):
+        return _mapped(vector[fmt], ins, out, row.kernel_args(name, params))
+    return _dispatcher(name, plain_call, vector and vector_call, native=row.in_float64)
 
 
 def unary_back(name: str):
@@ -156,16 +298,19 @@ def unary_back(name: str):
     for unary op `name` of the table. g must be C-contiguous (the op's builder makes it
     so); a strided x is gathered into out and mapped in place."""
     row = table.UNARY[name]
-    kernel = specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
+    plain = specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
+    fast = FAST.get(name)
+    vector = fast and _vector_kernels(_vector_gradient_map, _vector_gradient_map_reach, name,
+                                      fast.gradient, fast.reach, scalar(row.gradient),
+                                      gradient=fast.gradient)
 
-    def prepare(out, ins, **params):
-        g, x = ins
-        flat_out = out.reshape(-1)
-        src = x.reshape(-1) if x.flags.c_contiguous else flat_out
-        run = call(kernel, g.reshape(-1), src, flat_out, row.kernel_args(row.back_name, params))
-        return run if x.flags.c_contiguous else sequence(layout.copy_call(out, x), run)
-    prepare.__name__ = f"cpu_{row.back_name}"
-    return threads.split(bindable(prepare))
+    def plain_call(out, ins, params):
+        return _mapped(plain, ins, out, row.kernel_args(row.back_name, params))
+
+    def vector_call(out, ins, params, fmt):
+        return _mapped(vector[fmt], ins, out, row.kernel_args(row.back_name, params))
+    return _dispatcher(row.back_name, plain_call, vector and vector_call,
+                       native=row.in_float64)
 
 
 def binary(name: str):

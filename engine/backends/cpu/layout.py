@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.backends.cpu import paths
 from engine.backends.cpu.jit import kernel
+from engine.tensor import is_half
 
 as_strided = np.lib.stride_tricks.as_strided
 
@@ -100,23 +101,34 @@ class Rows:
         return cls(run, math.prod(n for n, _ in outer), bases, offsets, steps)
 
 
+# The tiles are visited in blocks of 64 x 64 elements: sweeping a whole row band of tiles
+# reads 8 elements from each of thousands of source rows, a page each, and comes back for
+# the rest of their cache lines only on the next band. In blocks, a (4096, 2048) float32
+# transposed copy took 21 ms of one core against 30 unblocked and torch's 25 (uint16: 11
+# against 20; 16 x 16 tiles: 34; a one-off script timing process_time, median of 7).
+_BLOCK = 64
+
+
 @kernel
 def transpose_into(src, out, col0):
     """out[:, col0:col0 + m] = src.T for 2-D src (m, n) and out (n, >= col0 + m), both
-    contiguous along their last axis, in tiles of 8 x 8: every cache line read (of src) and
-    written (of out) is used whole while it is in the L1 cache. col0 > 0: a band of
-    columns of a wider array (a thread's part of a transposed result)."""
+    contiguous along their last axis, in tiles of 8 x 8 (blocks of _BLOCK x _BLOCK of
+    them): every cache line read (of src) and written (of out) is used whole while it is
+    in the L1 cache. col0 > 0: a band of columns of a wider array (a thread's part of a
+    transposed result)."""
     m, n = src.shape
     m8, n8 = m // 8 * 8, n // 8 * 8
-    for r0 in range(0, n8, 8):
-        for c0 in range(0, m8, 8):
-            for c in range(c0, c0 + 8):
-                for r in range(r0, r0 + 8):
-                    out[r, col0 + c] = src[c, r]
-        for r in range(r0, r0 + 8):
-            for c in range(m8, m):
-                out[r, col0 + c] = src[c, r]
-    for r in range(n8, n):
+    for cb in range(0, m8, _BLOCK):
+        for rb in range(0, n8, _BLOCK):
+            for r0 in range(rb, min(n8, rb + _BLOCK), 8):
+                for c0 in range(cb, min(m8, cb + _BLOCK), 8):
+                    for c in range(c0, c0 + 8):
+                        for r in range(r0, r0 + 8):
+                            out[r, col0 + c] = src[c, r]
+    for r in range(n8):                      # the ragged columns of the whole tiles' rows
+        for c in range(m8, m):
+            out[r, col0 + c] = src[c, r]
+    for r in range(n8, n):                   # the ragged rows
         for c in range(m):
             out[r, col0 + c] = src[c, r]
 
@@ -128,15 +140,19 @@ def _transpose_tiles(src, out):
         transpose_into(src[b], out[b], 0)
 
 
-_TILED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
+# 16-bit floats are copied as their uint16 patterns (a copy moves bits, whatever they mean)
+_TILED_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64,
+                                            np.uint16))
 
 
 def copy_call(out, x):
     """A zero-argument call that copies view `x` into C-contiguous `out` (same shape and
     dtype): a transposed view (its second-last axis the contiguous one, not its last) by
     `_transpose_tiles`, about twice as fast as numpy's copy there (1.5 times where the
-    untransposed view is not contiguous), for the dtypes numba compiles it for; anything
-    else by numpy."""
+    untransposed view is not contiguous), for the dtypes numba compiles it for (float16 and
+    bfloat16 as their uint16 patterns); anything else by numpy."""
+    if is_half(x.dtype) and x.dtype == out.dtype:
+        x, out = x.view(np.uint16), out.view(np.uint16)
     item = x.itemsize
     if (not paths.PLAIN and x.ndim >= 2 and x.strides[-2] == item and x.strides[-1] != item
             and x.shape[-2] >= 8 and x.shape[-1] > 1

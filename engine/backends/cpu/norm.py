@@ -2,17 +2,31 @@
 of their dedicated backward ops.
 
 A row is the last axis (C elements); rows are all leading axes. The op modules make every
-input C-contiguous, so the (rows, C) views never copy. Each row is one `prange` iteration
-computed by one thread; every sum over a row is accumulated in float64, for float32 and
-float64 inputs alike, and each output element is written once.
+input C-contiguous, so the (rows, C) views never copy. Each row is computed by one thread
+(a `prange` iteration; norm's rows also in ranges on the engine's threads), so the bits do
+not depend on the thread count; every sum over a row is accumulated in float64, for 16-bit,
+float32 and float64 inputs alike, and each output element is written once. rms_norm's sums
+run in order (16-bit arrays widened to float32 temporaries by the backend), norm's in vector
+lanes, reading 16-bit rows as their patterns (see the comment above _row_sum).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+from engine.backends.cpu import paths, threads
+from engine.backends.cpu.half import F16
+from engine.backends.cpu.jit import any_order, bindable, call, kernel, parallel_kernel, prange
+from engine.backends.cpu.patterns import (
+    as_patterns,
+    fmt_of,
+    native_half,
+    rounded,
+    value,
+    work_dtype,
+)
 from engine.backends.cpu.softmax import as_rows
+from engine.tensor import is_half
 
 
 @parallel_kernel
@@ -47,53 +61,100 @@ def _rms_norm_back_rows(g, x, out, eps):
             out[r, j] = s * np.float64(g[r, j]) - c * np.float64(x[r, j])
 
 
-@kernel
-def _row_mean(x, r):
-    """The mean of row r of x, summed in float64 in order (norm's first pass)."""
-    n = x.shape[1]
+# norm's row sums run in float64 vector lanes (jit.any_order: LLVM's order, the same bits
+# on every run of one machine and at every thread count, a row being one call's). Each row
+# is first widened once into a scratch row of its work type (16-bit rows read as their
+# patterns, patterns.value), which the three passes then read: reading the patterns in
+# every pass cost float16 twice the time of bfloat16 (conversion with NaN fix-ups each
+# time), and a widening fused with the first sum ran float16 1.6-2x slower still (not
+# vectorised). In-order sums (one float64 add per element in a chain) on one thread, with
+# 16-bit arrays widened to float32 temporaries, had torch's layer norm ahead 2.4x (float32)
+# and 5.7-6.6x (16-bit) forward + backward at (4096, 4096); now one thread of ours takes
+# 15-16 ms of CPU forward and 22-24 backward in all three dtypes, torch's 23-39 forward and
+# 45-77 forward + backward (`python bench/bench_ops.py --op norm --repeat 7`; CPU times by
+# process_time on one thread, the machine at load average 12).
+@any_order
+def _row_sum(xr, n):
+    """sum_k xr[k] in float64 (norm's first pass: the mean)."""
     total = 0.0
     for j in range(n):
-        total += np.float64(x[r, j])
-    return total / n
+        total += np.float64(xr[j])
+    return total
+
+
+@any_order
+def _row_sq_dev(xr, n, mu):
+    """sum_k (xr[k] - mu)^2 in float64 (the second pass: the biased variance times n)."""
+    ss = 0.0
+    for j in range(n):
+        d = np.float64(xr[j]) - mu
+        ss += d * d
+    return ss
+
+
+@any_order
+def _row_back_sums(gr, xr, n, mu):
+    """sum_k (x_k - mu)^2, sum_k g_k and sum_k g_k (x_k - mu) in float64, in one pass."""
+    ss = 0.0
+    gsum = 0.0
+    gd = 0.0
+    for j in range(n):
+        d = np.float64(xr[j]) - mu
+        gj = np.float64(gr[j])
+        ss += d * d
+        gsum += gj
+        gd += gj * d
+    return ss, gsum, gd
+
+
+@kernel
+def _widen_row(src, dst, n, fmt):
+    """dst[:n] = the values of src[:n] in dst's work type (exact)."""
+    for j in range(n):
+        dst[j] = value(src[j], fmt)
 
 
 @parallel_kernel
-def _norm_rows(x, out, eps):
+def _norm_rows(x, out, eps, fmt, e):
     """out[r, j] = (x[r, j] - mu_r) / sqrt(var_r + eps), mean mu_r and biased variance var_r
-    of row r (two passes: the variance sums squared deviations from the mean)."""
+    of row r (two passes: the variance sums squared deviations from the mean). The rows
+    are cut into e.shape[0] parts (the prange); part p widens each of its rows once into
+    scratch row e[p, 0] (x's work type) and reads that, not x, in its three passes."""
     rows, n = x.shape
-    for r in prange(rows):
-        mu = _row_mean(x, r)
-        ss = 0.0
-        for j in range(n):
-            d = np.float64(x[r, j]) - mu
-            ss += d * d
-        inv = 1.0 / np.sqrt(ss / n + eps)
-        for j in range(n):
-            out[r, j] = (np.float64(x[r, j]) - mu) * inv
+    per = (rows + e.shape[0] - 1) // e.shape[0]
+    for p in prange(e.shape[0]):
+        xs = e[p, 0]
+        for r in range(p * per, min(rows, (p + 1) * per)):
+            orow = out[r]
+            _widen_row(x[r], xs, n, fmt)
+            mu = _row_sum(xs, n) / n
+            inv = 1.0 / np.sqrt(_row_sq_dev(xs, n, mu) / n + eps)
+            for j in range(n):
+                orow[j] = rounded((np.float64(xs[j]) - mu) * inv, orow, fmt)
 
 
 @parallel_kernel
-def _norm_back_rows(g, x, out, eps):
+def _norm_back_rows(g, x, out, eps, fmt, e):
     """out[r, j] = s (g[r, j] - mean_k g[r, k] - xhat[r, j] mean_k g[r, k] xhat[r, k]),
-    xhat = (x - mu) s, s = 1 / sqrt(var + eps)."""
+    xhat = (x - mu) s, s = 1 / sqrt(var + eps). Scratch as _norm_rows': e[p, 0] holds the
+    widened row of x, e[p, 1] that of g."""
     rows, n = x.shape
-    for r in prange(rows):
-        mu = _row_mean(x, r)
-        ss = 0.0
-        gsum = 0.0
-        gd = 0.0
-        for j in range(n):
-            d = np.float64(x[r, j]) - mu
-            gj = np.float64(g[r, j])
-            ss += d * d
-            gsum += gj
-            gd += gj * d
-        s = 1.0 / np.sqrt(ss / n + eps)
-        gmean = gsum / n
-        c = s * s * gd / n          # mean(g xhat) * s, so that xhat_j * it = d_j * c
-        for j in range(n):
-            out[r, j] = s * (np.float64(g[r, j]) - gmean - (np.float64(x[r, j]) - mu) * c)
+    per = (rows + e.shape[0] - 1) // e.shape[0]
+    for p in prange(e.shape[0]):
+        xs = e[p, 0]
+        gs = e[p, 1]
+        for r in range(p * per, min(rows, (p + 1) * per)):
+            orow = out[r]
+            _widen_row(x[r], xs, n, fmt)
+            _widen_row(g[r], gs, n, fmt)
+            mu = _row_sum(xs, n) / n
+            ss, gsum, gd = _row_back_sums(gs, xs, n, mu)
+            s = 1.0 / np.sqrt(ss / n + eps)
+            gmean = gsum / n
+            c = s * s * gd / n      # mean(g xhat) * s, so that xhat_j * it = d_j * c
+            for j in range(n):
+                orow[j] = rounded(s * (np.float64(gs[j]) - gmean
+                                       - (np.float64(xs[j]) - mu) * c), orow, fmt)
 
 
 def _row_dispatcher(rows_kernel, op: str):
@@ -106,7 +167,36 @@ def _row_dispatcher(rows_kernel, op: str):
     return dispatch
 
 
+def _split_dispatcher(rows_kernel, op: str):
+    """The dispatcher of `op` reading 16-bit arrays as their patterns (patterns.native_half):
+    kernel(out, ins, eps) runs `rows_kernel` on ranges of rows of the (rows, C) views of its
+    inputs and out, side by side on the engine's threads (the fast path split:cpu_`op`;
+    one range below threads.MIN_ELEMENTS elements). A row is computed by the same code
+    whatever range holds it: the same bits at every thread count."""
+    name = f"cpu_{op}"
+
+    def prepare(out, ins, eps):
+        arrays = [as_rows(a, op) for a in (*ins, out)]
+        fmt = next((fmt_of(a) for a in arrays if is_half(a.dtype)), F16)
+        parts = threads.parts()
+        rows = arrays[0].shape[0]
+        if parts == 1 or sum(a.size for a in arrays) < threads.MIN_ELEMENTS:
+            ranges = [(0, rows)]
+        else:
+            ranges = threads.bounds(rows, parts)
+        if len(ranges) > 1:
+            paths.taken(f"split:{name}")
+        return threads.side_by_side([
+            call(rows_kernel, *(as_patterns(a[lo:hi]) for a in arrays), float(eps), fmt,
+                 np.empty((min(16, hi - lo), len(ins), arrays[0].shape[1]),
+                          work_dtype(arrays[-1])))
+            for lo, hi in ranges])
+    prepare.__name__ = prepare.__qualname__ = name
+    prepare.__doc__ = f"Dispatcher of {op}: kernel(out, ins, eps)."
+    return native_half(bindable(prepare))
+
+
 cpu_rms_norm = _row_dispatcher(_rms_norm_rows, "rms_norm")
 cpu_rms_norm_back = _row_dispatcher(_rms_norm_back_rows, "rms_norm_back")
-cpu_norm = _row_dispatcher(_norm_rows, "norm")
-cpu_norm_back = _row_dispatcher(_norm_back_rows, "norm_back")
+cpu_norm = _split_dispatcher(_norm_rows, "norm")
+cpu_norm_back = _split_dispatcher(_norm_back_rows, "norm_back")

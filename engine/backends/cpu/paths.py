@@ -2,14 +2,16 @@
 
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, the chunked sums,
-the column bands of get_rows_back's scatter, numba's parallel compilations) has a plain
-twin, and gradcheck's scale tier compares the two. Three tools make that possible:
+the column bands of get_rows_back's scatter, numba's parallel compilations, the
+activations' vectorised float32 math) has a plain twin, and gradcheck's scale tier compares
+the two. Three tools make that possible:
 
 - `plain()`: while the block runs, kernels bound or run take their plain twins only: one
   thread and no chunks, BLAS for every product, numpy's copies, the general pooling
-  kernels, sums by numpy in float64, get_rows_back in one band, serial compilations. It is
-  the independent float64 reference of the scale tier (where torch has no equivalent) and
-  a way to tell whether a wrong result comes from a fast path. A plan bound outside the
+  kernels, sums by numpy in float64, get_rows_back in one band, serial compilations, the
+  activations' libm math. It is the independent float64 reference of the scale tier
+  (where torch has no equivalent) and a way to tell whether a wrong result comes from a
+  fast path. A plan bound outside the
   block keeps the paths it was bound with.
 - `poisoned()`: arenas allocated in the block are filled with NaN bytes, as reused
   memory holds garbage (np.empty of a big arena gives fresh, zeroed pages).
@@ -42,12 +44,15 @@ KNOWN = {
     "pool_2d:tiled": "max pooling whose windows tile the image, forward",
     "pool_2d_back:tiled": "max pooling whose windows tile the image, backward",
     "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
+    "sum:chunks_split": "a whole-tensor sum's chunks as ranges on the engine's threads",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",
     "sum:runs": "a sum of contiguous runs into vertical accumulators",
     "sum:lanes": "16-bit runs summed in float64 vector lanes, in the compiler's order",
     "sum:runs_split": "kept elements' sums as ranges on the engine's threads",
     "get_rows_back:bands": "get_rows_back's scatter-add split into column bands",
     "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",
+    "vector": "an activation's float32 kernel on vectorised float64 math instead of a libm "
+              "call per element (engine.backends.cpu.vector_unary)",
     "attention:tiles": "attention's query rows in blocks, each block's products apart",
     "attention:causal_skip": "causal attention's blocks skipping the keys none of their "
                              "rows sees",
@@ -57,10 +62,10 @@ _recorders: list[collections.Counter] = []
 
 
 def family(path: str) -> str:
-    """The KNOWN family of a recorded path: "split:cpu_relu" -> "split",
-    "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
-    if path.startswith("split:"):
-        return "split"
+    """The KNOWN family of a recorded path: "split:cpu_relu" -> "split", "vector:gelu" ->
+    "vector", "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
+    if path.startswith(("split:", "vector:")):
+        return path.split(":", 1)[0]
     if path.startswith("matmul:sparse"):
         return "matmul:sparse"
     return path

@@ -3,11 +3,31 @@
 Accumulation is in float64 for every input dtype. Every result is the same bits on every
 machine and for every thread count: the order of the additions depends on the shapes and
 strides only. A single chain of float64 additions runs at the latency of one addition per
-element; instead, long contiguous runs are added element by element into BLOCK float64
-accumulators (vertical additions, which vectorise; add_run) that are summed at the end,
-and short runs in eight interleaved partial sums (run_sum). So a sum can differ from a
-strictly sequential float64 sum in its last bits: only the order of the float64 additions
-differs, and it is fixed by the shapes.
+element; instead, a long contiguous run is added in LANES float64 lanes (add_run): lane j
+takes elements j, j + LANES, j + 2 LANES, ..., eight at a time added pairwise before they
+reach its accumulator, and the lanes are added by a fixed tree at the end (lanes_total).
+Every addition there is vertical, lane by lane, which LLVM turns into vector instructions
+without being allowed to reorder anything (no fastmath), and short runs go in eight
+interleaved partial sums (run_sum). So a sum can differ from a strictly sequential float64
+sum in its last bits: only the order of the float64 additions differs, and it is fixed by
+the shapes.
+
+Why float64 lanes for float32 data, where torch sums float32 in float32 lanes: at a
+realistic size they cost little, and they keep the error at the float32 rounding of the
+result. Measured by `python bench/bench_sum.py --threads 1 --cpu` (2-core machine, both on
+one thread, CPU time, medians of 15 alternating rounds), forward: the sum over the last axis
+of (4096, 4096) float32 1.12x torch's time, over all axes 1.05x (float64: 0.84x, 0.81x);
+of (2048, 1024) float32 1.1-1.8x over runs (L3-resident, noisy); in L2-resident data,
+(64, 4096), 2.2x, where the conversions bound it (numba's LLVM targets 256-bit vectors
+here: four float32 widened per instruction, against torch's sixteen float32 per AVX-512
+addition). Forward and backward together (the backward a broadcast, 2.5x faster than
+torch's) stay at 0.5-1.35x over these runs. The bench's error, |sum - exact| / sum |x|
+over the rows of (64, 16384): 1e-9 (normal data) and 4e-8 (positive: the result's own
+rounding), torch's 4e-9 and 1.6e-7. float32 lanes (a numpy model of these 64 lanes and
+steps in float32) err as torch does on rows of 4096 and 16384, and 2-5x more on rows of a
+million, where each lane adds 2048 float32s in a chain; on cancelling rows of 65536 they
+err up to 62x the result's half ulp (the bound of tests/engine/backends/cpu/test_reduce.py),
+where gradcheck's precision verdict allows 8x torch's error.
 
 float16 and bfloat16 inputs are read as their bit patterns and widened in the loads, and
 each sum rounded once into the 16-bit output (engine.backends.cpu.patterns). One exception
@@ -20,34 +40,44 @@ float32 ulps of a 16-bit tie.
 
 Layouts (axes coalesced first, see engine.backends.cpu.layout):
 - everything reduced, x contiguous: the data is split into chunks (their number set by the
-  size alone); each thread sums a chunk privately into its own accumulators and writes its
-  partial once (no false sharing), and the partials are added in chunk order;
+  size alone); each chunk is summed privately into its own lanes and writes its partial
+  once (no false sharing), and the partials are added in chunk order. From
+  threads.MIN_ELEMENTS the chunks run as ranges on the engine's threads (sum:chunks_split);
 - the kept axis innermost and contiguous (a bias gradient: the sum over the rows of a
   matrix): rows are added into float64 accumulator rows, one per chunk of rows, then the
   chunks in order; every addition is a contiguous, vectorised row operation;
-- a reduced axis innermost and contiguous (a channel bias gradient: the sum over images
-  and pixels for each channel): each kept element adds its contiguous runs into its own
-  accumulators, one thread per kept element (a big one: ranges of kept elements on the
-  engine's threads, engine.backends.cpu.threads);
+- a reduced axis innermost and contiguous (the sum over the rows, a channel bias gradient:
+  the sum over images and pixels for each channel): each kept element adds its contiguous
+  runs into its own lanes, one thread per kept element (a big one: ranges of kept elements
+  on the engine's threads, engine.backends.cpu.threads);
 - anything else: a strided loop over at most two kept and two reduced axes, else numpy.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from numba.core import types
 from numba.extending import overload
 
 from engine.backends.cpu import layout, paths, threads
-from engine.backends.cpu.jit import any_order, bindable, call, parallel_kernel, prange, scalar_math
+from engine.backends.cpu.jit import (
+    any_order,
+    bindable,
+    call,
+    kernel,
+    parallel_kernel,
+    prange,
+    scalar_math,
+)
 from engine.backends.cpu.patterns import as_patterns, fmt_of, native_half, rounded, value
 from engine.tensor import is_half
 
 MAX_CHUNKS = 64
 ROW_CHUNK_ELEMENTS = 1 << 16   # rows per accumulator row: at least this many elements
-BLOCK = 256                    # float64 accumulators of a vertical sum (see add_run)
+LANES = 64                     # float64 lanes of a vertical sum (add_run): 16 AVX2 vectors
 LINE = 8                       # float64s per cache line
-MAX_SCRATCH = 1 << 21          # float64 accumulators at most, else sums of scalar chains
 
 
 @scalar_math
@@ -111,35 +141,86 @@ def _run_total(x, start, n, fmt):
 
 @scalar_math
 def add_run(x, start, n, acc, fmt):
-    """acc[j mod acc.size] += x[start + j]'s value for j < n, block after block of acc.size
-    elements: vertical additions, which vectorise (a sum is then run_sum of acc)."""
-    width = acc.size
-    for lo in range(0, n, width):
-        m = min(width, n - lo)
-        src = x[start + lo:start + lo + m]
-        for j in range(m):
-            acc[j] += value(src[j], fmt)
+    """acc[j] += the float64 values of x[start + j], x[start + j + w], ... (w = acc.size
+    lanes) for the n elements of the run, in a fixed order: steps of 8 w elements, in
+    which lane j adds its eight elements pairwise, (((v0 + v1) + (v2 + v3)) + ((v4 + v5) +
+    (v6 + v7))), before adding them to acc[j]; then the blocks left one by one (the last
+    one partial, lane j taking its element j). The additions are vertical, lane by lane:
+    LLVM vectorises them as written (w is a run-time size, so the lane loop is never
+    unrolled into scalars), and the eight-element steps load and store the accumulators
+    once per eight elements."""
+    w = acc.size
+    step = 8 * w
+    full = n // step * step
+    xs = x[start:start + n]
+    for lo in range(0, full, step):
+        # eight slices of w, indexed by j: indices known non-negative, so numba emits no
+        # wrap-around select (which LLVM turned into a gather for xs[lo + w + j])
+        b0, b1 = xs[lo:lo + w], xs[lo + w:lo + 2 * w]
+        b2, b3 = xs[lo + 2 * w:lo + 3 * w], xs[lo + 3 * w:lo + 4 * w]
+        b4, b5 = xs[lo + 4 * w:lo + 5 * w], xs[lo + 5 * w:lo + 6 * w]
+        b6, b7 = xs[lo + 6 * w:lo + 7 * w], xs[lo + 7 * w:lo + step]
+        for j in range(w):
+            acc[j] += (((np.float64(value(b0[j], fmt)) + np.float64(value(b1[j], fmt)))
+                        + (np.float64(value(b2[j], fmt)) + np.float64(value(b3[j], fmt))))
+                       + ((np.float64(value(b4[j], fmt)) + np.float64(value(b5[j], fmt)))
+                          + (np.float64(value(b6[j], fmt)) + np.float64(value(b7[j], fmt)))))
+    for lo in range(full, n, w):
+        b = xs[lo:min(n, lo + w)]
+        for j in range(b.size):
+            acc[j] += np.float64(value(b[j], fmt))
+
+
+@scalar_math
+def lanes_total(acc):
+    """acc[0] + ... + acc[w - 1] (w = acc.size) by a fixed tree, lane by lane: the upper
+    half added onto the lower (acc[j] += acc[j + h], h = ceil(w / 2); an odd lane carried),
+    again on what is left, down to one. Overwrites acc."""
+    w = acc.size
+    while w > 1:
+        h = (w + 1) // 2
+        for j in range(w - h):
+            acc[j] += acc[j + h]
+        w = h
+    return acc[0] if acc.size else 0.0
 
 
 @parallel_kernel
-def _sum_all(x, acc, out, fmt):
-    """out[0] = the sum of contiguous x, cut into acc.shape[0] chunks: chunk c added into
-    the accumulators acc[c, LINE:], its sum written once into acc[c, 0] (rows of whole
-    cache lines: no false sharing), then the chunks' sums added in order."""
+def _sum_chunks(x, acc, first, last, fmt):
+    """acc[c, 0] = the sum of chunk c of contiguous x for first <= c < last, x cut into
+    acc.shape[0] chunks (their length set by x.size alone): chunk c added into its lanes
+    acc[c, LINE:] (add_run, lanes_total), its sum written once into acc[c, 0] (rows of
+    whole cache lines: no false sharing)."""
     n = x.size
     nchunks = acc.shape[0]
     chunk = (n + nchunks - 1) // nchunks
-    for c in prange(nchunks):
+    for c in prange(first, last):
         a = acc[c, LINE:]
         for j in range(a.size):
             a[j] = 0.0
         lo = min(n, c * chunk)
         add_run(x, lo, min(n, lo + chunk) - lo, a, fmt)
-        acc[c, 0] = run_sum(a, 0, a.size)
+        acc[c, 0] = lanes_total(a)
+
+
+@kernel
+def add_partials(acc, out, fmt):
+    """out[0] = acc[0, 0] + acc[1, 0] + ..., in chunk order, rounded once into out."""
     total = 0.0
-    for c in range(nchunks):
+    for c in range(acc.shape[0]):
         total += acc[c, 0]
     out[0] = rounded(total, out, fmt)
+
+
+def sum_in_chunks(x, acc, out, fmt, parts, chunks):
+    """out[0] = the sum of contiguous x: `chunks` (a compilation of _sum_chunks, chosen
+    when bound) on `parts` ranges of the chunks side by side on the engine's threads (one
+    range: on this thread), then add_partials. The chunks, so the order of the additions,
+    depend on x.size only."""
+    ranges = threads.bounds(acc.shape[0], parts)
+    threads.side_by_side([functools.partial(chunks, x, acc, lo, hi, fmt)
+                          for lo, hi in ranges])()
+    add_partials(acc, out, fmt)
 
 
 @parallel_kernel
@@ -166,23 +247,30 @@ def _sum_rows(x, rows, run, acc, out, fmt):
 
 @parallel_kernel
 def _sum_runs(x, kept, reduced, run, acc, out, fmt):
-    """out[k] = sum over m of the sum of x[kept[k] + reduced[m] : ... + run]. With
-    accumulators (acc, one row per k) the runs are added into acc[k] (add_run) and acc[k]
-    summed at the end; without (acc of zero rows), each run is a run_sum (16-bit patterns:
-    run_sum_any_order)."""
-    for k in prange(kept.size):
-        total = 0.0
-        if acc.shape[0] > 0:
-            a = acc[k]
-            for j in range(a.size):
-                a[j] = 0.0
-            for m in range(reduced.size):
-                add_run(x, kept[k] + reduced[m], run, a, fmt)
-            total = run_sum(a, 0, a.size)
-        else:
+    """out[k] = sum over m of the sum of x[kept[k] + reduced[m] : ... + run]. With lanes
+    (acc of g > 0 rows): the kept elements in g groups of consecutive ones, a group's one
+    after the other in the lanes of one row acc[i], zeroed for each (add_run, then
+    lanes_total); a row per kept element instead, 2 MB of them for 4096 rows, made the sum
+    over the rows of (4096, 4096) float32 take 1.5x the time of a shared row. Without (acc
+    of zero rows), each run is a run_sum (16-bit patterns: run_sum_any_order). Either way
+    each sum is its own, whatever the groups."""
+    groups = acc.shape[0]
+    if groups > 0:
+        per = (kept.size + groups - 1) // groups
+        for i in prange(groups):
+            a = acc[i]
+            for k in range(i * per, min(kept.size, (i + 1) * per)):
+                for j in range(a.size):
+                    a[j] = 0.0
+                for m in range(reduced.size):
+                    add_run(x, kept[k] + reduced[m], run, a, fmt)
+                out[k] = rounded(lanes_total(a), out, fmt)
+    else:
+        for k in prange(kept.size):
+            total = 0.0
             for m in range(reduced.size):
                 total += run_total(x, kept[k] + reduced[m], run, fmt)
-        out[k] = rounded(total, out, fmt)
+            out[k] = rounded(total, out, fmt)
 
 
 @parallel_kernel
@@ -234,10 +322,14 @@ def cpu_sum(out, ins, axes, keepdims):
     base = layout.flat_base(x)
     if not kdims and x.flags.c_contiguous:
         # the chunking depends on the size only, never on the thread count
-        acc = np.empty((min(MAX_CHUNKS, max(1, x.size // 4096)), LINE + BLOCK))
+        acc = np.empty((min(MAX_CHUNKS, max(1, x.size // 4096)), LINE + LANES))
+        parts = threads.parts() if x.size >= threads.MIN_ELEMENTS else 1
         if acc.shape[0] > 1:
             paths.taken("sum:chunks")
-        return call(_sum_all, x.reshape(-1), acc, flat_out, fmt)
+            if parts > 1:
+                paths.taken("sum:chunks_split")
+        return functools.partial(sum_in_chunks, x.reshape(-1), acc, flat_out, fmt, parts,
+                                 _sum_chunks.for_size(x.size))
     if base is not None and len(kdims) == 1 and kdims[0][1][0] == item:
         rows = layout.row_offsets(rdims, 0, item)
         run = kdims[0][0]
@@ -252,9 +344,11 @@ def cpu_sum(out, ins, axes, keepdims):
         others = rdims[:inner[-1]] + rdims[inner[-1] + 1:]
         kept_offsets = layout.row_offsets(kdims, 0, item)
         reduced_offsets = layout.row_offsets(others, 0, item)
-        width = _whole_lines(min(run, BLOCK))
-        vertical = run >= 16 and kept_offsets.size * width <= MAX_SCRATCH and not half16
-        acc = np.empty((kept_offsets.size, width) if vertical else (0, 1))
+        width = _whole_lines(min(run, LANES))
+        vertical = run >= 16 and not half16
+
+        def lanes(n):               # n kept elements: MAX_CHUNKS groups at most
+            return np.empty((min(MAX_CHUNKS, n), width) if vertical else (0, 1))
         if vertical:
             paths.taken("sum:runs")
         elif half16 and run >= 16:
@@ -265,9 +359,10 @@ def cpu_sum(out, ins, axes, keepdims):
             paths.taken("sum:runs_split")
             return threads.side_by_side([
                 call(_sum_runs, base, kept_offsets[lo:hi], reduced_offsets, run,
-                     acc[lo:hi] if vertical else acc, flat_out[lo:hi], fmt)
+                     lanes(hi - lo), flat_out[lo:hi], fmt)
                 for lo, hi in threads.bounds(kept_offsets.size, threads.parts())])
-        return call(_sum_runs, base, kept_offsets, reduced_offsets, run, acc, flat_out, fmt)
+        return call(_sum_runs, base, kept_offsets, reduced_offsets, run,
+                    lanes(kept_offsets.size), flat_out, fmt)
     if len(kdims) > 2 or len(rdims) > 2:      # more than two irreducible axes on a side
         return by_numpy
     ks, kst = _padded(kdims, 2)

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from engine.backends import sequence
+from engine.backends.calls import sequence
 from engine.backends.cpu.jit import bindable, call, parallel_kernel, prange
 
 as_strided = np.lib.stride_tricks.as_strided

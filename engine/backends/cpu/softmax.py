@@ -16,17 +16,26 @@ The masked softmax sees x and out as 4-D (B, H, R, C) (leading axes of size 1 pr
 H, axis 1, the heads) and the mask as numpy's broadcast of it to that shape: a strided view
 whose broadcast axes have stride 0, so a mask shared by every batch and head is read in
 place, never copied (ggml's mask of shape (rows, C) broadcast over dims 2 and 3). Row r of
-head h computes, in float64,
+head h computes, in its work type (float64 for float rows; float32 for 16-bit ones, read and
+written as their patterns like the unmasked rows),
 
     z_j = s x_j + slope_h mask_j,     slope_h = alibi_slope(h, H, max_bias)  (alibi_math)
     m = max(max_j z_j, sink_h),       out_j = exp(z_j - m) / (sum_k exp(z_k - m) + exp(sink_h - m))
 
-the sink terms only with sinks (one logit per head). softmax_sink_back recomputes each row
-the same way and adds -p_sink (sum_j g_j out_j), p_sink = exp(sink_h - m) / normaliser, into
-its head's gradient: per-row values first, then each head's sum in a fixed order, so the
-result does not depend on the thread count. Both run as ranges of rows on the engine's
-threads from threads.MIN_ELEMENTS elements (split:cpu_softmax_masked,
-split:cpu_softmax_sink_back; the plain twin is one range).
+the sink terms only with sinks (one logit per head), in four passes over a scratch row per
+prange part: z (the only strided read: the mask row), its maximum by integer keys, the
+exponentials (exp_into's polynomial) and their sum in vector lanes, the normalised store.
+Each pass vectorises. The former kernel took a libm exp per element in float64, a float
+maximum (which does not vectorise) over z recomputed from x and the mask, and, for 16-bit
+rows, half.widened's float32 copies of x, the mask and out: the forward with ALiBi and
+sinks over (8, 512, 512) went from 57-62 ms to 12-20 ms in float32, float16 and bfloat16
+alike (python bench/bench_ops.py --op softmax --repeat 7, 2 threads, a loaded machine).
+softmax_sink_back recomputes each row the same way, in float64 whatever the dtype
+(exp_into's float64 polynomial; libm's for float64), and adds -p_sink (sum_j g_j out_j),
+p_sink = exp(sink_h - m) / normaliser, into its head's gradient: per-row values first, then
+each head's sum in a fixed order, so the result does not depend on the thread count. Both
+run as ranges of rows on the engine's threads from threads.MIN_ELEMENTS elements
+(split:cpu_softmax_masked, split:cpu_softmax_sink_back; the plain twin is one range).
 """
 
 from __future__ import annotations
@@ -36,15 +45,14 @@ import math
 import numpy as np
 
 from engine.backends.alibi_math import alibi_slope
-from engine.backends.cpu import half, paths, threads
+from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import (
+    any_order,
     bindable,
     call,
     contracting,
     kernel,
-    parallel_kernel,
     prange,
-    scalar_math,
 )
 from engine.backends.cpu.patterns import (
     as_patterns,
@@ -60,7 +68,6 @@ from engine.backends.cpu.patterns import (
     work_dtype,
 )
 from engine.errors import BackendError
-from engine.tensor import is_half
 
 
 def as_rows(arr: np.ndarray, op: str) -> np.ndarray:
@@ -71,18 +78,26 @@ def as_rows(arr: np.ndarray, op: str) -> np.ndarray:
     return arr.reshape(math.prod(arr.shape[:-1]), arr.shape[-1])
 
 
-@kernel
-def row_logsumexp(x, r):
-    """log(sum_k exp(x[r, k])) in float64, stably: m + log(sum_k exp(x[r, k] - m)), m the
-    row max. Shared by log_softmax and the cross-entropy kernels."""
-    n = x.shape[1]
-    m = -np.inf
-    for j in range(n):
-        m = max(m, np.float64(x[r, j]))
+@any_order
+def exp_sum(xr, n, m, fmt, dst):
+    """sum_j exp(value(xr[j]) - m) over j < n (m >= every value), in float64 in vector
+    lanes (sum_any_order), each exponential exp_into's for an element of `dst`."""
     total = 0.0
     for j in range(n):
-        total += np.exp(np.float64(x[r, j]) - m)
-    return m + np.log(total)
+        total += exp_into(value(xr[j], fmt) - m, dst)
+    return total
+
+
+@kernel
+def row_logsumexp(xr, n, fmt, dst):
+    """log(sum_j exp(xr[j])) over j < n, stably: m + log(sum_j exp(xr[j] - m)), m the row
+    max (row_extreme), the sum exp_sum's, for an output `dst`. Shared by log_softmax and the
+    cross-entropy kernels: a libm exp per element in float64 took log_softmax's forward
+    to 3.6x torch's over (256, 32000) (python bench/bench_ops.py --op log_softmax)."""
+    if n == 0:
+        return -np.inf
+    m = row_extreme(xr, n, fmt, False)
+    return m + np.log(exp_sum(xr, n, m, fmt, dst))
 
 
 @contracting
@@ -107,69 +122,85 @@ def _softmax_rows(x, out, scale, e, fmt):
                 orow[j] = rounded(er[j] * inv, orow, fmt)
 
 
-@scalar_math
-def _logit(x, mask, a, h, i, j, scale, slope):
-    """z_j = s x[a, h, i, j] + slope mask[a, h, i, j], in float64."""
-    return scale * np.float64(x[a, h, i, j]) + slope * np.float64(mask[a, h, i, j])
+@kernel
+def _row_place(x, r, max_bias):
+    """Row r of (B, H, R, C) x (rows in C order over B, H, R): its (a, h, i) and head h's
+    ALiBi slope (float64)."""
+    _, nh, nr, _ = x.shape
+    h = (r // nr) % nh
+    return r // (nh * nr), h, r % nr, alibi_slope(np.float64(h), np.float64(nh), max_bias)
 
 
 @kernel
-def _row_start(x, mask, sinks, has_sinks, r, scale, max_bias):
-    """Row r of (B, H, R, C) x (rows in C order over B, H, R): its (a, h, i), head h's
-    ALiBi slope, its sink logit (-inf without sinks) and m = max(max_j z_j, sink)."""
-    _, nh, nr, n = x.shape
-    a = r // (nh * nr)
-    h = (r // nr) % nh
-    i = r % nr
-    slope = alibi_slope(np.float64(h), np.float64(nh), max_bias)
-    sink = np.float64(sinks[h]) if has_sinks else -np.inf
-    m = sink
+def _masked_logits(xr, mr, s, slope, er, fmt):
+    """z_j = s xr[j] + slope mr[j] into the scratch row er (s and slope in er's type), and
+    max_j z_j (float64). One strided pass over the mask row (a broadcast mask has stride 0
+    across heads and batches), then the maximum by integer keys over the contiguous er
+    (row_extreme), which vectorises where a float maximum does not; -inf for an empty
+    row (row_extreme reads one element)."""
+    n = xr.shape[0]
+    if n == 0:
+        return -np.inf
     for j in range(n):
-        m = max(m, _logit(x, mask, a, h, i, j, scale, slope))
-    return a, h, i, slope, sink, m
+        er[j] = s * value(xr[j], fmt) + slope * value(mr[j], fmt)
+    return row_extreme(er, n, fmt, False)
 
 
-@parallel_kernel
-def _softmax_masked_rows(x, mask, sinks, has_sinks, out, scale, max_bias, lo, hi):
+@contracting
+def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo, hi, fmt):
     """Rows lo..hi-1 of (B, H, R, C) x and out (rows in C order over B, H, R; the mask of
     that shape, possibly with zero strides): out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
     exp(sink_h - m)), z = s x + slope_h mask, m = max(max_k z_k, sink_h), the sink terms
-    only if has_sinks (module doc)."""
+    only if has_sinks (module doc). As _softmax_rows: the rows cut into e.shape[0] parts,
+    part p's logits and then exponentials in scratch row e[p] (of x's work type: float64
+    for float rows, float32 for 16-bit ones), each rounded once, into out."""
     n = x.shape[3]
-    for k in prange(hi - lo):
-        a, h, i, slope, sink, m = _row_start(x, mask, sinks, has_sinks, lo + k, scale,
-                                             max_bias)
-        total = np.exp(sink - m) if has_sinks else 0.0
-        for j in range(n):
-            e = np.exp(_logit(x, mask, a, h, i, j, scale, slope) - m)
-            out[a, h, i, j] = e
-            total += e
-        inv = 1.0 / total
-        for j in range(n):
-            out[a, h, i, j] = np.float64(out[a, h, i, j]) * inv
+    per = (hi - lo + e.shape[0] - 1) // e.shape[0]
+    for p in prange(e.shape[0]):
+        er = e[p]
+        for r in range(lo + p * per, min(hi, lo + (p + 1) * per)):
+            a, h, i, slope = _row_place(x, r, max_bias)
+            m = work(_masked_logits(x[a, h, i], mask[a, h, i], work(scale, x),
+                                    work(slope, x), er, fmt), x)
+            sink = work(value(sinks[h], fmt), x) if has_sinks else work(-np.inf, x)
+            m = max(m, sink)
+            orow = out[a, h, i]
+            for j in range(n):
+                er[j] = exp_into(er[j] - m, orow)
+            total = sum_any_order(er, n)
+            if has_sinks:
+                total += exp_into(sink - m, orow)
+            inv = work(1.0 / total, x)
+            for j in range(n):
+                orow[j] = rounded(er[j] * inv, orow, fmt)
 
 
-@parallel_kernel
-def _sink_grad_rows(g, x, mask, sinks, part, scale, max_bias, lo, hi):
+@contracting
+def _sink_grad_rows(g, x, mask, sinks, part, e, prec, scale, max_bias, lo, hi, fmt):
     """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask,
     with y and p_sink = exp(sink_h - m) / normaliser recomputed as _softmax_masked_rows
-    computes them (in float64, never rounded to x's dtype)."""
+    computes them, but in float64 (scratch e of float64 rows, cut in parts as there) and
+    never rounded to x's dtype; the exponentials exp_into's for an element of `prec` (libm
+    for float64 outputs, the float64 polynomial otherwise)."""
     n = x.shape[3]
-    for k in prange(hi - lo):
-        r = lo + k
-        a, h, i, slope, sink, m = _row_start(x, mask, sinks, True, r, scale, max_bias)
-        e_sink = np.exp(sink - m)
-        total = e_sink
-        dot = 0.0
-        for j in range(n):
-            e = np.exp(_logit(x, mask, a, h, i, j, scale, slope) - m)
-            total += e
-            dot += np.float64(g[a, h, i, j]) * e
-        part[r] = -(e_sink / total) * (dot / total)
+    per = (hi - lo + e.shape[0] - 1) // e.shape[0]
+    for p in prange(e.shape[0]):
+        er = e[p]
+        for r in range(lo + p * per, min(hi, lo + (p + 1) * per)):
+            a, h, i, slope = _row_place(x, r, max_bias)
+            m = _masked_logits(x[a, h, i], mask[a, h, i], np.float64(scale), slope, er, fmt)
+            sink = np.float64(value(sinks[h], fmt))
+            m = max(m, sink)
+            for j in range(n):
+                er[j] = exp_into(er[j] - m, prec)
+            e_sink = exp_into(sink - m, prec)
+            total = sum_any_order(er, n) + e_sink
+            dot = dot_any_order(er, g[a, h, i], n, fmt)
+            part[r] = -(e_sink / total) * (dot / total)
 
 
 @kernel
-def _sum_heads(part, out, nb, nh, nr):
+def _sum_heads(part, out, nb, nh, nr, fmt):
     """out[h] = sum over a < nb, i < nr of part[(a nh + h) nr + i], in float64, in that
     order (the rows of head h across the batch)."""
     for h in range(nh):
@@ -178,7 +209,7 @@ def _sum_heads(part, out, nb, nh, nr):
             base = (a * nh + h) * nr
             for i in range(nr):
                 total += part[base + i]
-        out[h] = total
+        out[h] = rounded(total, out, fmt)
 
 
 @contracting
@@ -196,14 +227,16 @@ def _softmax_back_rows(g, y, out, scale, fmt):
             orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow, fmt)
 
 
-@parallel_kernel
-def _log_softmax_rows(x, out):
+@contracting
+def _log_softmax_rows(x, out, fmt):
     """out[r, j] = x[r, j] - m_r - log(sum_k exp(x[r, k] - m_r)), m_r = max_k x[r, k]."""
     rows, n = x.shape
     for r in prange(rows):
-        lse = row_logsumexp(x, r)
+        xr = x[r]
+        orow = out[r]
+        lse = row_logsumexp(xr, n, fmt, orow)
         for j in range(n):
-            out[r, j] = np.float64(x[r, j]) - lse
+            orow[j] = value(xr[j], fmt) - lse
 
 
 def as_4d(arr: np.ndarray) -> np.ndarray:
@@ -253,19 +286,24 @@ def _no_sinks(x4):
     return x4.reshape(-1)[:1]
 
 
-@bindable
-def _cpu_softmax_masked(out, ins, scale=1.0, max_bias=0.0):
+def _scratch(rows, n, dtype):
+    """Scratch rows for a kernel cutting `rows` rows of n elements into prange parts: one
+    row per part (at most 16), of `dtype`."""
+    return np.empty((max(1, min(16, rows)), max(1, n)), dtype)
+
+
+def _cpu_softmax_masked(out, ins, scale, max_bias):
     x, mask, *sinks = ins
     x4, m4 = _masked_views(x, mask, "softmax")
     sk = sinks[0] if sinks else _no_sinks(x4)
     rows = x4.size // max(1, x4.shape[3])
+    fmt = fmt_of(x)
     return threads.side_by_side([
-        call(_softmax_masked_rows, x4, m4, sk, bool(sinks), as_4d(out), float(scale),
-             float(max_bias), lo, hi)
+        call(_softmax_masked_rows, as_patterns(x4), as_patterns(m4), as_patterns(sk),
+             bool(sinks), as_patterns(as_4d(out)), _scratch(hi - lo, x4.shape[3],
+                                                            work_dtype(x)),
+             float(scale), float(max_bias), lo, hi, fmt)
         for lo, hi in _row_ranges("cpu_softmax_masked", rows, 2 * x.size)])
-
-
-_softmax_masked_widened = half.widened(_cpu_softmax_masked)
 
 
 @native_half
@@ -275,9 +313,7 @@ def cpu_softmax(out, ins, scale=1.0, max_bias=0.0):
     16-bit x is read and written as its patterns (engine.backends.cpu.patterns), and big
     inputs run as ranges of rows on the engine's threads."""
     if len(ins) > 1:
-        if any(is_half(a.dtype) for a in (out, *ins)):
-            return _softmax_masked_widened.bind(out, ins, scale=scale, max_bias=max_bias)
-        return _cpu_softmax_masked.bind(out, ins, scale=scale, max_bias=max_bias)
+        return _cpu_softmax_masked(out, ins, scale, max_bias)
     (x,) = ins
     fmt = fmt_of(x)
 
@@ -300,19 +336,26 @@ def cpu_softmax_back(out, ins, scale=1.0):
         float(scale), fmt))
 
 
+@native_half
 @bindable
 def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     """softmax_sink_back: ins = [g, x, mask, sinks], out of shape (H,): the gradient of
-    each head's sink (module doc). A scratch of one float64 per row holds the rows' terms."""
+    each head's sink (module doc). A scratch of one float64 per row holds the rows' terms;
+    16-bit arrays are read as their patterns and out rounded once, on store."""
     g, x, mask, sinks = ins
     x4, m4 = _masked_views(x, mask, "softmax_sink_back")
     g4 = as_4d(as_rows(g, "softmax_sink_back").reshape(x.shape))
     nb, nh, nr, n = x4.shape
     part = np.empty(nb * nh * nr, np.float64)
+    fmt = fmt_of(x)
+    # exp_into's accuracy for out's dtype: libm for float64, the polynomial otherwise
+    prec = np.empty(0, np.float64 if x.dtype == np.float64 else np.float32)
     rows = threads.side_by_side([
-        call(_sink_grad_rows, g4, x4, m4, sinks, part, float(scale), float(max_bias), lo, hi)
+        call(_sink_grad_rows, as_patterns(g4), as_patterns(x4), as_patterns(m4),
+             as_patterns(sinks), part, _scratch(hi - lo, n, np.float64), prec, float(scale),
+             float(max_bias), lo, hi, fmt)
         for lo, hi in _row_ranges("cpu_softmax_sink_back", part.size, 2 * x.size)])
-    heads = call(_sum_heads, part, out.reshape(-1), nb, nh, nr)
+    heads = call(_sum_heads, part, as_patterns(out).reshape(-1), nb, nh, nr, fmt)
 
     def run():
         rows()
@@ -323,4 +366,5 @@ def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
 @bindable
 def cpu_log_softmax(out, ins):
     (x,) = ins
-    return call(_log_softmax_rows, as_rows(x, "log_softmax"), as_rows(out, "log_softmax"))
+    return call(_log_softmax_rows, as_rows(x, "log_softmax"), as_rows(out, "log_softmax"),
+                fmt_of(x))

@@ -20,6 +20,7 @@ same kernels in numba's simulator, on small shapes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 
@@ -137,6 +138,10 @@ class CudaBackend:
 
     def copy(self, dst, src) -> None:
         self.transfer.copy(dst, src)
+
+    def bind_copy(self, dst, src):
+        """A zero-argument call of copy(dst, src) (the executor's copy of a view)."""
+        return functools.partial(self.transfer.copy, dst, src)
 
     def accumulate(self, dst, src) -> None:
         self.transfer.accumulate(dst, src)

@@ -17,16 +17,26 @@ Kernels that take an array as a 1-D view over its memory (the row reductions) ge
 `flat_view` (any strides: element strides returned beside it) or `rows_view` (C-contiguous
 rows); `pad4` brings (size, stride) axes to four. Each such kernel is compiled for one layout
 per dtype, `float32[::1]` / `float64[::1]`, whatever the strides of the tensors it is handed.
+
+A flat view in C order is had only through `flat`, which checks that the array is
+C-contiguous (`c_contiguous`, from its shape and strides) and refuses any other layout;
+never through a device array's `reshape`, whose result for a strided array depends on where
+it runs: numba's DeviceNDArray raises ("operation requires copying"), the simulator's
+reshapes the numpy array behind it, which silently copies, so that a kernel's writes land
+in the copy and are lost. Kernels over arrays of any strides take them as 4-axis views
+(`rank4_pieces`: the axes of one or several arrays of one shape merged where all allow).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numba
 import numpy as np
 
 from engine.backends.cpu.half import BF16, F16
+from engine.backends.cpu.layout import coalesce
 from engine.errors import BackendError
 from engine.tensor import DTYPES, is_half
 
@@ -122,6 +132,13 @@ def overlap(a, b) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def same_elements(a, b) -> bool:
+    """Whether device arrays `a` and `b` (of one shape) are views of the same elements in
+    the same order: a kernel may then read one and write the other element by element."""
+    return tuple(a.strides) == tuple(b.strides) and \
+        _address_range(a)[0] == _address_range(b)[0]
+
+
 def _is_fake(arr) -> bool:
     return hasattr(arr, "_ary")
 
@@ -207,14 +224,70 @@ def rows_view(arr, op: str):
     is view[r * n : (r + 1) * n]; a strided array raises (the ops insert `cont`)."""
     shape = tuple(arr.shape)    # the simulator's shapes refuse negative indices
     n = shape[-1] if shape else 1
-    rows = math.prod(shape[:-1])
+    if not c_contiguous(arr):
+        raise BackendError(f"{op}: the cuda kernel needs C-contiguous inputs, got strides "
+                           f"{tuple(arr.strides)} for shape {list(arr.shape)}")
+    return strided(arr, (arr.size,), (arr.dtype.itemsize,)), math.prod(shape[:-1]), n
+
+
+def c_contiguous(arr) -> bool:
+    """Whether device array `arr`'s elements lie in C order one item apart (the strides of
+    unit axes ignored, as numpy's flags ignore them; an empty array is): the arrays that a
+    1-D view can stand for. Read from its shape and strides, not from numba's flags."""
+    if arr.size == 0:
+        return True
     expected = arr.dtype.itemsize
-    for d, s in zip(reversed(shape), reversed(tuple(arr.strides)), strict=True):
+    for d, s in zip(reversed(tuple(arr.shape)), reversed(tuple(arr.strides)), strict=True):
         if d != 1 and s != expected:
-            raise BackendError(f"{op}: the cuda kernel needs C-contiguous inputs, got strides "
-                               f"{tuple(arr.strides)} for shape {list(arr.shape)}")
+            return False
         expected *= d
-    return strided(arr, (rows * n,), (arr.dtype.itemsize,)), rows, n
+    return True
+
+
+def flat(arr, what: str):
+    """The 1-D view of C-contiguous device array `arr` (element i: arr's i-th in C order).
+    Any other layout raises BackendError naming `what`: the caller hands a strided array
+    where its kernel needs a contiguous one (see the module doc for why not reshape)."""
+    if not c_contiguous(arr):
+        raise BackendError(f"{what} must be C-contiguous on the cuda backend, got shape "
+                           f"{list(arr.shape)} with byte strides {list(arr.strides)}")
+    return strided(arr, (arr.size,), (arr.dtype.itemsize,))
+
+
+def overlapping_elements(arr) -> bool:
+    """Whether two elements of device array `arr` may share memory: a stride-0 axis (a
+    broadcast view) or strides that interleave. A kernel writing one thread per element
+    would race there. Checked on the axes sorted by stride: each must step past all the
+    memory the smaller ones span (sufficient, and true of every slice and permutation of a
+    buffer)."""
+    span = arr.dtype.itemsize
+    for s, n in sorted((abs(int(s)), int(n)) for n, s in zip(arr.shape, arr.strides,
+                                                             strict=True) if n > 1):
+        if s < span:
+            return True
+        span += s * (n - 1)
+    return False
+
+
+def rank4_pieces(*arrs):
+    """Yield (views, start): device arrays `arrs`, of one shape and any strides, as 4-axis
+    views (one per array) over the same elements in the same C order, and the C-order
+    position of the piece's first element. Axes are merged where every array allows
+    (engine.backends.cpu.layout.coalesce), unit axes dropped and put in front; where more
+    than four remain, one piece per index of the leading ones."""
+    dims = coalesce(tuple(arrs[0].shape), *(tuple(a.strides) for a in arrs))
+    sizes = [int(n) for n, _ in dims]
+    lead = max(0, len(sizes) - 4)
+    inner = sizes[lead:]
+    pad = 4 - len(inner)
+    block = math.prod(inner)
+    for k, index in enumerate(itertools.product(*(range(n) for n in sizes[:lead]))):
+        views = []
+        for i, a in enumerate(arrs):
+            st = [int(s[i]) for _, s in dims]
+            offset = sum(j * s for j, s in zip(index, st[:lead], strict=True))
+            views.append(strided(a, [1] * pad + inner, [0] * pad + st[lead:], offset))
+        yield tuple(views), k * block
 
 
 def pad4(dims, op: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

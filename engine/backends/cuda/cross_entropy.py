@@ -1,7 +1,8 @@
 """CUDA kernels of cross_entropy_loss and its dedicated backward, over N rows of n classes:
 
     loss = (1/N) sum_r sum_c labels[r, c] (lse_r - logits[r, c])
-    out[r, c] = (g / N) (exp(logits[r, c] - lse_r) - labels[r, c])        (backward)
+    out[r, c] = (g / N) (exp(logits[r, c] - lse_r) t_r - labels[r, c])    (backward)
+                t_r = sum_c labels[r, c]   (1 for probabilities; module doc of the op)
 
 with lse_r = log(sum_c exp(logits[r, c])), taken stably in float64 (launch's
 segment_logsumexp). The loss is one block: a segment of threads per row (several rows at
@@ -20,6 +21,7 @@ from engine.backends.cuda.arrays import rows_view, strided
 from engine.backends.cuda.launch import (
     SCRATCH,
     row_launch,
+    row_sum,
     segment_logsumexp,
     segment_passes,
     segment_row,
@@ -46,16 +48,18 @@ def _cross_entropy_kernel(logits, labels, out, rows, n, width):
 
 @cuda.jit
 def _cross_entropy_back_kernel(g, logits, labels, out, rows, n, width):
-    """out[r n + j] = (g[0] / rows) (exp(logits[r n + j] - lse_r) - labels[r n + j])."""
+    """out[r n + j] = (g[0] / rows) (exp(logits[r n + j] - lse_r) t_r - labels[r n + j]),
+    t_r the row's sum of labels."""
     shared = segment_scratch()
     tid, lane, start, step = segment_passes(width)
     gscale = float64(g[0]) / rows
     for first in range(start, rows, step):
         _, count, base = segment_row(first, tid, width, rows, n)
         lse = segment_logsumexp(shared, logits, base, count, tid, width)
+        total = row_sum(shared, labels, base, count, tid, width)
         for j in range(lane, count, width):
             p = math.exp(float64(logits[base + j]) - lse)
-            out[base + j] = gscale * (p - float64(labels[base + j]))
+            out[base + j] = gscale * (p * total - float64(labels[base + j]))
 
 
 def cuda_cross_entropy_loss(out, ins):

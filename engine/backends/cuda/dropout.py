@@ -26,7 +26,7 @@ from numba import cuda
 
 from engine.backends.cpu.dropout import GAMMA, MIX1, MIX2, ONE, S11, S27, S30, S31, threshold
 from engine.backends.cpu.layout import coalesce
-from engine.backends.cuda.arrays import SIMULATED, strided
+from engine.backends.cuda.arrays import SIMULATED, flat, strided
 from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.errors import BackendError
 
@@ -71,7 +71,7 @@ def cuda_dropout(out, ins, p, seed):
     n = out.size
     if n == 0:
         return
-    grid_stride(_dropout, n, c_order_rank4(x, "dropout's input"), out.reshape(n),
+    grid_stride(_dropout, n, c_order_rank4(x, "dropout's input"), flat(out, "dropout's output"),
                 np.uint64(seed), threshold(p), 1.0 / (1.0 - p))
 
 

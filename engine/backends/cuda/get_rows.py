@@ -83,8 +83,7 @@ def cuda_get_rows(out, ins):
     if out.size == 0:
         return
     idx2 = with_rank(idx, 2)
-    out3 = out.reshape(tuple(idx2.shape) + (out.shape[out.ndim - 1],))
-    grid_stride(_get_rows, out.size, table, idx2, out3)
+    grid_stride(_get_rows, out.size, table, idx2, with_rank(out, 3))   # idx2.shape + (C,)
 
 
 def cuda_get_rows_back(out, ins, nrows):
@@ -95,6 +94,9 @@ def cuda_get_rows_back(out, ins, nrows):
     grid_stride(_get_rows_back, out.size, with_rank(g, 3), with_rank(idx, 2), out)
 
 
+# _get_rows's out: C-contiguous for a 2-D idx, a unit axis of stride 0 in front of it for a
+# 1-D one (with_rank), which numba types as layout "A"
 PTX_SIGNATURES = [sig for dt, lay2, lay3 in input_layouts(2, 3) for sig in [
-    (_get_rows, f"void({dt}{lay2}, int32{lay2}, {dt}[:, :, ::1])"),
+    *[(_get_rows, f"void({dt}{lay2}, int32{lay2}, {dt}{out})")
+      for out in ("[:, :, ::1]", "[:, :, :]")],
     (_get_rows_back, f"void({dt}{lay3}, int32{lay2}, {dt}[:, ::1])")]]

@@ -28,20 +28,24 @@ runs on them, and a 16-bit output is rounded to nearest even on store; an update
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 from numba import cuda
 
 from engine.backends.cpu.half import narrow, widen
 from engine.backends.cpu.jit import scalar_math
-from engine.backends.cpu.layout import coalesce
-from engine.backends.cuda.arrays import bits, half_format, overlap, strided
+from engine.backends.cuda.arrays import (
+    bits,
+    c_contiguous,
+    flat,
+    half_format,
+    overlap,
+    overlapping_elements,
+    rank4_pieces,
+    strided,
+)
 from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.backends.widening import HalfArrays, run_widened
-
-RANK = 4                  # the conversion kernels read and write strided views of 4 axes
-
+from engine.errors import BackendError
 
 
 @scalar_math
@@ -96,22 +100,13 @@ def _add(dst, src, fmt):
         dst[i] = add(dst[i], src[i], fmt)
 
 
-def _pieces(arr):
-    """(4-axis view, first C-order position) pieces covering device array `arr` in C
-    order: adjacent axes merged where the strides allow, unit axes dropped; more than four
-    left: one piece per index of the leading ones."""
-    dims = coalesce(arr.shape, arr.strides)
-    shape = [int(n) for n, _ in dims]
-    strides = [int(st[0]) for _, st in dims]
-    lead, inner = len(shape) - RANK, RANK
-    if lead <= 0:
-        pad = RANK - len(shape)
-        yield strided(arr, [1] * pad + shape, [0] * pad + strides), 0
-        return
-    block = int(np.prod(shape[lead:]))
-    for k, index in enumerate(itertools.product(*(range(n) for n in shape[:lead]))):
-        offset = sum(i * s for i, s in zip(index, strides[:lead], strict=True))
-        yield strided(arr, shape[lead:lead + inner], strides[lead:], offset), k * block
+@cuda.jit
+def _add_strided(dst, src, fmt):
+    """_add on 4-axis uint16 views of any strides (dst[j], src[j] for every 4-D index j)."""
+    _, d1, d2, d3 = dst.shape
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        i0, i1, i2, i3 = unravel4(i, d1, d2, d3)
+        dst[i0, i1, i2, i3] = add(dst[i0, i1, i2, i3], src[i0, i1, i2, i3], fmt)
 
 
 def _format_of(arr) -> int:
@@ -125,20 +120,25 @@ def widen_into(dst, src) -> None:
     """dst[...] = 16-bit device array `src` (any strides) widened to float32; dst a
     C-contiguous float32 device array of src's shape."""
     fmt = _format_of(src)
-    flat = strided(dst, (dst.size,), (4,), 0, np.uint32)
-    for view, start in _pieces(bits(src)):
+    words = flat(_words(dst), "the float32 array widened into")
+    for (view,), start in rank4_pieces(bits(src)):
         n = view.size
-        grid_stride(_widen_4d, n, flat[start:start + n], view, np.int64(fmt))
+        grid_stride(_widen_4d, n, words[start:start + n], view, np.int64(fmt))
 
 
 def narrow_into(dst, src) -> None:
     """16-bit device array `dst` (any strides) = float32 device array `src` (C-contiguous,
     dst's shape) rounded to nearest even."""
     fmt = _format_of(dst)
-    flat = strided(src, (src.size,), (4,), 0, np.uint32)
-    for view, start in _pieces(bits(dst)):
+    words = flat(_words(src), "the float32 array rounded from")
+    for (view,), start in rank4_pieces(bits(dst)):
         n = view.size
-        grid_stride(_narrow_4d, n, view, flat[start:start + n], np.int64(fmt))
+        grid_stride(_narrow_4d, n, view, words[start:start + n], np.int64(fmt))
+
+
+def _words(a):
+    """The uint32 view of float32 device array `a` (its bits), with a's shape and strides."""
+    return strided(a, a.shape, a.strides, 0, np.uint32)
 
 
 def widened_copy(a):
@@ -150,12 +150,24 @@ def widened_copy(a):
 
 
 def accumulate(dst, src) -> None:
-    """dst += src for 16-bit device arrays of one format, both C-contiguous: the float32
-    sum of each pair, rounded to nearest even (what numpy's float16 and ml_dtypes'
-    bfloat16 additions give)."""
-    if dst.size:
-        grid_stride(_add, dst.size, bits(dst).reshape(dst.size), bits(src).reshape(src.size),
-                    np.int64(_format_of(dst)))
+    """dst += src for 16-bit device arrays of one format and shape, any strides: the
+    float32 sum of each pair, rounded to nearest even (what numpy's float16 and ml_dtypes'
+    bfloat16 additions give). A dst whose elements share memory is refused (its threads
+    would race); a src overlapping dst is the caller's to copy first
+    (engine.backends.cuda.transfer.accumulate does)."""
+    if not dst.size:
+        return
+    fmt = np.int64(_format_of(dst))
+    if overlapping_elements(dst):
+        raise BackendError(f"accumulate: the destination's elements share memory (shape "
+                           f"{list(dst.shape)}, byte strides {list(dst.strides)})")
+    dbits, sbits = bits(dst), bits(src)
+    if c_contiguous(dbits) and c_contiguous(sbits):
+        grid_stride(_add, dbits.size, flat(dbits, "accumulate's destination"),
+                    flat(sbits, "accumulate's source"), fmt)
+        return
+    for (d4, s4), _ in rank4_pieces(dbits, sbits):
+        grid_stride(_add_strided, d4.size, d4, s4, fmt)
 
 
 DEVICE_ARRAYS = HalfArrays(
@@ -179,11 +191,12 @@ def widened(kernel, update: bool = False):
 
 def _signatures():
     """The conversions over flat float32 and strided 4-axis uint16 views (layout "A"), and
-    the addition over flat uint16 arrays."""
+    the addition over flat uint16 arrays and over strided 4-axis views."""
     view = "uint16[:, :, :, :]"
     return [(_widen_4d, f"void(uint32[::1], {view}, int64)"),
             (_narrow_4d, f"void({view}, uint32[::1], int64)"),
-            (_add, "void(uint16[::1], uint16[::1], int64)")]
+            (_add, "void(uint16[::1], uint16[::1], int64)"),
+            (_add_strided, f"void({view}, {view}, int64)")]
 
 
 PTX_SIGNATURES = _signatures()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from numba import cuda
 
+from engine.backends.cuda.arrays import flat
 from engine.backends.cuda.dropout import c_order_rank4
 from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.backends.optim_math import (
@@ -30,7 +31,6 @@ from engine.backends.optim_math import (
     sgd_element,
     sgd_hp_scalars,
 )
-from engine.errors import BackendError
 
 
 @cuda.jit
@@ -82,12 +82,9 @@ def _adam(p, g, m, v, vmax, step, hp, decoupled, amsgrad, maximize):
 
 
 def _flat(arr, what: str, op: str):
-    """The 1-D view of a C-contiguous device array (persistent buffers always are)."""
-    if not arr.is_c_contiguous():
-        raise BackendError(f"{op}: the cuda kernel updates {what} in place and needs it "
-                           f"C-contiguous, got shape {list(arr.shape)} with byte strides "
-                           f"{list(arr.strides)}")
-    return arr.reshape(arr.size)
+    """The 1-D view of a C-contiguous device array (persistent buffers always are); any
+    other layout raises, naming the op and the array (arrays.flat)."""
+    return flat(arr, f"{op}: {what}, updated in place,")
 
 
 def _grad(g, op: str):

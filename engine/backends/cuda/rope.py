@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from engine.backends.cuda.arrays import with_rank
+from engine.backends.cuda.arrays import strided, with_rank
 from engine.backends.cuda.launch import grid_stride, unravel4
 from engine.backends.rope_math import rope_cos_sin, rope_inv_freq, yarn_corr_dims
 
@@ -63,7 +63,8 @@ def _launch(out, ins, sign, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext
     x, pos, *ff = ins
     low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     out4 = with_rank(out, 4)
-    factors = ff[0] if ff else out.reshape(out.size)     # never read without factors
+    # without factors: a 1-D placeholder (out's first element), never read
+    factors = ff[0] if ff else strided(out, (1,), (out.dtype.itemsize,))
     grid_stride(_rope, out.size, with_rank(x, 4), pos, factors, bool(ff), out4, int(n_dims),
                 mode == "neox", float(sign), float(freq_base), float(freq_scale), low, high,
                 float(ext_factor), float(attn_factor))

@@ -170,6 +170,27 @@ def test_cross_entropy_deterministic_across_thread_counts():
     np.testing.assert_allclose(results[0], want, rtol=1e-6)
 
 
+def test_cross_entropy_gradient_for_labels_that_do_not_sum_to_1():
+    """The backward is the loss's gradient g (softmax t - labels) / N, t the row's label
+    sum, not softmax - labels: rows summing to 0.7, 1 and 1.3 (torch's float64 autograd of
+    its cross_entropy on the same values is the truth; 16-bit labels, whose roundings leave
+    t off 1, are tests/engine/test_wide_gradients.py's cross_entropy cases)."""
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(5, 7))
+    labels = _probs(rng, (5, 7)) * np.array([0.7, 1.0, 1.3, 0.7, 1.3])[:, None]
+    x = engine.param(logits.shape, logits.dtype)
+    y = engine.input_tensor(labels.shape, labels.dtype)
+    x.set(logits)
+    y.set(labels)
+    loss = ops.cross_entropy_loss(x, y).set_loss()
+    graph = engine.Graph([loss])
+    grads = graph.build_backward(loss)
+    graph.compute()
+    lt = torch.tensor(logits, requires_grad=True)
+    torch.nn.functional.cross_entropy(lt, torch.tensor(labels)).backward()
+    np.testing.assert_allclose(grads[x].numpy(), lt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
 def test_cross_entropy_labels_get_no_gradient():
     logits = engine.param((3, 4), "f64")
     labels = engine.param((3, 4), "f64")

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ml_dtypes import bfloat16
 
-from engine.backends.cpu import layout
+from engine.backends.cpu import CPU, layout, paths
+
+
+def assert_same_bits(got, want):
+    bits = np.dtype(f"u{got.itemsize}")
+    np.testing.assert_array_equal(got.view(bits), np.ascontiguousarray(want).view(bits))
 
 
 def tiled(call) -> bool:
@@ -16,21 +23,23 @@ def tiled(call) -> bool:
 @settings(max_examples=60, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), max_size=2), rows=st.integers(1, 21),
        cols=st.integers(1, 21), step=st.sampled_from([1, 2]),
-       dtype=st.sampled_from([np.float32, np.float64, np.int32]))
+       dtype=st.sampled_from([np.float32, np.float64, np.int32, np.float16, bfloat16]))
 def test_copy_of_a_transposed_view_is_the_view(lead, rows, cols, step, dtype):
     """The view x (last two axes swapped, every `step`-th column of the source kept) lands
     in out exactly, also after its source changes (the call reads x at each run); views
     with at least 8 rows are copied by the tiled kernel."""
     rng = np.random.default_rng(rows * 100 + cols)
     source = rng.integers(-99, 99, (*lead, cols, rows * step)).astype(dtype)
+    if dtype in (np.float16, bfloat16):     # copied as patterns: NaN payloads kept too
+        source.reshape(-1)[::7] = np.array(np.nan, dtype)
     x = np.swapaxes(source[..., ::step], -1, -2)          # shape (*lead, rows, cols)
     out = np.empty(x.shape, dtype)
     call = layout.copy_call(out, x)
     call()
-    np.testing.assert_array_equal(out, x)
+    assert_same_bits(out, x)
     source += 1
     call()
-    np.testing.assert_array_equal(out, x)
+    assert_same_bits(out, x)
     assert tiled(call) == (rows >= 8 and cols > 1 and step == 1)
 
 
@@ -40,7 +49,7 @@ def test_views_it_cannot_tile_go_to_numpy():
     for x in (a.transpose(1, 0, 3, 2),       # batch axes that do not merge
               a[0].T[::2],                   # no contiguous axis
               a[0, 0],                       # contiguous already
-              np.ascontiguousarray(a[0, 0].T, np.float16).T):   # numba has no f16
+              np.ascontiguousarray(a[0, 0].T, np.float16).T):   # not out's dtype
         out = np.empty(x.shape)
         call = layout.copy_call(out, x)
         assert not tiled(call)
@@ -59,3 +68,24 @@ def test_transpose_into_a_band_of_columns(m, n, col0, right):
     layout.transpose_into(src, out, col0)
     np.testing.assert_array_equal(out[:, col0:col0 + m], src.T)
     assert (out[:, :col0] == -7).all() and (out[:, col0 + m:] == -7).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16, np.int64])
+def test_the_executors_copy_of_a_view_tiles_big_transposes(dtype):
+    """CpuBackend.bind_copy (a view copied into its persistent buffer) copies a big
+    transposed view by cont's tiled kernel, the same bits as its plain twin (numpy's copy);
+    a small one and a contiguous one by numpy."""
+    rng = np.random.default_rng(1)
+    x = np.swapaxes(rng.normal(size=(3, 131, 67)).astype(dtype), -1, -2)
+    for view, fast in ((x, True), (x[:1, :9, :9], False), (x.transpose(0, 2, 1), False)):
+        out = np.full(view.shape, 5, dtype)
+        with paths.recording() as taken:
+            call = CPU.bind_copy(out, view)
+        call()
+        assert_same_bits(out, view)
+        assert (taken["copy:tiled"] > 0) == fast, dict(taken)
+        with paths.plain(), paths.recording() as taken:
+            plain_out = np.full(view.shape, 5, dtype)
+            CPU.bind_copy(plain_out, view)()
+        assert not taken
+        assert_same_bits(plain_out, out)

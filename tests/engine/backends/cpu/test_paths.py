@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from engine.backends.cpu import jit, paths
+from engine.backends.cpu.vector_unary import FAST
 from engine.registry import get_op
 from gradcheck.adapters.engine_adapter import EngineAdapter, engine_thread_count, weighted_graph
 from gradcheck.backprop import loss_weights
@@ -25,12 +26,14 @@ REACHED_BY = {
     "pool_2d:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "pool_2d_back:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "sum:chunks": ("sum", "axis=None"),
+    "sum:chunks_split": ("sum", "axis=None"),
     "sum:rows": ("sum", "x=[1500007,3]"),
     "sum:runs": ("sum", "x=[1031,1031],axis=1"),
     "sum:runs_split": ("sum", "x=[1031,1031],axis=1"),
     "sum:lanes": ("sum", "type=bf16,x=[1031,1031],axis=1"),
     "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),
     "parallel": ("relu", "relu(type=f32,x=[1031,1031])"),
+    "vector": ("gelu", "gelu(type=f32,x=[1031,1031])"),
     "attention:tiles": ("attention", "mask=[131,263]"),
     "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
 }
@@ -103,6 +106,49 @@ def test_attention_splits_forward_and_backward(text):
     assert taken["attention:tiles"] > 0
 
 
+def test_a_transposed_result_is_copied_in_tiles():
+    """transpose's scale case: its view's gradient (a transposed view of the upstream
+    gradient) is copied into the gradient's buffer by cont's tiled kernel (the executor's
+    view copy, CpuBackend.bind_copy); plain mode copies it by numpy."""
+    case = _case("transpose", "transpose")
+    assert _run(case)["copy:tiled"] > 0
+    with paths.plain():
+        assert not _run(case)
+
+
+def test_norm_runs_in_ranges_of_rows():
+    """norm's scale cases split norm and norm_back into ranges of rows on the threads."""
+    taken = _run(_case("norm", "norm"))
+    assert taken["split:cpu_norm"] > 0 and taken["split:cpu_norm_back"] > 0
+
+
+@pytest.mark.parametrize("op", sorted(FAST))
+def test_each_vector_op_takes_its_vector_kernels_at_scale(op):
+    """Every op with vectorised float32 math runs it in its scale case, forward and (where
+    it has a one-pass gradient op) backward; plain mode runs the row's math instead."""
+    case = get_op(op).scale()[0]
+    taken = _run(case)
+    assert taken[f"vector:{op}"] > 0, sorted(taken)
+    if FAST[op].gradient is not None:
+        assert taken[f"vector:{op}_back"] > 0, sorted(taken)
+    with paths.plain():
+        assert not _run(case)
+
+
+@pytest.mark.parametrize("op", ["gelu", "sin"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_16_bit_scale_cases_take_the_native_vector_kernels(op, dtype):
+    """The activations' vector kernels read 16-bit patterns themselves (no widening): the
+    16-bit scale cases of gelu and sin take them, split over the threads; plain mode takes
+    the widened float32 kernel of the row's math."""
+    case = _case(op, f"type={dtype},")
+    taken = _run(case)
+    assert taken[f"vector:{op}"] > 0 and taken[f"vector:{op}_back"] > 0, sorted(taken)
+    assert taken[f"split:cpu_{op}"] > 0, sorted(taken)
+    with paths.plain():
+        assert not _run(case)
+
+
 def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
     monkeypatch.setattr(jit, "PARALLEL", True)
     op, text = REACHED_BY["parallel"]
@@ -112,7 +158,7 @@ def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
 
 @pytest.mark.parametrize("family", ["split", "matmul:sparse", "copy:tiled", "pool_2d:tiled",
                                     "sum:rows", "get_rows_back:bands",
-                                    "attention:causal_skip"])
+                                    "attention:causal_skip", "vector"])
 def test_plain_mode_takes_no_fast_path(family):
     op, text = REACHED_BY[family]
     case = _case(op, text)
@@ -139,3 +185,4 @@ def test_family_names():
     assert paths.family("split:cpu_relu") == "split"
     assert paths.family("matmul:sparse_left/rows+blas") == "matmul:sparse"
     assert paths.family("sum:rows") == "sum:rows"
+    assert paths.family("vector:gelu_back") == "vector"

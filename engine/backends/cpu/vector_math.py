@@ -1,0 +1,237 @@
+"""exp, expm1, log1p, log and erfc in float64 arithmetic that LLVM vectorises: no libm
+call, no branch (every case computed and one selected), for the float32 kernels of the
+activations (engine.backends.cpu.vector_unary).
+
+libm's exp is a call per element, which no loop vectorises: the activations' float32
+kernels ran 3-5 times slower than torch's on big tensors (issue 37). These functions
+are range reductions and polynomials of plain arithmetic and integer operations on the
+bit patterns, compiled into each kernel's loop (`scalar_math`, in kernels compiled
+`contracting`, so that the polynomials' Horner steps are fused multiply-adds).
+
+Their relative error is a few 2^-52 (the bound of each below, held by tests/engine/
+backends/cpu/test_vector_math.py against mpmath over a dense sample of its domain): far
+below float32's half ulp (2^-24), so a float32 result computed from them is its correctly
+rounded value but within a tiny fraction of an ulp of a tie, as libm's float64 gives.
+The inputs they are made for are float32 values widened to float64, so no input is a
+float64 subnormal; NaN in gives NaN out.
+
+    exp_parts(x)         (p, k, s1, s2): exp(x) = (1 + p) 2^k, 2^k = s1 s2, p = expm1(r)
+    exp(x)               e^x, overflowing to inf above 709.78, 0 below -745.1
+    exp_expm1(x)         (e^x, e^x - 1) for x <= 0, from one reduction
+    expm1(x)             e^x - 1, accurate near 0
+    log1p(y)             log(1 + y) for y in [0, 1] (or NaN)
+    log(x)               natural logarithm: NaN below 0, -inf at +-0, inf at inf
+    erfc_nonneg(x, e)    erfc(x) for x >= 0 (or NaN), given e = exp(-x^2)
+    sin(x), cos(x)       for |x| <= TRIG_REACH (2^20); beyond, the caller takes libm's
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from engine.backends.cpu.jit import scalar_math
+
+# --- exp: x = k ln2 + r, |r| <= ln2 / 2, exp(r) - 1 by its Taylor series -----------------------
+# k is rounded to an integer by adding 1.5 * 2^52: the sum's low bits are k, read from its
+# pattern (no float-to-integer conversion: that of a NaN is undefined); ln2 in two parts
+# (Cody and Waite: k * _LN2_HI is exact for |k| < 2^20); 2^k as two factors, so that k
+# from -1076 to 1024 (x clamped to [-746, 710]) needs no float64 beyond the normal range:
+# the product overflows to inf and underflows through the subnormals to 0 as exp does.
+_SHIFTER = 6755399441055744.0                    # 1.5 * 2^52
+_SHIFTER_BITS = np.int64(0x4338000000000000)     # its pattern
+_INV_LN2 = 1.4426950408889634
+_LN2_HI = 0.6931471803691238                     # ln 2's leading 32 bits
+_LN2_LO = 1.9082149292705877e-10                 # ln 2 - _LN2_HI
+_EXP_LOW = -746.0
+_EXP_HIGH = 710.0
+# 1/2!, ..., 1/13!: exp(r) - 1 = r (1 + r/2! + ... + r^12/13!), truncated after a term of
+# relative size (ln2/2)^12 / 13! = 5e-16 and a first omitted one of 1e-17
+_EXPM1 = tuple(1.0 / math.factorial(n) for n in range(13, 1, -1))
+
+
+@scalar_math
+def exp_parts(x):
+    """(p, k, s1, s2) with exp(x) = (1 + p) 2^k and 2^k = s1 s2 (s1, s2 normal; k an
+    int64), p = expm1(r) for the reduced |r| <= ln2 / 2 (relative error about 2^-53).
+    x is clamped to [-746, 710] first, where exp is 0 or inf in float64; a NaN stays NaN
+    in p (k, s1, s2 are then any numbers)."""
+    x = _EXP_LOW if x < _EXP_LOW else x
+    x = _EXP_HIGH if x > _EXP_HIGH else x
+    t = x * _INV_LN2 + _SHIFTER
+    k = t - _SHIFTER
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    q = _EXPM1[0]
+    for c in _EXPM1[1:]:
+        q = c + r * q
+    p = r * (1.0 + r * q)                    # a product, so that expm1(-0) is -0
+    kb = np.int64(np.float64(t).view(np.int64) - _SHIFTER_BITS)
+    h = kb >> np.int64(1)
+    s1 = np.int64((h + np.int64(1023)) << np.int64(52)).view(np.float64)
+    s2 = np.int64((kb - h + np.int64(1023)) << np.int64(52)).view(np.float64)
+    return p, kb, s1, s2
+
+
+@scalar_math
+def exp(x):
+    """e^x, relative error below 1.5 2^-52 (measured: 0.97): inf above 709.78 (and at
+    inf), 0 below -745.13 (and at -inf)."""
+    p, _, s1, s2 = exp_parts(x)
+    return ((1.0 + p) * s1) * s2
+
+
+@scalar_math
+def exp_expm1(x):
+    """(e^x, e^x - 1) for x <= 0 (or NaN), as exp and expm1 give them (relative error
+    below 1.5 2^-52), from one reduction: tanh's kernels need both."""
+    p, _, s1, s2 = exp_parts(x)
+    s = s1 * s2                              # 2^k, k <= 0: a subnormal or 0 below -708
+    return ((1.0 + p) * s1) * s2, math.copysign(s * p + (s - 1.0), x)
+
+
+@scalar_math
+def expm1(x):
+    """e^x - 1, relative error below 1.5 2^-52 (measured: 0.99; near 0 too), -1 below
+    -37.4, inf above 709.78; of the sign of x (-0 at -0). (2^k - 1) + 2^k p for k < 64
+    (each term exact but the sum's rounding); e^x - 1 beyond, where 2^k may overflow."""
+    p, kb, s1, s2 = exp_parts(x)
+    s = s1 * s2
+    small = s * p + (s - 1.0)
+    large = ((1.0 + p) * s1) * s2 - 1.0
+    return math.copysign(small if kb < np.int64(64) else large, x)
+
+
+# --- log1p and log: log(1 + f) = 2 atanh(f / (2 + f)), f in [sqrt(1/2) - 1, sqrt(2) - 1] -----
+# s = f / (2 + f), |s| <= 0.1716: 2 atanh(s) = 2 s + 2 s^3/3 + 2 s^5/5 + ..., truncated
+# after s^21 (the first omitted term is 2e-17 of the sum)
+_ATANH = tuple(2.0 / (2 * n + 1) for n in range(10, 0, -1))       # 2/21, ..., 2/3
+_SQRT2 = math.sqrt(2.0)
+_LN2 = math.log(2.0)
+_MANTISSA = np.int64(0x000FFFFFFFFFFFFF)
+_ONE_BITS = np.int64(0x3FF0000000000000)             # the pattern of 1.0
+
+
+@scalar_math
+def _log1p_reduced(f):
+    """log(1 + f) for f in [sqrt(1/2) - 1, sqrt(2) - 1], relative error about 2^-52."""
+    s = f / (2.0 + f)
+    s2 = s * s
+    q = _ATANH[0]
+    for c in _ATANH[1:]:
+        q = c + s2 * q
+    return 2.0 * s + s * (s2 * q)
+
+
+@scalar_math
+def log1p(y):
+    """log(1 + y) for y in [0, 1] (or NaN), relative error below 3 2^-52 (measured:
+    2.15; y itself when tiny). Above sqrt(2) - 1, ln 2 + log(1 + f) with f = (1 + y) / 2 - 1 in
+    [sqrt(1/2) - 1, 0] (the rounding of 1 + y costs at most 2^-52 of the result there)."""
+    big = y > _SQRT2 - 1.0
+    f = (1.0 + y) * 0.5 - 1.0 if big else y
+    return (_LN2 if big else 0.0) + _log1p_reduced(f)
+
+
+@scalar_math
+def log(x):
+    """log x, relative error below 2 2^-52 (measured: 1.55): NaN for x < 0 and NaN,
+    -inf at +-0, inf at inf. x = 2^n m, m in [sqrt(1/2), sqrt(2)), from the pattern
+    (x a normal float64, as every widened float32 is); log x = n ln2 + log(1 + (m - 1))."""
+    bits = np.float64(x).view(np.int64)
+    n = (bits >> np.int64(52)) - np.int64(1023)
+    m = np.int64((bits & _MANTISSA) | _ONE_BITS).view(np.float64)
+    big = m > _SQRT2
+    m = m * 0.5 if big else m
+    n = n + np.int64(1) if big else n
+    fn = np.float64(n)
+    y = fn * _LN2_HI + (_log1p_reduced(m - 1.0) + fn * _LN2_LO)
+    y = y if x < np.inf else x                   # inf, NaN
+    y = np.nan if x < 0.0 else y
+    return -np.inf if x == 0.0 else y
+
+
+# --- erfc: erfc(x) = exp(-x^2) erfcx(x), erfcx by a polynomial in t = (x - 4) / (x + 4) -------
+# t maps x in [0, inf) to [-1, 1), over which erfcx(4 (1 + t) / (1 - t)) is smooth: its
+# interpolant at the 22 Chebyshev nodes (mpmath, 50 digits; in powers of t, highest first;
+# tests/engine/backends/cpu/test_vector_math.py fits it again) is within 2e-15 of erfcx
+# for every x >= 0, evaluated in float64 (21 nodes: 5e-14).
+_ERFCX_K = 4.0
+_ERFCX = (1.1135088284602945e-09, -1.3639835103201336e-09, -1.324726314486992e-08,
+          2.3270090926444534e-08, 9.332788860326101e-08, -2.8150179151028765e-07,
+          -4.062429789853215e-07, 2.9425016481725e-06, -1.9045738125016195e-06,
+          -2.255498238141092e-05, 7.898365425362107e-05, -2.1762074248607736e-05,
+          -0.0007991269148180322, 0.004060263698399383, -0.012843946018779312,
+          0.03129905650946151, -0.0631078156405381, 0.10896317739949331,
+          -0.16425781669728917, 0.21871967891825023, -0.2590680487601717,
+          0.13699945762506144)
+_ERFC_ZERO = 27.3      # erfc(27.3) < 2^-1074: 0 in float64, and t stays finite
+
+
+@scalar_math
+def erfc_nonneg(x, e):
+    """erfc(x) for x >= 0 (or NaN), given e = exp(-x^2) (the caller's exp of its exact
+    square): relative error below 10 2^-52 (measured: 7.9) while erfc(x) is a normal
+    float64."""
+    x = _ERFC_ZERO if x > _ERFC_ZERO else x
+    t = (x - _ERFCX_K) / (x + _ERFCX_K)
+    high = _ERFCX[0]                     # two Horner chains of 11 coefficients, run side
+    for c in _ERFCX[1:11]:               # by side (and each short enough that LLVM
+        high = c + t * high              # unrolls its loop over the tuple: 21 steps it
+    low = _ERFCX[11]                     # would not, and the function stopped inlining)
+    for c in _ERFCX[12:]:
+        low = c + t * low
+    t2 = t * t
+    t8 = (t2 * t2) * (t2 * t2)
+    return e * (low + (t8 * t2 * t) * high)
+
+
+# --- sin and cos: x = k pi/2 + r, |r| <= pi/4, sin r and cos r by their Taylor series -------
+# pi/2 in three parts (the first two of 33 bits: k times each is exact for k < 2^20, and
+# x - k _PIO2_1 is exact), so that r is right to 2^-90 or so absolutely however close x
+# lies to a multiple of pi/2; that holds for |x| <= TRIG_REACH, beyond which the kernels
+# call libm (engine.backends.cpu.elementwise: the float32 inputs there are rare).
+TRIG_REACH = 1048576.0                       # 2^20: k <= 667,544
+_TWO_OVER_PI = 0.6366197723675814
+_PIO2_1 = 1.5707963267341256
+_PIO2_2 = 6.077100506303966e-11
+_PIO2_3 = 2.0222662487959506e-21
+# sin r = r + r^3 (-1/3! + r^2/5! - ... + r^14/17!), cos r = 1 - r^2/2 + r^4 (1/4! - ...
+# + r^14/18!): the first omitted terms, (pi/4)^19/19! and (pi/4)^20/20!, are below 1e-19
+_SIN = tuple((-1.0) ** n / math.factorial(2 * n + 1) for n in range(8, 0, -1))
+_COS = tuple((-1.0) ** n / math.factorial(2 * n) for n in range(9, 1, -1))
+
+
+@scalar_math
+def _sin_cos_reduced(x):
+    """(sin r, cos r, k mod 4) for x = k pi/2 + r, |x| <= TRIG_REACH (or NaN)."""
+    t = x * _TWO_OVER_PI + _SHIFTER
+    k = t - _SHIFTER
+    r = ((x - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_3
+    quadrant = np.int64(np.float64(t).view(np.int64) - _SHIFTER_BITS) & np.int64(3)
+    r2 = r * r
+    s = _SIN[0]
+    for c in _SIN[1:]:
+        s = c + r2 * s
+    c = _COS[0]
+    for a in _COS[1:]:
+        c = a + r2 * c
+    return r * (1.0 + r2 * s), 1.0 - 0.5 * r2 + (r2 * r2) * c, quadrant    # -0 at -0
+
+
+@scalar_math
+def sin(x):
+    """sin x for |x| <= TRIG_REACH (or NaN): sin r, cos r, -sin r, -cos r by quadrant;
+    relative error below 2 2^-52 (measured: 1.40; -0 at -0)."""
+    s, c, quadrant = _sin_cos_reduced(x)
+    v = c if quadrant & np.int64(1) else s
+    return -v if quadrant & np.int64(2) else v
+
+
+@scalar_math
+def cos(x):
+    """cos x for |x| <= TRIG_REACH (or NaN): the sine of the next quadrant; relative
+    error below 2 2^-52 (measured: 1.49)."""
+    s, c, quadrant = _sin_cos_reduced(x)
+    v = s if quadrant & np.int64(1) else c
+    return -v if (quadrant + np.int64(1)) & np.int64(2) else v

@@ -1,0 +1,271 @@
+"""The activations' float32 scalar math on engine.backends.cpu.vector_math: the fast path
+of their float32 kernels (engine.backends.cpu.elementwise), keyed by op name.
+
+Each op's row of engine.elementwise is its definition, and its plain twin: scalar math
+on libm (math.exp, math.tanh, math.erfc, ...), which is what the float64 kernels, the CUDA
+kernels and, in plain mode (engine.backends.cpu.paths.plain), the float32 kernels run. A
+libm call per element keeps LLVM from vectorising the loop, and those kernels ran 3-5
+times slower than torch's on 8M float32 elements (issue 37). The functions here compute
+the rows' values in the rows' forms (none cancels: sigmoid's 1 - s as e^-|x| / (1 +
+e^-|x|), tanh's 1 - t^2 as 4 e^-2|x| / (1 + e^-2|x|)^2, gelu's 0.5 (1 + tanh) as a
+sigmoid), in float64 from vector_math's exp, expm1, log1p, log and erfc, each rounded
+once when stored in float32.
+
+Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at
+the true value, the correctly rounded result but within 10^-4 ulp of a tie, except
+gelu_erf's gradient, 0.51 near its zero (each docstring says its bound). Against float64
+references without cancellation (libm, mpmath where a gradient crosses 0), tests/engine/
+backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32 inputs (slow)
+and on every exponent, the saturation points, the gradients' zeros and the special
+values (fast); 16-bit results are within 0.5 + 2^-10 ulp of their format on all 2^16
+patterns. Special values are the row's: NaN in gives NaN out, the infinities give
+the row's limits (NaN where the row's formula gives inf * 0, as torch's does), a zero
+the row's zero with its sign.
+
+    FAST[name] = VectorMath(forward, gradient, reach)
+    forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
+
+gradient is None for exp and log, whose gradients are composed of engine ops; `reach`
+bounds the inputs the functions take (sin and cos: |x| <= 2^20, vector_math.TRIG_REACH),
+beyond which the kernel computes the row's libm math instead (in float64).
+
+Every function is `scalar_math`: numba inlines it into the kernel that calls it (the
+templates of engine.backends.cpu.elementwise), which is compiled contracting; inlined by
+LLVM instead, gelu_erf's was too big to be, and its loop ran a call per element. So the
+parameters come as one tuple, not spread as the rows' are (numba inlines no call with
+*args).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+from engine import elementwise as table
+from engine.backends.cpu.jit import scalar_math
+from engine.backends.cpu.vector_math import (
+    TRIG_REACH,
+    cos,
+    erfc_nonneg,
+    exp,
+    exp_expm1,
+    expm1,
+    log,
+    log1p,
+    sin,
+)
+from engine.elementwise import GELU_CUBIC, GELU_QUICK_COEF, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI
+
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@scalar_math
+def _sigmoid_pair(u):
+    """(sigmoid(u), 1 - sigmoid(u)), each to a few float64 ulps: with e = e^-|u|, 1 / (1 + e)
+    and e / (1 + e), the larger and the smaller of the two."""
+    e = exp(-abs(u))
+    r = 1.0 / (1.0 + e)
+    small = e * r
+    return (r, small) if u >= 0.0 else (small, r)
+
+
+@scalar_math
+def sigmoid(v, params):
+    """1 / (1 + e^-v), within 0.5001 ulp of float32."""
+    return _sigmoid_pair(v)[0]
+
+
+@scalar_math
+def sigmoid_gradient(g, v, params):
+    """g s (1 - s) = g e / (1 + e)^2, e = e^-|v|; within 0.5001 ulp of float32 (at g = 1)."""
+    e = exp(-abs(v))
+    r = 1.0 / (1.0 + e)
+    return g * (e * r * r)
+
+
+@scalar_math
+def tanh(v, params):
+    """tanh |v| = -m / (2 + m), m = e^-2|v| - 1, of v's sign; within 0.5001 ulp of float32."""
+    _, m = exp_expm1(-2.0 * abs(v))
+    return math.copysign(-m / (2.0 + m), v)
+
+
+@scalar_math
+def tanh_gradient(g, v, params):
+    """g (1 - tanh^2 v) = g 4 e / (2 + m)^2, e = e^-2|v|, m = e - 1; within 0.5001 ulp of
+    float32 (at g = 1)."""
+    e, m = exp_expm1(-2.0 * abs(v))
+    d = 2.0 + m
+    return g * (4.0 * e / (d * d))
+
+
+@scalar_math
+def silu(v, params):
+    """v sigmoid(v), within 0.5001 ulp of float32."""
+    return v * _sigmoid_pair(v)[0]
+
+
+@scalar_math
+def silu_gradient(g, v, params):
+    """g s (1 + v (1 - s)); within 0.5001 ulp of float32 (at g = 1)."""
+    s, c = _sigmoid_pair(v)
+    return g * (s * (1.0 + v * c))
+
+
+@scalar_math
+def gelu_quick(v, params):
+    """v sigmoid(1.702 v), within 0.5001 ulp of float32."""
+    return v * _sigmoid_pair(GELU_QUICK_COEF * v)[0]
+
+
+@scalar_math
+def gelu_quick_gradient(g, v, params):
+    """g (s + 1.702 v s (1 - s)), s = sigmoid(1.702 v); within 0.5001 ulp of float32 (at g = 1)."""
+    s, c = _sigmoid_pair(GELU_QUICK_COEF * v)
+    return g * (s + GELU_QUICK_COEF * v * (s * c))
+
+
+_gelu_u = scalar_math(table.gelu_u)       # the row's u: 0.5 (1 + tanh(u / 2)) = sigmoid(u)
+
+
+@scalar_math
+def gelu(v, params):
+    """v sigmoid(2 sqrt(2/pi) (v + 0.044715 v^3)) = 0.5 v (1 + tanh(...)), the row's;
+    within 0.5001 ulp of float32."""
+    return v * _sigmoid_pair(_gelu_u(v))[0]
+
+
+@scalar_math
+def gelu_gradient(g, v, params):
+    """g (S + v S (1 - S) u'), S = sigmoid(u), u' = 2 sqrt(2/pi) (1 + 3 0.044715 v^2): the
+    row's 0.5 (1 + t) + 0.5 v (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 v^2); within 0.5001
+    ulp of float32 (at g = 1)."""
+    s, c = _sigmoid_pair(_gelu_u(v))
+    du = 2.0 * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * v * v)
+    return g * (s + v * (s * c) * du)
+
+
+@scalar_math
+def _phi_parts(v):
+    """(Phi(v), e^(-v^2/2)): the standard normal cdf, 0.5 erfc(|v| / sqrt 2) for v < 0 and
+    1 - that for v >= 0, and the exponential it is made from (v^2 of a widened float32 is
+    exact)."""
+    e = exp(-0.5 * (v * v))
+    half = 0.5 * erfc_nonneg(abs(v) * _INV_SQRT_2, e)
+    return (half if v < 0.0 else 1.0 - half), e
+
+
+@scalar_math
+def gelu_erf(v, params):
+    """v Phi(v), within 0.5001 ulp of float32."""
+    return v * _phi_parts(v)[0]
+
+
+@scalar_math
+def gelu_erf_gradient(g, v, params):
+    """g (Phi(v) + v phi(v)), phi(v) = e^(-v^2/2) / sqrt(2 pi); within 0.51 ulp of
+    float32 (at g = 1; 0.5001 but at the inputs nearest its zero at -0.75179, where the
+    few float64 ulps of erfc's error are a visible part of the tiny result: 0.508)."""
+    p, e = _phi_parts(v)
+    return g * (p + v * (e * _INV_SQRT_2PI))
+
+
+@scalar_math
+def elu(v, params):
+    """v if v > 0 else alpha (e^v - 1), within 0.5001 ulp of float32."""
+    alpha = params[0]
+    return v if v > 0.0 else alpha * expm1(v)
+
+
+@scalar_math
+def elu_gradient(g, v, params):
+    """g, or g alpha e^v for v <= 0; within 0.5001 ulp of float32 (at g = 1)."""
+    alpha = params[0]
+    return g if v > 0.0 else g * (alpha * exp(v))
+
+
+@scalar_math
+def softplus(v, params):
+    """log(1 + e^v) = max(v, 0) + log1p(e^-|v|), and v above the row's threshold; within
+    0.5001 ulp of float32."""
+    tail = log1p(exp(-abs(v)))
+    return v if v > SOFTPLUS_THRESHOLD else (v if v > 0.0 else 0.0) + tail
+
+
+@scalar_math
+def softplus_gradient(g, v, params):
+    """g, or g sigmoid(v) up to the threshold; within 0.5001 ulp of float32 (at g = 1)."""
+    return g if v > SOFTPLUS_THRESHOLD else g * _sigmoid_pair(v)[0]
+
+
+@scalar_math
+def expm1_gradient(g, v, params):
+    """g e^v, within 0.5001 ulp of float32 (at g = 1)."""
+    return g * exp(v)
+
+
+@scalar_math
+def expm1_forward(v, params):
+    """e^v - 1, within 0.5001 ulp of float32."""
+    return expm1(v)
+
+
+@scalar_math
+def exp_forward(v, params):
+    """e^v, within 0.5001 ulp of float32."""
+    return exp(v)
+
+
+@scalar_math
+def log_forward(v, params):
+    """log v, within 0.5001 ulp of float32."""
+    return log(v)
+
+
+@scalar_math
+def sin_forward(v, params):
+    """sin v (libm's beyond |v| = 2^20), within 0.5001 ulp of float32."""
+    return sin(v)
+
+
+@scalar_math
+def sin_gradient(g, v, params):
+    """g cos v, within 0.5001 ulp of float32 (at g = 1)."""
+    return g * cos(v)
+
+
+@scalar_math
+def cos_forward(v, params):
+    """cos v (libm's beyond |v| = 2^20), within 0.5001 ulp of float32."""
+    return cos(v)
+
+
+@scalar_math
+def cos_gradient(g, v, params):
+    """-g sin v, within 0.5001 ulp of float32 (at g = 1)."""
+    return -g * sin(v)
+
+
+class VectorMath(NamedTuple):
+    forward: Callable
+    gradient: Callable | None
+    reach: float = math.inf          # beyond |x| > reach the kernel takes the row's math
+
+
+FAST = {
+    "sigmoid": VectorMath(sigmoid, sigmoid_gradient),
+    "tanh": VectorMath(tanh, tanh_gradient),
+    "silu": VectorMath(silu, silu_gradient),
+    "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
+    "gelu": VectorMath(gelu, gelu_gradient),
+    "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient),
+    "elu": VectorMath(elu, elu_gradient),
+    "softplus": VectorMath(softplus, softplus_gradient),
+    "expm1": VectorMath(expm1_forward, expm1_gradient),
+    "exp": VectorMath(exp_forward, None),
+    "log": VectorMath(log_forward, None),
+    "sin": VectorMath(sin_forward, sin_gradient, TRIG_REACH),
+    "cos": VectorMath(cos_forward, cos_gradient, TRIG_REACH),
+}

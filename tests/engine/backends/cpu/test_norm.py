@@ -1,0 +1,78 @@
+"""engine.backends.cpu.norm: norm's kernels read 16-bit rows as their patterns and run in
+ranges of rows on the engine's threads, the same bits at every thread count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ml_dtypes import bfloat16
+
+from engine.backends.cpu import threads
+from engine.backends.cpu.norm import cpu_norm, cpu_norm_back
+
+DTYPES = [np.float32, np.float64, np.float16, bfloat16]
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_ELEMENTS", 0)
+    before = threads.get_num_threads()
+    yield threads.set_num_threads
+    threads.set_num_threads(before)
+
+
+def _rows(dtype, shape=(37, 1001), seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=shape) * 3 + 2).astype(dtype)
+
+
+def _reference(g, x, eps):
+    """norm and norm_back in float64 from the rows' values."""
+    x, g = x.astype(np.float64), g.astype(np.float64)
+    d = x - x.mean(-1, keepdims=True)
+    s = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + eps)
+    xhat = d * s
+    back = s * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+    return xhat, back
+
+
+def _both(g, x, eps):
+    out, back = np.empty_like(x), np.empty_like(x)
+    cpu_norm(out, [x], eps=eps)
+    cpu_norm_back(back, [g, x], eps=eps)
+    return out, back
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_same_bits_at_every_thread_count(dtype, split_small):
+    x, g = _rows(dtype), _rows(dtype, seed=1)
+    split_small(1)
+    want = _both(g, x, 1e-5)
+    for n in (2, 3, 7):
+        split_small(n)
+        for got, w in zip(_both(g, x, 1e-5), want, strict=True):
+            np.testing.assert_array_equal(got.view(np.uint8), w.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+def test_within_rounding_of_the_float64_values(dtype, split_small):
+    """Each output is its float64 value rounded to the dtype: one ulp off at most (two for
+    float32, whose outputs are rounded from the kernel's float64 sums in an order other
+    than numpy's). float64 has no exact float64 reference to hold it to."""
+    split_small(3)
+    x, g = _rows(dtype), _rows(dtype, seed=1)
+    for got, want in zip(_both(g, x, 1e-4), _reference(g, x, 1e-4), strict=True):
+        ulp = np.spacing(np.abs(want).astype(dtype)).astype(np.float64)
+        err = np.abs(got.astype(np.float64) - want)
+        assert (err <= ulp * (1.0 if np.dtype(dtype).itemsize == 2 else 2.0)).all(), \
+            float((err / ulp).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float16, bfloat16])
+def test_16_bit_nans_and_infinities_spread_along_their_rows_only(dtype):
+    x = _rows(dtype, (4, 50))
+    x[1, 3], x[2, 7] = np.nan, np.inf
+    out, back = _both(_rows(dtype, (4, 50), 2), x, 1e-5)
+    for a in (out, back):
+        a = a.astype(np.float32)
+        assert np.isnan(a[1:3]).all() and np.isfinite(a[[0, 3]]).all()
