@@ -4,12 +4,14 @@ the view of the plain report, the progress bar, the columns, and `--workers N`.
     add_report_options(parser, "gradcheck", "cases")
     if refused("gradcheck", environment_problem() or settle_format(args)):
         return 2                                      # one line on stderr, exit status 2
-    rows = rows_of(request, plan, args, run_plan, "gradcheck")   # serially, or on N workers
+    with compiling(args, "gradcheck") as listener, request.plan() as plan:
+        rows = rows_of(request, plan, args, run_plan, "gradcheck", listener)  # or --workers N
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 
@@ -87,16 +89,31 @@ def refused(tool: str, problem: str | None) -> bool:
     return bool(problem)
 
 
-def rows_of(request, plan, args, run_plan, tool: str = "") -> list:
-    """The rows of `request`: `run_plan(request, plan, progress)` in this process, numba's
-    compilations shown as compile_mode says (checkkit.compiling, each job naming itself),
-    or its jobs as pytest items on --workers N processes (checkkit.distributed), finished by
-    the request (request.finish)."""
+def rows_of(request, plan, args, run_plan, tool: str = "", listener=None) -> list:
+    """The rows of `request`: `run_plan(request, plan, progress)` in this process, or its
+    jobs as pytest items on --workers N processes (checkkit.distributed), finished by the
+    request (request.finish). numba's compilations, this process's and its workers', are
+    shown as compile_mode says (checkkit.compiling), each job naming itself; `listener`:
+    the CompileListener of the compile_progress the plan was made in (so that the worker
+    processes it started report to it), else one of its own. A serial run whose kernels
+    compile starts compile-ahead helpers (checkkit.ahead)."""
+    from checkkit.compiling import compile_progress, watch_jobs
     progress = wants_progress(args)
-    if args.workers is None:
-        from checkkit.compiling import compile_progress, watch_jobs
-        with compile_progress(tool or plan.tool, compile_mode(args)) as listener:
+    tool = tool or plan.tool
+    own = (compile_progress(tool, compile_mode(args)) if listener is None
+           else contextlib.nullcontext(listener))
+    with own as listener:
+        if args.workers is None:
+            from checkkit.ahead import compiling_ahead
             watch_jobs(plan.jobs, listener)
-            return run_plan(request, plan, progress)
-    from checkkit.distributed import distributed_rows  # pytest only here
-    return request.finish(distributed_rows(request, args.workers, progress))
+            with compiling_ahead(request, plan.jobs, listener):
+                return run_plan(request, plan, progress)
+        from checkkit.distributed import distributed_rows  # pytest only here
+        return request.finish(distributed_rows(request, args.workers, progress))
+
+
+def compiling(args, tool: str):
+    """The compile progress of a command line's run (checkkit.compiling.compile_progress,
+    as compile_mode says), to enter before its plan is made: rows_of takes its listener."""
+    from checkkit.compiling import compile_progress
+    return compile_progress(tool, compile_mode(args))

@@ -50,6 +50,13 @@ class Request:
         when nothing does."""
         raise NotImplementedError
 
+    def ahead(self) -> Request:
+        """The request a compile-ahead helper runs (checkkit.ahead): its jobs must be this
+        request's, in order, and compile the same kernels; their rows are thrown away, so
+        what they check need not be. This request itself, unless a tool knows a cheaper
+        one."""
+        return self
+
     def plugin_flag(self, name: str) -> str:
         """The plugin's spelling of field `name`: `--gradcheck-ggml-lib`."""
         return f"--{self.tool}-{name.replace('_', '-')}"

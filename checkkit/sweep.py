@@ -140,12 +140,18 @@ class ToolPlugin:
             if stray:
                 raise pytest.UsageError(f"{stray} applies to --{self.tool}, which is not given")
             return
+        reporter = None
         if hasattr(config, "workerinput"):
             _one_line_warnings(self.tool)
+            from checkkit.compiling import report_compiles
+            reporter = report_compiles()     # to the command line's progress (--workers)
         elif not config.pluginmanager.has_plugin(SIGNALS_PLUGIN):
             config.pluginmanager.register(_Signals(), SIGNALS_PLUGIN)
-        config.pluginmanager.register(Sweep(config, self.tool, self.make_plan(config)),
-                                      sweep_name(self.tool))
+        plan = self.make_plan(config)
+        if reporter is not None:
+            from checkkit.compiling import watch_jobs
+            watch_jobs(plan.jobs, reporter)           # each compilation named by its job
+        config.pluginmanager.register(Sweep(config, self.tool, plan), sweep_name(self.tool))
         if config.args_source != pytest.Config.ArgsSource.ARGS:
             config.args = []    # no paths given: collect the sweep's items, no test files
 

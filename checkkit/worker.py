@@ -86,10 +86,13 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str],
-           environ: dict[str, str] | None = None, preload: tuple[str, ...] = ()) -> None:
+           environ: dict[str, str] | None = None, preload: tuple[str, ...] = (),
+           compile_log: tuple[str | None, str] = (None, "")) -> None:
     """The worker's loop: set `environ`, import `preload`, build the adapter, then answer
     (method, args) until told to stop. `sys_path` is the parent's (the forkserver's may be
-    older). Its standard error (fd 2, written by C code too) goes to `stderr_path`, Python
+    older); `compile_log`: the parent's log of compilations and its tag
+    (checkkit.compiling.report_compiles: the forkserver's environment may be older). Its
+    standard error (fd 2, written by C code too) goes to `stderr_path`, Python
     tracebacks of fatal signals and of SIGUSR1 (sent before a hang is killed) to
     `fault_path`. Anything the adapter raises is answered (see the module doc)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -105,6 +108,8 @@ def _serve(conn, spec, stderr_path: str, fault_path: str, sys_path: list[str],
     try:
         problem = _set_environ(environ or {})
         if problem is None:
+            from checkkit.compiling import report_compiles
+            report_compiles(*compile_log)
             for module in preload:       # imported by the forkserver already, not by spawn
                 importlib.import_module(module)
             adapter = spec.build()
@@ -167,7 +172,7 @@ def _answer_text(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _main_left_alone():
+def main_left_alone():
     """While starting a child: the parent's __main__ hidden from multiprocessing, which
     would otherwise run it again in the child. The worker needs nothing from it, and a
     script without a __name__ guard, <stdin> or a notebook would fail there or recurse."""
@@ -212,12 +217,13 @@ class Worker:
         self._reap()
         ctx = _context(self.spec, self.environ)
         parent, child = ctx.Pipe()
+        from checkkit.compiling import LOG_VARIABLE, process_tag
         args = (child, self.spec, self._stderr, self._fault, list(sys.path), self.environ,
-                tuple(_preload(self.spec)))
+                tuple(_preload(self.spec)), (os.environ.get(LOG_VARIABLE), process_tag()))
         proc = ctx.Process(target=_serve, args=args,
                            name=f"gradcheck-worker-{self.spec.name}", daemon=True)
         offset = self._size()
-        with _main_left_alone():
+        with main_left_alone():
             proc.start()
         child.close()
         self._proc, self._conn = proc, parent

@@ -256,6 +256,8 @@ class Executor:
         self._ops = frozenset(getattr(getattr(s, "tensor", None), "op", None) for s in steps)
         self._running = (functools.partial(backends[0].running, self._ops)
                          if len(backends) == 1 else self._all_running)
+        self._held = 0                   # depth of held() blocks: run() enters no context
+        self._held_host = False          # within held(): every owner on the host (read once)
 
     @contextlib.contextmanager
     def _all_running(self):
@@ -267,32 +269,61 @@ class Executor:
     def run(self, wrap: Callable[[CallLabel, Call], Call] | None = None) -> None:
         """Run every step once, each call passed through `wrap` when given. KernelError
         when a kernel raises (module doc)."""
+        if self._held:
+            self._run(wrap, self._held_host)
+            return
         with self._running():
-            if self._host_only and not any(o.device is not None for o in self._owners):
-                if self._calls is None or wrap is not self._calls_wrap:
-                    bound = list(self._bound(wrap))
-                    self._calls = [c for _, c in bound]
-                    self._call_steps = [s for s, _ in bound]
-                    self._calls_wrap = wrap
-                c = None
-                try:
-                    for c in self._calls:
-                        c()
-                except EngineError:
-                    raise
-                except Exception as exc:
-                    at = next(i for i, bound in enumerate(self._calls) if bound is c)
-                    raise kernel_error(exc, self._call_steps[at], self.graph_name,
-                                       c) from exc
-            else:
-                step = c = None
-                try:
-                    for step, c in self._bound(wrap):  # noqa: B007 (the except reads it)
-                        c()
-                except EngineError:
-                    raise
-                except Exception as exc:
-                    raise kernel_error(exc, step, self.graph_name, c) from exc
+            self._run(wrap, self._on_host())
+
+    def _on_host(self) -> bool:
+        return self._host_only and not any(o.device is not None for o in self._owners)
+
+    @contextlib.contextmanager
+    def held(self):
+        """The backends' running() context entered once for every run() within the block,
+        instead of once per run: for a caller that runs the same plan thousands of times in
+        a row (gradcheck's numerical differences). The CPU's context holds BLAS to one
+        thread for a plan with a product, two calls into each BLAS library on the way in
+        and two on the way out: 5 s of a warm `gradcheck --random 60` on six ops' 93 s of
+        CPU (cProfile), where each run of a case's float64 graph is tens of microseconds.
+        Where the persistent tensors live is read once, on entry (a tensor moved to a
+        device within the block is not seen: the block is for runs alone)."""
+        with self._running():
+            held_host = self._held_host
+            self._held += 1
+            self._held_host = self._on_host()
+            try:
+                yield
+            finally:
+                self._held -= 1
+                self._held_host = held_host
+
+    def _run(self, wrap, on_host: bool) -> None:
+        if on_host:
+            if self._calls is None or wrap is not self._calls_wrap:
+                bound = list(self._bound(wrap))
+                self._calls = [c for _, c in bound]
+                self._call_steps = [s for s, _ in bound]
+                self._calls_wrap = wrap
+            c = None
+            try:
+                for c in self._calls:
+                    c()
+            except EngineError:
+                raise
+            except Exception as exc:
+                at = next(i for i, bound in enumerate(self._calls) if bound is c)
+                raise kernel_error(exc, self._call_steps[at], self.graph_name,
+                                   c) from exc
+        else:
+            step = c = None
+            try:
+                for step, c in self._bound(wrap):  # noqa: B007 (the except reads it)
+                    c()
+            except EngineError:
+                raise
+            except Exception as exc:
+                raise kernel_error(exc, step, self.graph_name, c) from exc
 
     def calls(self, wrap=None) -> Iterator[Call]:
         """The steps' calls in order, passed through `wrap` when given. A generator: each

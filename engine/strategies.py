@@ -62,20 +62,37 @@ NARROWINGS = 8   # a drawn part of a range: from one of its 8 equal parts to the
 HALF_SPAN = (1.0 / 16, 8.0)
 
 
+@functools.cache
+def _composite(draw_fn):
+    """hypothesis' st.composite of a module-level `draw_fn(draw, *args)`, made once per
+    function: st.composite reads the function's source (tokenize and ast, to warn about an
+    unused `draw`), about 3 ms a call, and the strategies below are made afresh for every
+    drawn case (flatmap, shapes that depend on drawn ones): made inside them, composites
+    were 7.4 s of a warm `gradcheck --random 60` on six ops' 93 s of CPU (cProfile). The
+    arguments go to the strategy instead, so each draw makes the same draws as before."""
+    from hypothesis import strategies as st
+    return st.composite(draw_fn)
+
+
+def _built(draw, build, name):
+    return build(draw, name)
+
+
+def _half_built(draw, build, name):
+    return half_ranged(build(draw, name))
+
+
 def sample_strategy(build):
     """Decorator: `build(draw, dtype) -> Sample`, drawing with hypothesis' `draw`, becomes
     `strategy(dtype)` (dtype a float dtype: f16, bf16, f32, f64), which returns a hypothesis
     strategy of the op's Samples; the form OpDef.strategy takes."""
     @functools.wraps(build)
     def strategy(dtype="f32"):
-        from hypothesis import strategies as st
         name = dtype_name(dtype)
         if name not in FLOAT_NAMES:
             raise ValueError(f"{build.__qualname__}: dtype must be one of "
                              f"{', '.join(FLOAT_NAMES)}, got {dtype!r}")
-        if name in ("f16", "bf16"):
-            return st.composite(lambda draw: half_ranged(build(draw, name)))()
-        return st.composite(lambda draw: build(draw, name))()
+        return _composite(_half_built if name in ("f16", "bf16") else _built)(build, name)
     return strategy
 
 
@@ -97,35 +114,34 @@ def half_ranged(sample):
 def shapes(min_dims=1, max_dims=3, min_side=1, max_side=5, max_size=MAX_ELEMENTS):
     """Shapes of min_dims..max_dims axes, each side in min_side..max_side, with at most
     max_size elements (sides are drawn in turn, each within what the budget leaves)."""
-    from hypothesis import strategies as st
     if min_side ** min_dims > max_size:
         raise ValueError(f"shapes: {min_dims} axes of at least {min_side} exceed "
                          f"{max_size} elements")
+    return _composite(_shape)(min_dims, max_dims, min_side, max_side, max_size)
 
-    @st.composite
-    def shape(draw):
-        ndim = draw(st.integers(min_dims, max_dims))
-        while min_side ** ndim > max_size:
-            ndim -= 1
-        sides = []
-        for i in range(ndim):
-            budget = max_size // (math.prod(sides) * min_side ** (ndim - i - 1))
-            sides.append(draw(st.integers(min_side, max(min_side, min(max_side, budget)))))
-        return tuple(sides)
-    return shape()
+
+def _shape(draw, min_dims, max_dims, min_side, max_side, max_size):
+    from hypothesis import strategies as st
+    ndim = draw(st.integers(min_dims, max_dims))
+    while min_side ** ndim > max_size:
+        ndim -= 1
+    sides = []
+    for i in range(ndim):
+        budget = max_size // (math.prod(sides) * min_side ** (ndim - i - 1))
+        sides.append(draw(st.integers(min_side, max(min_side, min(max_side, budget)))))
+    return tuple(sides)
 
 
 def broadcast_source(shape, min_dims=0):
     """Shapes that broadcast to `shape`: leading axes dropped (keeping at least min_dims),
     some of the rest set to 1."""
-    from hypothesis import strategies as st
-    shape = tuple(shape)
+    return _composite(_source)(tuple(shape), min_dims)
 
-    @st.composite
-    def source(draw):
-        ndim = draw(st.integers(min(min_dims, len(shape)), len(shape)))
-        return tuple(d if draw(st.booleans()) else 1 for d in shape[len(shape) - ndim:])
-    return source()
+
+def _source(draw, shape, min_dims):
+    from hypothesis import strategies as st
+    ndim = draw(st.integers(min(min_dims, len(shape)), len(shape)))
+    return tuple(d if draw(st.booleans()) else 1 for d in shape[len(shape) - ndim:])
 
 
 def broadcast_pair(max_dims=4, max_side=4, max_size=MAX_ELEMENTS // 2):
@@ -161,19 +177,19 @@ def window_axis(kernel=(1, 3), stride=(1, 3), padding=None, dilation=(1, 1), max
     """WindowAxis draws: kernel, stride and dilation in the given (low, high) ranges,
     padding in `padding` (None: 0..kernel//2, pool_2d's rule), and a side up to max_side
     (at least the extent d (k - 1) + 1 - 2 p, so the output has >= 1 element)."""
-    from hypothesis import strategies as st
+    return _composite(_axis)(kernel, stride, padding, dilation, max_side)
 
-    @st.composite
-    def axis(draw):
-        k = draw(st.integers(*kernel))
-        d = draw(st.integers(*dilation))
-        p = draw(st.integers(0, k // 2) if padding is None else st.integers(*padding))
-        s = draw(st.integers(*stride))
-        low = max(d * (k - 1) + 1 - 2 * p, 1)
-        if low > max_side:
-            raise ValueError(f"window_axis: extent {low} exceeds max_side {max_side}")
-        return WindowAxis(draw(st.integers(low, max_side)), k, s, p, d)
-    return axis()
+
+def _axis(draw, kernel, stride, padding, dilation, max_side):
+    from hypothesis import strategies as st
+    k = draw(st.integers(*kernel))
+    d = draw(st.integers(*dilation))
+    p = draw(st.integers(0, k // 2) if padding is None else st.integers(*padding))
+    s = draw(st.integers(*stride))
+    low = max(d * (k - 1) + 1 - 2 * p, 1)
+    if low > max_side:
+        raise ValueError(f"window_axis: extent {low} exceeds max_side {max_side}")
+    return WindowAxis(draw(st.integers(low, max_side)), k, s, p, d)
 
 
 def _clean(v: float) -> float:
@@ -199,38 +215,37 @@ def _slice_views(shape):
     """Slices of a leaf around a view of `shape`: per axis a start of 0-2 and a step of
     1-2 (at least one axis offset or stepped), the leaf at most MAX_BORDER elements more
     than the view; else the plain leaf ({})."""
-    from hypothesis import strategies as st
+    return _composite(_sliced)(shape)
 
-    @st.composite
-    def sliced(draw):
-        triples = []
-        for n in shape:
-            start, step = draw(st.integers(0, 2)), draw(st.integers(1, 2)) if n > 1 else 1
-            triples.append((start, start + (n - 1) * step + 1, step))
-        if all(t[0] == 0 and t[2] == 1 for t in triples):
-            start, stop, step = triples[-1]
-            triples[-1] = (start + 1, stop + 1, step)
-        leaf = math.prod(start + stop for start, stop, _ in triples)
-        return {"slice": tuple(triples)} if leaf - math.prod(shape) <= MAX_BORDER else {}
-    return sliced()
+
+def _sliced(draw, shape):
+    from hypothesis import strategies as st
+    triples = []
+    for n in shape:
+        start, step = draw(st.integers(0, 2)), draw(st.integers(1, 2)) if n > 1 else 1
+        triples.append((start, start + (n - 1) * step + 1, step))
+    if all(t[0] == 0 and t[2] == 1 for t in triples):
+        start, stop, step = triples[-1]
+        triples[-1] = (start + 1, stop + 1, step)
+    leaf = math.prod(start + stop for start, stop, _ in triples)
+    return {"slice": tuple(triples)} if leaf - math.prod(shape) <= MAX_BORDER else {}
 
 
 def _expand_views(shape, longer, sliced):
     """Expansions of a view of `shape` along a non-empty set of the axes `longer` (longer
     than 1), the expanded axes at an offset (sliced to one element of two) when `sliced`."""
-    from hypothesis import strategies as st
+    return _composite(_expanded)(shape, longer, sliced)
 
-    @st.composite
-    def expanded(draw):
-        axes = tuple(sorted(draw(st.sets(st.sampled_from(longer), min_size=1))))
-        layout = {"expand": axes}
-        if sliced and draw(st.booleans()):
-            starts = [draw(st.integers(0, 1)) for _ in shape]
-            layout["slice"] = tuple((a, a + 1, 1) if i in axes else (0, d, 1)
-                                    for i, (a, d) in enumerate(zip(starts, shape,
-                                                                   strict=True)))
-        return layout
-    return expanded()
+
+def _expanded(draw, shape, longer, sliced):
+    from hypothesis import strategies as st
+    axes = tuple(sorted(draw(st.sets(st.sampled_from(longer), min_size=1))))
+    layout = {"expand": axes}
+    if sliced and draw(st.booleans()):
+        starts = [draw(st.integers(0, 1)) for _ in shape]
+        layout["slice"] = tuple((a, a + 1, 1) if i in axes else (0, d, 1)
+                                for i, (a, d) in enumerate(zip(starts, shape, strict=True)))
+    return layout
 
 
 def draw_layout(shape, permute=True, sliced=True, expand=True):

@@ -35,6 +35,7 @@ import argparse
 import os
 import sys
 
+from checkkit.ahead import environment_problem as ahead_problem
 from checkkit.console import stoppable
 from checkkit.interrupted import Interrupted, report_interrupted
 from checkkit.jobs import UsageProblem
@@ -42,6 +43,7 @@ from checkkit.loading import AdapterError
 from checkkit.options import (
     add_report_options,
     argv_of,
+    compiling,
     refused,
     rows_of,
     settle_format,
@@ -223,7 +225,7 @@ def _main(argv) -> int:
     keep_hypothesis_out_of_cwd()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if refused("gradcheck", environment_problem() or settle_format(args)):
+    if refused("gradcheck", environment_problem() or ahead_problem() or settle_format(args)):
         return 2
     if args.list:
         print(list_ops())
@@ -237,14 +239,16 @@ def _main(argv) -> int:
     if refused("gradcheck", first_unwritable(args.output)):
         return 2
     try:
-        with request.plan() as plan:     # checks the engine and the cases before any runs
+        # the plan checks the engine and the cases before any runs; made inside the compile
+        # progress, so that a worker process it starts reports its compilations there
+        with compiling(args, "gradcheck") as listener, request.plan() as plan:
             print(f"gradcheck: {plan.describe}", file=sys.stderr)
             if request.boundscheck:
                 from gradcheck.engine_under_test import boundscheck_note
                 print(f"gradcheck: {boundscheck_note()}", file=sys.stderr)
             meta = {"argv": argv_of(argv), **plan.meta}
             try:
-                results = rows_of(request, plan, args, run_plan, "gradcheck")
+                results = rows_of(request, plan, args, run_plan, "gradcheck", listener)
             except Interrupted as exc:
                 return report_interrupted("gradcheck", exc, args.format, args.output, meta,
                                           verbose=args.verbose)

@@ -167,11 +167,14 @@ def _f64s(given):
     return [None if g is None else np.asarray(g, np.float64) for g in given]
 
 
-def _third_opinion(compute):
+def _third_opinion(compute, case):
     """torch's float64 answer, or None where torch cannot give it (Unsupported, or an
-    error of the torch equivalent at this order: the row is then judged without it)."""
+    error of the torch equivalent at this order: the row is then judged without it);
+    torch on one thread for a small case (gradcheck.reference.torch_threads)."""
+    from gradcheck.reference import torch_threads
     try:
-        return compute()
+        with torch_threads(case):
+            return compute()
     except (Unsupported, NotImplementedError, RuntimeError, TypeError):
         return None
 
@@ -246,7 +249,7 @@ def jvp_verdict(case, adapter, use_torch: bool, labels: dict) -> Result:
         f64 = case.promoted("f64")
         # the first tangent's (a second would cost as much as the rest of the row)
         got = _third_opinion(lambda: torch.jvp(f64, _f64(p.arrays),
-                                               _f64s(p.as_given(tangents[0]))))
+                                               _f64s(p.as_given(tangents[0]))), case)
         if got is not None:
             torch_jvp = np.asarray(got.tangent, np.float64)[None]
     num = numerical
@@ -360,7 +363,7 @@ def hvp_verdict(case, adapter, mode: str, use_torch: bool, labels: dict) -> Resu
     torch_hv = None
     if torch is not None:
         got = _third_opinion(lambda: torch.hvp(
-            case.promoted("f64"), _f64(p.arrays), p.weights, _f64s(given), "rev-rev"))
+            case.promoted("f64"), _f64(p.arrays), p.weights, _f64s(given), "rev-rev"), case)
         if got is not None:
             torch_hv = [np.asarray(got.grads[i], np.float64) for i in p.checked]
     with single_thread():

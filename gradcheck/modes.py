@@ -147,7 +147,7 @@ def compared_gradients(case, f64_ref, checked, mode: str, backprop, torch_grads)
     the layout the op sees; the numerical gradients differentiate `f64_ref.loss` (a
     gradcheck.reference.Float64Reference) in its leaves' layout."""
     leaves = f64_ref.leaves
-    with single_thread():
+    with single_thread(), f64_ref.held():     # one BLAS hold for the thousands of runs
         magnitude = f64_ref.magnitude()
         if mode == "full":
             numerical = [best_of(*(numerical_gradient(f64_ref.loss, leaves[i], h, magnitude)

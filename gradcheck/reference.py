@@ -20,6 +20,7 @@ alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 
@@ -109,6 +110,11 @@ class Float64Reference:
         """sum(f(x) * weights) at the current values of `leaves`."""
         raise NotImplementedError
 
+    def held(self):
+        """A context for many loss() calls in a row (numerical differences); see
+        EngineReference's."""
+        return contextlib.nullcontext()
+
     def output(self) -> np.ndarray:
         """f(x) in float64 at the current values of `leaves`."""
         raise NotImplementedError
@@ -150,6 +156,13 @@ class EngineReference(Float64Reference):
         if self.constant is not None:
             return self._held_loss(self._out.buffer())
         return float(self._loss_flat[0])
+
+    def held(self):
+        """The plan's running context entered once for the block's runs instead of once a
+        run (engine.executor.Executor.held)."""
+        if self._run is None:
+            self._plan()
+        return self._graph.plan.executor.held()
 
     def output(self) -> np.ndarray:
         if self._run is None:
@@ -256,6 +269,32 @@ def torch_available() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def torch_threads(case):
+    """torch held to one intra-op thread while it computes a reference of a case that is
+    not of the scale tier (restored after). A fast-tier case is tiny, below the size at
+    which torch splits a kernel (its grain, 32,768 elements), but with two threads every
+    op still opens an OpenMP region whose second thread spins: on the shared 2-core
+    machine (load 10) a float64 softmax forward and backward of 252 elements cost 2.6-4.8
+    ms of CPU with torch's default 2 threads and 0.06 ms with one (a loop of 300 in one
+    process, alternating), and torch was a quarter of a warm `gradcheck --random 60`'s
+    CPU on six ops (cProfile). The bits are the same but for torch's float32 convolution
+    (oneDNN chooses its blocking by the thread count): of that run's 1,078 rows, 6
+    conv_2d rows' precision figures against torch f32 moved (ref_err 1.2e-6 to 1.7e-6,
+    ...), no verdict; with one thread that reference is the same on every machine,
+    whatever its cores. A scale case keeps torch's threads: it is big enough to split."""
+    import torch
+    before = torch.get_num_threads()
+    if getattr(case, "tier", "fast") == "scale" or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def torch_reference(case, arrays, weights, native: bool = False) -> TorchReference | None:
     """The torch reference: output and input gradients of sum(torch_fn(*inputs) *
     weights), all in float64; None without torch or a torch equivalent. `native`: torch
@@ -268,6 +307,11 @@ def torch_reference(case, arrays, weights, native: bool = False) -> TorchReferen
     fn = case.torch_fn
     if fn is None or not torch_available():
         return None
+    with torch_threads(case):
+        return _torch_reference(case, arrays, weights, native, fn)
+
+
+def _torch_reference(case, arrays, weights, native, fn) -> TorchReference:
     import torch
     tens = []
     for spec, a in zip(case.inputs, arrays, strict=True):

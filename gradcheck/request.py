@@ -98,6 +98,15 @@ class GradcheckRequest(Request):
     def ours(self) -> bool:
         return self.engine == "engine"
 
+    def ahead(self) -> GradcheckRequest:
+        """What a compile-ahead helper runs (checkkit.ahead): the same jobs without the
+        torch reference and with the numerical check along random directions (mode fast):
+        they compile the same kernels, for the same types (a cold `gradcheck --all` and
+        `gradcheck --all --no-torch --mode fast` compile the same 654 functions with the
+        same signatures), for about a quarter of the checking's CPU time (warm, 8 ops:
+        22 s against 5.6 s)."""
+        return dataclasses.replace(self, no_torch=True, mode="fast")
+
     def problem(self, flag=cli_flag) -> str | None:
         """What makes this request unusable, naming options by `flag` (None: nothing)."""
         from engine.tensor import FLOAT_NAMES

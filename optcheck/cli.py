@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from checkkit.ahead import environment_problem as ahead_problem
 from checkkit.console import stoppable
 from checkkit.interrupted import Interrupted, report_interrupted
 from checkkit.jobs import UsageProblem
 from checkkit.options import (
     add_report_options,
     argv_of,
+    compiling,
     refused,
     rows_of,
     settle_format,
@@ -127,7 +129,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if refused("optcheck", environment_problem() or settle_format(args)
+    if refused("optcheck", environment_problem() or ahead_problem() or settle_format(args)
                or unknown_engine(args.engine)):
         return 2
     if not args.opt and not args.self_test:
@@ -143,8 +145,8 @@ def _main(argv) -> int:
     meta = {"argv": argv_of(argv)}
     tool = SELF_TEST_TOOL if args.self_test else "optcheck"
     try:
-        with request.plan() as plan:
-            results = rows_of(request, plan, args, run_plan, "optcheck")
+        with compiling(args, "optcheck") as listener, request.plan() as plan:
+            results = rows_of(request, plan, args, run_plan, "optcheck", listener)
     except UsageProblem as exc:
         print(f"optcheck: {exc}", file=sys.stderr)
         return 2

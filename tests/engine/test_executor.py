@@ -114,6 +114,34 @@ def test_a_plan_runs_inside_its_backends_running_context(monkeypatch):
     assert entered == ["in", "out", "in", "out"]
 
 
+def test_held_enters_the_running_context_once_for_its_runs(monkeypatch):
+    """Executor.held (gradcheck's numerical differences): the backend's context entered
+    once around the block's runs, which compute what runs outside it compute; after the
+    block each run enters it again."""
+    entered = []
+
+    @contextlib.contextmanager
+    def running(ops=None):
+        entered.append("in")
+        yield
+        entered.append("out")
+
+    monkeypatch.setattr(CPU, "running", running, raising=True)
+    x, w1, w2, loss = _mlp()
+    g = engine.Graph([loss])
+    g.compute()
+    want = loss.numpy().copy()
+    executor = g.plan.executor
+    entered.clear()
+    with executor.held():
+        for _ in range(3):
+            executor.run()
+            np.testing.assert_array_equal(loss.numpy(), want)
+    assert entered == ["in", "out"]
+    executor.run()
+    assert entered == ["in", "out", "in", "out"]
+
+
 def test_blas_is_held_only_for_a_plan_with_a_product(monkeypatch):
     from engine.backends.cpu import threads
     held = []

@@ -293,6 +293,14 @@ def test_a_bad_parallel_setting_is_one_usage_line(monkeypatch, capsys):
     assert "GRADVERIFY_PARALLEL must be 1 or 0" in _one_line_usage_error(["--list"], capsys)
 
 
+@pytest.mark.parametrize("value", ["many", "-1", "65"])
+def test_a_bad_compile_ahead_setting_is_one_usage_line(value, monkeypatch, capsys):
+    monkeypatch.setenv("GRADVERIFY_COMPILE_AHEAD", value)
+    line = _one_line_usage_error(["--op", "relu", "--no-progress"], capsys)
+    assert line == (f"gradcheck: GRADVERIFY_COMPILE_AHEAD must be a number of helper "
+                    f"processes in [0, 64] (0 or off: none), got {value!r}")
+
+
 def test_a_ggml_lib_that_is_a_file_says_so(tmp_path, capsys):
     path = tmp_path / "libggml-base.so"
     path.write_text("not a directory")

@@ -1,7 +1,7 @@
 """The compile progress line (checkkit.compiling): numba's "numba:compile" event, fired by
 hand, is counted and named after the job running (else the kernel's module); a bar on a
-terminal, a line per op with --progress elsewhere, nothing with --no-progress; a real
-cached kernel shows it on its first run only."""
+terminal, a line per op with --progress elsewhere, nothing with --no-progress (but
+counted); a real cached kernel shows it on its first run only."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import textwrap
 import types
 
 import numba.core.event as numba_event
+import pytest
 
 from checkkit.compiling import compile_progress, job_subject, kernel_group, watch_jobs
 from checkkit.jobs import Job
@@ -60,7 +61,7 @@ def test_a_terminal_gets_one_bar_and_nothing_without_compilations():
         pass
     with compile_progress("optcheck", None, quiet) as listener:
         fire(kernel())
-    assert quiet.getvalue() == "" and listener is None
+    assert quiet.getvalue() == "" and listener.count == 1     # counted, never shown
 
 
 def test_names_and_modes():
@@ -98,3 +99,20 @@ def test_a_cached_kernel_shows_the_line_on_its_first_run_only(tmp_path):
         "gradcheck: compiling kernels for twice (first run only)…"
     assert "gradcheck: compiled 1 kernels in " in runs[0].stderr
     assert runs[1].stderr == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", [["--isolate"], ["--workers", "1"]])
+def test_a_worker_processs_compilations_show_on_the_command_line(tmp_path, where):
+    env = {**os.environ, "GRADVERIFY_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.getcwd()}
+    env.pop("NUMBA_CACHE_DIR", None)
+    run = subprocess.run([sys.executable, "-m", "gradcheck.cli", "--op", "neg", "--dtype",
+                          "f64", "--progress", "--no-torch", *where], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    # after the case bar's text on its line (a log's --progress shows both)
+    assert any(line.endswith("gradcheck: compiling kernels for neg (first run only)…")
+               for line in lines)
+    assert any(line.startswith("gradcheck: compiled ") for line in lines)
