@@ -47,7 +47,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from engine.reference_math import torch_gelu_erf
+from engine.reference_math import torch_gelu, torch_gelu_erf
 from engine.registry import registered as op
 
 Domain = tuple    # (kind, low, high): an engine.samples.InputSpec generator and its range
@@ -413,7 +413,7 @@ for _row in [
     Unary("sigmoid", sigmoid, sigmoid_gradient, lambda x: x.sigmoid(),
           domain=("uniform", -5.0, 5.0), wide=WIDE, special=_saturated(8.0, 40.0),
           doc="1 / (1 + e^-x)"),
-    Unary("gelu", gelu, gelu_gradient, _functional("gelu", approximate="tanh"),
+    Unary("gelu", gelu, gelu_gradient, lambda x, **params: torch_gelu(x),
           domain=("uniform", -4.0, 4.0), wide=WIDE, special=_saturated(4.0, 30.0),
           doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), torch's approximate='tanh'"),
     Unary("gelu_erf", gelu_erf, gelu_erf_gradient, lambda x, **params: torch_gelu_erf(x),
