@@ -46,11 +46,20 @@ ones 58 to 892 times; both at most half of it now):
 A 16-bit sum is rounded twice, to float32 and then to 16 bits: the correctly rounded result
 but within 2^-24 of a 16-bit tie. A graph without broadcast gradients is built as before,
 and float64 graphs always (softmax's mask goes wide in its own rule, engine.ops.softmax,
-in float64 for every dtype). What float32's costs, where a graph has them: a bias's
-gradient (add of a row to a batch) makes the batch's gradient, and the rule of the op
-that consumes the sum, in float64, a cast each way (bench/bench_wide_gradients.py: a bias
-added to a (2048, 4096) batch went from 0.41 to 0.98 of torch's forward + backward, one
-thread, a loaded machine; docs/guides/engine.md).
+in float64 for every dtype).
+
+Float32 widens only its explicit broadcasts, the ops that do nothing but copy their input
+(F32_WIDENS: expand, broadcast_to, repeat): the failures above came from them, and there
+the cost is the consumer's rule run in float64 once. Widening every float32 sum over
+broadcast axes (first tried) made a bias's gradient, a batch-broadcast matmul's weight
+gradient and so every convolution's weight gradient go through float64: a bias added to a
+(2048, 4096) batch went from 0.41 to 0.98 of torch's forward + backward
+(bench/bench_wide_gradients.py, one thread, a loaded machine), and a convolution's
+columns' gradient, read through a cast, lost its transposed product
+(engine.ops.shape.transposed_product) and was copied
+(tests/engine/backends/cpu/test_im2col_pool.py). Those float32 sums add terms that are
+made in float32 as torch makes them, and a float32 BLAS product accumulates in float32
+anyway; their cancellation is what the precision verdict measures against torch's float32.
 """
 
 from __future__ import annotations
@@ -66,6 +75,8 @@ from engine.tensor import FLOAT_NAMES, Flag, Tensor, as_dtype, dtype_name, is_fl
 # that dtype wants wide (module doc)
 WIDER = {as_dtype("f16"): as_dtype("f32"), as_dtype("bf16"): as_dtype("f32"),
          as_dtype("f32"): as_dtype("f64")}
+# the ops whose float32 nodes widen: the explicit broadcasts (module doc)
+F32_WIDENS = frozenset({"expand", "broadcast_to", "repeat"})
 
 
 def _topo(outputs, seen: set[int], order: list[Tensor]) -> None:
@@ -269,8 +280,9 @@ def _narrower(dtype, than) -> bool:
 
 def _wants_wide(nodes, needs) -> dict[int, np.dtype]:
     """Which nodes want a wide gradient (module doc), and its dtype (WIDER's, of theirs), in
-    the graph's order: a node below float64 whose rule adds up terms made from its
-    gradient, or that only moves its gradient's values to an input that wants one."""
+    the graph's order: a 16-bit node (a float32 one of F32_WIDENS) whose rule adds up terms
+    made from its gradient, or that only moves its gradient's values to an input that wants
+    one."""
     wide: dict[int, np.dtype] = {}
     for t in nodes:
         if t.is_leaf or not needs.get(t.id) or not _widens(t):
@@ -280,7 +292,8 @@ def _wants_wide(nodes, needs) -> dict[int, np.dtype]:
             continue
         if (op.kind == "view" or t.op == "cont") and wide.get(t.srcs[0].id):
             wide[t.id] = WIDER[t.dtype]
-        elif _adds_up_its_gradient(op, t, needs):
+        elif ((t.dtype != np.float32 or t.op in F32_WIDENS)
+              and _adds_up_its_gradient(op, t, needs)):
             wide[t.id] = WIDER[t.dtype]
     return wide
 

@@ -45,6 +45,13 @@ ALLOWED = {
         "the benchmark's data for its child processes, in a TemporaryDirectory",
     ("engine/backends/cpu/disk_cache.py", "index_lock", "os.open"):
         "an empty lock file beside a numba cache index, in the kernel cache, never written",
+    ("checkkit/ahead.py", "_help", "os.open"):
+        "a compile-ahead helper's stdout and stderr sent to os.devnull",
+    ("checkkit/compiling.py", "_children_log", "open"):
+        "creates the children's compile log, empty, in a TemporaryDirectory of its own",
+    ("checkkit/compiling.py", "on_start", "os.open"):
+        "a child appends a line to that log (O_APPEND, no O_CREAT: never makes a file), named "
+        "to it by its parent",
     ("reports/scoreboard.py", "_read_capped", "os.open"):
         "reads a result file (O_RDONLY; O_NONBLOCK so that a FIFO cannot hang it)",
 }

@@ -88,7 +88,7 @@ def test_a_planted_out_of_bounds_write_is_a_crash_row_and_the_report_is_written(
 
 def test_the_scale_tier_runs_our_engine_isolated_by_default(tmp_path):
     status, report, err = planted_gradcheck(tmp_path, "--op", "relu", "--tier", "scale",
-                                            "-k", "x=[1031,1031])")
+                                            "-k", "type=f32,x=[1031,1031])")
     assert status == 1, err
     (row,) = report["results"]
     assert row["status"] == "crash" and "SIGSEGV" in row["message"]
