@@ -4,16 +4,18 @@ side in one run (a benchmark, not a test).
     python bench/bench_wide_gradients.py --threads 1
     python bench/bench_wide_gradients.py --threads 1 --rounds 5
 
-Graph.build_backward makes the gradient of a float32 operand broadcast by an op or a view
-from float64 terms, rounded once (engine/graph.py, WIDER): the rule that makes the terms
-runs on float64 casts of its inputs, the sum adds float64 values and its result, and the
-gradients of the other inputs of the summing node, are cast back. bench/bench_ops.py does
-not see that cost, since its backward applies the ops' rules itself (op_timing.vjp_nodes);
-this times whole graphs, forward and backward, as training builds them: a bias added to
-(or a scale multiplied into) a (2048, 4096) batch under a weighted sum, and an MLP
-784-128-10 with biases on a batch of 256 under cross-entropy. Each side's figure is the
-median over rounds of the fastest of a few calls, engine and torch alternating, so that a
-noisy spell on the shared machine falls on both; read the ratios, not the seconds.
+Graph.build_backward makes the gradient of a float32 operand broadcast by a view (expand,
+broadcast_to, repeat: engine/graph.py, F32_WIDENS) from float64 terms, rounded once: the
+rule that makes the terms runs on float64 casts of its inputs, the sum adds float64 values
+and its result is cast back. An op's own broadcasting (a bias added to a batch) was
+widened too at first and cost a bias's gradient 0.41 -> 0.98 of torch's forward +
+backward; it is not any more, and these graphs time that: a bias added to (or a scale
+multiplied into) a (2048, 4096) batch under a weighted sum, and an MLP 784-128-10 with
+biases on a batch of 256 under cross-entropy. bench/bench_ops.py does not see such costs,
+since its backward applies the ops' rules itself (op_timing.vjp_nodes); this times whole
+graphs, forward and backward, as training builds them. Each side's figure is the median
+over rounds of the fastest of a few calls, engine and torch alternating, so that a noisy
+spell on the shared machine falls on both; read the ratios, not the seconds.
 """
 
 from __future__ import annotations
