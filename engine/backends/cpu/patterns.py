@@ -305,6 +305,16 @@ def sum_any_order(a, n):
 
 
 @any_order
+def value_sum_any_order(a, n, fmt):
+    """value(a[0]) + ... + value(a[n - 1]) in float64, in vector lanes, as sum_any_order
+    (for 16-bit patterns too)."""
+    total = 0.0
+    for j in range(n):
+        total += value(a[j], fmt)
+    return total
+
+
+@any_order
 def dot_any_order(a, b, n, fmt):
     """value(a[0]) value(b[0]) + ... + value(a[n - 1]) value(b[n - 1]) in an order of
     LLVM's choosing, as sum_any_order: in blocks of 1024 terms summed in the work type

@@ -70,6 +70,7 @@ from engine.backends.cpu.patterns import (
     row_extreme,
     sum_any_order,
     value,
+    value_sum_any_order,
     work,
     work_dtype,
 )
@@ -219,15 +220,6 @@ def _sum_heads(part, out, nb, nh, nr, fmt):
         out[h] = rounded(total, out, fmt)
 
 
-@any_order
-def _row_total(a, n, fmt):
-    """value(a[0]) + ... + value(a[n - 1]) in float64, in vector lanes (sum_any_order)."""
-    total = 0.0
-    for j in range(n):
-        total += value(a[j], fmt)
-    return total
-
-
 @contracting
 def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
     """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k]), the sum in float64
@@ -238,7 +230,7 @@ def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
         gr = g[r]
         yr = y[r]
         orow = out[r]
-        inv = 1.0 / _row_total(yr, n, fmt) if renormalize else 1.0
+        inv = 1.0 / value_sum_any_order(yr, n, fmt) if renormalize else 1.0
         dot = work(dot_any_order(gr, yr, n, fmt) * inv, y)
         s = work(scale * inv, y)
         for j in range(n):
@@ -257,15 +249,6 @@ def _log_softmax_rows(x, out, fmt):
             orow[j] = value(xr[j], fmt) - lse
 
 
-@any_order
-def _value_sum(a, n, fmt):
-    """value(a[0]) + ... + value(a[n - 1]) in float64, in vector lanes (as sum_any_order)."""
-    total = 0.0
-    for j in range(n):
-        total += value(a[j], fmt)
-    return total
-
-
 def exp_any(v, dst):
     """e^v for any v, for an element of array `dst`. Compiled code only."""
     raise NotImplementedError("softmax.exp_any runs inside numba kernels only")
@@ -281,7 +264,7 @@ def _exp_any(v, dst):
 @contracting
 def _log_softmax_back_rows(g, y, out, fmt):
     """out[r, j] = g[r, j] - exp(y[r, j]) sum_k g[r, k]: the sum in float64
-    (_value_sum), the rest in float64 for float rows and float32 for 16-bit ones; the
+    (value_sum_any_order), the rest in float64 for float rows and float32 for 16-bit ones; the
     exponential vector_math's (libm's for float64 rows), any y (log_softmax's outputs
     are <= 0)."""
     rows, n = y.shape
@@ -289,7 +272,7 @@ def _log_softmax_back_rows(g, y, out, fmt):
         gr = g[r]
         yr = y[r]
         orow = out[r]
-        total = work(_value_sum(gr, n, fmt), y)
+        total = work(value_sum_any_order(gr, n, fmt), y)
         for j in range(n):
             orow[j] = rounded(value(gr[j], fmt)
                               - work(exp_any(value(yr[j], fmt), orow), y) * total, orow, fmt)
