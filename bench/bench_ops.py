@@ -274,14 +274,20 @@ def parse(argv=None):
 
 
 def set_threads(n: int | None) -> int:
-    """Torch on the engine's thread count (set first to `n` where given); the count."""
+    """Torch on the engine's thread count (set first to `n` where given); the count. numpy's
+    BLAS is limited to it as well: the engine holds BLAS to one thread only while its own
+    chunks run (more than one thread), so at `--threads 1` its products would otherwise run
+    on every core against torch's one."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     from engine.backends.cpu import threads
     if n is not None:
         threads.set_num_threads(n)
-    torch.set_num_threads(threads.get_num_threads())
-    return threads.get_num_threads()
+    n = threads.get_num_threads()
+    torch.set_num_threads(n)
+    threadpool_limits(n, user_api="blas")
+    return n
 
 
 def run(cases, repeat: int, rounds: int, progress=None) -> list[Row]:

@@ -17,9 +17,10 @@ input) is judged by
                     own scale, else a 30% error in it would pass (gradcheck.verdict:
                     power); one far smaller is the cancellation of terms of the case's
                     size, which err as those terms do (a lucky reference can err less),
-                    or lies in a tail where the float64 truth is no better (torch's
-                    float64 GELU gradient at x = -11.5 is 0.75% off: it loses Phi(x) to
-                    1 + erf(x / sqrt 2) = 0)
+                    or lies in a tail where a float64 truth can be no better (torch's
+                    own float64 GELU gradient at x = -11.5 is 0.75% off: it loses Phi(x)
+                    to 1 + erf(x / sqrt 2) = 0; the truths of gelu and gelu_erf are
+                    therefore forms that keep the tail, engine/reference_math.py)
 
 r_f64 is the float64 truth on the same rounded inputs (torch autograd in float64 where the
 op has a torch equivalent, else our float64 graph in the CPU backend's plain mode). The
