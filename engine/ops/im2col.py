@@ -211,7 +211,7 @@ def _im2col_back_samples(dtype):
              ((1, 2, 5, 4), 3, 3, 1, 1, 1, {}, other)]
     # NKHW columns (conv_2d's): contiguous, strided and dilated, and a permuted view
     nkhw = [((2, 3, 6, 5), 3, 2, 2, 1, 1, {}, dtype),
-            ((2, 2, 7, 6), 3, 3, (1, 2), (1, 2), 2, {}, other),
+            ((2, 2, 7, 6), 3, 3, (1, 2), (1, 2), 2, {}, dtype),
             ((1, 2, 6, 6), 3, 3, 1, 1, 1, {"permute": (0, 3, 1, 2)}, dtype)]
     out = []
     for layout, rows in (("NHWK", cases), ("NKHW", nkhw)):
