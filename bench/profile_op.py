@@ -1,7 +1,6 @@
 """Where a bench_ops case's forward + backward time goes: milliseconds per call, node by node.
 
     python bench/profile_op.py --op conv_2d                 # one thread, CPU time
-    OPENBLAS_NUM_THREADS=1 python bench/profile_op.py --op conv_2d --threads 1
     python bench/profile_op.py --op conv_transpose_2d --threads 2 --calls 10
 
 Builds the graph that bench/op_timing.py times for the op's first bench case (or the one
@@ -9,22 +8,23 @@ whose string contains `--case`): the forward and the gradients of its differenti
 inputs for a fed upstream gradient, and times each node's calls by a call wrapper
 (Graph.call_wrapper), largest first, then the whole call's. On one thread each node is
 timed by `time.thread_time` (this thread's CPU time: the load of a shared machine costs
-it little); on more, by `time.perf_counter`. With GRADVERIFY_THREADS or --threads 1 the
-engine leaves BLAS's own threads as they are (engine.backends.cpu.threads): set
-OPENBLAS_NUM_THREADS=1 for one thread in all. A profile, not a benchmark: bench_ops.py
-holds the ratios and targets.
+it little) with BLAS held to one thread too (an engine on one thread leaves BLAS's own
+threads as they are: engine.backends.cpu.threads); on more, by `time.perf_counter`. A
+profile, not a benchmark: bench_ops.py holds the ratios and targets.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
 import op_timing
+from profile_mnist import node_timer
 from tabulate import tabulate
 
-from engine.backends.cpu.threads import get_num_threads, set_num_threads
+from engine.backends.cpu.threads import get_num_threads, one_blas_thread, set_num_threads
 from engine.registry import get_op
 
 
@@ -50,24 +50,15 @@ def main(argv=None) -> int:
     if graph is None:
         p.error(f"{case} has no gradient to profile")
     times: dict = {}
-
-    def wrap(label, call):
-        entry = times.setdefault(tuple(label), [0.0, 0])
-
-        def timed():
-            t0 = clock()
-            call()
-            entry[0] += clock() - t0
-            entry[1] += 1
-        return timed
-    graph.call_wrapper = wrap
-    graph.compute()                        # bound with the wrapper; compiled and faulted in
+    graph.call_wrapper = node_timer(times, clock)
+    graph.compute()                        # bound with the wrapper
     for entry in times.values():           # zeroed in place: the wrapped calls hold them
         entry[:] = [0.0, 0]
-    t0 = clock()
-    for _ in range(args.calls):
-        graph.compute()
-    whole = (clock() - t0) / args.calls * 1e3
+    with one_blas_thread() if args.threads == 1 else contextlib.nullcontext():
+        t0 = clock()
+        for _ in range(args.calls):
+            graph.compute()
+        whole = (clock() - t0) / args.calls * 1e3
     rows = [[op, name, "x".join(map(str, shape)) or "()", sec / args.calls * 1e3,
              f"{sec / args.calls * 1e3 / whole:.1%}"]
             for (_, op, name, shape), (sec, _) in sorted(times.items(), key=lambda kv: -kv[1][0])]

@@ -24,8 +24,8 @@ im2col and col2im copy and add whole rows (the fast paths im2col:rows and
 im2col_back:rows). On the bench case, (64, 32, 32, 32) by (64, 32, 3, 3) with padding 1,
 forward and backward went from (N, P, K) columns multiplied transposed to NKHW columns:
 im2col 11.7 -> 9.5-9.7 ms, col2im 25.0 -> 8.7-9.9, the three products 81 -> 83-85, 121 ->
-106 ms in all (`OPENBLAS_NUM_THREADS=1 python bench/profile_op.py --op conv_2d`: one
-thread's CPU time per node). OpenBLAS packs an operand whose rows lie 4 KiB apart slowly:
+106 ms in all (`python bench/profile_op.py --op conv_2d`: one thread's CPU time per
+node, BLAS on one thread). OpenBLAS packs an operand whose rows lie 4 KiB apart slowly:
 w_rows @ cols[n] with P = 1024 took 30-33 ms where rows padded to 1040 took 23-26 (a
 one-off script). Columns first copies its output, N*P*O elements, in the forward pass;
 but OpenBLAS makes an (O, K) @ (K, P) product with few rows O slowly: for P = 196, K = 72
