@@ -7,21 +7,31 @@ conv2d:
                         w[o, c, ky, kx] x[n, c, oy s_h - p_h + ky d_h, ox s_w - p_w + kx d_w]
 
 (x read as 0 in the padding), OH = (H + 2 p_h - d_h (KH - 1) - 1) // s_h + 1 (OW likewise).
-With K = C*KH*KW, P = OH*OW, cols = reshape(im2col(x, ...), (N, P, K)) (dtype w's) and
-w_rows = reshape(w, (O, K)), it is composed in one of two arrangements, batched over n:
+With K = C*KH*KW, P = OH*OW and w_rows = reshape(w, (O, K)), it is composed in one of two
+arrangements, batched over n, each on im2col's columns (dtype w's) in its own layout:
 
-    kernel rows first:  out[n] = w_rows @ cols[n]^T                  (O, P): already NCHW
-    columns first:      out[n] = (cols[n] @ w_rows^T)^T              (P, O), then copied NCHW
+    kernel rows first:  cols = reshape(im2col(x, layout NKHW), (N, K, P))
+                        out[n] = w_rows @ cols[n]                    (O, P): already NCHW
+    columns first:      cols = reshape(im2col(x), (N, P, K))
+                        out[n] = (cols[n] @ w_rows^T)^T              (P, O), then copied NCHW
 
 so its gradients come from those parts: im2col_back for x, matmul's rule for w. Neither
-copies the columns' gradient: in kernel rows first it comes out of matmul's rule as the
-transpose of w_rows^T @ g[n], which the reshape before im2col_back computes transposed,
-g[n]^T @ w_rows, (P, K) (engine.ops.shape.contiguous_product), rather than copying it.
-Columns first copies its output, N*P*O elements, in the forward pass; but OpenBLAS makes
-an (O, K) @ (K, P) product with few rows O slowly: for P = 196, K = 72 and O = 16, 32, 64
-the kernel rows first product takes 1.39, 1.10 and 0.91 times the columns first product
-and its copy (one thread's CPU time, numpy 2.x's OpenBLAS, a one-off script on this
-2-core machine). So:
+copies the columns' gradient: in kernel rows first it is w_rows^T @ g[n], (K, P), already
+in the columns' layout; in columns first, g[n]^T @ w_rows, (P, K), which the reshape
+before im2col_back computes as such (engine.ops.shape.contiguous_product) rather than as
+the transpose of w_rows^T @ g[n]. The NKHW columns are shifted rows of the image's planes:
+im2col and col2im copy and add whole rows (the fast paths im2col:rows and
+im2col_back:rows). On the bench case, (64, 32, 32, 32) by (64, 32, 3, 3) with padding 1,
+forward and backward went from (N, P, K) columns multiplied transposed to NKHW columns:
+im2col 11.7 -> 9.5-9.7 ms, col2im 25.0 -> 8.7-9.9, the three products 81 -> 83-85, 121 ->
+106 ms in all (`python bench/profile_op.py --op conv_2d`: one thread's CPU time per
+node, BLAS on one thread). OpenBLAS packs an operand whose rows lie 4 KiB apart slowly:
+w_rows @ cols[n] with P = 1024 took 30-33 ms where rows padded to 1040 took 23-26 (a
+one-off script). Columns first copies its output, N*P*O elements, in the forward pass;
+but OpenBLAS makes an (O, K) @ (K, P) product with few rows O slowly: for P = 196, K = 72
+and O = 16, 32, 64 the kernel rows first product (then on transposed (P, K) columns)
+took 1.39, 1.10 and 0.91 times the columns first product and its copy (one thread's CPU
+time, numpy 2.x's OpenBLAS, a one-off script on this 2-core machine). So:
 
 - x with no gradient (it depends on no param, as a model's input images), or K <= O, or
   O >= ROWS_FIRST_MIN_OUT: kernel rows first, no copy at all;
@@ -95,12 +105,14 @@ def conv_2d(x, w, stride=1, padding=0, dilation=1):
     n = x.shape[0]
     o, c, kh, kw = w.shape
     k = c * kh * kw
-    cols = reshape(im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype),
-                   (n, oh * ow, k))
     w_rows = reshape(cont_if_strided(w), (o, k))                 # a strided kernel is copied
     if o >= ROWS_FIRST_MIN_OUT or k <= o or not _depends_on_a_param(x):
-        out = matmul(w_rows, transpose(cols))                      # (N, O, OH*OW)
+        cols = reshape(im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype,
+                              layout="NKHW"), (n, k, oh * ow))
+        out = matmul(w_rows, cols)                                 # (N, O, OH*OW)
     else:
+        cols = reshape(im2col(x, kh, kw, stride, padding, dilation, dtype=w.dtype),
+                       (n, oh * ow, k))
         out = cont(transpose(matmul(cols, transpose(w_rows))))     # (N, OH*OW, O) -> NCHW
     return reshape(out, (n, o, oh, ow))
 

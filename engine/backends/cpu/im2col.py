@@ -32,6 +32,15 @@ Images of SCATTER_MIN_CHANNELS channels or more take the fast path im2col_back:s
 instead (its plain twin: the gather): per image, g's column vectors in memory order, each
 added into a float64 copy of the image in an order that gives every cell its terms in the
 gather's (ky, kx) order, so both produce the same bits.
+
+Columns in the layout NKHW, (N, C*KH*KW, OH, OW) (engine.ops.im2col's `layout`, as
+conv_2d multiplies them: kernel rows @ each image's (K, P) columns), are one image plane
+per row k = (c, ky, kx), shifted by (ky, kx): the fast paths im2col:rows and
+im2col_back:rows copy and add whole rows of a plane, each (n, c) on its own, with the
+bounds worked out once per row instead of per element. col2im adds the KH*KW rows of a
+channel into one float64 plane (H*W doubles, in L1) with ky, then kx, ascending: each cell
+receives its terms in the gather's order, so both give the same bits. Their plain twins
+are the kernels above on the (N, OH, OW, K) view of the same memory.
 """
 
 from __future__ import annotations
@@ -156,6 +165,67 @@ def _im2col_back_scatter(g, dx, rows, cols, sh, sw, ph, pw, dh, dw):
                     dx[i, ch, y, xx] = acc[ch, y, xx]
 
 
+@parallel_kernel
+def _im2col_rows(x, out, kh, kw, sh, sw, ph, pw, dh, dw):
+    """out[n, (c*kh + ky)*kw + kx, oy, ox] = x[n, c, y, x] (0 outside the image): for each
+    (n, c) and window cell (ky, kx), the plane of x shifted by it, row by row. (A row
+    split into its padding and its inside, each a loop of its own, took 2.5x as long: LLVM
+    makes such loops memset and memmove calls, one per piece of 32 elements or so.)"""
+    n, c, h, w = x.shape
+    oh, ow = out.shape[2], out.shape[3]
+    zero = out.dtype.type(0)
+    for r in prange(n * c):
+        i = r // c
+        ch = r - i * c
+        for ky in range(kh):
+            for kx in range(kw):
+                dst = out[i, (ch * kh + ky) * kw + kx]
+                x0 = kx * dw - pw
+                for oy in range(oh):
+                    y = oy * sh - ph + ky * dh
+                    row = dst[oy]
+                    if y < 0 or y >= h:
+                        for ox in range(ow):
+                            row[ox] = zero
+                        continue
+                    src = x[i, ch, y]
+                    for ox in range(ow):
+                        xx = ox * sw + x0
+                        row[ox] = src[xx] if 0 <= xx < w else zero
+
+
+@parallel_kernel
+def _im2col_back_rows(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
+    """_im2col_back's result from NKHW columns g (the fast path im2col_back:rows): for each
+    (n, c), the rows of g[n, (c*kh + ky)*kw + kx] added into a float64 plane at their
+    shift, ky and then kx ascending (each cell's terms in the gather's order), the plane
+    written once."""
+    n, c, h, w = dx.shape
+    oh, ow = g.shape[2], g.shape[3]
+    for r in prange(n * c):
+        i = r // c
+        ch = r - i * c
+        acc = np.zeros((h, w), np.float64)
+        for ky in range(kh):
+            for kx in range(kw):
+                src = g[i, (ch * kh + ky) * kw + kx]
+                x0 = kx * dw - pw
+                for oy in range(oh):
+                    y = oy * sh - ph + ky * dh
+                    if y < 0 or y >= h:
+                        continue
+                    row = src[oy]
+                    plane_row = acc[y]
+                    for ox in range(ow):
+                        xx = ox * sw + x0
+                        if 0 <= xx < w:
+                            plane_row[xx] += row[ox]
+        out = dx[i, ch]
+        for y in range(h):
+            for xx in range(w):
+                out[y, xx] = acc[y, xx]
+
+
 def window_size(k: int):
     """What the kernels take for a window side k: a tuple of k zeros (k compiled into the
     kernel) up to STATIC_WINDOW, an array of k zeros (k read at run time) beyond."""
@@ -175,18 +245,37 @@ def window_table(size: int, out_size: int, k: int, stride: int, padding: int,
     return table
 
 
+def _window_args(stride, padding, dilation) -> tuple:
+    return (stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1])
+
+
 @threads.split
-def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
-    """Dispatcher of im2col: kernel(out, [x], **params); out has the columns' dtype."""
+def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype, layout="NHWK"):
+    """Dispatcher of im2col: kernel(out, [x], **params); out has the columns' dtype, and
+    the shape of `layout`: (N, OH, OW, K) or, NKHW, (N, K, OH, OW)."""
     (x,) = ins
+    if layout == "NKHW":
+        if not paths.PLAIN:
+            paths.taken("im2col:rows")
+            _im2col_rows(x, out, kh, kw, *_window_args(stride, padding, dilation))
+            return
+        out = out.transpose(0, 2, 3, 1)     # the plain twin: the gather into the NHWK view
     _im2col(x, out, window_size(kh), window_size(kw), stride[0], stride[1],
             padding[0], padding[1], dilation[0], dilation[1])
 
 
 @threads.split
-def cpu_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype):
-    """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype."""
+def cpu_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype,
+                    layout="NHWK"):
+    """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype, g
+    the columns' shape in `layout` (see cpu_im2col)."""
     (g,) = ins
+    if layout == "NKHW":
+        if not paths.PLAIN:
+            paths.taken("im2col_back:rows")
+            _im2col_back_rows(g, out, kh, kw, *_window_args(stride, padding, dilation))
+            return
+        g = g.transpose(0, 2, 3, 1)         # the plain twin: the gather from the NHWK view
     oh, ow = g.shape[1], g.shape[2]
     if x_shape[1] >= SCATTER_MIN_CHANNELS and not paths.PLAIN:
         paths.taken("im2col_back:scatter")

@@ -2,17 +2,18 @@
 
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, col2im's scatter,
-the chunked sums, the column bands of get_rows_back's scatter, numba's parallel
-compilations, the activations' vectorised float32 math, attention's compiled tasks) has a
-plain twin, and gradcheck's scale tier compares the two. Three tools make that possible:
+im2col's and col2im's rows, the chunked sums, the column bands of get_rows_back's
+scatter, numba's parallel compilations, the activations' vectorised float32 math,
+attention's compiled tasks) has a plain twin, and gradcheck's scale tier compares the two.
+Three tools make that possible:
 
 - `plain()`: while the block runs, kernels bound or run take their plain twins only: one
   thread and no chunks, BLAS for every product, numpy's copies, the general pooling
-  kernels, col2im's gather, sums by numpy in float64, get_rows_back in one band, serial
-  compilations, the activations' libm math, attention's Python loop over numpy's matmuls.
-  It is the independent float64 reference of the scale tier (where torch has no
-  equivalent) and a way to tell whether a wrong result comes from a fast path. A plan
-  bound outside the block keeps the paths it was bound with.
+  kernels, im2col's and col2im's gathers, sums by numpy in float64, get_rows_back in one
+  band, serial compilations, the activations' libm math, attention's Python loop over
+  numpy's matmuls. It is the independent float64 reference of the scale tier (where torch
+  has no equivalent) and a way to tell whether a wrong result comes from a fast path. A
+  plan bound outside the block keeps the paths it was bound with.
 - `poisoned()`: arenas allocated in the block are filled with NaN bytes, as reused
   memory holds garbage (np.empty of a big arena gives fresh, zeroed pages).
 - `recording()`: a Counter of the fast paths taken while the block runs, by name (see
@@ -45,6 +46,10 @@ KNOWN = {
     "pool_2d_back:tiled": "max pooling whose windows tile the image, backward",
     "im2col_back:scatter": "col2im scattering each image's column vectors into a float64 "
                            "image, instead of a gather per image cell",
+    "im2col:rows": "NKHW columns written as shifted rows of each image plane, instead of "
+                   "the gather into their NHWK view",
+    "im2col_back:rows": "col2im from NKHW columns adding whole rows into a float64 plane "
+                        "per (image, channel), instead of the gather from their NHWK view",
     "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
     "sum:chunks_split": "a whole-tensor sum's chunks as ranges on the engine's threads",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",

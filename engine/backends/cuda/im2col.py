@@ -16,6 +16,9 @@ thread per image cell (n, c, y, x) sums, in float64 as the CPU kernel does,
 
 and writes once: no atomics, so the result does not depend on thread timing.
 
+Columns in the layout NKHW, (N, C*KH*KW, OH, OW), run the same kernels on their (N, OH,
+OW, C*KH*KW) view (a permutation of the axes: the columns written or read strided).
+
 The 1-D ops run the same kernels on 4-axis views, (N, C, L) as (N, C, 1, L) and (N, OL, C*K)
 as (N, 1, OL, C*K), with a 1 x K window.
 """
@@ -75,16 +78,27 @@ def _launch(kernel, out, src, kh, kw, stride, padding, dilation):
                 padding[1], dilation[0], dilation[1])
 
 
-def cuda_im2col(out, ins, kh, kw, stride, padding, dilation, dtype):
-    """Dispatcher of im2col: kernel(cols, [x], **params); cols has the columns' dtype."""
+def _nhwk(cols, layout: str):
+    """Columns in `layout` as their (N, OH, OW, K) view."""
+    if layout == "NHWK":
+        return cols
+    return strided(cols, [cols.shape[a] for a in (0, 2, 3, 1)],
+                   [cols.strides[a] for a in (0, 2, 3, 1)])
+
+
+def cuda_im2col(out, ins, kh, kw, stride, padding, dilation, dtype, layout="NHWK"):
+    """Dispatcher of im2col: kernel(cols, [x], **params); cols has the columns' dtype and
+    the shape of `layout`."""
     (x,) = ins
-    _launch(_im2col, out, x, kh, kw, stride, padding, dilation)
+    _launch(_im2col, _nhwk(out, layout), x, kh, kw, stride, padding, dilation)
 
 
-def cuda_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype):
-    """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype."""
+def cuda_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype,
+                     layout="NHWK"):
+    """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype, g
+    the shape of `layout`."""
     (g,) = ins
-    _launch(_im2col_back, out, g, kh, kw, stride, padding, dilation)
+    _launch(_im2col_back, out, _nhwk(g, layout), kh, kw, stride, padding, dilation)
 
 
 def _unit_axis(arr, axis: int):
@@ -111,12 +125,14 @@ def cuda_im2col_1d_back(out, ins, x_shape, k, stride, padding, dilation, dtype):
 
 
 def _signatures():
-    """(kernel, signature) for every dtype pair: inputs strided, outputs C-contiguous."""
+    """(kernel, signature) for every dtype pair: inputs strided, outputs C-contiguous, and
+    im2col's output strided (NKHW columns, written through their NHWK view)."""
     ints = ", ".join(["int64"] * 8)
     sigs = []
     for src in ("float32", "float64"):
         for dst in ("float32", "float64"):
-            sigs.append((_im2col, f"void({src}[:, :, :, :], {dst}[:, :, :, ::1], {ints})"))
+            for out in ("[:, :, :, ::1]", "[:, :, :, :]"):
+                sigs.append((_im2col, f"void({src}[:, :, :, :], {dst}{out}, {ints})"))
             sigs.append((_im2col_back, f"void({src}[:, :, :, :], {dst}[:, :, :, ::1], {ints})"))
     return sigs
 

@@ -363,7 +363,10 @@ OPS: dict[str, GgmlOp] = {
                                                       g.contiguous(xs[1]))),
     "rms_norm": GgmlOp("ggml_rms_norm(cont(x), eps)", lambda g, case, xs: g.rms_norm(
         g.contiguous(xs[0]), case.kwargs["eps"])),
-    "im2col": GgmlOp("ggml_im2col(is_2D, F32)", _im2col),
+    "im2col": GgmlOp("ggml_im2col(is_2D, F32)", _im2col,
+                     lambda case: None if case.kwargs.get("layout", "NHWK") == "NHWK" else
+                     "ggml_im2col writes its columns (N, OH, OW, C*KH*KW) only; the case "
+                     "asks for layout NKHW"),
     "im2col_1d": GgmlOp("ggml_im2col(1-D, F32)", _im2col_1d),
     "conv_2d": GgmlOp("ggml_conv_2d(cont(w), x)", _conv_2d),
     "pool_2d": GgmlOp("ggml_pool_2d", _pool_2d),

@@ -86,11 +86,14 @@ def _in(x, dtype):
     return x if dtype is None else x.astype(DTYPES[dtype])
 
 
-def im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dtype=None):
+def im2col(x, kh, kw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), dtype=None,
+           layout="NHWK"):
     stride, padding, dilation = _pairs("im2col", stride=stride, padding=padding,
                                        dilation=dilation)
     cols = lax.conv_general_dilated_patches(x, (kh, kw), stride, [(p, p) for p in padding],
                                             rhs_dilation=dilation, dimension_numbers=NCHW)
+    if layout == "NKHW":
+        return _in(cols, dtype)                           # (N, C*KH*KW, OH, OW)
     return _in(jnp.moveaxis(cols, 1, -1), dtype)          # (N, OH, OW, C*KH*KW)
 
 

@@ -117,12 +117,15 @@ def _windows(x, kernel, stride, padding, dilation):
     return Tensor.stack(*cols, dim=2), out
 
 
-def _im2col(x, kh, kw, stride=1, padding=0, dilation=1, dtype=None):
-    """NCHW -> (N, OH, OW, C*KH*KW), columns ordered (c, ky, kx): written with pad and
-    strided slices (tinygrad's im2col is private to its pooling)."""
+def _im2col(x, kh, kw, stride=1, padding=0, dilation=1, dtype=None, layout="NHWK"):
+    """NCHW -> (N, OH, OW, C*KH*KW), columns ordered (c, ky, kx), or with layout NKHW
+    (N, C*KH*KW, OH, OW): written with pad and strided slices (tinygrad's im2col is
+    private to its pooling)."""
     n, c = x.shape[:2]
     cols, (oh, ow) = _windows(x, (kh, kw), _pair(stride), _pair(padding), _pair(dilation))
-    out = cols.reshape(n, c * kh * kw, oh, ow).permute(0, 2, 3, 1)
+    out = cols.reshape(n, c * kh * kw, oh, ow)
+    if layout == "NHWK":
+        out = out.permute(0, 2, 3, 1)
     return out if dtype is None else _cast(out, dtype)
 
 
@@ -146,9 +149,10 @@ def _vjp_at_zeros(forward, shape, g, **params):
     return dx
 
 
-def _im2col_back(g, x_shape, kh, kw, stride=1, padding=0, dilation=1, dtype=None):
+def _im2col_back(g, x_shape, kh, kw, stride=1, padding=0, dilation=1, dtype=None,
+                 layout="NHWK"):
     dx = _vjp_at_zeros(_im2col, x_shape, g, kh=kh, kw=kw, stride=stride, padding=padding,
-                       dilation=dilation)
+                       dilation=dilation, layout=layout)
     return dx if dtype is None else _cast(dx, dtype)
 
 

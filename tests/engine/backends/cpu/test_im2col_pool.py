@@ -280,6 +280,40 @@ def test_im2col_back_scatter_gives_the_gathers_bits(case, dtype, threads):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
 
 
+# --- NKHW columns: the rows paths against their gathers -------------------------------------------
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype, cols_dtype", [("f32", "f32"), ("f64", "f64"), ("f32", "f64")])
+@pytest.mark.parametrize("case", IM2COL_CASES.values(), ids=IM2COL_CASES.keys())
+def test_nkhw_rows_give_the_gathers_bits(case, dtype, cols_dtype, threads):
+    """im2col:rows writes the NHWK reference's columns with the window axis second, and
+    im2col_back:rows adds each cell's terms in the gather's order: the same bits as their
+    plain twins (the gathers on the NHWK view), on contiguous and strided inputs, at 1 and
+    2 threads."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(case[0]).astype(FLOATS[dtype])
+    params = dict(_im2col_params(case, cols_dtype), layout="NKHW")
+    want = im2col_reference(x, *case[1], *case[2:], FLOATS[cols_dtype]).transpose(0, 3, 1, 2)
+    g = rng.standard_normal(want.shape).astype(FLOATS[cols_dtype])
+    want_dx = im2col_back_reference(np.ascontiguousarray(g.transpose(0, 2, 3, 1)), x.shape,
+                                    *case[1], *case[2:], FLOATS[dtype])
+    back_params = dict(params, dtype=dtype)
+    with engine_thread_count(threads):
+        for xs in (x, _permuted(x)):
+            for mode, path in ((paths.recording, "im2col:rows"), (paths.plain, None)):
+                cols = _nan_buffer(want.shape, FLOATS[cols_dtype])
+                with mode() as taken:
+                    cpu_im2col(cols, [xs], **params)
+                assert path is None or taken[path] > 0
+                np.testing.assert_array_equal(cols, want)
+        for gs in (g, _permuted(g)):
+            for mode, path in ((paths.recording, "im2col_back:rows"), (paths.plain, None)):
+                dx = _nan_buffer(x.shape, FLOATS[dtype])
+                with mode() as taken:
+                    cpu_im2col_back(dx, [gs], x_shape=x.shape, **back_params)
+                assert path is None or taken[path] > 0
+                np.testing.assert_array_equal(dx.view(np.uint8), want_dx.view(np.uint8))
+
+
 # --- conv_2d -------------------------------------------------------------------------------------
 # (x shape, w shape, stride, padding, dilation); K = C*KH*KW above and below O (the two
 # arrangements conv_2d once chose between)

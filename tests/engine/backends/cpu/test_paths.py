@@ -26,6 +26,8 @@ REACHED_BY = {
     "pool_2d:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "pool_2d_back:tiled": ("pool_2d", "kernel=[2,2],mode=max"),
     "im2col_back:scatter": ("conv_2d", "x=[8,8,64,64]"),
+    "im2col:rows": ("im2col", "layout=NKHW"),
+    "im2col_back:rows": ("im2col", "layout=NKHW"),
     "sum:chunks": ("sum", "axis=None"),
     "sum:chunks_split": ("sum", "axis=None"),
     "sum:rows": ("sum", "x=[1500007,3]"),
