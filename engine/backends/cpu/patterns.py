@@ -4,6 +4,8 @@ bit patterns, instead of through half.widened's float32 temporaries.
     value(x[i], fmt)                   x float32/float64: the value in float64; uint16
                                        patterns of format fmt (half.F16, half.BF16): the
                                        value in float32 (exact)
+    value_number(x[i], fmt)            value(x[i], fmt) for an element that is not a NaN
+                                       (a NaN pattern may come back with its quiet bit set)
     work(v, x)                         float v in the type value() gives for x's elements
     out[i] = rounded(v, out, fmt)      out float: v (numba casts on store); out uint16:
                                        the pattern of v rounded to nearest even (via float32:
@@ -47,6 +49,12 @@ def value(v, fmt):
     """The float64 value of array element `v` (a 16-bit pattern of format `fmt`, or a
     float). Compiled code only."""
     raise NotImplementedError("patterns.value runs inside numba kernels only")
+
+
+def value_number(v, fmt):
+    """value(v, fmt) for an element `v` that is not a NaN pattern (the same value; for a NaN
+    pattern some NaN). Compiled code only."""
+    raise NotImplementedError("patterns.value_number runs inside numba kernels only")
 
 
 def rounded(v, dst, fmt):
@@ -118,6 +126,13 @@ def _narrow_fast(x, fmt):
     return nan if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else hw
 
 
+@scalar_math
+def _widen_number(h, fmt):
+    if fmt == BF16:
+        return widen_bf16(h)
+    return np.float32(_f16_bits_to_f32(np.uint16(h)))
+
+
 # A store through rounded() spends most of its time on the NaN fix-ups: rows of float16
 # values scaled in float64 and stored into a float16 row took 6.2 ms per 16M elements (one
 # thread), 2.4 ms with the fix-ups left out, as _narrow_number leaves them where the kernel
@@ -159,6 +174,15 @@ def _value(v, fmt):
     if isinstance(v, types.Integer):
         if F16C:
             return lambda v, fmt: _widen_fast(v, fmt)
+        return lambda v, fmt: widen(v, fmt)
+    return lambda v, fmt: np.float64(v)
+
+
+@overload(value_number)
+def _value_number(v, fmt):
+    if isinstance(v, types.Integer):
+        if F16C:       # float16 without _widen_fast's signalling-NaN fix-up
+            return lambda v, fmt: _widen_number(v, fmt)
         return lambda v, fmt: widen(v, fmt)
     return lambda v, fmt: np.float64(v)
 

@@ -29,6 +29,7 @@ from engine.backends.cpu.patterns import (
     row_extreme,
     sum_any_order,
     value,
+    value_number,
     work,
 )
 
@@ -169,6 +170,26 @@ def test_values_widen_patterns_exactly(dtype):
     got = _values(patterns, fmt_of(np.empty(1, DTYPES[dtype])))
     same = (got == values) | (np.isnan(got) & np.isnan(values))
     assert same.all()
+
+
+@numba.njit
+def _value_numbers(x, fmt):
+    out = np.empty(x.size, np.float64)
+    for i in range(x.size):
+        out[i] = value_number(x[i], fmt)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_value_number_is_value_on_every_number(dtype):
+    """value_number() leaves out value()'s signalling-NaN fix-up: the same value for every
+    pattern that is not a NaN, a NaN for every NaN."""
+    patterns = np.arange(1 << 16, dtype=np.uint16)
+    fmt = fmt_of(np.empty(1, DTYPES[dtype]))
+    got, want = _value_numbers(patterns, fmt), _values(patterns, fmt)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint64), want[~nan].view(np.uint64))
 
 
 @numba.njit
