@@ -63,16 +63,20 @@ def _pad_rows(xf, out2, idx, lead_out, lead_before, lead_n, lead_xst, before, n,
 
 def _plain(out, x, pads):
     """The plain twin: zero the output, then copy x into its interior block."""
-    fill_zero(out)
+    if out.flags.c_contiguous:
+        fill_zero(out)
+    else:
+        out[...] = 0
     copy_block(out[tuple(slice(b, b + n) for (b, _), n in zip(pads, x.shape, strict=True))], x)
 
 
 def _prepare(out, ins, pads):
     """Dispatcher of pad: kernel(out, [x], pads), pads = ((before, after), ...) per axis;
-    the plain twin in plain mode (and for an empty array, or a view numpy must copy)."""
+    the plain twin in plain mode (and for an empty array, a view numpy must copy or an
+    output that is not C-contiguous)."""
     (x,) = ins
     xf = flat_base(x)
-    if paths.PLAIN or out.size == 0 or x.size == 0 or xf is None:
+    if paths.PLAIN or out.size == 0 or x.size == 0 or xf is None or not out.flags.c_contiguous:
         return lambda: _plain(out, x, pads)
     item = x.itemsize
     width = out.shape[-1]

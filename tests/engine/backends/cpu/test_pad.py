@@ -66,3 +66,14 @@ def test_the_scale_case_splits_and_plain_mode_does_not():
     assert _run(case)["split:cpu_pad"] > 0
     with paths.plain():
         assert not _run(case)
+
+
+def test_an_output_view_is_written_where_it_lies():
+    """An output that is not C-contiguous (never one of the engine's buffers) is written
+    in place, by the plain twin."""
+    x = np.arange(12.0).reshape(3, 4)
+    pads = ((1, 0), (2, 1))
+    base = np.full((7, 4), np.nan)
+    out = base.T                         # (4, 7), a transposed view
+    cpu_pad(out, [x], pads=pads)
+    np.testing.assert_array_equal(base.T, np.pad(x, pads))
