@@ -121,10 +121,15 @@ def test_a_transposed_result_is_copied_in_tiles():
         assert not _run(case)
 
 
-def test_norm_runs_in_ranges_of_rows():
-    """norm's scale cases split norm and norm_back into ranges of rows on the threads."""
-    taken = _run(_case("norm", "norm"))
-    assert taken["split:cpu_norm"] > 0 and taken["split:cpu_norm_back"] > 0
+@pytest.mark.parametrize("op", ["norm", "rms_norm"])
+def test_norms_run_in_ranges_of_rows(op):
+    """The scale cases of norm and rms_norm split the op and its backward op into ranges
+    of rows on the threads; plain mode runs them in one range."""
+    case = _case(op, op)
+    taken = _run(case)
+    assert taken[f"split:cpu_{op}"] > 0 and taken[f"split:cpu_{op}_back"] > 0
+    with paths.plain():
+        assert not _run(case)
 
 
 @pytest.mark.parametrize("op", sorted(FAST))

@@ -25,9 +25,11 @@ from engine.backends.cpu.patterns import (
     key_value,
     order_key,
     rounded,
+    rounded_number,
     row_extreme,
     sum_any_order,
     value,
+    value_number,
     work,
 )
 
@@ -171,6 +173,26 @@ def test_values_widen_patterns_exactly(dtype):
 
 
 @numba.njit
+def _value_numbers(x, fmt):
+    out = np.empty(x.size, np.float64)
+    for i in range(x.size):
+        out[i] = value_number(x[i], fmt)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_value_number_is_value_on_every_number(dtype):
+    """value_number() leaves out value()'s signalling-NaN fix-up: the same value for every
+    pattern that is not a NaN, a NaN for every NaN."""
+    patterns = np.arange(1 << 16, dtype=np.uint16)
+    fmt = fmt_of(np.empty(1, DTYPES[dtype]))
+    got, want = _value_numbers(patterns, fmt), _values(patterns, fmt)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint64), want[~nan].view(np.uint64))
+
+
+@numba.njit
 def _rounded_all(x, dst, fmt):
     for i in range(x.size):
         dst[i] = rounded(x[i], dst, fmt)
@@ -195,6 +217,34 @@ def test_rounded_is_halfs_narrowing(dtype):
     _rounded_all(x, got, fmt)
     want = np.empty(x.size, np.uint16)
     half.narrow_array.serial(x, want, fmt)
+    assert np.array_equal(got, want)
+
+
+@numba.njit
+def _rounded_numbers(x, dst, fmt):
+    for i in range(x.size):
+        dst[i] = rounded_number(x[i], dst, fmt)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_rounded_number_is_rounded_on_every_number(dtype):
+    """rounded_number() leaves out rounded()'s NaN fix-ups: the same bits for every float32
+    that is not a NaN (infinities, the subnormal and overflow ranges, the ties, and 2^22
+    random patterns)."""
+    fmt = fmt_of(np.empty(1, DTYPES[dtype]))
+    rng = np.random.default_rng(12)
+    bits = np.concatenate([
+        np.arange(0x33000000, 0x38800000 + 1, 37, dtype=np.uint32),
+        np.arange(0x477FE000, 0x47800000 + (1 << 4), dtype=np.uint32),
+        np.arange(0x7F7F0000, 0x7F800001, 3, dtype=np.uint32),
+        rng.integers(0, 1 << 32, 1 << 22, dtype=np.uint32),
+        np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x3F808000, 0x3F818000], np.uint32)])
+    x = bits.view(np.float32)
+    x = x[~np.isnan(x)]
+    x = np.concatenate([x, -x])
+    got, want = np.empty(x.size, np.uint16), np.empty(x.size, np.uint16)
+    _rounded_numbers(x, got, fmt)
+    _rounded_all(x, want, fmt)
     assert np.array_equal(got, want)
 
 

@@ -21,9 +21,10 @@ SPLIT_OPS = sorted(name for name, op in all_ops().items()
                    if hasattr(op.kernels.get("cpu"), "chunks"))
 # the backward ops have no samples of their own: their forward ops' backward runs them
 SAMPLED_SPLIT_OPS = [name for name in SPLIT_OPS if all_ops()[name].samples is not None]
-# sum splits inside its kernel (ranges of kept elements, each summed as whole), norm into
-# ranges of rows (its backward op runs in its samples' backward)
-THREADED_OPS = SAMPLED_SPLIT_OPS + ["sum", "norm"]
+# sum splits inside its kernel (ranges of kept elements, each summed as whole), norm and
+# rms_norm into ranges of rows (their backward ops run in their samples' backward), pad
+# into ranges of output rows
+THREADED_OPS = SAMPLED_SPLIT_OPS + ["sum", "norm", "rms_norm", "pad"]
 
 
 @pytest.fixture
