@@ -26,7 +26,9 @@ log1p, sin and cos, and exp and log) have a second pair of kernels, compiled
 of a libm call per element (the fast path `vector:<op>`; its plain twin, the row's math,
 runs in plain mode and for float64). The activations' vector kernels also read and write
 16-bit arrays as their patterns (patterns.value and rounded: one pass, where the widened
-float32 kernel takes three and two float32 temporaries, half.widened); exp's and log's
+float32 kernel takes three and two float32 temporaries, half.widened), computing in float32
+where the op has float32 math for 16-bit results (vector_unary's forward16: sigmoid, silu,
+gelu_erf, softplus; copies of their own, the float32 kernels apart); exp's and log's
 16-bit nodes stay widened, as every other kernel's (the self-test's rounding mutants of
 half.store act through exp's).
 """

@@ -23,6 +23,10 @@ float64 subnormal; NaN in gives NaN out.
     log(x)               natural logarithm: NaN below 0, -inf at +-0, inf at inf
     erfc_nonneg(x, e)    erfc(x) for x >= 0 (or NaN), given e = exp(-x^2)
     sin(x), cos(x)       for |x| <= TRIG_REACH (2^20); beyond, the caller takes libm's
+
+and in float32 arithmetic, for 16-bit results (relative errors a few 2^-24, see below):
+
+    exp32_parts(x), exp32(x), log1p32(y), erfc32_nonneg(x, e)
 """
 
 from __future__ import annotations
