@@ -270,8 +270,10 @@ PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
 # ops whose scale cases are also float16 and bfloat16: the activations' vector kernels read
 # 16-bit patterns themselves (engine.backends.cpu.elementwise), split over the threads; one
 # template with a reach (sin) and one without (gelu) take every such kernel's code; relu's
-# and relu_back's 16-bit kernels too (elementwise.HALF_NATIVE, the path half:<op>)
-HALF_AT_SCALE = ("gelu", "sin", "relu")
+# and relu_back's 16-bit kernels too (elementwise.HALF_NATIVE, the path half:<op>); and
+# every activation whose 16-bit kernels compute in float32 math of their own
+# (vector_unary's forward16 and gradient16), so that each is compared with its plain twin
+HALF_AT_SCALE = ("gelu", "sin", "relu", "sigmoid", "silu", "gelu_erf", "softplus")
 
 
 def _scale(row: Unary):

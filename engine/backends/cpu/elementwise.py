@@ -26,7 +26,9 @@ log1p, sin and cos, and exp and log) have a second pair of kernels, compiled
 of a libm call per element (the fast path `vector:<op>`; its plain twin, the row's math,
 runs in plain mode and for float64). The activations' vector kernels also read and write
 16-bit arrays as their patterns (patterns.value and rounded: one pass, where the widened
-float32 kernel takes three and two float32 temporaries, half.widened); exp's and log's
+float32 kernel takes three and two float32 temporaries, half.widened), computing in float32
+where the op has float32 math for 16-bit results (vector_unary's forward16: sigmoid, silu,
+gelu_erf, softplus; copies of their own, the float32 kernels apart); exp's and log's
 16-bit nodes stay widened, as every other kernel's (the self-test's rounding mutants of
 half.store act through exp's).
 """
@@ -85,20 +87,21 @@ FMT = half.F16      # the vector templates' 16-bit format: each copy binds its o
 
 
 def _vector_map(x, out, params):
-    """out[i] = forward(x[i]'s value in float64, params), rounded to out's element, over
-    1-D contiguous arrays (out may alias x): float32, or 16-bit patterns of format FMT
+    """out[i] = forward(x[i]'s value in the math's type, params), rounded to out's element,
+    over 1-D contiguous arrays (out may alias x): float32, or 16-bit patterns of format FMT
     (patterns.value and rounded; FMT a constant of each copy of the template: as an
     argument, the loops of the reach templates below tested it per element, 4 times
-    slower); forward a vector_unary function, params a tuple."""
+    slower); forward a vector_unary function, params a tuple; `arith` float64, or float32
+    for a 16-bit copy whose math computes in float32 (vector_unary's forward16)."""
     for i in prange(x.size):
-        out[i] = rounded(forward(float64(value(x[i], FMT)), params), out, FMT)  # noqa: F821
+        out[i] = rounded(forward(arith(value(x[i], FMT)), params), out, FMT)  # noqa: F821
 
 
 def _vector_gradient_map(g, x, out, params):
     """out[i] = gradient(g[i], x[i], params) as _vector_map, g of x's type."""
     for i in prange(x.size):
-        out[i] = rounded(gradient(value(g[i], FMT), float64(value(x[i], FMT)),  # noqa: F821
-                                  params), out, FMT)
+        out[i] = rounded(gradient(arith(value(g[i], FMT)),  # noqa: F821
+                                  arith(value(x[i], FMT)), params), out, FMT)  # noqa: F821
 
 
 def _vector_map_in_place(out, params):
@@ -107,14 +110,14 @@ def _vector_map_in_place(out, params):
     version: gelu_erf over a strided (2048, 4096) half of a (2048, 8192) array took 153
     ms where the contiguous half took 39 (one thread, load 7)."""
     for i in prange(out.size):
-        out[i] = rounded(forward(float64(value(out[i], FMT)), params), out, FMT)  # noqa: F821
+        out[i] = rounded(forward(arith(value(out[i], FMT)), params), out, FMT)  # noqa: F821
 
 
 def _vector_gradient_map_in_place(g, out, params):
     """_vector_gradient_map with x = out (see _vector_map_in_place)."""
     for i in prange(out.size):
-        out[i] = rounded(gradient(value(g[i], FMT), float64(value(out[i], FMT)),  # noqa: F821
-                                  params), out, FMT)
+        out[i] = rounded(gradient(arith(value(g[i], FMT)),  # noqa: F821
+                                  arith(value(out[i], FMT)), params), out, FMT)  # noqa: F821
 
 
 _IN_PLACE = {_vector_map: _vector_map_in_place,
@@ -170,6 +173,12 @@ def float64(v):
     """v in float64: the vector kernels' widening (numba types float() of a float32 as a
     float32)."""
     return np.float64(v)
+
+
+@scalar_math
+def float32(v):
+    """v in float32: the 16-bit vector kernels' type where their math is float32's."""
+    return np.float32(v)
 
 
 def _half_map(x, out, params):
@@ -275,20 +284,36 @@ def _vector_twin(template, op_name: str, fn, **bound):
     return specialise(template, op_name, fn.py_func, options=CONTRACT, **bound)
 
 
-def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, **bound):
-    """The vector kernels of op `name` by 16-bit format, {F16: (kernel, in_place), BF16:
-    (kernel, in_place)} (the F16 copies serve float32 too), or None without `fn`:
-    `template` and its in-place twin (_IN_PLACE, for a strided x gathered into out), or
-    where the math reaches only so far (sin, cos), `reach_template` with the row's math
-    `wide` beyond, and no in-place twin (None)."""
+def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, fn16,
+                    slot: str):
+    """The vector kernels of op `name`, {F32: (kernel, in_place), F16: ..., BF16: ...} by
+    output (F32 for float32, else the 16-bit format), or None without `fn`: `template` and
+    its in-place twin (_IN_PLACE, for a strided x gathered into out) with `fn` bound to the
+    global `slot` (forward or gradient), or where the math reaches only so far (sin, cos),
+    `reach_template` with the row's math `wide` beyond, and no in-place twin (None). The
+    16-bit copies take `fn16` (float32 arithmetic) where given; otherwise the F16 copies
+    of `fn` serve float32 too."""
     if fn is None:
         return None
     in_place = _IN_PLACE[template]
+    bound = {}
     if reach != np.inf:
-        template, bound, in_place = reach_template, {**bound, "reach": reach, "wide": wide}, None
-    return {fmt: (_vector_twin(template, f"{name}_{label}", fn, FMT=fmt, **bound),
-                  in_place and _vector_twin(in_place, f"{name}_{label}", fn, FMT=fmt, **bound))
-            for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
+        template, bound, in_place = reach_template, {"reach": reach, "wide": wide}, None
+
+    def pair(label, fmt, math_fn, arith):
+        b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith}
+        return (_vector_twin(template, f"{name}_{label}", math_fn, **b),
+                in_place and _vector_twin(in_place, f"{name}_{label}", math_fn, **b))
+    if fn16 is None:
+        kernels = {fmt: pair(label, fmt, fn, float64)
+                   for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
+        return {F32: kernels[half.F16], **kernels}
+    return {F32: pair("f32", half.F16, fn, float64),          # their own cache names:
+            half.F16: pair("f16_in_f32", half.F16, fn16, float32),     # one source file
+            half.BF16: pair("bf16_in_f32", half.BF16, fn16, float32)}  # digests fn and fn16
+
+
+F32 = -1        # _vector_kernels' key of the float32 kernels (half's formats are 0 and 1)
 
 
 def dispatcher(op_name: str, plain_call, vector_call, native: bool,
@@ -349,13 +374,15 @@ def unary(name: str):
     plain = specialise(_map, name, row.forward, forward=scalar(row.forward), widen=widen)
     fast = FAST.get(name)
     vector = fast and _vector_kernels(_vector_map, _vector_map_reach, name, fast.forward,
-                                      fast.reach, scalar(row.forward), forward=fast.forward)
+                                      fast.reach, scalar(row.forward), fast.forward16,
+                                      "forward")
 
     def plain_call(out, ins, params):
         cast = float if row.in_float64 else out.dtype.type
         return _mapped(plain, ins, out, row.kernel_args(name, params, cast))
 
     def vector_call(out, ins, params, fmt):
+        fmt = fmt if is_half(out.dtype) else F32
         return _mapped(vector[fmt][0], ins, out, row.kernel_args(name, params),
                        vector[fmt][1])
 
@@ -377,12 +404,13 @@ def unary_back(name: str):
     fast = FAST.get(name)
     vector = fast and _vector_kernels(_vector_gradient_map, _vector_gradient_map_reach, name,
                                       fast.gradient, fast.reach, scalar(row.gradient),
-                                      gradient=fast.gradient)
+                                      fast.gradient16, "gradient")
 
     def plain_call(out, ins, params):
         return _mapped(plain, ins, out, row.kernel_args(row.back_name, params))
 
     def vector_call(out, ins, params, fmt):
+        fmt = fmt if is_half(out.dtype) else F32
         return _mapped(vector[fmt][0], ins, out, row.kernel_args(row.back_name, params),
                        vector[fmt][1])
     return dispatcher(row.back_name, plain_call, vector and vector_call,

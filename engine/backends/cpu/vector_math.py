@@ -23,6 +23,10 @@ float64 subnormal; NaN in gives NaN out.
     log(x)               natural logarithm: NaN below 0, -inf at +-0, inf at inf
     erfc_nonneg(x, e)    erfc(x) for x >= 0 (or NaN), given e = exp(-x^2)
     sin(x), cos(x)       for |x| <= TRIG_REACH (2^20); beyond, the caller takes libm's
+
+and in float32 arithmetic, for 16-bit results (relative errors a few 2^-24, see below):
+
+    exp32_parts(x), exp32(x), log1p32(y), erfc32_nonneg(x, e)
 """
 
 from __future__ import annotations
@@ -235,3 +239,103 @@ def cos(x):
     s, c, quadrant = _sin_cos_reduced(x)
     v = s if quadrant & np.int64(1) else c
     return -v if (quadrant + np.int64(1)) & np.int64(2) else v
+
+
+# --- float32 arithmetic, for 16-bit results ---------------------------------------------------
+# A 16-bit result needs 11 (float16) or 8 (bfloat16) significant bits: float32 arithmetic,
+# whose vectors hold twice float64's lanes, leaves it 13 or 16 bits to spare. The inputs are
+# 16-bit values widened (float16's 11 bits, bfloat16's 8: their squares are exact in
+# float32), the results within a few 2^-24 (relative) of the truth, which
+# engine.backends.cpu.vector_unary's 16-bit functions combine into results within 2^-21
+# (float16's 2^-10 ulp at its smallest relative size: tests/engine/backends/cpu/
+# test_vector_unary.py holds them over every 16-bit pattern).
+_SHIFTER32 = np.float32(12582912.0)              # 1.5 * 2^23
+_SHIFTER32_BITS = np.int32(0x4B400000)           # its pattern
+_INV_LN2_32 = np.float32(1.4426950408889634)
+_LN2_HI32 = np.float32(0.693145751953125)        # 15 significant bits: k * _LN2_HI32 exact
+_LN2_LO32 = np.float32(1.428606765330187e-06)    # ln 2 - _LN2_HI32
+_EXP32_LOW = np.float32(-104.0)                  # exp: 0 in float32 below -103.98
+_EXP32_HIGH = np.float32(89.0)                   # inf above 88.73
+# 1/2!, ..., 1/8!: expm1(r) = r (1 + r/2! + ... + r^6/7!) for |r| <= ln2 / 2, the first
+# omitted term (ln2/2)^8 / 8! = 5e-9, a 12th of 2^-24
+_EXPM1_32 = tuple(np.float32(1.0 / math.factorial(n)) for n in range(7, 1, -1))
+
+
+@scalar_math
+def exp32_parts(x):
+    """(p, s1, s2): exp(x) = (1 + p) s1 s2 for float32 x (NaN: p NaN), p = expm1(r) for the
+    reduced |r| <= ln2 / 2 to a few 2^-24 of its size, s1 and s2 powers of 2 (normal
+    float32: 2^k down to 2^-150 as two factors). As exp_parts, in float32."""
+    x = _EXP32_LOW if x < _EXP32_LOW else x
+    x = _EXP32_HIGH if x > _EXP32_HIGH else x
+    t = x * _INV_LN2_32 + _SHIFTER32
+    k = t - _SHIFTER32
+    r = (x - k * _LN2_HI32) - k * _LN2_LO32
+    q = _EXPM1_32[0]
+    for c in _EXPM1_32[1:]:
+        q = c + r * q
+    p = r * (np.float32(1.0) + r * q)
+    kb = np.int32(np.float32(t).view(np.int32) - _SHIFTER32_BITS)
+    h = kb >> np.int32(1)
+    s1 = np.int32((h + np.int32(127)) << np.int32(23)).view(np.float32)
+    s2 = np.int32((kb - h + np.int32(127)) << np.int32(23)).view(np.float32)
+    return p, s1, s2
+
+
+@scalar_math
+def exp32(x):
+    """e^x for float32 x, relative error below 2 2^-24 (measured: 1.63; tests/engine/
+    backends/cpu/test_vector_math.py): inf above 88.73, 0 below -103.98 (through float32's
+    subnormals)."""
+    p, s1, s2 = exp32_parts(x)
+    return ((np.float32(1.0) + p) * s1) * s2
+
+
+# log1p: the float64 one's series in s = f / (2 + f), |s| <= 0.1716, truncated after s^11
+# (the first omitted term, 2 s^13 / 13, is 1e-11 of the sum)
+_ATANH32 = tuple(np.float32(2.0 / (2 * n + 1)) for n in range(5, 0, -1))   # 2/11, ..., 2/3
+_SQRT2_M1_32 = np.float32(math.sqrt(2.0) - 1.0)
+_LN2_32 = np.float32(math.log(2.0))
+
+
+@scalar_math
+def log1p32(y):
+    """log(1 + y) for float32 y in [0, 1] (or NaN), relative error below 4 2^-24
+    (measured: 3.41, just above sqrt(2) - 1, where 1 + y rounds): log1p's reduction, in
+    float32."""
+    big = y > _SQRT2_M1_32
+    f = (np.float32(1.0) + y) * np.float32(0.5) - np.float32(1.0) if big else y
+    s = f / (np.float32(2.0) + f)
+    s2 = s * s
+    q = _ATANH32[0]
+    for c in _ATANH32[1:]:
+        q = c + s2 * q
+    return (_LN2_32 if big else np.float32(0.0)) + (np.float32(2.0) * s + s * (s2 * q))
+
+
+# erfcx for 16-bit results: the float64 one's form, erfcx(4 (1 + t) / (1 - t)) in powers of
+# t = (x - 4) / (x + 4), interpolated at the 12 Chebyshev nodes of t in [-1, 0.4483] (x in
+# [0, 10.5], mpmath, 40 digits; tests/engine/backends/cpu/test_vector_math.py fits it
+# again): beyond 10.5, e^-x^2 is 0 in float32, and below 10.5 the interpolant is within
+# 0.01 2^-24 of erfcx (12 nodes; 11 left 0.9 2^-24), evaluated in float32 within 5 2^-24.
+_ERFCX32_X_HIGH = 10.5
+_ERFCX32 = tuple(np.float32(c) for c in (
+    0.00010119560419614212, -2.886146304207519e-05, -0.000815051154796033,
+    0.004059381157002968, -0.012839519825644989, 0.031299603436696154,
+    -0.06310841569709084, 0.10896311869569661, -0.16425777949448858, 0.21871968037753464,
+    -0.2590680494547588, 0.13699945762592972))
+_ERFCX32_K = np.float32(_ERFCX_K)
+_ERFC32_ZERO = np.float32(_ERFCX32_X_HIGH)
+
+
+@scalar_math
+def erfc32_nonneg(x, e):
+    """erfc(x) for float32 x >= 0 (or NaN), given e = exp(-x^2) in float32 (exp32 of an
+    exact square): relative error below 8 2^-24 (measured: 5.71) while erfc(x) is a normal
+    float32; 0 beyond 10.5, where e is."""
+    x = _ERFC32_ZERO if x > _ERFC32_ZERO else x
+    t = (x - _ERFCX32_K) / (x + _ERFCX32_K)
+    q = _ERFCX32[0]
+    for c in _ERFCX32[1:]:
+        q = c + t * q
+    return e * q

@@ -22,7 +22,17 @@ patterns. Special values are the row's: NaN in gives NaN out, the infinities giv
 the row's limits (NaN where the row's formula gives inf * 0, as torch's does), a zero
 the row's zero with its sign.
 
-    FAST[name] = VectorMath(forward, gradient, reach)
+16-bit results need 11 (float16) or 8 (bfloat16) significant bits, and sigmoid, silu,
+gelu_erf and softplus compute theirs in float32 arithmetic instead (forward16,
+gradient16: vector_math's float32 section, whose vectors hold twice the lanes): from the
+same forms, within 0.5 + 2^-10 ulp of the format as the float64 functions, over all 2^16
+patterns (the same test); gelu_erf's gradient within 1/32 of its zero from its Taylor
+polynomial there. Each kernel takes about half the float64 one's time: per float16
+element, forward and backward, sigmoid 0.91 and 0.85 ns against 1.77 and 1.46, gelu_erf
+1.15 and 1.09 against 2.21 and 2.47 (CPU time of the serial kernels over 8M elements,
+one thread, the machine loaded; bench_ops in docs/performance.md's activations section).
+
+    FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16)
     forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
 
 gradient is None for exp and log, whose gradients are composed of engine ops; `reach`
@@ -42,17 +52,22 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
+
 from engine import elementwise as table
 from engine.backends.cpu.jit import scalar_math
 from engine.backends.cpu.vector_math import (
     TRIG_REACH,
     cos,
+    erfc32_nonneg,
     erfc_nonneg,
     exp,
+    exp32,
     exp_expm1,
     expm1,
     log,
     log1p,
+    log1p32,
     sin,
 )
 from engine.elementwise import GELU_CUBIC, GELU_QUICK_COEF, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI
@@ -248,21 +263,125 @@ def cos_gradient(g, v, params):
     return -g * sin(v)
 
 
+# --- float32 arithmetic for 16-bit results (vector_math's float32 section) --------------------
+_ONE = np.float32(1.0)
+_HALF = np.float32(0.5)
+_ZERO = np.float32(0.0)
+_INV_SQRT_2_32 = np.float32(_INV_SQRT_2)
+_INV_SQRT_2PI_32 = np.float32(_INV_SQRT_2PI)
+_SOFTPLUS_THRESHOLD_32 = np.float32(SOFTPLUS_THRESHOLD)
+
+
+@scalar_math
+def _sigmoid_pair32(u):
+    """_sigmoid_pair in float32: each of the two within a few 2^-24 of its size."""
+    e = exp32(-abs(u))
+    r = _ONE / (_ONE + e)
+    small = e * r
+    return (r, small) if u >= _ZERO else (small, r)
+
+
+@scalar_math
+def sigmoid32(v, params):
+    """sigmoid for 16-bit results, in float32."""
+    return _sigmoid_pair32(v)[0]
+
+
+@scalar_math
+def sigmoid_gradient32(g, v, params):
+    """sigmoid_gradient for 16-bit results, in float32."""
+    e = exp32(-abs(v))
+    r = _ONE / (_ONE + e)
+    return g * (e * r * r)
+
+
+@scalar_math
+def silu32(v, params):
+    """silu for 16-bit results, in float32."""
+    return v * _sigmoid_pair32(v)[0]
+
+
+@scalar_math
+def silu_gradient32(g, v, params):
+    """silu_gradient for 16-bit results, in float32."""
+    s, c = _sigmoid_pair32(v)
+    return g * (s * (_ONE + v * c))
+
+
+@scalar_math
+def _phi_parts32(v):
+    """_phi_parts in float32 (v^2 of a 16-bit value is exact in float32)."""
+    e = exp32(-_HALF * (v * v))
+    half = _HALF * erfc32_nonneg(abs(v) * _INV_SQRT_2_32, e)
+    return (half if v < _ZERO else _ONE - half), e
+
+
+@scalar_math
+def gelu_erf32(v, params):
+    """gelu_erf for 16-bit results, in float32."""
+    return v * _phi_parts32(v)[0]
+
+
+# gelu_erf's gradient Phi(v) + v phi(v) crosses 0 at Z = -0.75179152469356445746 (mpmath):
+# near it the two terms' float32 errors, a few 2^-24 of 0.23, are a visible part of the
+# result (float16's input nearest Z, -0.751953125, came out 0.70 ulp off). Within 1/32 of
+# Z it is its Taylor polynomial in d = v - Z instead, each term computed without
+# cancellation (v - _Z_HI is exact, Sterbenz), of degree 5 (mpmath.taylor, 50 digits;
+# the first omitted term is below 0.03 2^-24 of the sum at |d| = 1/32).
+_Z_HI = np.float32(-0.7517915246935645)
+_Z_LO = np.float32(1.211445e-08)                 # Z - _Z_HI
+_Z_REACH = np.float32(1.0 / 32.0)
+_Z_TAYLOR = tuple(np.float32(c) for c in (     # the coefficients of d^5, ..., d^1
+    -0.014771522148244337, -0.1140082332972217, -0.018199676398671087, 0.388284982990552,
+    0.4314939923140469))
+
+
+@scalar_math
+def gelu_erf_gradient32(g, v, params):
+    """gelu_erf_gradient for 16-bit results, in float32; within 1/32 of its zero, its
+    Taylor polynomial there."""
+    p, e = _phi_parts32(v)
+    far = p + v * (e * _INV_SQRT_2PI_32)
+    d = (v - _Z_HI) - _Z_LO
+    q = _Z_TAYLOR[0]
+    for c in _Z_TAYLOR[1:]:
+        q = c + d * q
+    return g * (d * q if abs(d) < _Z_REACH else far)
+
+
+@scalar_math
+def softplus32(v, params):
+    """softplus for 16-bit results, in float32."""
+    tail = log1p32(exp32(-abs(v)))
+    return v if v > _SOFTPLUS_THRESHOLD_32 else (v if v > _ZERO else _ZERO) + tail
+
+
+@scalar_math
+def softplus_gradient32(g, v, params):
+    """softplus_gradient for 16-bit results, in float32."""
+    return g if v > _SOFTPLUS_THRESHOLD_32 else g * _sigmoid_pair32(v)[0]
+
+
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
     reach: float = math.inf          # beyond |x| > reach the kernel takes the row's math
+    forward16: Callable | None = None     # float32 arithmetic for 16-bit results (None: the
+    gradient16: Callable | None = None    # float64 functions serve them too)
 
 
 FAST = {
-    "sigmoid": VectorMath(sigmoid, sigmoid_gradient),
+    "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
+                          gradient16=sigmoid_gradient32),
     "tanh": VectorMath(tanh, tanh_gradient),
-    "silu": VectorMath(silu, silu_gradient),
+    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),
-    "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient),
+    "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
+                           gradient16=gelu_erf_gradient32),
     "elu": VectorMath(elu, elu_gradient),
-    "softplus": VectorMath(softplus, softplus_gradient),
+    "softplus": VectorMath(softplus, softplus_gradient, forward16=softplus32,
+                           gradient16=softplus_gradient32),
     "expm1": VectorMath(expm1_forward, expm1_gradient),
     "exp": VectorMath(exp_forward, None),
     "log": VectorMath(log_forward, None),

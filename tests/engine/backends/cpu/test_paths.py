@@ -145,12 +145,13 @@ def test_each_vector_op_takes_its_vector_kernels_at_scale(op):
         assert not _run(case)
 
 
-@pytest.mark.parametrize("op", ["gelu", "sin"])
+@pytest.mark.parametrize("op", ["gelu", "sin", "sigmoid", "silu", "gelu_erf", "softplus"])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_16_bit_scale_cases_take_the_native_vector_kernels(op, dtype):
     """The activations' vector kernels read 16-bit patterns themselves (no widening): the
-    16-bit scale cases of gelu and sin take them, split over the threads; plain mode takes
-    the widened float32 kernel of the row's math."""
+    16-bit scale cases of gelu and sin take them, and those of the ops whose 16-bit math is
+    float32's (vector_unary's forward16), split over the threads; plain mode takes the
+    widened float32 kernel of the row's math."""
     case = _case(op, f"type={dtype},")
     taken = _run(case)
     assert taken[f"vector:{op}"] > 0 and taken[f"vector:{op}_back"] > 0, sorted(taken)

@@ -482,3 +482,14 @@ def test_every_fast_op_is_an_activation_or_exp_or_log():
         assert fast.reach == math.inf or name in ("sin", "cos"), name
     assert set(CASES) == {(n, w) for n, f in FAST.items() for w in ("forward", "gradient")
                           if getattr(f, w) is not None}
+
+
+def test_every_float32_16_bit_math_is_reached_at_scale():
+    """An op whose 16-bit kernels compute in float32 math of their own (forward16,
+    gradient16) has 16-bit scale cases, so gradcheck's scale tier compares them with the
+    plain twin; its gradient's the same way as its forward's (both or neither)."""
+    from engine.ops.unary import HALF_AT_SCALE
+    for name, fast in FAST.items():
+        assert (fast.forward16 is None) == (fast.gradient16 is None or fast.gradient is None), name
+        if fast.forward16 is not None:
+            assert name in HALF_AT_SCALE, name
