@@ -29,7 +29,14 @@ from __future__ import annotations
 import numpy as np
 
 from engine.backends.cpu import threads
-from engine.backends.cpu.jit import any_order, bindable, call, contracting, kernel, prange
+from engine.backends.cpu.jit import (
+    any_order_contracting,
+    bindable,
+    call,
+    contracting,
+    kernel,
+    prange,
+)
 from engine.backends.cpu.patterns import (
     F16,
     exp_into,
@@ -48,7 +55,7 @@ def num_chunks(rows: int) -> int:
     return max(1, min(MAX_CHUNKS, rows))
 
 
-@any_order
+@any_order_contracting
 def _row_loss(labels_r, logits_r, lse, n):
     """sum_j labels_r[j] (lse - logits_r[j]) in float64, in vector lanes (sum_any_order's
     order: the same bits on every run of one machine, at any thread count)."""
