@@ -63,6 +63,7 @@ from engine.backends.cpu.jit import (
 from engine.backends.cpu.patterns import (
     as_patterns,
     dot_any_order,
+    exp_capped,
     exp_into,
     fmt_of,
     native_half,
@@ -74,7 +75,6 @@ from engine.backends.cpu.patterns import (
     work,
     work_dtype,
 )
-from engine.backends.cpu.vector_math import exp as vector_exp
 from engine.errors import BackendError
 
 
@@ -261,15 +261,16 @@ def exp_any(v, dst):
 def _exp_any(v, dst):
     if dst.dtype == types.float64:
         return lambda v, dst: np.exp(v)          # libm: float64's own accuracy
-    return lambda v, dst: vector_exp(np.float64(v))
+    return lambda v, dst: exp_capped(np.float64(v))
 
 
 @contracting
 def _log_softmax_back_rows(g, y, out, fmt):
     """out[r, j] = g[r, j] - exp(y[r, j]) sum_k g[r, k]: the sum in float64
     (value_sum_any_order), the rest in float64 for float rows and float32 for 16-bit ones; the
-    exponential vector_math's (libm's for float64 rows), any y (log_softmax's outputs
-    are <= 0)."""
+    exponential patterns.exp_capped's (libm's for float64 rows), any y (log_softmax's
+    outputs are <= 0). vector_math.exp's polynomial of degree 13 had taken the backward
+    over (256, 32000) float32 to 9.5 ms of one thread's CPU time, 8.0 ms on this one."""
     rows, n = y.shape
     for r in prange(rows):
         gr = g[r]
