@@ -6,7 +6,8 @@ makes x/0 give inf/nan as numpy does, instead of raising. No fastmath: results a
 against torch and against float64 references. Two exceptions, each a flag that loses no
 accuracy: `contracting` kernels let LLVM fuse a * b + c into one fused multiply-add
 (rounded once, not twice: a polynomial's Horner steps run at twice the speed), and
-`any_order` sums let it reorder a plain sum into vector lanes (engine.backends.cpu.patterns).
+`any_order` sums let it reorder a plain sum into vector lanes (engine.backends.cpu.patterns);
+`any_order_contracting` sums may do both.
 
 Kernels with prange loops are compiled serial and parallel (SizeDispatch). The parallel
 compilation runs only where it pays, which is rarely:
@@ -174,6 +175,13 @@ def any_order(fn):
     the module doc): for a plain sum, which then runs in vector lanes. Not inlined: the
     flag holds for this function's body only, never for a caller's."""
     return njit(fn, fastmath={"reassoc"})
+
+
+def any_order_contracting(fn):
+    """any_order, with a * b + c fused into fused multiply-adds as in `contracting`
+    kernels: for a sum of polynomials (softmax.exp_sum's exponentials), whose Horner steps
+    took a multiplication and an addition each under `reassoc` alone."""
+    return njit(fn, fastmath={"reassoc", "contract"})
 
 
 def contracting(fn):

@@ -91,6 +91,21 @@ def test_softmax_rows_split_forward_and_backward(dtype):
     assert taken["split:cpu_softmax"] > 0 and taken["split:cpu_softmax_back"] > 0
 
 
+@pytest.mark.parametrize("op", ["log_softmax", "cross_entropy_loss"])
+def test_row_losses_split_forward_and_backward(op):
+    """log_softmax's and cross_entropy_loss's kernels and their backward ops' run as ranges
+    of rows (the loss: of its chunks of rows) on the engine's threads."""
+    taken = _run(get_op(op).scale()[0])
+    assert taken[f"split:cpu_{op}"] > 0 and taken[f"split:cpu_{op}_back"] > 0, sorted(taken)
+
+
+@pytest.mark.parametrize("op", ["broadcast_to", "sum"])
+def test_a_broadcast_back_to_the_summed_shape_splits(op):
+    """broadcast_to, which sum's gradient is, writes big outputs in chunks on the engine's
+    threads: a row broadcast and a single element (the gradient of a sum over all axes)."""
+    assert _run(get_op(op).scale()[0])["split:cpu_broadcast_to"] > 0
+
+
 @pytest.mark.parametrize("text", ["mask=[206,1031],sinks=[5],max_bias=8",
                                   "mask=[1],sinks=[5]"])
 def test_softmax_with_alibi_and_sinks_splits_its_rows(text):

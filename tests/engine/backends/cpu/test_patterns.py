@@ -20,6 +20,7 @@ from engine.backends.cpu import half, patterns
 from engine.backends.cpu.patterns import (
     as_patterns,
     dot_any_order,
+    exp_capped,
     exp_into,
     fmt_of,
     key_value,
@@ -139,6 +140,30 @@ def test_exp_into_underflows_to_zero_and_propagates_nan(dst):
         assert np.array_equal(got[:3], [0.0, 0.0, np.exp(-300.0)])
     else:                                    # clamped: zero once in the output's dtype
         assert np.all(got[:3].astype(DTYPES[dst]) == 0)
+
+
+@numba.njit
+def _capped(v):
+    out = np.empty(v.size, np.float64)
+    for i in range(v.size):
+        out[i] = exp_capped(v[i])
+    return out
+
+
+def test_exp_capped_is_accurate_over_float32s_range_and_overflows_to_inf():
+    """exp_capped (log_softmax_back's exponential for any y): below 3e-10 relative error
+    wherever exp is a normal float32 and beyond, up to 709.4; inf from float32's overflow
+    on (its values there round to inf in float32 alike); zero in float32 below, NaN for
+    NaN."""
+    v = np.concatenate([np.linspace(-103.0, 709.4, 400001), [0.0, -0.0, 88.72, 1e-30]])
+    got, want = _capped(v), np.exp(v)
+    assert np.max(np.abs(got / want - 1)) < 3e-10
+    assert got[-4] == 1.0 and got[-3] == 1.0
+    big = np.array([88.73, 100.0, 709.5, 710.0, 1e4, 3.4e38, np.inf])
+    assert np.all(_capped(big).astype(np.float32) == np.exp(big).astype(np.float32))
+    assert np.all(np.isinf(_capped(big[2:])))
+    tail = _capped(np.array([-np.inf, -1e4, -746.0, np.nan]))
+    assert np.all(tail[:3].astype(np.float32) == 0) and np.isnan(tail[3])
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
