@@ -97,7 +97,9 @@ def recording():
     try:
         yield counter
     finally:
-        _recorders.remove(counter)
+        # by identity: Counters compare by their counts, so list.remove could take a nested
+        # recording's equal twin out instead and leave this one behind
+        del _recorders[next(i for i, c in enumerate(_recorders) if c is counter)]
 
 
 @contextlib.contextmanager

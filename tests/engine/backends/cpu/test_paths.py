@@ -214,3 +214,15 @@ def test_family_names():
     assert paths.family("sum:rows") == "sum:rows"
     assert paths.family("vector:gelu_back") == "vector"
     assert paths.family("half:relu_back") == "half"
+
+
+def test_nested_recordings_end_in_any_state_of_their_counts():
+    # Counters compare by their counts: an inner recording equal to the outer one when it
+    # ends must take itself out, not its twin (the scale tier records inside a recording)
+    with paths.recording() as outer:
+        with paths.recording() as inner:
+            paths.taken("split:cpu_relu")
+        paths.taken("split:cpu_relu")
+    assert outer["split:cpu_relu"] == 2 and inner["split:cpu_relu"] == 1
+    paths.taken("split:cpu_relu")
+    assert outer["split:cpu_relu"] == 2
