@@ -44,7 +44,7 @@ from engine.backends.cpu.patterns import (
     sum_any_order,
     value_sum_any_order,
 )
-from engine.backends.cpu.softmax import _row_ranges, _scratch, as_rows, row_logsumexp
+from engine.backends.cpu.softmax import as_rows, row_logsumexp, scratch_rows
 
 MAX_CHUNKS = 32
 LINE = 8   # float64 slots per partial: one 64-byte cache line each
@@ -124,7 +124,7 @@ def cpu_cross_entropy_loss(out, ins):
     # a few cache lines of partials (at most MAX_CHUNKS * 64 bytes), made once per binding
     partials = np.zeros((num_chunks(logits.shape[0]), LINE))
     dst = out.reshape(1)
-    ranges = _row_ranges("cpu_cross_entropy_loss", partials.shape[0], 2 * logits.size)
+    ranges = threads.row_ranges("cpu_cross_entropy_loss", partials.shape[0], 2 * logits.size)
     chunks = threads.side_by_side([call(_cross_entropy_chunks, logits, labels, partials, lo,
                                         hi, dst) for lo, hi in ranges])
     mean = call(_mean_of_partials, partials, logits.shape[0], dst)
@@ -143,5 +143,5 @@ def cpu_cross_entropy_loss_back(out, ins):
     nrows, n = logits.shape
     return threads.side_by_side([
         call(_cross_entropy_back_rows, g.reshape(-1), logits[lo:hi], labels[lo:hi],
-             rows_out[lo:hi], _scratch(hi - lo, n, np.float64), nrows)
-        for lo, hi in _row_ranges("cpu_cross_entropy_loss_back", nrows, 3 * logits.size)])
+             rows_out[lo:hi], scratch_rows(hi - lo, n, np.float64), nrows)
+        for lo, hi in threads.row_ranges("cpu_cross_entropy_loss_back", nrows, 3 * logits.size)])

@@ -15,7 +15,7 @@ import numpy as np
 from numba.core import types
 from numba.extending import overload
 
-from engine.backends.cpu import paths, threads
+from engine.backends.cpu import threads
 from engine.backends.cpu.half import F16
 from engine.backends.cpu.jit import any_order, bindable, call, kernel, parallel_kernel, prange
 from engine.backends.cpu.patterns import (
@@ -252,15 +252,9 @@ def _split_dispatcher(rows_kernel, op: str):
     def prepare(out, ins, eps):
         arrays = [as_rows(a, op) for a in (*ins, out)]
         fmt = next((fmt_of(a) for a in arrays if is_half(a.dtype)), F16)
-        parts = threads.parts()
         rows = arrays[0].shape[0]
         cols = arrays[0].shape[1] if is_half(arrays[-1].dtype) else 0    # scratch rows
-        if parts == 1 or sum(a.size for a in arrays) < threads.MIN_ELEMENTS:
-            ranges = [(0, rows)]
-        else:
-            ranges = threads.bounds(rows, parts)
-        if len(ranges) > 1:
-            paths.taken(f"split:{name}")
+        ranges = threads.row_ranges(name, rows, sum(a.size for a in arrays))
         return threads.side_by_side([
             call(rows_kernel, *(as_patterns(a[lo:hi]) for a in arrays), float(eps), fmt,
                  np.empty((min(16, hi - lo), len(ins), cols), work_dtype(arrays[-1])))

@@ -87,12 +87,7 @@ def _prepare(out, ins, pads):
     strides = np.array([s // item for s in x.strides[:-1]], np.int64)
     b, n, step = pads[-1][0], x.shape[-1], x.strides[-1] // item
     rows = out2.shape[0]
-    if threads.parts() == 1 or out.size + x.size < threads.MIN_ELEMENTS:
-        ranges = [(0, rows)]
-    else:
-        ranges = threads.bounds(rows, threads.parts())
-    if len(ranges) > 1:
-        paths.taken("split:cpu_pad")
+    ranges = threads.row_ranges("cpu_pad", rows, out.size + x.size)
     return threads.side_by_side([
         _range_call(xf, out2[lo:hi], lo, lead, before, sizes, strides, b, n, step)
         for lo, hi in ranges])

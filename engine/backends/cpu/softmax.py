@@ -305,18 +305,6 @@ def _split_rows(name, arrays, make):
     return threads.side_by_side([make(*c) for c in chunks])
 
 
-def _row_ranges(name, rows, size):
-    """[lo, hi) ranges of `rows` rows for the engine's threads (one range below
-    threads.MIN_ELEMENTS elements `size`); recorded as the fast path split:`name`."""
-    parts = threads.parts()
-    if parts == 1 or size < threads.MIN_ELEMENTS:
-        return [(0, rows)]
-    ranges = threads.bounds(rows, parts)
-    if len(ranges) > 1:
-        paths.taken(f"split:{name}")
-    return ranges
-
-
 def _masked_views(x, mask, op):
     """x (C-contiguous, at most 4 axes) as 4-D (B, H, R, C) and the mask broadcast to it."""
     as_rows(x, op)              # checks that x is C-contiguous
@@ -329,7 +317,7 @@ def _no_sinks(x4):
     return x4.reshape(-1)[:1]
 
 
-def _scratch(rows, n, dtype):
+def scratch_rows(rows, n, dtype):
     """Scratch rows for a kernel cutting `rows` rows of n elements into prange parts: one
     row per part (at most 16), of `dtype`."""
     return np.empty((max(1, min(16, rows)), max(1, n)), dtype)
@@ -343,10 +331,10 @@ def _cpu_softmax_masked(out, ins, scale, max_bias):
     fmt = fmt_of(x)
     return threads.side_by_side([
         call(_softmax_masked_rows, as_patterns(x4), as_patterns(m4), as_patterns(sk),
-             bool(sinks), as_patterns(as_4d(out)), _scratch(hi - lo, x4.shape[3],
+             bool(sinks), as_patterns(as_4d(out)), scratch_rows(hi - lo, x4.shape[3],
                                                             work_dtype(x)),
              float(scale), float(max_bias), lo, hi, fmt)
-        for lo, hi in _row_ranges("cpu_softmax_masked", rows, 2 * x.size)])
+        for lo, hi in threads.row_ranges("cpu_softmax_masked", rows, 2 * x.size)])
 
 
 @native_half
@@ -395,9 +383,9 @@ def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     prec = np.empty(0, np.float64 if x.dtype == np.float64 else np.float32)
     rows = threads.side_by_side([
         call(_sink_grad_rows, as_patterns(g4), as_patterns(x4), as_patterns(m4),
-             as_patterns(sinks), part, _scratch(hi - lo, n, np.float64), prec, float(scale),
+             as_patterns(sinks), part, scratch_rows(hi - lo, n, np.float64), prec, float(scale),
              float(max_bias), lo, hi, fmt)
-        for lo, hi in _row_ranges("cpu_softmax_sink_back", part.size, 2 * x.size)])
+        for lo, hi in threads.row_ranges("cpu_softmax_sink_back", part.size, 2 * x.size)])
     heads = call(_sum_heads, part, as_patterns(out).reshape(-1), nb, nh, nr, fmt)
 
     def run():

@@ -159,6 +159,17 @@ def bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:], strict=True))
 
 
+def row_ranges(name: str, rows: int, size: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of `rows` rows for the engine's threads, one range when `size` (the
+    elements the kernel reads and writes) is below MIN_ELEMENTS or there is one part;
+    recorded as the fast path split:`name` when cut."""
+    n = parts()
+    ranges = [(0, rows)] if n == 1 or size < MIN_ELEMENTS else bounds(rows, n)
+    if len(ranges) > 1:
+        paths.taken(f"split:{name}")
+    return ranges
+
+
 def aligned(a, out) -> bool:
     """Whether input `a` runs along out's axis 0 (and so is sliced with it): same number
     of axes and the same length there. A broadcast input has fewer axes or length 1."""
