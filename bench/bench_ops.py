@@ -16,7 +16,9 @@ fails tests/bench/test_bench_ops.py. Each case is timed by bench/op_timing.py: a
 evaluation of the engine (its plan made beforehand: executor overhead counts) against the
 op's torch function (OpDef.bench_torch, else its torch reference), forward and forward +
 backward, engine and torch taking turns in rounds, on the same number of threads (the
-engine's: GRADVERIFY_THREADS or --threads; torch.set_num_threads to it).
+engine's: GRADVERIFY_THREADS or --threads; torch.set_num_threads to it). A figure is the
+fastest of its timed runs on either side (--statistic median for the median): this VM's
+noise only ever adds time, up to 8x to a median of 6 (op_timing.STATISTICS).
 
 Prints a table sorted by the forward + backward ratio (engine / torch; the forward ratio
 beside it), worst first, with each case's target (engine / torch, forward + backward; the
@@ -244,7 +246,11 @@ def parse(argv=None):
     p.add_argument("--dtype", action="append", choices=(*DTYPES, "all"),
                    help="time the cases in this dtype only (repeatable; default all)")
     p.add_argument("--repeat", type=int, default=6,
-                   help="timed runs per figure, the median reported (default 6)")
+                   help="timed runs per figure (default 6)")
+    p.add_argument("--statistic", choices=tuple(op_timing.STATISTICS), default="min",
+                   help="what a figure is of its timed runs, the same on both sides: the "
+                        "fastest (default: this machine's noise only adds time, see "
+                        "op_timing.STATISTICS) or the median")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds the timed runs are cut into, engine and torch taking turns "
                         "(default 3)")
@@ -290,7 +296,7 @@ def set_threads(n: int | None) -> int:
     return n
 
 
-def run(cases, repeat: int, rounds: int, progress=None) -> list[Row]:
+def run(cases, repeat: int, rounds: int, progress=None, statistic: str = "min") -> list[Row]:
     """Every case timed (op_timing.time_case) and judged, a progress line each (on
     `progress`, default stderr)."""
     progress = progress or sys.stderr
@@ -299,7 +305,8 @@ def run(cases, repeat: int, rounds: int, progress=None) -> list[Row]:
     for i, case in enumerate(cases, 1):
         t0 = time.perf_counter()
         twin = "f32" if target_for(case).against == "engine f32" else None
-        row = judge(case, op_timing.time_case(case, repeat, rounds, engine_twin=twin))
+        row = judge(case, op_timing.time_case(case, repeat, rounds, engine_twin=twin,
+                                                 statistic=statistic))
         rows.append(row)
         gc.collect()
         op_timing.release_freed_memory()
@@ -333,12 +340,14 @@ def main(argv=None) -> int:
     n = set_threads(args.threads)
     reuse = not args.default_malloc and op_timing.reuse_freed_memory()
     meta = {"torch": torch.__version__, "threads": n, "repeat": args.repeat,
-            "rounds": args.rounds, "dtypes": list(args.dtypes), "malloc_reuses": reuse}
-    print(f"torch {torch.__version__}; engine and torch on {n} threads each; median of "
-          f"{args.repeat} runs in {args.rounds} rounds, engine and torch taking turns; "
+            "statistic": args.statistic, "rounds": args.rounds, "dtypes": list(args.dtypes),
+            "malloc_reuses": reuse}
+    print(f"torch {torch.__version__}; engine and torch on {n} threads each; the "
+          f"{args.statistic} of {args.repeat} runs in {args.rounds} rounds, engine and torch "
+          f"taking turns; "
           f"malloc {'keeps freed blocks (mallopt)' if reuse else 'as glibc sets it'}")
     start = time.perf_counter()
-    rows = run(cases, args.repeat, args.rounds)
+    rows = run(cases, args.repeat, args.rounds, statistic=args.statistic)
     meta["seconds"] = round(time.perf_counter() - start, 1)
     print(table(rows))
     print()

@@ -292,7 +292,8 @@ def planted(monkeypatch):
     malloc left as it is (its calls counted)."""
     calls = []
     monkeypatch.setattr(op_timing, "reuse_freed_memory", lambda: calls.append(1) or True)
-    def fake(case, repeat, rounds, engine_twin=None):
+    def fake(case, repeat, rounds, engine_twin=None, statistic="min"):
+        calls.append(statistic)
         slow = 3.0 if case.op == "gelu" else 1.0
         timing = op_timing.Timing(0.002, 0.002, 0.004 * slow, 0.004)
         if engine_twin:
@@ -317,10 +318,35 @@ def test_a_slow_op_fails_the_run_and_tops_the_table(planted, tmp_path, capsys):
     assert record["schema"] == bench_ops.SCHEMA and len(record["rows"]) == 9
     assert record["rows"][0]["op"] == "gelu" and not record["rows"][0]["met"]
     assert record["meta"]["threads"] >= 1 and record["meta"]["malloc_reuses"] is True
-    assert planted == [1]
+    assert planted == [1] + ["min"] * 9
+    assert record["meta"]["statistic"] == "min"
 
 
 def test_all_targets_met_exits_0(planted, capsys):
     assert bench_ops.main(["--op", "relu", "--op", "matmul", "--default-malloc"]) == 0
     out = capsys.readouterr().out
-    assert "all targets met" in out and "malloc as glibc sets it" in out and planted == []
+    assert "all targets met" in out and "malloc as glibc sets it" in out
+    assert planted == ["min"] * 6
+
+
+def test_the_median_is_there_on_request(planted, capsys):
+    assert bench_ops.main(["--op", "relu", "--dtype", "f32", "--statistic", "median",
+                           "--default-malloc"]) == 0
+    assert planted == ["median"] and "the median of 6 runs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("statistic, expected", [("min", [1.0, 2.0]), ("median", [5.0, 6.0])])
+def test_time_rounds_takes_the_statistic_of_each_calls_timed_runs(monkeypatch, statistic,
+                                                                  expected):
+    """On a clock that each call advances by its next duration: the first call untimed, the
+    rest taken in turns; a disturbed run (9.0) moves the median but not the minimum."""
+    clock = [0.0]
+    monkeypatch.setattr(op_timing.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(op_timing.time, "sleep", lambda s: None)
+    def call(durations):
+        it = iter(durations)
+        return lambda: clock.__setitem__(0, clock[0] + next(it))
+    # each: one untimed first call (1.0 s, past WAKE_S: no wake-up calls), then 3 timed
+    calls = [call([1.0, 5.0, 1.0, 9.0]), call([1.0, 6.0, 2.0, 6.0])]
+    assert op_timing.time_rounds(calls, repeat=3, rounds=3, statistic=statistic,
+                                 budget=100.0) == expected
