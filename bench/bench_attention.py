@@ -12,7 +12,8 @@ attention (attention_fwd, and attention_back from its backward rule) against tor
 scaled_dot_product_attention and its autograd. rope: (512, 8, 64) and a llama-ish
 (2048, 32, 128) in float32, mode normal, the engine's rope and rope_back against torch
 code written from the formulas (torch has no rope op): angles from the positions, the
-pairs rotated, autograd for the backward. Prints the median time of each, forward,
+pairs rotated, autograd for the backward. Prints the time of each (the fastest of its
+timed runs, --statistic median for the median: bench/op_timing.py says why), forward,
 backward and their sum, and the ratio engine / torch (target <= 1.5 for each case's
 forward + backward). The engine's time is a whole graph evaluation (its plan made
 beforehand), so executor overhead counts; the backward graph is the op's backward rule
@@ -32,11 +33,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import time
 
 import numpy as np
+import op_timing
 import threadpoolctl
 import torch
 from bench_cpu import engine_backward, engine_forward, same_threads
@@ -87,8 +88,9 @@ def rope_case(rng, t, h, d):
             torch_rope, [x, pos])
 
 
-def _median_of_rounds(timers, repeat, rounds, settings=None):
-    """Median seconds of each zero-argument call in `timers`, timed in `rounds` rounds of
+def _time_rounds(timers, repeat, rounds, settings=None, statistic="min"):
+    """Seconds of each zero-argument call in `timers` (the `statistic` of its timed runs,
+    op_timing.STATISTICS: the fastest by default, as bench_ops takes), timed in `rounds` rounds of
     repeat // rounds runs each, the calls taking turns round by round (a load that comes
     and goes on the shared machine meets both sides), after a pause before each turn
     (torch's workers keep spinning a while after its calls) and WARM_S of untimed runs.
@@ -108,7 +110,7 @@ def _median_of_rounds(timers, repeat, rounds, settings=None):
                     t0 = time.perf_counter()
                     fn()
                     out.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
+    return [op_timing.STATISTICS[statistic](t) for t in times]
 
 
 @contextlib.contextmanager
@@ -126,9 +128,9 @@ def _on_threads(n):
         torch.set_num_threads(torch_before)
 
 
-def scaling(name, build, torch_fn, arrays, repeat, rounds):
+def scaling(name, build, torch_fn, arrays, repeat, rounds, statistic="min"):
     """[name, engine 1 thread, engine 2 threads, torch 1, torch 2]: forward + backward
-    seconds (the sums of their medians), the engine's plans bound on each count."""
+    seconds (the sums of their figures), the engine's plans bound on each count."""
     plans = {}
     for n in (1, 2):
         with _on_threads(n):
@@ -149,12 +151,12 @@ def scaling(name, build, torch_fn, arrays, repeat, rounds):
     for n in (1, 2):
         timers += [plans[n][0].compute, plans[n][1].compute, torch_forward, torch_backward]
         settings += [lambda n=n: _on_threads(n)] * 4
-    t = _median_of_rounds(timers, repeat, rounds, settings)
+    t = _time_rounds(timers, repeat, rounds, settings, statistic)
     return [name, t[0] + t[1], t[4] + t[5], t[2] + t[3], t[6] + t[7]]
 
 
-def bench(name, build, torch_fn, arrays, repeat, rounds):
-    """[name, engine fwd, engine bwd, torch fwd, torch bwd] in seconds (medians)."""
+def bench(name, build, torch_fn, arrays, repeat, rounds, statistic="min"):
+    """[name, engine fwd, engine bwd, torch fwd, torch bwd] in seconds."""
     fwd, _ = engine_forward(build, arrays)
     bwd = engine_backward(build, arrays)
     tens = [torch.from_numpy(a.copy()) for a in arrays]
@@ -168,15 +170,19 @@ def bench(name, build, torch_fn, arrays, repeat, rounds):
     def torch_forward():
         with torch.no_grad():
             torch_fn(*tens)
-    e_fwd, e_bwd, t_fwd, t_bwd = _median_of_rounds(
+    e_fwd, e_bwd, t_fwd, t_bwd = _time_rounds(
         [fwd.compute, bwd.compute, torch_forward,
-         lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)], repeat, rounds)
+         lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)], repeat, rounds,
+        statistic=statistic)
     return [name, e_fwd, e_bwd, t_fwd, t_bwd]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeat", type=int, default=15, help="timed runs per figure (median)")
+    p.add_argument("--repeat", type=int, default=15, help="timed runs per figure")
+    p.add_argument("--statistic", choices=tuple(op_timing.STATISTICS), default="min",
+                   help="what a figure is of its timed runs, the same on both sides: the "
+                        "fastest (default; see bench/op_timing.py) or the median")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds the timed runs are cut into, engine and torch taking turns")
     p.add_argument("--threads", type=int, default=None,
@@ -188,27 +194,27 @@ def main(argv=None) -> int:
         p.error("--repeat and --rounds must be at least 1")
     same_threads(p, args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; engine threads "
-          f"{engine_threads.get_num_threads()}; median of {args.repeat} runs in "
+          f"{engine_threads.get_num_threads()}; the {args.statistic} of {args.repeat} runs in "
           f"{args.rounds} rounds")
     rng = np.random.default_rng(0)
     cases = [attention_case(rng, 8, 8, 512, 64), attention_case(rng, 8, 2, 512, 64),
              rope_case(rng, 512, 8, 64), rope_case(rng, 2048, 32, 128)]
     ok = True
     if args.part in ("all", "ratios"):
-        ok = ratios(cases, args.repeat, args.rounds) and ok
+        ok = ratios(cases, args.repeat, args.rounds, args.statistic) and ok
     if args.part in ("all", "scaling"):
-        ok = thread_scaling(cases[:2], args.repeat, args.rounds) and ok
+        ok = thread_scaling(cases[:2], args.repeat, args.rounds, args.statistic) and ok
     print("all targets met" if ok else "SOME TARGETS MISSED")
     return 0 if ok else 1
 
 
-def thread_scaling(cases, repeat, rounds) -> bool:
+def thread_scaling(cases, repeat, rounds, statistic="min") -> bool:
     """The 1 -> 2 threads table of attention's cases; whether each met TARGET_SCALING."""
     if default_threads() < 2:
         print("thread scaling: skipped (this process may use one core)")
         return True
     table, ok = [], True
-    for name, e1, e2, t1, t2 in (scaling(*c, repeat, rounds) for c in cases):
+    for name, e1, e2, t1, t2 in (scaling(*c, repeat, rounds, statistic) for c in cases):
         gain = e1 / e2
         ok = ok and gain >= TARGET_SCALING
         table.append([name, f"{e1 * 1e3:.2f}", f"{e2 * 1e3:.2f}", f"{gain:.2f}",
@@ -220,10 +226,10 @@ def thread_scaling(cases, repeat, rounds) -> bool:
     return ok
 
 
-def ratios(cases, repeat, rounds) -> bool:
+def ratios(cases, repeat, rounds, statistic="min") -> bool:
     """The engine/torch table of every case; whether each met TARGET_RATIO."""
     table, ok = [], True
-    for name, e_fwd, e_bwd, t_fwd, t_bwd in (bench(*c, repeat, rounds) for c in cases):
+    for name, e_fwd, e_bwd, t_fwd, t_bwd in (bench(*c, repeat, rounds, statistic) for c in cases):
         for phase, e, t in (("forward", e_fwd, t_fwd), ("backward", e_bwd, t_bwd),
                             ("fwd + bwd", e_fwd + e_bwd, t_fwd + t_bwd)):
             ratio = e / t
