@@ -56,6 +56,9 @@ query row over every key, one thread):
   kv head) pairs, so that no two threads add into the same dk, dv) handed out one at a
   time to the engine's threads (a thread that starts late takes fewer), from
   threads.MIN_MACS multiply-adds;
+- attention:head_tasks: GQA's compiled backward as (batch, query head) tasks, each query
+  head's dk, dv into a partial of its own, a kv head's partials summed after in head
+  order (_back_heads);
 - attention:compiled: each task one compiled call (above), BLAS held to one thread; the
   plain twin is the Python loop over numpy's matmuls (also taken by arrays BLAS cannot
   read as they are, and by dtypes other than float32 and float64).
@@ -424,6 +427,48 @@ def _back_compiled(geo, unit, fwd4, g4, dq, dk, dv):
     return make
 
 
+def _back_heads(geo, unit, fwd4, g4, dq, dk, dv):
+    """GQA's backward on the compiled path (attention:head_tasks): (batch, query head)
+    tasks, each a _back_task of one head into that head's own dk and dv partials, and each
+    kv head's G partials summed after the tasks, in head order. As (batch, kv head) tasks
+    the issue's GQA shape (8 query heads on 2 kv heads, batch 1) had 2 tasks for 2 threads,
+    so a thread that started late delayed the whole call by as much (thread gain 1.55 in
+    one quiet run of `python bench/bench_attention.py`, 1.86 in another); G times as many
+    tasks let the other thread take more. Which thread runs a task, and how many threads
+    there are, changes no bit: the sums' order is fixed."""
+    dkp = np.empty((geo.b, geo.hq, geo.tk, geo.d), dk.dtype)
+    dvp = np.empty((geo.b, geo.hq, geo.tk, geo.dv), dv.dtype)
+    mask = geo.mask_or((1, geo.hq, 0, 0))
+    paths.taken("attention:head_tasks")
+
+    def make(take):
+        sbuf, pbuf = geo.scratch(geo.q.dtype, geo.tk, geo.tk)
+        x, ch = np.empty(geo.tk, np.float64), np.empty(geo.tk, np.float64)
+
+        def run():
+            while (task := take()) is not None:
+                b, h = task
+                c = h // geo.group
+                _back_task(geo.q[b], geo.k[b, c], geo.v[b, c], g4[b], fwd4[b],
+                           mask[min(b, len(mask) - 1)], geo.mask is not None, geo.slopes,
+                           h, 1, geo.dv, geo.shift, geo.causal, geo.scale, geo.cap,
+                           geo.block_array, unit, dq[b], dkp[b, h], dvp[b, h], sbuf, pbuf,
+                           x, ch)
+        return run
+    every = _chunked("cpu_attention_back", geo, [(b, h) for b in range(geo.b)
+                                                  for h in range(geo.hq)], make, True)
+
+    def call():
+        every()
+        for parts, grad in ((dkp, dk), (dvp, dv)):
+            for c in range(geo.hkv):
+                heads = parts[:, c * geo.group:(c + 1) * geo.group]
+                np.copyto(grad[:, c], heads[:, 0])
+                for j in range(1, geo.group):
+                    grad[:, c] += heads[:, j]
+    return call
+
+
 def _back_numpy(geo, unit, fwd4, g4, dq, dk, dv):
     """The backward's tasks as a Python loop over heads and blocks: numpy's matmuls and
     _back_rows (the plain twin of _back_compiled)."""
@@ -476,6 +521,8 @@ def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0
 
     grads = (g4, dq, dk, dv)
     compiled = geo.compiled(*grads)
+    if compiled and geo.group > 1:
+        return _back_heads(geo, unit, fwd4, *grads)
     make = (_back_compiled if compiled else _back_numpy)(geo, unit, fwd4, *grads)
     return _chunked("cpu_attention_back", geo, [(b, c) for b in range(geo.b)
                                                  for c in range(geo.hkv)], make, compiled)

@@ -68,6 +68,9 @@ KNOWN = {
     "attention:compiled": "each (batch, head) task of attention one compiled call, its "
                           "products in SciPy's BLAS, instead of numpy's matmuls between "
                           "row kernels",
+    "attention:head_tasks": "grouped-query attention's backward as (batch, query head) "
+                            "tasks, each head's dk and dv a partial of its own, summed "
+                            "after in head order",
 }
 
 _recorders: list[collections.Counter] = []

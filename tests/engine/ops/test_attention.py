@@ -187,8 +187,8 @@ def test_the_fast_paths_agree_with_the_plain_twins(causal, ms, dtype):
             plain = run()
     finally:
         threads.set_num_threads(before)
-    want = {"attention:tiles", "attention:compiled", "split:cpu_attention_fwd",
-            "split:cpu_attention_back"}
+    want = {"attention:tiles", "attention:compiled", "attention:head_tasks",
+            "split:cpu_attention_fwd", "split:cpu_attention_back"}
     assert want | ({"attention:causal_skip"} if causal else set()) <= set(taken)
     assert not plain_taken
     tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-4, atol=2e-5)
@@ -202,8 +202,9 @@ def test_every_thread_count_gives_the_same_bits(causal, ms, dtype):
     """The compiled (batch, head) tasks (attention:compiled), forward and backward, give
     the same bits on 1, 2 and 3 threads: a task's arithmetic does not depend on which
     thread runs it, and its products hold BLAS to one thread (SciPy's OpenBLAS on two
-    threads summed float64 products in another order). 2 batches x 2 kv heads: 4 backward
-    tasks, 8 forward ones, so 3 threads take uneven shares."""
+    threads summed float64 products in another order). 2 batches x 4 query heads on 2 kv
+    heads: 8 tasks each way (the backward's by query head, attention:head_tasks, its
+    partials summed in head order), so 3 threads take uneven shares."""
     arrays = _arrays((2, 4, 300, 32), (2, 2, 260, 32), (2, 2, 260, 48), ms, dtype)
     g = RNG.uniform(-1, 1, (2, 4, 300, 49)).astype(dtype)
     params = dict(causal=causal, scale=0.2, max_bias=0.0 if causal else 3.0)
@@ -220,7 +221,7 @@ def test_every_thread_count_gives_the_same_bits(causal, ms, dtype):
                 t.set(a)
             with paths.recording() as taken:
                 results.append(engine.compute(fwd, back))
-            assert taken["attention:compiled"] > 0
+            assert taken["attention:compiled"] > 0 and taken["attention:head_tasks"] > 0
             assert (n > 1) == (taken["split:cpu_attention_back"] > 0)
     finally:
         threads.set_num_threads(before)

@@ -41,6 +41,7 @@ REACHED_BY = {
     "attention:tiles": ("attention", "mask=[131,263]"),
     "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
     "attention:compiled": ("attention", "q=[2,2,300,64]"),
+    "attention:head_tasks": ("attention", "type=f32,q=[1,4,257,64]"),
 }
 
 
