@@ -7,6 +7,7 @@ import pytest
 
 from engine import ops
 from engine.backends.cpu import matmul as mm
+from engine.backends.cpu import threads
 from engine.backends.cpu.matmul import cpu_matmul, matmul_path, sparse_products
 from tests.engine.ops.op_harness import weighted_grads
 
@@ -215,13 +216,21 @@ def test_cost_threshold_boundary():
     """The path flips exactly where the cost model's estimate crosses SPARSE_MAX_COST."""
     m, k, n = 512, 600, 512
     b = np.random.default_rng(7).uniform(-1, 1, (k, n))
-    limit = mm.SPARSE_MAX_COST * m * k - (mm.SCAN_COST * m * k + mm.CALL_COST) / n
-    # uniform rows and columns: both splits cost SPARSE_ENTRY_COST per non-zero
-    per_row = int(limit / (mm.SPARSE_ENTRY_COST * m))
+    out = np.empty((m, n))
+    (p,) = [p for p in sparse_products(out, np.zeros((m, k)), b) if not p.transposed]
+    serial = threads.parts()       # the counting runs on one thread while the others wait
+    overhead = (serial * mm.SCAN_COST * m * k + mm.OUT_COST * m * n + mm.CALL_COST) / n
+    assert p.overhead == pytest.approx(overhead)
+    limit = mm.SPARSE_MAX_COST * m * k - overhead
+    # uniform rows and columns: both splits cost entry_cost(n) per non-zero
+    entry = mm.entry_cost(n)
+    assert entry == mm.SPARSE_ENTRY_COST + mm.ENTRY_FIXED_COST / n
+    per_row = int(limit / (entry * m))
+    assert per_row > 0
     for r, want in ((per_row, "sparse_left"), (per_row + 1, "blas")):
         a = circulant(m, k, r, np.float64)
-        assert mm.SPARSE_ENTRY_COST * r < k            # no line is dense
-        cost = mm.SPARSE_ENTRY_COST * np.count_nonzero(a)
+        assert entry * r < mm.DENSE_COL_COST * k       # no line is dense
+        cost = entry * np.count_nonzero(a)
         assert (cost <= limit) == (want != "blas")
         out, path = product(a, b)
         assert path.split("/")[0] == want
