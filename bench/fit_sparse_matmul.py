@@ -2,6 +2,7 @@
 
     python bench/fit_sparse_matmul.py                # one thread, CPU time, a few minutes
     python bench/fit_sparse_matmul.py --repeats 15
+    python bench/fit_sparse_matmul.py --mnist        # MNIST's FC products, with dense lines
 
 The cost model counts everything in multiply-adds on BLAS, so its constants depend on how
 fast this machine's BLAS is against the engine's compiled loops (a CPU whose BLAS uses wider
@@ -16,8 +17,11 @@ operand with d C-contiguous, then transposed; s the right operand), and fits by 
         = SPARSE_ENTRY_COST * nnz(s) * n + ENTRY_FIXED_COST * nnz(s) + SCAN_COST * m * k
           + OUT_COST * m * n + CALL_COST (+ GATHER_COST * k * n where d is not C-contiguous)
 
-(the dense lines' DENSE_ROW_COST and DENSE_COL_COST are fitted apart, on MNIST's products:
-see the module's comments).
+`--mnist` times MNIST's FC products instead, in the trainer's layouts (x @ W^T and the
+weight gradient g^T @ x, x a batch of 500 training images, whose dense lines go to BLAS),
+each split as the module chooses, on the sparse path (forced) and on BLAS, beside the
+module's estimate (SparseProduct.cost): what DENSE_ROW_COST and DENSE_COL_COST are fitted
+to (see the module's comments).
 
 It prints the fitted constants, the module's, and each product's measured and modelled
 cost over BLAS's. A calibration, not a benchmark.
@@ -55,15 +59,54 @@ def sparse_run(product) -> None:
     product.run()
 
 
+def forced_sparse(mm, product, repeats: int) -> float:
+    """CPU ms per call of `product` on the sparse path (SPARSE_MAX_COST raised; its split and
+    dense lines as the module chooses), the module's estimate left in product.cost."""
+    saved = mm.SPARSE_MAX_COST
+    try:
+        mm.SPARSE_MAX_COST = 1e9
+        assert product.pays()
+        return cpu_ms(functools.partial(sparse_run, product), repeats)
+    finally:
+        mm.SPARSE_MAX_COST = saved
+
+
+def mnist_products(mm, repeats: int) -> None:
+    """MNIST's FC products in the trainer's layouts, three draws of 500 images."""
+    from mnist_target.data import load_mnist
+
+    rng = np.random.default_rng(0)
+    images = load_mnist().train_images
+    w = (rng.standard_normal((500, 784)) * 0.03).astype(np.float32)
+    g = (rng.standard_normal((500, 500)) * 1e-3).astype(np.float32)
+    print("product        split  model  sparse ms  BLAS ms  sparse/BLAS")
+    for _ in range(3):
+        x = images[rng.permutation(len(images))[:500]].copy()
+        for name, out, a, b, right in [
+                ("x @ W^T", np.empty((500, 500), np.float32), x, w.T, False),
+                ("g^T @ x", np.empty((500, 784), np.float32), g.T, x, True)]:
+            (product,) = [q for q in mm.sparse_products(out, a, b) if q.transposed == right]
+            sparse = forced_sparse(mm, product, repeats)
+            blas = cpu_ms(functools.partial(mm.blas_product, a, b, out), repeats)
+            print(f"{name:14} {product.split:5}  {product.cost:5.2f}  {sparse:9.3f}  "
+                  f"{blas:7.3f}  {sparse / blas:11.2f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=9, help="timed calls per product")
+    p.add_argument("--mnist", action="store_true",
+                   help="MNIST's FC products (dense lines included) instead of the fit")
     args = p.parse_args(argv)
 
     from engine.backends.cpu import matmul as mm
     from engine.backends.cpu.threads import one_blas_thread, set_num_threads
 
     set_num_threads(1)
+    if args.mnist:
+        with one_blas_thread():
+            mnist_products(mm, args.repeats)
+        return 0
     rng = np.random.default_rng(0)
     rows, targets, labels = [], [], []
     with one_blas_thread():

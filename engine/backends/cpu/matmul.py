@@ -61,11 +61,11 @@ from engine.backends.cpu.jit import bindable
 # 300 2000 400; s uniformly random zeros at densities 0.01 to 0.1, as the left operand with d
 # C-contiguous or transposed, and as the right one), on an AVX-512 Intel Xeon (numpy's
 # OpenBLAS at about 140 GFLOP/s a core; the machine shared, CPU time): the model within 0.1
-# of the measured ratio for most products, 0.2 at worst (0.01 density, small m). The sparse
-# path costs about as much as BLAS at 10% density on this machine (measured ratios 0.87 to
-# 1.12 at n = 500), against 6-7% at n = 72. The fit before it, on an AMD EPYC (AVX2, BLAS
-# half as fast against the compiled loops), had SPARSE_ENTRY_COST 3, SCAN_COST 150,
-# GATHER_COST 40, CALL_COST 1.5e7 and no per-entry or output terms.
+# of the measured ratio for most products, 0.2 at worst (at 1% density). The sparse path
+# costs about as much as BLAS at 10% density on this machine (measured ratios 0.90 to 1.19
+# at n >= 400), and never pays at n = 72 (1.0-1.1 already at 1%). The fit before it, on an
+# AMD EPYC (AVX2, BLAS half as fast against the compiled loops), had SPARSE_ENTRY_COST 3,
+# SCAN_COST 150, GATHER_COST 40, CALL_COST 1.5e7 and no per-entry or output terms.
 SPARSE_ENTRY_COST = 6.1      # a multiply-add on the sparse path costs 6.1 on BLAS
 ENTRY_FIXED_COST = 640.0     # per non-zero of s: its CSR entry written and read, whatever n
 SCAN_COST = 60.0             # per element of s: counting the non-zeros
@@ -74,10 +74,11 @@ GATHER_COST = 29.0           # gathering one element of d (when d is not C-conti
 CALL_COST = 3.75e6           # per call: Python, small numpy steps, parallel regions
 # A dense line's share on BLAS costs more than its multiply-adds: it is gathered (s's lines,
 # and in a column split d's rows), and in a row split its product rows are scattered back.
-# Fitted to MNIST's FC products on one thread (bench/fit_sparse_matmul.py's products with a
-# batch of 500 training images as s in the trainer's layouts, x @ W^T split by columns and
-# the weight gradient g^T @ x by rows, dense lines 0.41 of BLAS's work in each), sparse over
-# BLAS measured 0.84-0.94 and 1.05-1.17 in three draws:
+# Fitted to MNIST's FC products on one thread, `python bench/fit_sparse_matmul.py --mnist
+# --repeats 15` (a batch of 500 training images as s in the trainer's layouts; dense lines
+# about 0.41 of BLAS's work in each): x @ W^T, split by columns, sparse over BLAS measured
+# 0.90-0.93 in three draws (the model: 0.86-0.87); the weight gradient g^T @ x, by rows,
+# 1.09-1.16 (the model: 1.07-1.09).
 DENSE_COL_COST = 1.2         # a dense column's multiply-adds, gathered, in a column split
 DENSE_ROW_COST = 1.8         # a dense row's, gathered and scattered, in a row split
 SPARSE_MAX_COST = 0.9        # take the path at an estimated cost of at most 0.9 of BLAS's
