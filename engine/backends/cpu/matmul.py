@@ -17,13 +17,12 @@ times n on BLAS (DENSE_ROW_COST or DENSE_COL_COST times that: a dense line is ga
 in a row split its product rows scattered) and entry_cost(n) times n per non-zero on the
 sparse path (SPARSE_ENTRY_COST per multiply-add plus ENTRY_FIXED_COST per non-zero), and goes
 to the cheaper (so a row denser than DENSE_ROW_COST / entry_cost(n) goes to BLAS); the sparse
-path
-adds SCAN_COST per element of s (counting), OUT_COST per element of the product (its rows
-zeroed, written, and, for a right operand, transposed), GATHER_COST per element of d when d
-is not C-contiguous, and CALL_COST per call. The counting and d's copy run on the calling
-thread while the engine's other threads wait, so with p threads (against BLAS's p chunks)
-they count p times. The path is taken for 2-D float32/float64
-products, per side, in this order (left, then right), when
+path adds SCAN_COST per element of s (counting), OUT_COST per element of the product (its
+rows zeroed, written, and, for a right operand, transposed), GATHER_COST per element of d
+when d is not C-contiguous, and CALL_COST per call. The counting and d's copy run on the
+calling thread while the engine's other threads wait, so with p threads (against BLAS's p
+chunks) they count p times. The path is taken for 2-D float32/float64 products, per side,
+in this order (left, then right), when
 - the rows of s @ d are long enough to vectorise (n, resp. m, >= SPARSE_MIN_ROW) and
   m k n >= SPARSE_MIN_MACS;
 - the estimated cost of the cheaper split is at most SPARSE_MAX_COST of BLAS's: first
