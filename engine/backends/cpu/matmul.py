@@ -21,8 +21,10 @@ path adds SCAN_COST per element of s (counting), OUT_COST per element of the pro
 rows zeroed, written, and, for a right operand, transposed), GATHER_COST per element of d
 when d is not C-contiguous, and CALL_COST per call. The counting and d's copy run on the
 calling thread while the engine's other threads wait, so with p threads (against BLAS's p
-chunks) they count p times. The path is taken for 2-D float32/float64 products, per side,
-in this order (left, then right), when
+chunks) they cost p times their share; the model counts them SERIAL_THREADS times whatever
+the thread count, so that the path taken, and so the result's bits, do not depend on it.
+The path is taken for 2-D float32/float64 products, per side, in this order (left, then
+right), when
 - the rows of s @ d are long enough to vectorise (n, resp. m, >= SPARSE_MIN_ROW) and
   m k n >= SPARSE_MIN_MACS;
 - the estimated cost of the cheaper split is at most SPARSE_MAX_COST of BLAS's: first
@@ -33,9 +35,9 @@ Everything else (dense operands, gradcheck's random samples, batched products, s
 skinny products) goes to BLAS. With the engine's threads (engine.backends.cpu.threads), big
 products run as chunks side by side (matmul_chunks), and a sparse product as row ranges,
 each with its dense lines (SparseProduct.run). For MNIST's FC layer at batch 1000 (s: the
-images, 19% non-zero in clustered strokes; n = 500) both big products go to BLAS on two
-threads (the sparse path's serial counting and copying cost more than the zeros save there)
-and the forward one goes sparse on one thread; at batch 100 none does.
+images, 19% non-zero in clustered strokes; n = 500) both big products go to BLAS (on two
+threads the sparse path's serial counting and copying cost more than the zeros save; on one
+the forward product would gain about 10% sparse); at batch 100 none does.
 
 Numerics: the sparse path adds the same non-zero terms as BLAS in another order (dense
 lines' products and the sparse part added, the sparse part in column blocks, eight terms at
@@ -80,6 +82,12 @@ CALL_COST = 3.75e6           # per call: Python, small numpy steps, parallel reg
 # 1.09-1.16 (the model: 1.07-1.09).
 DENSE_COL_COST = 1.2         # a dense column's multiply-adds, gathered, in a column split
 DENSE_ROW_COST = 1.8         # a dense row's, gathered and scattered, in a row split
+# The serial steps (counting, d's copy) counted as on this many threads, whatever the engine's
+# thread count: the path must not depend on it (a product's bits differ between paths, and a
+# plan's bits are the same on every thread count). Two: this machine's cores; on one thread
+# the model then leaves MNIST's x @ W^T on BLAS where the sparse path would be about 10%
+# faster, on many it takes the sparse path where its serial steps cost more.
+SERIAL_THREADS = 2
 SPARSE_MAX_COST = 0.9        # take the path at an estimated cost of at most 0.9 of BLAS's
 SPARSE_MIN_MACS = 1 << 22    # m k n below this: BLAS (counting would cost more than it saves)
 SPARSE_MIN_ROW = 16          # product rows shorter than this do not vectorise well
@@ -143,7 +151,7 @@ class SparseProduct:
         self.entry = entry_cost(n)
         # the costs besides the lines', in BLAS's cost of one element of s (n multiply-adds);
         # the counting and d's gather run on one thread while the others wait
-        serial = threads.parts()
+        serial = SERIAL_THREADS
         self.overhead = ((serial * SCAN_COST * m * k + OUT_COST * m * n + CALL_COST) / n
                          + (0 if d.flags.c_contiguous else serial * GATHER_COST * k))
         self.split = None
