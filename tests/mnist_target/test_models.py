@@ -93,8 +93,8 @@ def _cnn_in_ggml_order(model, batch):
 
 def test_cnn_pooling_first_is_ggml_order_exactly():
     """The engine pools before the bias and the ReLU (models.py): the logits and every
-    gradient are ggml's order's, bit for bit, on MNIST-like images (zeros and strokes: many
-    windows of the first layer tie at its bias, and a quarter of its ReLUs are off)."""
+    gradient are ggml's order's, bit for bit, on sparse images (windows whose convolution is
+    0 tie, and biases of both signs switch ReLUs off)."""
     from engine import ops
     from engine.tensor import constant
     rng = np.random.default_rng(5)
