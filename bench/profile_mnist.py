@@ -2,6 +2,7 @@
 
     python bench/profile_mnist.py --arch fc                 # FC at batch 1000 (two of 500)
     python bench/profile_mnist.py --arch cnn --batches 20
+    python bench/profile_mnist.py --arch fc --threads 2 --cpu  # CPU time: caller, workers
     PYTHONPATH=/path/to/other/checkout python bench/profile_mnist.py --arch fc --no-nodes
 
 Trains `--batches` batches (after `--warmup` more) of real MNIST (mnist_target.data) with
@@ -9,16 +10,20 @@ bench/bench_mnist.py's engine trainer (AdamW, cross-entropy, physical batches of
 gradients accumulate) and batch order, and prints each node's milliseconds per batch (every
 call of the trainer's plans timed one by one by a call wrapper installed on its graphs,
 Graph.call_wrapper), largest first, then the whole step's.
-Timing each call costs about a microsecond, so the nodes' sum is a little above an untimed
-step; `--no-nodes` times whole steps only (and runs on a checkout whose graphs take no call
-wrapper: two checkouts run alternately compare as well as this noisy machine allows). A
-profile, not a benchmark: bench/bench_mnist.py holds the targets.
+With `--cpu`, each node's CPU time too, the calling thread's and the engine's worker
+threads' (engine.backends.cpu.threads) apart: where a node keeps the caller busy while the
+workers wait (a serial step before a split), and CPU time is what a loaded machine
+disturbs least. Timing each call costs about a microsecond, so the nodes' sum is a little
+above an untimed step; `--no-nodes` times whole steps only (and runs on a checkout whose
+graphs take no call wrapper: two checkouts run alternately compare as well as this noisy
+machine allows). A profile, not a benchmark: bench/bench_mnist.py holds the targets.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 
 import numpy as np
@@ -42,6 +47,35 @@ def node_timer(times: dict, clock=time.perf_counter):
     return wrap
 
 
+def worker_clocks() -> list[int]:
+    """CPU-time clock ids of the engine's worker threads now running (its pool's threads
+    are named gradverify-cpu-N)."""
+    return [time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
+            if t.name.startswith("gradverify-cpu-")]
+
+
+def cpu_node_timer(times: dict, workers: list):
+    """A call wrapper as node_timer's that adds, per call labelled (graph, op, node,
+    shape), to times[label] = [wall seconds, the calling thread's CPU seconds, the CPU
+    seconds of the worker threads whose clock ids `workers` holds (read at each call: fill
+    it once the pool has started), calls]."""
+    def workers_cpu():
+        return sum(time.clock_gettime(c) for c in workers)
+
+    def wrap(label, call):
+        entry = times.setdefault(tuple(label), [0.0, 0.0, 0.0, 0])
+
+        def timed():
+            t0, c0, k0 = time.perf_counter(), time.thread_time(), workers_cpu()
+            call()
+            entry[0] += time.perf_counter() - t0
+            entry[1] += time.thread_time() - c0
+            entry[2] += workers_cpu() - k0
+            entry[3] += 1
+        return timed
+    return wrap
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", choices=["fc", "cnn"], default="fc")
@@ -54,6 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help="the engine's threads (default: GRADVERIFY_THREADS or the cores)")
     p.add_argument("--no-nodes", action="store_true", help="time whole steps only")
+    p.add_argument("--cpu", action="store_true",
+                   help="CPU time per node too: the calling thread's and the workers'")
     args = p.parse_args(argv)
     physical = min(args.physical, args.batch)
     if args.batches < 1 or args.warmup < 0 or physical < 1 or args.batch % physical:
@@ -79,7 +115,8 @@ def main(argv=None) -> int:
         graphs = [trainer.forward, trainer.training, trainer.optimizer.graph]
         if not all(hasattr(g, "call_wrapper") for g in graphs):
             p.error("this engine's graphs take no call_wrapper: use --no-nodes")
-        timer = node_timer(node_times)
+        workers: list = []
+        timer = cpu_node_timer(node_times, workers) if args.cpu else node_timer(node_times)
         for g in graphs:
             g.call_wrapper = timer          # their plans time every call from now on
     plan = _batches(np.random.default_rng(0), EPOCH_IMAGES, args.batch,
@@ -89,26 +126,35 @@ def main(argv=None) -> int:
         train(idx)
     if timing_nodes:
         for entry in node_times.values():     # zeroed in place: the wrapped calls hold them
-            entry[:] = [0.0, 0]
-    t0 = time.perf_counter()
+            entry[:] = [0.0] * (len(entry) - 1) + [0]
+        workers[:] = worker_clocks()
+    cpu = worker_clocks()
+    t0, c0, k0 = time.perf_counter(), time.thread_time(), sum(map(time.clock_gettime, cpu))
     for idx in plan[args.warmup:]:
         train(idx)
-    step = (time.perf_counter() - t0) / args.batches * 1e3
+    per_batch = 1e3 / args.batches
+    step = (time.perf_counter() - t0) * per_batch
+    step_cpu = ((time.thread_time() - c0) * per_batch,
+                (sum(map(time.clock_gettime, cpu)) - k0) * per_batch)
 
     print(f"MNIST {args.arch.upper()} training, batch {args.batch} (physical {physical}), "
           f"{get_num_threads()} thread(s), {args.batches} batches after {args.warmup}")
     if timing_nodes:
         times = sorted(node_times.items(), key=lambda kv: -kv[1][0])
-        nodes = sum(sec for sec, _ in node_times.values()) / args.batches * 1e3
+        nodes = sum(entry[0] for entry in node_times.values()) * per_batch
         rows = [[f"{graph}: {op}", name, "x".join(map(str, shape)) or "()",
-                 calls / args.batches, sec / args.batches * 1e3,
-                 f"{sec / args.batches * 1e3 / step:.1%}"]
-                for (graph, op, name, shape), (sec, calls) in times[:args.top]]
+                 entry[-1] / args.batches, entry[0] * per_batch]
+                + [sec * per_batch for sec in entry[1:-1]]
+                + [f"{entry[0] * per_batch / step:.1%}"]
+                for (graph, op, name, shape), entry in times[:args.top]]
+        cpu_headers = ["caller CPU", "workers CPU"] if args.cpu else []
         print(tabulate(rows, headers=["graph: op", "node", "shape", "calls/batch",
-                                      "ms/batch", "of step"], floatfmt=".3f"))
+                                      "ms/batch", *cpu_headers, "of step"], floatfmt=".3f"))
         print(f"nodes {nodes:.3f} ms per batch ({len(times)} nodes; the rest is Python "
               "between them and the batch's data)")
-    print(f"step {step:.3f} ms per batch")
+    print(f"step {step:.3f} ms per batch"
+          + (f"; CPU: caller {step_cpu[0]:.3f}, workers {step_cpu[1]:.3f}" if args.cpu
+             else ""))
     return 0
 
 

@@ -15,7 +15,15 @@ Shapes are numpy order (ggml's `ne` reversed, see engine.gguf_io):
 FC: logits = fc2(relu(fc1(x))) with fc(x) = x W^T + b (ggml's mul_mat, torch's Linear).
 CNN: conv 3x3 1->8 (pad 1) + bias, ReLU, max-pool 2x2; conv 3x3 8->16 (pad 1) + bias, ReLU,
 max-pool 2x2; flatten in ggml's order (height, width, channel), i.e. NCHW permuted to NHWC
-before the reshape; dense 784 -> 10.
+before the reshape; dense 784 -> 10. The engine's graph pools each convolution's output
+before adding the bias and taking the ReLU, relu(pool(conv) + b) for ggml's
+pool(relu(conv + b)): the same values, exactly (rounding x + b and the ReLU are both
+non-decreasing, so they commute with a window's maximum, and b is one number per channel),
+with the bias, the ReLU, their backward and the bias gradient's sum on a quarter of the
+elements (about 14% of the CNN's training step on one thread, docs/performance.md). The
+gradients are the same but where a window holds two values that differ yet round to the
+same sum with b: the maximum of the convolution's output is then unique where ggml's order
+sees a tie and takes its first.
 
 A tensor matches its expected shape when the two agree after dropping leading 1s: ggml pads
 `ne` with trailing 1s, so its own writer stores conv1.bias as (8, 1, 1) while ggml's Keras
@@ -136,8 +144,9 @@ class Model:
         else:
             x = ops.reshape(images, (batch, 1, HW, HW))
             for conv in ("conv1", "conv2"):
-                x = ops.add(ops.conv_2d(x, p[f"{conv}.kernel"], padding=1), p[f"{conv}.bias"])
-                x = ops.pool_2d(ops.relu(x), "max", 2)
+                # pooled before the bias and the ReLU (module doc): the same values
+                x = ops.pool_2d(ops.conv_2d(x, p[f"{conv}.kernel"], padding=1), "max", 2)
+                x = ops.relu(ops.add(x, p[f"{conv}.bias"]))
             flat = ops.reshape(ops.cont(ops.permute(x, (0, 2, 3, 1))), (batch, -1))
             logits = ops.add(ops.matmul(flat, ops.transpose(p["dense.weight"])),
                              p["dense.bias"])

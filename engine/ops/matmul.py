@@ -140,8 +140,10 @@ def _strategy(draw, dtype):
 
 def _matmul_scale():
     """Scale cases (engine.scale_cases): the zero-skipping product with a sparse left
-    operand (MNIST's FC layer: 1000 x 784 inputs, 10% non-zero; its weight gradient
-    a^T @ g skips a's zeros too) and a sparse right one, both split by rows; an operand
+    operand (MNIST's FC layer's shape, 1000 x 784 inputs, 10% non-zero, but 2000 outputs:
+    at 10% the sparse path pays only on long product rows, which spread its counting over
+    more multiply-adds, engine.backends.cpu.matmul; its weight gradient a^T @ g skips a's
+    zeros too) and a sparse right one, both split by rows; an operand
     whose zeros fill whole columns, as images' borders (the column split); dense products
     big enough for BLAS on the engine's threads, in ragged row ranges, one with a
     transposed operand;
@@ -149,8 +151,8 @@ def _matmul_scale():
     bfloat16 (float32 accumulation)."""
     sparse = dict(kind="sparse", low=0.0, high=1.0)
     return [scale_case("matmul", [InputSpec("a", (1000, 784), **sparse),
-                                  InputSpec("b", (784, 500))]),
-            scale_case("matmul", [InputSpec("a", (500, 784)),
+                                  InputSpec("b", (784, 2000))]),
+            scale_case("matmul", [InputSpec("a", (2000, 784)),
                                   InputSpec("b", (784, 1000), **sparse)]),
             scale_case("matmul", [InputSpec("a", (1000, 783), "sparse_cols", 0.0, 1.0),
                                   InputSpec("b", (783, 500))]),
@@ -211,8 +213,8 @@ def _matmul_grad_a_untransposed(real):
 
 def sparse_product_drops_last_nonzero(prepare):
     """matmul:sparse: each row of the sparse operand's CSR loses its last entry (its row
-    end taken one short): that non-zero's term is missing from the product. Rows denser
-    than 1 / SPARSE_ENTRY_COST (which a row split gives to BLAS) are left right."""
+    end taken one short): that non-zero's term is missing from the product. Rows dense
+    enough for BLAS (matmul.dense_lines, which a row split gives to BLAS) are left right."""
     def mutated(out, ins, **params):
         run = prepare(out, ins, **params)
         a, b = ins
@@ -227,7 +229,8 @@ def sparse_product_drops_last_nonzero(prepare):
             s, d, dest = (a, b, out) if left else (b.T, a.T, out.T)
             nonzero = s != 0
             counts = nonzero.sum(axis=1)
-            rows = np.flatnonzero((counts > 0) & ~dense_lines(counts, s.shape[1]))
+            dense = dense_lines(counts, s.shape[1], d.shape[1], "rows")
+            rows = np.flatnonzero((counts > 0) & ~dense)
             last = s.shape[1] - 1 - np.argmax(nonzero[rows, ::-1], axis=1)
             dest[rows] -= s[rows, last][:, None] * d[last]
         return call

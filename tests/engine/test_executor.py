@@ -7,8 +7,11 @@ import contextlib
 import importlib.util
 import pathlib
 import sys
+import threading
+import time
 
 import numpy as np
+import pytest
 
 import engine
 from engine.backends.cpu import CPU
@@ -16,9 +19,8 @@ from engine.executor import AccumulateStep, CallLabel, KernelStep, ViewStep
 from tests.engine.test_planner import _mlp
 
 
-def _node_timer():
-    """bench/profile_mnist.py's call wrapper maker, node_timer (the script is loaded with
-    bench/ on the path, as it runs)."""
+def _profile_mnist():
+    """bench/profile_mnist.py as a module (loaded with bench/ on the path, as it runs)."""
     bench = pathlib.Path(__file__).resolve().parents[2] / "bench"
     spec = importlib.util.spec_from_file_location("profile_mnist", bench / "profile_mnist.py")
     module = importlib.util.module_from_spec(spec)
@@ -27,7 +29,12 @@ def _node_timer():
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(bench))
-    return module.node_timer
+    return module
+
+
+def _node_timer():
+    """bench/profile_mnist.py's call wrapper maker, node_timer."""
+    return _profile_mnist().node_timer
 
 
 def _timer(times: dict):
@@ -62,6 +69,23 @@ def test_a_call_wrapper_times_every_call_of_the_graphs_plans():
                for (graph, *_), (sec, calls) in times.items())
     _, plain_grad = trained(None)
     np.testing.assert_array_equal(timed_grad, plain_grad)
+
+
+def test_the_cpu_timer_splits_caller_and_workers():
+    """profile_mnist.py --cpu: each call adds its wall and CPU seconds, the caller's and the
+    workers' (clocks given), and one call; the caller's CPU is spent in the call."""
+    profile = _profile_mnist()
+    times: dict = {}
+    x, w1, w2, loss = _mlp()
+    g = engine.Graph([loss])
+    g.build_backward(loss)
+    g.call_wrapper = profile.cpu_node_timer(times, [time.pthread_getcpuclockid(
+        threading.get_ident())])          # "workers": this thread, so they match the caller
+    g.compute()
+    assert times
+    for wall, caller, workers, calls in times.values():
+        assert calls == 1 and wall >= 0 and caller >= 0
+        assert workers == pytest.approx(caller, abs=1e-4)
 
 
 def test_a_call_wrapper_set_after_a_run_wraps_the_next_runs():

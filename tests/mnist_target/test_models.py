@@ -76,6 +76,50 @@ def test_forward_matches_torch_on_the_same_weights(arch):
     np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
+def _cnn_in_ggml_order(model, batch):
+    """The CNN's graph in ggml's order, pool(relu(conv + b)), on `model`'s params."""
+    from engine import ops
+    from engine.tensor import input_tensor
+    p = model.params
+    images = input_tensor((batch, 784), "f32", name="images")
+    x = ops.reshape(images, (batch, 1, 28, 28))
+    for conv in ("conv1", "conv2"):
+        x = ops.add(ops.conv_2d(x, p[f"{conv}.kernel"], padding=1), p[f"{conv}.bias"])
+        x = ops.pool_2d(ops.relu(x), "max", 2)
+    flat = ops.reshape(ops.cont(ops.permute(x, (0, 2, 3, 1))), (batch, -1))
+    logits = ops.add(ops.matmul(flat, ops.transpose(p["dense.weight"])), p["dense.bias"])
+    return images, logits.set_output()
+
+
+def test_cnn_pooling_first_is_ggml_order_exactly():
+    """The engine pools before the bias and the ReLU (models.py): the logits and every
+    gradient are ggml's order's, bit for bit, on sparse images (windows whose convolution is
+    0 tie, and biases of both signs switch ReLUs off)."""
+    from engine import ops
+    from engine.tensor import constant
+    rng = np.random.default_rng(5)
+    model = Model.new("cnn", seed=4)
+    for name in ("conv1.bias", "conv2.bias"):          # biases of both signs, not zeros
+        model.params[name].set(rng.uniform(-0.3, 0.3, model.params[name].shape)
+                               .astype(np.float32))
+    x = (rng.random((8, 784)) < 0.2) * rng.integers(1, 256, (8, 784)) / 256
+    w = rng.standard_normal((8, 10)).astype(np.float32)
+    results = []
+    for build in (model.build, lambda b: _cnn_in_ggml_order(model, b)):
+        images, logits = build(8)
+        loss = ops.sum(ops.mul(logits, constant(w)))
+        g = Graph([loss])
+        grads = g.build_backward(loss)
+        images.set(x.astype(np.float32))
+        g.compute()
+        results.append([logits.numpy().copy()]
+                       + [grads[p].numpy().copy() for p in model.params.values()])
+    active = [np.count_nonzero(r) for r in results[0][1:]]
+    assert all(active), active                          # every gradient reached
+    for ours, ggml in zip(*results, strict=True):
+        np.testing.assert_array_equal(ours, ggml)
+
+
 def test_cnn_flattens_in_ggml_order():
     """dense.weight column h*112 + w*16 + c reads channel c at (h, w) of the last pool."""
     weights = {k: np.zeros_like(v) for k, v in initial_weights("cnn", seed=0).items()}

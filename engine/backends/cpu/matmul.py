@@ -13,11 +13,18 @@ dense lines go to BLAS, gathered into a compact matrix; the rest to
 engine.backends.cpu.matmul_sparse (CSR rows, contiguous row updates).
 
 Costs are counted in multiply-adds on BLAS (BLAS's: m k n). A line of s costs its length
-times n on BLAS and SPARSE_ENTRY_COST times n per non-zero on the sparse path, and goes to
-the cheaper (so a line denser than 1 / SPARSE_ENTRY_COST goes to BLAS); the sparse path
-adds SCAN_COST per element of s (counting, compressing), GATHER_COST per element of d when
-d is not C-contiguous, and CALL_COST per call. The path is taken for 2-D float32/float64
-products, per side, in this order (left, then right), when
+times n on BLAS (DENSE_ROW_COST or DENSE_COL_COST times that: a dense line is gathered, and
+in a row split its product rows scattered) and entry_cost(n) times n per non-zero on the
+sparse path (SPARSE_ENTRY_COST per multiply-add plus ENTRY_FIXED_COST per non-zero), and goes
+to the cheaper (so a row denser than DENSE_ROW_COST / entry_cost(n) goes to BLAS); the sparse
+path adds SCAN_COST per element of s (counting), OUT_COST per element of the product (its
+rows zeroed, written, and, for a right operand, transposed), GATHER_COST per element of d
+when d is not C-contiguous, and CALL_COST per call. The counting and d's copy run on the
+calling thread while the engine's other threads wait, so with p threads (against BLAS's p
+chunks) they cost p times their share; the model counts them SERIAL_THREADS times whatever
+the thread count, so that the path taken, and so the result's bits, do not depend on it.
+The path is taken for 2-D float32/float64 products, per side, in this order (left, then
+right), when
 - the rows of s @ d are long enough to vectorise (n, resp. m, >= SPARSE_MIN_ROW) and
   m k n >= SPARSE_MIN_MACS;
 - the estimated cost of the cheaper split is at most SPARSE_MAX_COST of BLAS's: first
@@ -28,8 +35,9 @@ Everything else (dense operands, gradcheck's random samples, batched products, s
 skinny products) goes to BLAS. With the engine's threads (engine.backends.cpu.threads), big
 products run as chunks side by side (matmul_chunks), and a sparse product as row ranges,
 each with its dense lines (SparseProduct.run). For MNIST's FC layer at batch 1000 (s: the
-images, 19% non-zero; n = 500) both big products go sparse; at batch 100 (under CALL_COST's
-bound) none.
+images, 19% non-zero in clustered strokes; n = 500) both big products go to BLAS (on two
+threads the sparse path's serial counting and copying cost more than the zeros save; on one
+the forward product would gain about 10% sparse); at batch 100 none does.
 
 Numerics: the sparse path adds the same non-zero terms as BLAS in another order (dense
 lines' products and the sparse part added, the sparse part in column blocks, eight terms at
@@ -48,18 +56,38 @@ from engine.backends.cpu import layout, paths, threads
 from engine.backends.cpu import matmul_sparse as sp
 from engine.backends.cpu.jit import bindable
 
-# The cost model, in multiply-adds on BLAS, fitted to the sparse path's time over BLAS's
-# (one core of an AMD EPYC, AVX2, OpenBLAS; float32; 1000 x 784 x 500 and 100 x 784 x 500
-# with s = MNIST images, row- or column-major, d C-contiguous or transposed; uniformly
-# random zeros at densities 0.05 to 0.3, n = 500 and 72). The time varies little with
-# SPARSE_ENTRY_COST between 2 and 4 (the density of a line above which it goes to BLAS).
-SPARSE_ENTRY_COST = 3.0      # a multiply-add on the sparse path costs 3 on BLAS
-SCAN_COST = 150.0            # per element of s: counting, compressing, per-entry overheads
-GATHER_COST = 40.0           # gathering one element of d (when d is not C-contiguous)
-CALL_COST = 1.5e7            # per call: Python, small numpy steps, about five parallel
-                             # regions (~0.15 ms on 2 cores; a region costs more on a
-                             # loaded machine): keeps products under ~100M multiply-adds
-                             # on BLAS
+# The cost model, in multiply-adds on BLAS, fitted on one thread to the sparse path's CPU time
+# over BLAS's by `python bench/fit_sparse_matmul.py --repeats 11` (least squares over 72
+# float32 products: m k n = 1000 784 500, 500 784 500, 100 784 500, 1000 784 72, 1000 300 500,
+# 300 2000 400; s uniformly random zeros at densities 0.01 to 0.1, as the left operand with d
+# C-contiguous or transposed, and as the right one), on an AVX-512 Intel Xeon (numpy's
+# OpenBLAS at about 140 GFLOP/s a core; the machine shared, CPU time): the model within 0.1
+# of the measured ratio for most products, 0.2 at worst (at 1% density). The sparse path
+# costs about as much as BLAS at 10% density on this machine (measured ratios 0.90 to 1.19
+# at n >= 400), and never pays at n = 72 (1.0-1.1 already at 1%). The fit before it, on an
+# AMD EPYC (AVX2, BLAS half as fast against the compiled loops), had SPARSE_ENTRY_COST 3,
+# SCAN_COST 150, GATHER_COST 40, CALL_COST 1.5e7 and no per-entry or output terms.
+SPARSE_ENTRY_COST = 6.1      # a multiply-add on the sparse path costs 6.1 on BLAS
+ENTRY_FIXED_COST = 640.0     # per non-zero of s: its CSR entry written and read, whatever n
+SCAN_COST = 60.0             # per element of s: counting the non-zeros
+OUT_COST = 73.0              # per element of the product: zeroing, writing, transposing
+GATHER_COST = 29.0           # gathering one element of d (when d is not C-contiguous)
+CALL_COST = 3.75e6           # per call: Python, small numpy steps, parallel regions
+# A dense line's share on BLAS costs more than its multiply-adds: it is gathered (s's lines,
+# and in a column split d's rows), and in a row split its product rows are scattered back.
+# Fitted to MNIST's FC products on one thread, `python bench/fit_sparse_matmul.py --mnist
+# --repeats 15` (a batch of 500 training images as s in the trainer's layouts; dense lines
+# about 0.41 of BLAS's work in each): x @ W^T, split by columns, sparse over BLAS measured
+# 0.90-0.93 in three draws (the model: 0.86-0.87); the weight gradient g^T @ x, by rows,
+# 1.09-1.16 (the model: 1.07-1.09).
+DENSE_COL_COST = 1.2         # a dense column's multiply-adds, gathered, in a column split
+DENSE_ROW_COST = 1.8         # a dense row's, gathered and scattered, in a row split
+# The serial steps (counting, d's copy) counted as on this many threads, whatever the engine's
+# thread count: the path must not depend on it (a product's bits differ between paths, and a
+# plan's bits are the same on every thread count). Two: this machine's cores; on one thread
+# the model then leaves MNIST's x @ W^T on BLAS where the sparse path would be about 10%
+# faster, on many it takes the sparse path where its serial steps cost more.
+SERIAL_THREADS = 2
 SPARSE_MAX_COST = 0.9        # take the path at an estimated cost of at most 0.9 of BLAS's
 SPARSE_MIN_MACS = 1 << 22    # m k n below this: BLAS (counting would cost more than it saves)
 SPARSE_MIN_ROW = 16          # product rows shorter than this do not vectorise well
@@ -68,9 +96,21 @@ SAMPLE_MARGIN = 1.25
 L2_BLOCK_BYTES = 1 << 18     # d's rows are used in blocks of about this many bytes
 
 
-def dense_lines(counts, length: int) -> np.ndarray:
-    """The mask of the lines (of `length` elements, `counts` non-zeros) cheaper on BLAS."""
-    return SPARSE_ENTRY_COST * counts > length
+def entry_cost(n: int) -> float:
+    """A non-zero's cost on the sparse path, in BLAS's cost of one element of s (n
+    multiply-adds), for products whose rows have n elements."""
+    return SPARSE_ENTRY_COST + ENTRY_FIXED_COST / max(n, 1)
+
+
+def dense_factor(split: str) -> float:
+    """What a dense line's multiply-adds cost on BLAS in a split of s's "rows" or "cols"."""
+    return DENSE_ROW_COST if split == "rows" else DENSE_COL_COST
+
+
+def dense_lines(counts, length: int, n: int, split: str) -> np.ndarray:
+    """The mask of the lines (of `length` elements, `counts` non-zeros, in a product whose
+    rows have n elements; s's rows or columns as `split` says) cheaper on BLAS."""
+    return entry_cost(n) * counts > dense_factor(split) * length
 
 
 class SparseProduct:
@@ -108,10 +148,14 @@ class SparseProduct:
         self.block = max(16, L2_BLOCK_BYTES // max(1, d.shape[1] * d.itemsize))
         n = d.shape[1]
         self.work = m * k * n
-        # the costs besides the lines', in BLAS's cost of one element of s (n multiply-adds)
-        self.overhead = (SCAN_COST * m * k + CALL_COST) / n + (0 if d.flags.c_contiguous
-                                                                else GATHER_COST * k)
+        self.entry = entry_cost(n)
+        # the costs besides the lines', in BLAS's cost of one element of s (n multiply-adds);
+        # the counting and d's gather run on one thread while the others wait
+        serial = SERIAL_THREADS
+        self.overhead = ((serial * SCAN_COST * m * k + OUT_COST * m * n + CALL_COST) / n
+                         + (0 if d.flags.c_contiguous else serial * GATHER_COST * k))
         self.split = None
+        self.cost = None          # the last estimate that `pays` counted, over BLAS's
 
     def _dense_part(self, lines, d_dense, accumulate, parallel=True):
         """part(r0, r1): the dense lines' share of rows [r0, r1) of the product, by BLAS.
@@ -147,17 +191,19 @@ class SparseProduct:
         s = self.s
         m, k = s.shape
         sp.sample_counts(s, SAMPLE_STEP, self.by_rows, self.sample_lines, self.sample_cross)
-        along = k if self.by_rows else m       # the length of a sampled line
-        across = m if self.by_rows else k
-        return min(SAMPLE_STEP * sp.lines_cost(self.sample_lines, 1, along, SPARSE_ENTRY_COST),
-                   sp.lines_cost(self.sample_cross, SAMPLE_STEP, across, SPARSE_ENTRY_COST))
+        # a sampled line: a row of s (its length k) if by_rows, else a column
+        along = k * DENSE_ROW_COST if self.by_rows else m * DENSE_COL_COST
+        across = m * DENSE_COL_COST if self.by_rows else k * DENSE_ROW_COST
+        return min(SAMPLE_STEP * sp.lines_cost(self.sample_lines, 1, along, self.entry),
+                   sp.lines_cost(self.sample_cross, SAMPLE_STEP, across, self.entry))
 
     def pays(self) -> bool:
         """Whether the sparse path is estimated to cost at most SPARSE_MAX_COST of BLAS, and
         d is finite.
-        Costs in BLAS's cost of one element of s: BLAS's is s.size; a line of s costs its
-        length on BLAS, SPARSE_ENTRY_COST per non-zero on the sparse path, and goes to the
-        cheaper; rows or columns of s are split, whichever costs less (kept for `run`)."""
+        Costs in BLAS's cost of one element of s: BLAS's is s.size; a line of s costs
+        dense_factor times its length on BLAS, entry_cost per non-zero on the sparse path,
+        and goes to the cheaper; rows or columns of s are split, whichever costs less (kept
+        for `run`)."""
         s = self.s
         m, k = s.shape
         limit = SPARSE_MAX_COST * s.size - self.overhead
@@ -169,8 +215,9 @@ class SparseProduct:
             s, self.row_counts, self.col_counts, self.col_partials, self.by_rows, self.d_scan)
         if nonfinite:            # a skipped 0 * inf would be NaN in BLAS
             return False
-        row_cost = sp.lines_cost(self.row_counts, 1, k, SPARSE_ENTRY_COST)
-        col_cost = sp.lines_cost(self.col_counts, 1, m, SPARSE_ENTRY_COST)
+        row_cost = sp.lines_cost(self.row_counts, 1, DENSE_ROW_COST * k, self.entry)
+        col_cost = sp.lines_cost(self.col_counts, 1, DENSE_COL_COST * m, self.entry)
+        self.cost = (min(row_cost, col_cost) + self.overhead) / s.size   # for benchmarks
         if min(row_cost, col_cost) > limit:
             return False
         self.split = "rows" if row_cost <= col_cost else "cols"
@@ -187,10 +234,10 @@ class SparseProduct:
         dest = self.dest
         kept_cols = self.col_counts > 0
         if self.split == "rows":
-            dense = dense_lines(self.row_counts, k)
+            dense = dense_lines(self.row_counts, k, self.d.shape[1], "rows")
             self.row_counts[dense] = 0
         else:
-            dense = dense_lines(self.col_counts, m)
+            dense = dense_lines(self.col_counts, m, self.d.shape[1], "cols")
             kept_cols[dense] = False
         lines = np.flatnonzero(dense)
         cols = np.flatnonzero(kept_cols)
@@ -295,7 +342,8 @@ def path_name(p: SparseProduct) -> str:
     m, k = p.s.shape
     counts, length = (p.row_counts, k) if p.split == "rows" else (p.col_counts, m)
     side = "sparse_right" if p.transposed else "sparse_left"
-    return f"{side}/{p.split}" + ("+blas" if dense_lines(counts, length).any() else "")
+    dense = dense_lines(counts, length, p.d.shape[1], p.split)
+    return f"{side}/{p.split}" + ("+blas" if dense.any() else "")
 
 
 def matmul_chunks(out, ins, parts):

@@ -7,6 +7,7 @@ import pytest
 
 from engine import ops
 from engine.backends.cpu import matmul as mm
+from engine.backends.cpu import threads
 from engine.backends.cpu.matmul import cpu_matmul, matmul_path, sparse_products
 from tests.engine.ops.op_harness import weighted_grads
 
@@ -215,17 +216,49 @@ def test_cost_threshold_boundary():
     """The path flips exactly where the cost model's estimate crosses SPARSE_MAX_COST."""
     m, k, n = 512, 600, 512
     b = np.random.default_rng(7).uniform(-1, 1, (k, n))
-    limit = mm.SPARSE_MAX_COST * m * k - (mm.SCAN_COST * m * k + mm.CALL_COST) / n
-    # uniform rows and columns: both splits cost SPARSE_ENTRY_COST per non-zero
-    per_row = int(limit / (mm.SPARSE_ENTRY_COST * m))
+    out = np.empty((m, n))
+    (p,) = [p for p in sparse_products(out, np.zeros((m, k)), b) if not p.transposed]
+    serial = mm.SERIAL_THREADS     # the counting runs on one thread while the others wait
+    overhead = (serial * mm.SCAN_COST * m * k + mm.OUT_COST * m * n + mm.CALL_COST) / n
+    assert p.overhead == pytest.approx(overhead)
+    limit = mm.SPARSE_MAX_COST * m * k - overhead
+    # uniform rows and columns: both splits cost entry_cost(n) per non-zero
+    entry = mm.entry_cost(n)
+    assert entry == mm.SPARSE_ENTRY_COST + mm.ENTRY_FIXED_COST / n
+    per_row = int(limit / (entry * m))
+    assert per_row > 0
     for r, want in ((per_row, "sparse_left"), (per_row + 1, "blas")):
         a = circulant(m, k, r, np.float64)
-        assert mm.SPARSE_ENTRY_COST * r < k            # no line is dense
-        cost = mm.SPARSE_ENTRY_COST * np.count_nonzero(a)
+        assert entry * r < mm.DENSE_COL_COST * k       # no line is dense
+        cost = entry * np.count_nonzero(a)
         assert (cost <= limit) == (want != "blas")
         out, path = product(a, b)
         assert path.split("/")[0] == want
         assert_matches(out, a, b)
+
+
+def test_path_does_not_depend_on_the_thread_count():
+    """The model counts the serial steps as on SERIAL_THREADS threads at any thread count:
+    a product just under the cost limit takes the sparse path on 1, 2 and 7 threads alike
+    (its bits then agree: a plan's bits are the same on every thread count)."""
+    m, k, n = 512, 600, 512
+    b = np.random.default_rng(7).uniform(-1, 1, (k, n))
+    out = np.empty((m, n))
+    (p,) = [p for p in sparse_products(out, np.zeros((m, k)), b) if not p.transposed]
+    per_row = int((mm.SPARSE_MAX_COST * m * k - p.overhead) / (mm.entry_cost(n) * m))
+    a = circulant(m, k, per_row, np.float64)
+    before = threads.get_num_threads()
+    results = {}
+    try:
+        for count in (1, 2, 7):
+            threads.set_num_threads(count)
+            got, path = product(a, b)
+            assert path.startswith("sparse_left"), (count, path)
+            results[count] = got
+    finally:
+        threads.set_num_threads(before)
+    np.testing.assert_array_equal(results[1], results[2])
+    np.testing.assert_array_equal(results[1], results[7])
 
 
 def test_size_and_row_length_thresholds():
