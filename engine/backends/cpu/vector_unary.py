@@ -358,8 +358,12 @@ def softplus32(v, params):
 
 @scalar_math
 def softplus_gradient32(g, v, params):
-    """softplus_gradient for 16-bit results, in float32."""
-    return g if v > _SOFTPLUS_THRESHOLD_32 else g * _sigmoid_pair32(v)[0]
+    """softplus_gradient for 16-bit results, in float32: g sigmoid(v) for every v, since
+    above the row's threshold (20) sigmoid(v) is 1 in float32 (1 + e^-v rounds to 1), so
+    that the result is g's there too, and a NaN g comes out of a multiplication (quiet) as
+    every other result does, for the kernels' bare conversions (elementwise._BARE16: g
+    passed through a select kept a signalling bfloat16 NaN's pattern)."""
+    return g * _sigmoid_pair32(v)[0]
 
 
 class VectorMath(NamedTuple):
