@@ -64,6 +64,7 @@ from engine.backends.cpu.vector_math import (
     exp,
     exp32,
     exp_expm1,
+    exp_expm1_32,
     expm1,
     log,
     log1p,
@@ -366,6 +367,41 @@ def softplus_gradient32(g, v, params):
     return g * _sigmoid_pair32(v)[0]
 
 
+@scalar_math
+def tanh32(v, params):
+    """tanh for 16-bit results, in float32."""
+    _, m = exp_expm1_32(np.float32(-2.0) * abs(v))
+    return np.copysign(-m / (np.float32(2.0) + m), v)
+
+
+@scalar_math
+def tanh_gradient32(g, v, params):
+    """tanh_gradient for 16-bit results, in float32."""
+    e, m = exp_expm1_32(np.float32(-2.0) * abs(v))
+    d = np.float32(2.0) + m
+    return g * (np.float32(4.0) * e / (d * d))
+
+
+# elu's alpha is any float64: its products are taken in float64 (alpha rounded to float32
+# could overflow, or stray by a float32 rounding more), each rounded once to float32
+@scalar_math
+def elu32(v, params):
+    """elu for 16-bit results: alpha (e^v - 1) from float32's expm1, the product in
+    float64."""
+    _, m = exp_expm1_32(_ZERO if v > _ZERO else v)
+    return v if v > _ZERO else np.float32(params[0] * np.float64(m))
+
+
+@scalar_math
+def elu_gradient32(g, v, params):
+    """elu_gradient for 16-bit results: g e^min(v, 0) times alpha where v <= 0 (and 1
+    above, where e^0 = 1 exactly), the products in float64; a product for every v, so
+    that a NaN g comes out of a multiplication (quiet) as every other result does, for the
+    kernels' bare conversions (elementwise._BARE16)."""
+    e, _ = exp_expm1_32(_ZERO if v > _ZERO else v)
+    return np.float32(np.float64(g) * (np.float64(e) * (1.0 if v > _ZERO else params[0])))
+
+
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
@@ -377,13 +413,13 @@ class VectorMath(NamedTuple):
 FAST = {
     "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
                           gradient16=sigmoid_gradient32),
-    "tanh": VectorMath(tanh, tanh_gradient),
+    "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32),
     "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),
     "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
                            gradient16=gelu_erf_gradient32),
-    "elu": VectorMath(elu, elu_gradient),
+    "elu": VectorMath(elu, elu_gradient, forward16=elu32, gradient16=elu_gradient32),
     "softplus": VectorMath(softplus, softplus_gradient, forward16=softplus32,
                            gradient16=softplus_gradient32),
     "expm1": VectorMath(expm1_forward, expm1_gradient),

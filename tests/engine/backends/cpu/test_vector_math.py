@@ -180,6 +180,8 @@ def _apply32(which, x):
             out[i] = vm.exp32(v)
         elif which == 1:
             out[i] = vm.log1p32(v)
+        elif which == 3:
+            out[i] = vm.exp_expm1_32(v)[1]
         else:
             out[i] = vm.erfc32_nonneg(v, vm.exp32(-(v * v)))
     return out
@@ -199,11 +201,15 @@ def _erfc32_exact(x):
 
 
 # (index in _apply32, exact function, float32 inputs, bound in 2^-24 of the result; measured
-# maxima on these samples: exp32 1.63, log1p32 3.41, erfc32 5.71)
+# maxima on these samples: exp32 1.63, log1p32 3.41, erfc32 5.71, expm1_32 1.99)
 FUNCTIONS32 = {
     "exp32": (0, mpmath.exp, _float32_sample(-87.0, 88.7), 2.0),
     "log1p32": (1, mpmath.log1p, _float32_sample(0.0, 1.0), 4.0),
     "erfc32": (2, _erfc32_exact, _float32_sample(0.0, 9.3), 8.0),
+    "expm1_32": (3, mpmath.expm1, np.concatenate([_float32_sample(-104.0, 0.0),
+                                                  _float32_sample(-1.0, 0.0),
+                                                  -np.logspace(-37, 0, 4000, dtype=np.float32)]),
+                 3.0),
 }
 
 
@@ -218,7 +224,7 @@ def test_float32_math_within_the_stated_relative_error(name):
     checks = [(x[::20], got[::20], np.array([float(exact(mpmath.mpf(float(v))))
                                              for v in x[::20]]))]
     if which != 2:
-        ref = np.exp(x.astype(np.float64)) if which == 0 else np.log1p(x.astype(np.float64))
+        ref = {0: np.exp, 1: np.log1p, 3: np.expm1}[which](x.astype(np.float64))
         checks.append((x, got, ref))
     for xs, ys, truth in checks:
         zero = truth == 0.0
