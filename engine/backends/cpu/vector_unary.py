@@ -62,7 +62,7 @@ from engine.backends.cpu.vector_math import (
     erfc32_nonneg,
     erfc_nonneg,
     exp,
-    exp32,
+    exp32_nonpositive,
     exp_expm1,
     exp_expm1_32,
     expm1,
@@ -276,7 +276,7 @@ _SOFTPLUS_THRESHOLD_32 = np.float32(SOFTPLUS_THRESHOLD)
 @scalar_math
 def _sigmoid_pair32(u):
     """_sigmoid_pair in float32: each of the two within a few 2^-24 of its size."""
-    e = exp32(-abs(u))
+    e = exp32_nonpositive(-abs(u))
     r = _ONE / (_ONE + e)
     small = e * r
     return (r, small) if u >= _ZERO else (small, r)
@@ -291,7 +291,7 @@ def sigmoid32(v, params):
 @scalar_math
 def sigmoid_gradient32(g, v, params):
     """sigmoid_gradient for 16-bit results, in float32."""
-    e = exp32(-abs(v))
+    e = exp32_nonpositive(-abs(v))
     r = _ONE / (_ONE + e)
     return g * (e * r * r)
 
@@ -312,7 +312,7 @@ def silu_gradient32(g, v, params):
 @scalar_math
 def _phi_parts32(v):
     """_phi_parts in float32 (v^2 of a 16-bit value is exact in float32)."""
-    e = exp32(-_HALF * (v * v))
+    e = exp32_nonpositive(-_HALF * (v * v))
     half = _HALF * erfc32_nonneg(abs(v) * _INV_SQRT_2_32, e)
     return (half if v < _ZERO else _ONE - half), e
 
@@ -353,7 +353,7 @@ def gelu_erf_gradient32(g, v, params):
 @scalar_math
 def softplus32(v, params):
     """softplus for 16-bit results, in float32."""
-    tail = log1p32(exp32(-abs(v)))
+    tail = log1p32(exp32_nonpositive(-abs(v)))
     return v if v > _SOFTPLUS_THRESHOLD_32 else (v if v > _ZERO else _ZERO) + tail
 
 

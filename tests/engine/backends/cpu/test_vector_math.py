@@ -245,6 +245,63 @@ def test_float32_special_values():
     assert np.isnan(_apply32(2, np.array([np.nan]))).all()
 
 
+@numba.njit(cache=False, fastmath={"contract"})     # compiled as the kernels are
+def _nonpositive_mismatches(x):
+    """How many float32 x <= 0 of `x` get other bits from exp32_nonpositive, or from
+    exp_expm1_32's e^x, than from exp32, and the first such x's index (-1: none)."""
+    count, first = 0, -1
+    for i in range(x.size):
+        v = np.float32(x[i])
+        want = np.float32(vm.exp32(v)).view(np.uint32)
+        got = np.float32(vm.exp32_nonpositive(v)).view(np.uint32)
+        pair = np.float32(vm.exp_expm1_32(v)[0]).view(np.uint32)
+        if got != want or pair != want:
+            count += 1
+            first = i if first < 0 else first
+    return count, first
+
+
+@numba.njit(cache=False, fastmath={"contract"})
+def _nonpositive_mismatches_of_every_float32():
+    """_nonpositive_mismatches over every float32 pattern with the sign set (-0 to -NaN),
+    NaNs compared as NaN."""
+    count = 0
+    for b in range(0x80000000, 0x100000000):
+        v = np.uint32(b).view(np.float32)
+        want = vm.exp32(v)
+        got = vm.exp32_nonpositive(v)
+        pair = vm.exp_expm1_32(v)[0]
+        if np.isnan(want):
+            count += not (np.isnan(got) and np.isnan(pair))
+        else:
+            count += (np.float32(got).view(np.uint32) != np.float32(want).view(np.uint32)
+                      or np.float32(pair).view(np.uint32) != np.float32(want).view(np.uint32))
+    return count
+
+
+def test_exp32_nonpositive_is_exp32_on_the_16_bit_exponents():
+    """exp32_nonpositive and exp_expm1_32 give exp32's bits on the exponents the 16-bit
+    kernels take (-|v|, -2|v|, -v^2/2 of every float16 and bfloat16 value), on a dense
+    sample of float32 x <= 0 and at -0, -inf and exp32's clamp."""
+    import ml_dtypes
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = [patterns.view(np.float16).astype(np.float32),
+                  patterns.view(ml_dtypes.bfloat16).astype(np.float32)]
+        x = np.concatenate([-np.abs(v) for v in values] + [-2 * np.abs(v) for v in values]
+                           + [np.float32(-0.5) * (v * v) for v in values]
+                           + [-_float32_sample(0.0, 104.0), np.array([-0.0, -np.inf, -104.0,
+                                                                      -103.99, -150.0])])
+    x = x[~np.isnan(x)].astype(np.float32)
+    count, first = _nonpositive_mismatches(x)
+    assert count == 0, f"{count} values differ, the first at {x[first]!r}"
+
+
+@pytest.mark.slow
+def test_exp32_nonpositive_is_exp32_on_every_nonpositive_float32():
+    assert _nonpositive_mismatches_of_every_float32() == 0
+
+
 def test_erfcx32_coefficients_are_the_documented_fit():
     """erfcx(4 (1 + t) / (1 - t)) interpolated at the 12 Chebyshev nodes of t in [-1,
     (10.5 - 4) / (10.5 + 4)] in mpmath (40 digits), in powers of t, rounded to float32:
