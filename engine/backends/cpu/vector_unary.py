@@ -23,14 +23,19 @@ the row's limits (NaN where the row's formula gives inf * 0, as torch's does), a
 the row's zero with its sign.
 
 16-bit results need 11 (float16) or 8 (bfloat16) significant bits, and sigmoid, silu,
-gelu_erf and softplus compute theirs in float32 arithmetic instead (forward16,
-gradient16: vector_math's float32 section, whose vectors hold twice the lanes): from the
-same forms, within 0.5 + 2^-10 ulp of the format as the float64 functions, over all 2^16
-patterns (the same test); gelu_erf's gradient within 1/32 of its zero from its Taylor
-polynomial there. Each kernel takes about half the float64 one's time: per float16
-element, forward and backward, sigmoid 0.91 and 0.85 ns against 1.77 and 1.46, gelu_erf
-1.15 and 1.09 against 2.21 and 2.47 (CPU time of the serial kernels over 8M elements,
-one thread, the machine loaded; bench_ops in docs/performance.md's activations section).
+gelu_erf, softplus, tanh and elu compute theirs in float32 arithmetic instead (forward16,
+gradient16: vector_math's float32 section, whose vectors hold twice the lanes; elu's
+products with its alpha, any float64, in float64): from the same forms, within 0.5 +
+2^-10 ulp of the format as the float64 functions, over all 2^16 patterns (the same test);
+gelu_erf's gradient within 1/32 of its zero from its Taylor polynomial there. Their
+exponentials are all of x <= 0 (vector_math.exp32_nonpositive: exp32's bits in fewer
+operations), and every result comes out of an arithmetic operation, never a select of an
+input, so that the kernels load and store without the NaN fix-ups (elementwise._BARE16).
+Each kernel takes about a third to a half of the float64 one's time: per float16 element,
+forward and backward, sigmoid 0.64 and 0.50 ns, tanh 0.67 and 0.55, gelu_erf 1.01 and
+0.83 (CPU time of the serial kernels over 8M values in [-6, 6], one thread, load 11),
+where the float64 math took sigmoid 1.77 and 1.46, gelu_erf 2.21 and 2.47 (load 6;
+docs/performance.md's activations section).
 
     FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16)
     forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
