@@ -273,7 +273,8 @@ PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
 # and relu_back's 16-bit kernels too (elementwise.HALF_NATIVE, the path half:<op>); and
 # every activation whose 16-bit kernels compute in float32 math of their own
 # (vector_unary's forward16 and gradient16), so that each is compared with its plain twin
-HALF_AT_SCALE = ("gelu", "sin", "relu", "sigmoid", "silu", "gelu_erf", "softplus")
+HALF_AT_SCALE = ("gelu", "sin", "relu", "sigmoid", "silu", "gelu_erf", "softplus", "tanh",
+                 "elu")
 
 
 def _scale(row: Unary):

@@ -23,14 +23,19 @@ the row's limits (NaN where the row's formula gives inf * 0, as torch's does), a
 the row's zero with its sign.
 
 16-bit results need 11 (float16) or 8 (bfloat16) significant bits, and sigmoid, silu,
-gelu_erf and softplus compute theirs in float32 arithmetic instead (forward16,
-gradient16: vector_math's float32 section, whose vectors hold twice the lanes): from the
-same forms, within 0.5 + 2^-10 ulp of the format as the float64 functions, over all 2^16
-patterns (the same test); gelu_erf's gradient within 1/32 of its zero from its Taylor
-polynomial there. Each kernel takes about half the float64 one's time: per float16
-element, forward and backward, sigmoid 0.91 and 0.85 ns against 1.77 and 1.46, gelu_erf
-1.15 and 1.09 against 2.21 and 2.47 (CPU time of the serial kernels over 8M elements,
-one thread, the machine loaded; bench_ops in docs/performance.md's activations section).
+gelu_erf, softplus, tanh and elu compute theirs in float32 arithmetic instead (forward16,
+gradient16: vector_math's float32 section, whose vectors hold twice the lanes; elu's
+products with its alpha, any float64, in float64): from the same forms, within 0.5 +
+2^-10 ulp of the format as the float64 functions, over all 2^16 patterns (the same test);
+gelu_erf's gradient within 1/32 of its zero from its Taylor polynomial there. Their
+exponentials are all of x <= 0 (vector_math.exp32_nonpositive: exp32's bits in fewer
+operations), and every result comes out of an arithmetic operation, never a select of an
+input, so that the kernels load and store without the NaN fix-ups (elementwise._BARE16).
+Each kernel takes about a third to a half of the float64 one's time: per float16 element,
+forward and backward, sigmoid 0.64 and 0.50 ns, tanh 0.67 and 0.55, gelu_erf 1.01 and
+0.83 (CPU time of the serial kernels over 8M values in [-6, 6], one thread, load 11),
+where the float64 math took sigmoid 1.77 and 1.46, gelu_erf 2.21 and 2.47 (load 6;
+docs/performance.md's activations section).
 
     FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16)
     forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
@@ -62,8 +67,9 @@ from engine.backends.cpu.vector_math import (
     erfc32_nonneg,
     erfc_nonneg,
     exp,
-    exp32,
+    exp32_nonpositive,
     exp_expm1,
+    exp_expm1_32,
     expm1,
     log,
     log1p,
@@ -275,7 +281,7 @@ _SOFTPLUS_THRESHOLD_32 = np.float32(SOFTPLUS_THRESHOLD)
 @scalar_math
 def _sigmoid_pair32(u):
     """_sigmoid_pair in float32: each of the two within a few 2^-24 of its size."""
-    e = exp32(-abs(u))
+    e = exp32_nonpositive(-abs(u))
     r = _ONE / (_ONE + e)
     small = e * r
     return (r, small) if u >= _ZERO else (small, r)
@@ -290,7 +296,7 @@ def sigmoid32(v, params):
 @scalar_math
 def sigmoid_gradient32(g, v, params):
     """sigmoid_gradient for 16-bit results, in float32."""
-    e = exp32(-abs(v))
+    e = exp32_nonpositive(-abs(v))
     r = _ONE / (_ONE + e)
     return g * (e * r * r)
 
@@ -311,7 +317,7 @@ def silu_gradient32(g, v, params):
 @scalar_math
 def _phi_parts32(v):
     """_phi_parts in float32 (v^2 of a 16-bit value is exact in float32)."""
-    e = exp32(-_HALF * (v * v))
+    e = exp32_nonpositive(-_HALF * (v * v))
     half = _HALF * erfc32_nonneg(abs(v) * _INV_SQRT_2_32, e)
     return (half if v < _ZERO else _ONE - half), e
 
@@ -352,14 +358,53 @@ def gelu_erf_gradient32(g, v, params):
 @scalar_math
 def softplus32(v, params):
     """softplus for 16-bit results, in float32."""
-    tail = log1p32(exp32(-abs(v)))
+    tail = log1p32(exp32_nonpositive(-abs(v)))
     return v if v > _SOFTPLUS_THRESHOLD_32 else (v if v > _ZERO else _ZERO) + tail
 
 
 @scalar_math
 def softplus_gradient32(g, v, params):
-    """softplus_gradient for 16-bit results, in float32."""
-    return g if v > _SOFTPLUS_THRESHOLD_32 else g * _sigmoid_pair32(v)[0]
+    """softplus_gradient for 16-bit results, in float32: g sigmoid(v) for every v, since
+    above the row's threshold (20) sigmoid(v) is 1 in float32 (1 + e^-v rounds to 1), so
+    that the result is g's there too, and a NaN g comes out of a multiplication (quiet) as
+    every other result does, for the kernels' bare conversions (elementwise._BARE16: g
+    passed through a select kept a signalling bfloat16 NaN's pattern)."""
+    return g * _sigmoid_pair32(v)[0]
+
+
+@scalar_math
+def tanh32(v, params):
+    """tanh for 16-bit results, in float32."""
+    _, m = exp_expm1_32(np.float32(-2.0) * abs(v))
+    return np.copysign(-m / (np.float32(2.0) + m), v)
+
+
+@scalar_math
+def tanh_gradient32(g, v, params):
+    """tanh_gradient for 16-bit results, in float32."""
+    e, m = exp_expm1_32(np.float32(-2.0) * abs(v))
+    d = np.float32(2.0) + m
+    return g * (np.float32(4.0) * e / (d * d))
+
+
+# elu's alpha is any float64: its products are taken in float64 (alpha rounded to float32
+# could overflow, or stray by a float32 rounding more), each rounded once to float32
+@scalar_math
+def elu32(v, params):
+    """elu for 16-bit results: alpha (e^v - 1) from float32's expm1, the product in
+    float64."""
+    _, m = exp_expm1_32(_ZERO if v > _ZERO else v)
+    return v if v > _ZERO else np.float32(params[0] * np.float64(m))
+
+
+@scalar_math
+def elu_gradient32(g, v, params):
+    """elu_gradient for 16-bit results: g e^min(v, 0) times alpha where v <= 0 (and 1
+    above, where e^0 = 1 exactly), the products in float64; a product for every v, so
+    that a NaN g comes out of a multiplication (quiet) as every other result does, for the
+    kernels' bare conversions (elementwise._BARE16)."""
+    e, _ = exp_expm1_32(_ZERO if v > _ZERO else v)
+    return np.float32(np.float64(g) * (np.float64(e) * (1.0 if v > _ZERO else params[0])))
 
 
 class VectorMath(NamedTuple):
@@ -373,13 +418,13 @@ class VectorMath(NamedTuple):
 FAST = {
     "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
                           gradient16=sigmoid_gradient32),
-    "tanh": VectorMath(tanh, tanh_gradient),
+    "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32),
     "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),
     "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
                            gradient16=gelu_erf_gradient32),
-    "elu": VectorMath(elu, elu_gradient),
+    "elu": VectorMath(elu, elu_gradient, forward16=elu32, gradient16=elu_gradient32),
     "softplus": VectorMath(softplus, softplus_gradient, forward16=softplus32,
                            gradient16=softplus_gradient32),
     "expm1": VectorMath(expm1_forward, expm1_gradient),

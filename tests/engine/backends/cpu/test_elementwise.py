@@ -3,7 +3,9 @@ path `half:<op>`: relu and relu_back read and write 16-bit patterns in one pass)
 2^16 patterns of each format, the bits of their plain twins, the float32 kernels widened
 (half.widened), special values and signed zeros included; a strided input is gathered
 first; the 16-bit scale cases take them and plain mode does not. And the vector maps of a
-strided input, gathered into out and mapped in place, give the contiguous input's bits."""
+strided input, gathered into out and mapped in place, give the contiguous input's bits; the
+16-bit vector kernels of float32 math, with the bare conversions, those of the fixed-up
+ones."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import numpy as np
 import pytest
 
 from engine.backends.cpu import elementwise as cpu
-from engine.backends.cpu import paths
+from engine.backends.cpu import half, paths
+from engine.backends.cpu.vector_unary import FAST
+from engine.elementwise import UNARY
 from engine.registry import get_op
 from tests.engine.backends.cpu.test_paths import _run
 
@@ -92,3 +96,60 @@ def test_a_strided_input_maps_in_place_to_the_contiguous_bits(name, dtype):
         assert any(p.startswith("vector:") for p in taken), sorted(taken)
         assert np.array_equal(strided.view(np.uint16 if dtype == np.float16 else np.uint32),
                               contiguous.view(np.uint16 if dtype == np.float16 else np.uint32))
+
+
+def _float32_math_kernels(name: str, which: str, bare: bool):
+    """{fmt: kernel}: op `name`'s 16-bit vector kernels of its float32 math (forward16 or
+    gradient16), with the bare conversions (`bare`, elementwise._BARE16, what the op runs)
+    or with value's and rounded's NaN fix-ups."""
+    fast = FAST[name]
+    if which == "forward":
+        kernels = cpu._vector_kernels(cpu._vector_map, cpu._vector_map_reach, name,
+                                      fast.forward, fast.reach, None, fast.forward16,
+                                      "forward", bare=bare)
+    else:
+        kernels = cpu._vector_kernels(cpu._vector_gradient_map, cpu._vector_gradient_map_reach,
+                                      name, fast.gradient, fast.reach, None, fast.gradient16,
+                                      "gradient", bare=bare)
+    return {fmt: kernels[fmt][0] for fmt in (half.F16, half.BF16)}
+
+
+# NaN patterns whose bits a fix-up keeps: float16's signalling and quiet NaNs of either sign
+# and with payloads in the top and the bottom bits; bfloat16's the same
+SPECIAL16 = {np.float16: (0x7C01, 0xFC01, 0x7D00, 0x7E00, 0xFE01, 0x7FFF, 0x7C00, 0xFC00,
+                          0x0000, 0x8000, 0x3C00, 0xBC00, 0x0001, 0x4D00, 0xCD00, 0x7BFF),
+             ml_dtypes.bfloat16: (0x7F81, 0xFF81, 0x7FA0, 0x7FC0, 0xFFC1, 0x7FFF, 0x7F80,
+                                  0xFF80, 0x0000, 0x8000, 0x3F80, 0xBF80, 0x0001, 0x41A0,
+                                  0xC1A0, 0x7F7F)}
+FLOAT32_MATH = sorted(n for n, f in FAST.items() if f.forward16 is not None)
+
+
+@DTYPES
+@pytest.mark.parametrize("name", FLOAT32_MATH)
+def test_bare_conversions_give_the_bits_of_the_fixed_up_ones(name, dtype):
+    """The 16-bit kernels of float32 math load and store without the NaN fix-ups
+    (elementwise._BARE16): on every pattern of x, forward and gradient (at each of
+    SPECIAL16's g: signalling and quiet NaNs, infinities, zeros, numbers), and on every
+    pattern of g against a shuffled x and against each of SPECIAL16's x, the bits of the
+    same math loaded and stored with them."""
+    fmt = half.F16 if dtype == np.float16 else half.BF16
+    params = UNARY[name].kernel_args(name, {k: 1.0 for k in UNARY[name].params})
+    x = _every_pattern(np.uint16).reshape(-1)
+    shuffled = np.random.default_rng(11).permutation(x)
+    specials = np.array(SPECIAL16[dtype], np.uint16)
+    ins = [(x,)]
+    ins += [(np.full_like(x, s), x) for s in specials]
+    ins += [(x, shuffled), (x, x)] + [(x, np.full_like(x, s)) for s in specials]
+    for which in ("forward", "gradient"):
+        bare = _float32_math_kernels(name, which, True)[fmt]
+        fixed = _float32_math_kernels(name, which, False)[fmt]
+        for args in ins:
+            if len(args) != (1 if which == "forward" else 2):
+                continue
+            got, want = np.empty_like(x), np.empty_like(x)
+            bare(*args, got, params)
+            fixed(*args, want, params)
+            i = int(np.argmax(got != want))
+            assert np.array_equal(got, want), (
+                f"{name} {which}: {got[i]:#06x} where the fix-ups give {want[i]:#06x} at "
+                f"{[hex(a[i]) for a in args]}")

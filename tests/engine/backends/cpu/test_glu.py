@@ -114,7 +114,8 @@ def test_a_gate_of_one_gives_the_activations_bits(op, sample):
 @pytest.mark.parametrize("op", VECTOR_OPS)
 def test_every_16_bit_pattern_through_the_native_kernel(op, dtype):
     """All 2^16 patterns of a 16-bit format as a, b = 1, fused: read and rounded as patterns
-    in one pass (the path vector:<op>), the bits of the activation's native 16-bit kernel;
+    in one pass (the path vector:<op>), the bits of the activation's native 16-bit kernel
+    (a NaN's up to its sign);
     with b drawn, the same values as the plain twin's (the row's math in float32 temporaries)
     but for its double rounding, at most one ulp of the format away."""
     a = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype).reshape(-1, 256)
@@ -122,7 +123,11 @@ def test_every_16_bit_pattern_through_the_native_kernel(op, dtype):
     assert taken[f"vector:{op}"] > 0, sorted(taken)
     want = np.empty_like(a)
     cpu.unary(ACTIVATIONS[op])(want, [a])
-    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+    # a NaN result's sign is the compiler's choice (LLVM holds NaN signs unspecified and
+    # folds |v| |v| into v v: gelu_erf's float32 math, recompiled with another exp, turned
+    # a NaN input's sign from cleared to kept): the same bits but for the sign of a NaN
+    sign = np.where(np.isnan(want.astype(np.float32)), np.uint16(0x7FFF), np.uint16(0xFFFF))
+    assert np.array_equal(out.view(np.uint16) & sign, want.view(np.uint16) & sign)
     with np.errstate(invalid="ignore", over="ignore"):
         finite = np.isfinite(a.astype(np.float32)) & (np.abs(a.astype(np.float32)) < 1e3)
     b = RNG.uniform(-2.0, 2.0, a.shape).astype(dtype)

@@ -161,7 +161,8 @@ def test_each_vector_op_takes_its_vector_kernels_at_scale(op):
         assert not _run(case)
 
 
-@pytest.mark.parametrize("op", ["gelu", "sin", "sigmoid", "silu", "gelu_erf", "softplus"])
+@pytest.mark.parametrize("op", ["gelu", "sin", "sigmoid", "silu", "gelu_erf", "softplus",
+                                "tanh", "elu"])
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_16_bit_scale_cases_take_the_native_vector_kernels(op, dtype):
     """The activations' vector kernels read 16-bit patterns themselves (no widening): the

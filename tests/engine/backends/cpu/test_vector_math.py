@@ -180,6 +180,8 @@ def _apply32(which, x):
             out[i] = vm.exp32(v)
         elif which == 1:
             out[i] = vm.log1p32(v)
+        elif which == 3:
+            out[i] = vm.exp_expm1_32(v)[1]
         else:
             out[i] = vm.erfc32_nonneg(v, vm.exp32(-(v * v)))
     return out
@@ -199,11 +201,15 @@ def _erfc32_exact(x):
 
 
 # (index in _apply32, exact function, float32 inputs, bound in 2^-24 of the result; measured
-# maxima on these samples: exp32 1.63, log1p32 3.41, erfc32 5.71)
+# maxima on these samples: exp32 1.63, log1p32 3.41, erfc32 5.71, expm1_32 1.99)
 FUNCTIONS32 = {
     "exp32": (0, mpmath.exp, _float32_sample(-87.0, 88.7), 2.0),
     "log1p32": (1, mpmath.log1p, _float32_sample(0.0, 1.0), 4.0),
     "erfc32": (2, _erfc32_exact, _float32_sample(0.0, 9.3), 8.0),
+    "expm1_32": (3, mpmath.expm1, np.concatenate([_float32_sample(-104.0, 0.0),
+                                                  _float32_sample(-1.0, 0.0),
+                                                  -np.logspace(-37, 0, 4000, dtype=np.float32)]),
+                 3.0),
 }
 
 
@@ -218,7 +224,7 @@ def test_float32_math_within_the_stated_relative_error(name):
     checks = [(x[::20], got[::20], np.array([float(exact(mpmath.mpf(float(v))))
                                              for v in x[::20]]))]
     if which != 2:
-        ref = np.exp(x.astype(np.float64)) if which == 0 else np.log1p(x.astype(np.float64))
+        ref = {0: np.exp, 1: np.log1p, 3: np.expm1}[which](x.astype(np.float64))
         checks.append((x, got, ref))
     for xs, ys, truth in checks:
         zero = truth == 0.0
@@ -237,6 +243,63 @@ def test_float32_special_values():
     assert np.isnan(_apply32(1, np.array([np.nan]))).all()
     np.testing.assert_array_equal(_apply32(2, np.array([0.0, 11.0, np.inf])), [1.0, 0.0, 0.0])
     assert np.isnan(_apply32(2, np.array([np.nan]))).all()
+
+
+@numba.njit(cache=False, fastmath={"contract"})     # compiled as the kernels are
+def _nonpositive_mismatches(x):
+    """How many float32 x <= 0 of `x` get other bits from exp32_nonpositive, or from
+    exp_expm1_32's e^x, than from exp32, and the first such x's index (-1: none)."""
+    count, first = 0, -1
+    for i in range(x.size):
+        v = np.float32(x[i])
+        want = np.float32(vm.exp32(v)).view(np.uint32)
+        got = np.float32(vm.exp32_nonpositive(v)).view(np.uint32)
+        pair = np.float32(vm.exp_expm1_32(v)[0]).view(np.uint32)
+        if got != want or pair != want:
+            count += 1
+            first = i if first < 0 else first
+    return count, first
+
+
+@numba.njit(cache=False, fastmath={"contract"})
+def _nonpositive_mismatches_of_every_float32():
+    """_nonpositive_mismatches over every float32 pattern with the sign set (-0 to -NaN),
+    NaNs compared as NaN."""
+    count = 0
+    for b in range(0x80000000, 0x100000000):
+        v = np.uint32(b).view(np.float32)
+        want = vm.exp32(v)
+        got = vm.exp32_nonpositive(v)
+        pair = vm.exp_expm1_32(v)[0]
+        if np.isnan(want):
+            count += not (np.isnan(got) and np.isnan(pair))
+        else:
+            count += (np.float32(got).view(np.uint32) != np.float32(want).view(np.uint32)
+                      or np.float32(pair).view(np.uint32) != np.float32(want).view(np.uint32))
+    return count
+
+
+def test_exp32_nonpositive_is_exp32_on_the_16_bit_exponents():
+    """exp32_nonpositive and exp_expm1_32 give exp32's bits on the exponents the 16-bit
+    kernels take (-|v|, -2|v|, -v^2/2 of every float16 and bfloat16 value), on a dense
+    sample of float32 x <= 0 and at -0, -inf and exp32's clamp."""
+    import ml_dtypes
+    patterns = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = [patterns.view(np.float16).astype(np.float32),
+                  patterns.view(ml_dtypes.bfloat16).astype(np.float32)]
+        x = np.concatenate([-np.abs(v) for v in values] + [-2 * np.abs(v) for v in values]
+                           + [np.float32(-0.5) * (v * v) for v in values]
+                           + [-_float32_sample(0.0, 104.0), np.array([-0.0, -np.inf, -104.0,
+                                                                      -103.99, -150.0])])
+    x = x[~np.isnan(x)].astype(np.float32)
+    count, first = _nonpositive_mismatches(x)
+    assert count == 0, f"{count} values differ, the first at {x[first]!r}"
+
+
+@pytest.mark.slow
+def test_exp32_nonpositive_is_exp32_on_every_nonpositive_float32():
+    assert _nonpositive_mismatches_of_every_float32() == 0
 
 
 def test_erfcx32_coefficients_are_the_documented_fit():
