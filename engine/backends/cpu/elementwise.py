@@ -28,7 +28,9 @@ runs in plain mode and for float64). The activations' vector kernels also read a
 16-bit arrays as their patterns (patterns.value and rounded: one pass, where the widened
 float32 kernel takes three and two float32 temporaries, half.widened), computing in float32
 where the op has float32 math for 16-bit results (vector_unary's forward16: sigmoid, silu,
-gelu_erf, softplus; copies of their own, the float32 kernels apart); exp's and log's
+gelu_erf, softplus; copies of their own, the float32 kernels apart), and the float32
+kernels too where the op has float32 math for float32 results (forward32: sigmoid, tanh,
+silu; a copy of its own, reading the float32 elements as they are); exp's and log's
 16-bit nodes stay widened, as every other kernel's (the self-test's rounding mutants of
 half.store act through exp's).
 """
@@ -285,14 +287,15 @@ def _vector_twin(template, op_name: str, fn, **bound):
 
 
 def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, fn16,
-                    slot: str):
+                    slot: str, fn32=None):
     """The vector kernels of op `name`, {F32: (kernel, in_place), F16: ..., BF16: ...} by
     output (F32 for float32, else the 16-bit format), or None without `fn`: `template` and
     its in-place twin (_IN_PLACE, for a strided x gathered into out) with `fn` bound to the
     global `slot` (forward or gradient), or where the math reaches only so far (sin, cos),
     `reach_template` with the row's math `wide` beyond, and no in-place twin (None). The
     16-bit copies take `fn16` (float32 arithmetic) where given; otherwise the F16 copies
-    of `fn` serve float32 too."""
+    of `fn` serve float32 too. The float32 kernels take `fn32` (float32 arithmetic for
+    float32 results) where given."""
     if fn is None:
         return None
     in_place = _IN_PLACE[template]
@@ -300,17 +303,26 @@ def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide,
     if reach != np.inf:
         template, bound, in_place = reach_template, {"reach": reach, "wide": wide}, None
 
-    def pair(label, fmt, math_fn, arith):
-        b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith}
+    def pair(label, fmt, math_fn, arith, **more):
+        b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith, **more}
         return (_vector_twin(template, f"{name}_{label}", math_fn, **b),
                 in_place and _vector_twin(in_place, f"{name}_{label}", math_fn, **b))
+    single = fn32 and {F32: pair("f32_in_f32", half.F16, fn32, float32, value=_element)}
     if fn16 is None:
         kernels = {fmt: pair(label, fmt, fn, float64)
                    for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
-        return {F32: kernels[half.F16], **kernels}
-    return {F32: pair("f32", half.F16, fn, float64),          # their own cache names:
+        return {F32: kernels[half.F16], **kernels, **(single or {})}
+    return {F32: pair("f32", half.F16, fn, float64), **(single or {}),  # own cache names:
             half.F16: pair("f16_in_f32", half.F16, fn16, float32),     # one source file
             half.BF16: pair("bf16_in_f32", half.BF16, fn16, float32)}  # digests fn and fn16
+
+
+@scalar_math
+def _element(v, fmt):
+    """A float32 element as it is, for the float32 kernels of float32 math (in place of
+    patterns.value, whose float64 widening, rounded back, LLVM kept where a comparison
+    used it: the loop then ran 8 lanes wide, float64's count, where float32 fills 16)."""
+    return v
 
 
 F32 = -1        # _vector_kernels' key of the float32 kernels (half's formats are 0 and 1)
@@ -375,7 +387,7 @@ def unary(name: str):
     fast = FAST.get(name)
     vector = fast and _vector_kernels(_vector_map, _vector_map_reach, name, fast.forward,
                                       fast.reach, scalar(row.forward), fast.forward16,
-                                      "forward")
+                                      "forward", fast.forward32)
 
     def plain_call(out, ins, params):
         cast = float if row.in_float64 else out.dtype.type
@@ -404,7 +416,7 @@ def unary_back(name: str):
     fast = FAST.get(name)
     vector = fast and _vector_kernels(_vector_gradient_map, _vector_gradient_map_reach, name,
                                       fast.gradient, fast.reach, scalar(row.gradient),
-                                      fast.gradient16, "gradient")
+                                      fast.gradient16, "gradient", fast.gradient32)
 
     def plain_call(out, ins, params):
         return _mapped(plain, ins, out, row.kernel_args(row.back_name, params))

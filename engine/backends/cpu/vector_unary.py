@@ -13,7 +13,8 @@ once when stored in float32.
 
 Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at
 the true value, the correctly rounded result but within 10^-4 ulp of a tie, except
-gelu_erf's gradient, 0.51 near its zero (each docstring says its bound). Against float64
+gelu_erf's gradient, 0.51 near its zero, and the float32 arithmetic of sigmoid, tanh and
+silu below, 0.76 (each docstring says its bound). Against float64
 references without cancellation (libm, mpmath where a gradient crosses 0), tests/engine/
 backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32 inputs (slow)
 and on every exponent, the saturation points, the gradients' zeros and the special
@@ -32,7 +33,20 @@ element, forward and backward, sigmoid 0.91 and 0.85 ns against 1.77 and 1.46, g
 1.15 and 1.09 against 2.21 and 2.47 (CPU time of the serial kernels over 8M elements,
 one thread, the machine loaded; bench_ops in docs/performance.md's activations section).
 
-    FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16)
+Float32 results computed in float64 took 1.5-1.6 times torch's forward + backward for
+sigmoid, tanh and silu (bench_ops on the quiet machine; target 1.2), and sigmoid, tanh
+and silu compute theirs in float32 arithmetic instead (forward32, gradient32; the last
+section below), in 512-bit vectors (vector_math.wide_vectors: LLVM's default for this
+CPU is 256 bits, which left a float32 loop as many lanes as a float64 one). Every
+intermediate value is a pair of float32 (hi + lo, from fused multiply-adds and ordered
+sums: vector_math's pair section), e^-|x| within about 2^-32 of itself, and only the
+result is rounded, once: within 0.76 ulp of float32 over all 2^32 inputs (the slow test;
+at most 0.5 + a few hundredths but where the result is subnormal, rounded to 24 bits and
+then to the subnormal's fewer: 0.7505 at sigmoid(-87.695)). silu's gradient crosses 0 at
+-1.2785, where 1 + v (1 - s) cancels; within 1/32 of it, its Taylor polynomial there.
+
+    FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16, forward32,
+                            gradient32)
     forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
 
 gradient is None for exp and log, whose gradients are composed of engine ops; `reach`
@@ -63,8 +77,10 @@ from engine.backends.cpu.vector_math import (
     erfc_nonneg,
     exp,
     exp32,
+    exp32_pair,
     exp_expm1,
     expm1,
+    fma32,
     log,
     log1p,
     log1p32,
@@ -362,19 +378,157 @@ def softplus_gradient32(g, v, params):
     return g if v > _SOFTPLUS_THRESHOLD_32 else g * _sigmoid_pair32(v)[0]
 
 
+# --- float32 arithmetic for float32 results (vector_math's pairs) ----------------------------
+_TWO = np.float32(2.0)
+_INF32 = np.float32(np.inf)
+
+
+@scalar_math
+def _logistic_pairs(u):
+    """For float32 u <= 0 (or NaN), e = e^u and 1 / (1 + e), each as a pair: (eh, el, ah,
+    al, rh, rl, p, pl, k, s1, s2) with e = (eh + el) s1 s2 (eh + el = 1 + p + pl, in
+    [sqrt(1/2), sqrt 2]: vector_math.exp32_pair's, 2^k = s1 s2), e = ah + al (ah rounded;
+    Fast2Sum of 1 and e below needs e <= 1), 1 / (1 + e) = rh + rl: rh rounded, rl its
+    residual from the exact 1 - rh d of a fused multiply-add, each within about 2^-29 of
+    its size (e's own error)."""
+    p, pl, k, s1, s2 = exp32_pair(u)
+    eh = _ONE + p
+    el = ((_ONE - eh) + p) + pl                  # Fast2Sum: |p| < 1
+    ah = (eh * s1) * s2
+    al = (el * s1) * s2
+    dh = _ONE + ah
+    dl = ((_ONE - dh) + ah) + al                 # Fast2Sum: e <= 1
+    rh = _ONE / dh
+    rl = rh * fma32(-rh, dl, fma32(-rh, dh, _ONE))
+    return eh, el, ah, al, rh, rl, p, pl, k, s1, s2
+
+
+@scalar_math
+def _logistic_slope(u, scale):
+    """scale e / (1 + e)^2, e = e^u, u <= 0, scale a power of 2: (eh + el)(rh + rl)^2 with
+    eh rh as an exact pair (m + ml), rounded once (then scaled by 2^k, exactly but where
+    the result is subnormal)."""
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(u)
+    m = eh * rh
+    ml = fma32(eh, rh, -m)
+    c = fma32(fma32(el, rh, ml), rh, _TWO * m * rl)
+    return ((fma32(m, rh, c) * scale) * s1) * s2
+
+
+@scalar_math
+def sigmoid_f32(v, params):
+    """sigmoid in float32 arithmetic: 1 / (1 + e) for v >= 0, e / (1 + e) below, e =
+    e^-|v|, from _logistic_pairs, rounded once."""
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(-abs(v))
+    small = (fma32(eh, rh, fma32(el, rh, eh * rl)) * s1) * s2
+    return rh + rl if v >= _ZERO else small
+
+
+@scalar_math
+def sigmoid_gradient_f32(g, v, params):
+    """sigmoid_gradient in float32 arithmetic: g e / (1 + e)^2, e = e^-|v|."""
+    return g * _logistic_slope(-abs(v), _ONE)
+
+
+@scalar_math
+def tanh_f32(v, params):
+    """tanh in float32 arithmetic: tanh |v| = (1 - e) / (1 + e), e = e^-2|v|, of v's sign,
+    with 1 - e as the pair -(p + pl) where k = 0 (|v| < ln2 / 4: e - 1 without
+    cancellation), else by Fast2Sum (e < 0.71), rounded once."""
+    _, _, ah, al, rh, rl, p, pl, k, _, _ = _logistic_pairs(-_TWO * abs(v))
+    near = k == np.int32(0)
+    nh = -p if near else _ONE - ah
+    nl = -pl if near else ((_ONE - nh) - ah) - al
+    return math.copysign(fma32(nh, rh, fma32(nh, rl, nl * rh)), v)
+
+
+@scalar_math
+def tanh_gradient_f32(g, v, params):
+    """tanh_gradient in float32 arithmetic: g 4 e / (1 + e)^2, e = e^-2|v|."""
+    return g * _logistic_slope(-_TWO * abs(v), np.float32(4.0))
+
+
+@scalar_math
+def silu_f32(v, params):
+    """silu in float32 arithmetic: v / (1 + e) for v >= 0, v e / (1 + e) below, e =
+    e^-|v|, rounded once (inf at inf, NaN at -inf: inf 0, as the row's)."""
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(-abs(v))
+    big = fma32(v, rh, v * rl)
+    m = eh * rh
+    ml = fma32(eh, rh, -m)
+    small = (fma32(v, m, v * (ml + fma32(el, rh, eh * rl))) * s1) * s2
+    return (big if v < _INF32 else v) if v >= _ZERO else small
+
+
+# silu's gradient s (1 + v (1 - s)) crosses 0 at Z = -1.27846454276107379511 (mpmath): near
+# it 1 + v (1 - s) cancels, and exp32_pair's error (about 2^-32 of e) is a visible part of
+# the result within about 2^-8 of Z. Within 1/32 of Z it is its Taylor polynomial in d = v -
+# Z instead, of degree 5 (mpmath.taylor, 50 digits; the first omitted term is 2e-11 of the
+# sum at |d| = 1/32): d a1 + d^2 (a2 + a3 d + a4 d^2 + a5 d^3), with d as the pair (v -
+# _SILU_Z_HI exact, Sterbenz; -_SILU_Z_LO) and a1 as a pair, so that the one rounding is
+# the last.
+_SILU_Z_HI = np.float32(-1.2784645557403564)
+_SILU_Z_LO = np.float32(1.2979282537628478e-08)           # Z - _SILU_Z_HI
+_SILU_A1_HI = np.float32(0.2178117036819458)
+_SILU_A1_LO = np.float32(2.0378543297283613e-09)          # a1 - _SILU_A1_HI
+_SILU_TAYLOR = tuple(np.float32(c) for c in (              # a5, a4, a3, a2
+    -0.0066065891383566964363, -0.015222655223188031689, 0.018874814223782313407,
+    0.14664879699694690018))
+_SILU_REACH = np.float32(1.0 / 32.0)
+
+
+@scalar_math
+def silu_gradient_f32(g, v, params):
+    """silu_gradient in float32 arithmetic: g s (1 + v c), s = sigmoid(v), c = 1 - s, each
+    of s, c and 1 + v c a pair (e / (1 + e) and 1 / (1 + e), e = e^-|v|, from
+    _logistic_pairs), rounded once; within 1/32 of its zero, its Taylor polynomial there."""
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(-abs(v))
+    m = eh * rh                                   # e / (1 + e) = m + ml, unscaled
+    ml = fma32(el, rh, fma32(eh, rh, -m) + eh * rl)
+    # v >= 0: s = 1 / (1 + e), 1 + v c with c = e / (1 + e) (v c <= 0.28: Fast2Sum)
+    ch = (m * s1) * s2
+    xh = v * ch
+    xl = fma32(v, ch, -xh) + v * ((ml * s1) * s2)
+    wh = _ONE + xh
+    wl = ((_ONE - wh) + xh) + xl
+    up = fma32(rh, wh, fma32(rh, wl, rl * wh))
+    # v < 0: s = e / (1 + e), 1 + v c with c = 1 / (1 + e) (TwoSum: |v c| may pass 1)
+    yh = v * rh
+    yl = fma32(v, rh, -yh) + v * rl
+    uh = _ONE + yh
+    b = uh - _ONE
+    ul = ((_ONE - (uh - b)) + (yh - b)) + yl
+    down = (fma32(m, uh, fma32(m, ul, ml * uh)) * s1) * s2
+    # near the zero
+    dh = v - _SILU_Z_HI
+    dl = -_SILU_Z_LO
+    d = dh + dl
+    t = _SILU_TAYLOR[0]
+    for c in _SILU_TAYLOR[1:]:
+        t = fma32(t, d, c)
+    q = fma32(d, t, _SILU_A1_LO)
+    near = fma32(dh, _SILU_A1_HI, fma32(d, q, dl * _SILU_A1_HI))
+    far = up if v >= _ZERO else down
+    return g * (near if abs(dh) < _SILU_REACH else far)
+
+
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
     reach: float = math.inf          # beyond |x| > reach the kernel takes the row's math
     forward16: Callable | None = None     # float32 arithmetic for 16-bit results (None: the
     gradient16: Callable | None = None    # float64 functions serve them too)
+    forward32: Callable | None = None     # float32 arithmetic for float32 results (None:
+    gradient32: Callable | None = None    # the float64 functions)
 
 
 FAST = {
     "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
-                          gradient16=sigmoid_gradient32),
-    "tanh": VectorMath(tanh, tanh_gradient),
-    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
+                          gradient16=sigmoid_gradient32, forward32=sigmoid_f32,
+                          gradient32=sigmoid_gradient_f32),
+    "tanh": VectorMath(tanh, tanh_gradient, forward32=tanh_f32, gradient32=tanh_gradient_f32),
+    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32,
+                       forward32=silu_f32, gradient32=silu_gradient_f32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),
     "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
