@@ -403,16 +403,34 @@ def _logistic_pairs(u):
     return eh, el, ah, al, rh, rl, p, pl, k, s1, s2
 
 
+# Below exp32_pair's clamp (-120) its s2 is 0, where the row's float64 e^u is not until
+# -745.13: a gradient g f'(v) there is 0 in float32 for every finite g, but inf for an
+# infinite g (the row's inf times a tiny number), not inf * 0
+_ROW_EXP_ZERO = np.float32(-745.1332397460938)     # the largest float32 whose float64 exp is 0
+_EXP_CLAMP = np.float32(-120.0)                     # vector_math.exp32_pair's
+_TINY_FACTOR = np.float32(2.0 ** -100)              # cubed: below every finite float32's 2^-150
+
+
 @scalar_math
-def _logistic_slope(u, scale):
-    """scale e / (1 + e)^2, e = e^u, u <= 0, scale a power of 2: (eh + el)(rh + rl)^2 with
-    eh rh as an exact pair (m + ml), rounded once (then scaled by 2^k, exactly but where
-    the result is subnormal)."""
+def _times_scale(g, y, s1, s2, u):
+    """g (y 2^k) (2^k = s1 s2, exact but where the result is subnormal), for y made of e^u;
+    where e^u is below exp32_pair's clamp but not 0 in float64, g y times a number too
+    small for any finite g y (+-0, and +-inf for an infinite g, as the row's)."""
+    clamped = u < _EXP_CLAMP and u >= _ROW_EXP_ZERO
+    tiny = (((y * _TINY_FACTOR) * g) * _TINY_FACTOR) * _TINY_FACTOR
+    return tiny if clamped else g * ((y * s1) * s2)
+
+
+@scalar_math
+def _logistic_slope(g, u, scale):
+    """g scale e / (1 + e)^2, e = e^u, u <= 0, scale a power of 2: (eh + el)(rh + rl)^2 with
+    eh rh as an exact pair (m + ml), rounded once (at g = 1; then scaled by 2^k, exactly
+    but where the result is subnormal)."""
     eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(u)
     m = eh * rh
     ml = fma32(eh, rh, -m)
     c = fma32(fma32(el, rh, ml), rh, _TWO * m * rl)
-    return ((fma32(m, rh, c) * scale) * s1) * s2
+    return _times_scale(g, fma32(m, rh, c) * scale, s1, s2, u)
 
 
 @scalar_math
@@ -427,7 +445,7 @@ def sigmoid_f32(v, params):
 @scalar_math
 def sigmoid_gradient_f32(g, v, params):
     """sigmoid_gradient in float32 arithmetic: g e / (1 + e)^2, e = e^-|v|."""
-    return g * _logistic_slope(-abs(v), _ONE)
+    return _logistic_slope(g, -abs(v), _ONE)
 
 
 @scalar_math
@@ -445,7 +463,7 @@ def tanh_f32(v, params):
 @scalar_math
 def tanh_gradient_f32(g, v, params):
     """tanh_gradient in float32 arithmetic: g 4 e / (1 + e)^2, e = e^-2|v|."""
-    return g * _logistic_slope(-_TWO * abs(v), np.float32(4.0))
+    return _logistic_slope(g, -_TWO * abs(v), np.float32(4.0))
 
 
 @scalar_math
@@ -482,7 +500,8 @@ def silu_gradient_f32(g, v, params):
     """silu_gradient in float32 arithmetic: g s (1 + v c), s = sigmoid(v), c = 1 - s, each
     of s, c and 1 + v c a pair (e / (1 + e) and 1 / (1 + e), e = e^-|v|, from
     _logistic_pairs), rounded once; within 1/32 of its zero, its Taylor polynomial there."""
-    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(-abs(v))
+    u = -abs(v)
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(u)
     m = eh * rh                                   # e / (1 + e) = m + ml, unscaled
     ml = fma32(el, rh, fma32(eh, rh, -m) + eh * rl)
     # v >= 0: s = 1 / (1 + e), 1 + v c with c = e / (1 + e) (v c <= 0.28: Fast2Sum)
@@ -498,7 +517,7 @@ def silu_gradient_f32(g, v, params):
     uh = _ONE + yh
     b = uh - _ONE
     ul = ((_ONE - (uh - b)) + (yh - b)) + yl
-    down = (fma32(m, uh, fma32(m, ul, ml * uh)) * s1) * s2
+    down = _times_scale(g, fma32(m, uh, fma32(m, ul, ml * uh)), s1, s2, u)
     # near the zero
     dh = v - _SILU_Z_HI
     dl = -_SILU_Z_LO
@@ -508,8 +527,7 @@ def silu_gradient_f32(g, v, params):
         t = fma32(t, d, c)
     q = fma32(d, t, _SILU_A1_LO)
     near = fma32(dh, _SILU_A1_HI, fma32(d, q, dl * _SILU_A1_HI))
-    far = up if v >= _ZERO else down
-    return g * (near if abs(dh) < _SILU_REACH else far)
+    return g * near if abs(dh) < _SILU_REACH else (g * up if v >= _ZERO else down)
 
 
 class VectorMath(NamedTuple):
