@@ -39,7 +39,7 @@ and silu compute theirs in float32 arithmetic instead (forward32, gradient32; th
 section below), in 512-bit vectors (vector_math.wide_vectors: LLVM's default for this
 CPU is 256 bits, which left a float32 loop as many lanes as a float64 one). Every
 intermediate value is a pair of float32 (hi + lo, from fused multiply-adds and ordered
-sums: vector_math's pair section), e^-|x| within about 2^-32 of itself, and only the
+sums: vector_math's pair section), e^-|x| within 2^-28 of itself, and only the
 result is rounded, once: within 0.76 ulp of float32 over all 2^32 inputs (the slow test;
 at most 0.5 + a few hundredths but where the result is subnormal, rounded to 24 bits and
 then to the subnormal's fewer: 0.7505 at sigmoid(-87.695)). silu's gradient crosses 0 at
@@ -389,7 +389,7 @@ def _logistic_pairs(u):
     al, rh, rl, p, pl, k, s1, s2) with e = (eh + el) s1 s2 (eh + el = 1 + p + pl, in
     [sqrt(1/2), sqrt 2]: vector_math.exp32_pair's, 2^k = s1 s2), e = ah + al (ah rounded;
     Fast2Sum of 1 and e below needs e <= 1), 1 / (1 + e) = rh + rl: rh rounded, rl its
-    residual from the exact 1 - rh d of a fused multiply-add, each within about 2^-29 of
+    residual from the exact 1 - rh d of a fused multiply-add, each within about 2^-28 of
     its size (e's own error)."""
     p, pl, k, s1, s2 = exp32_pair(u)
     eh = _ONE + p
@@ -479,7 +479,7 @@ def silu_f32(v, params):
 
 
 # silu's gradient s (1 + v (1 - s)) crosses 0 at Z = -1.27846454276107379511 (mpmath): near
-# it 1 + v (1 - s) cancels, and exp32_pair's error (about 2^-32 of e) is a visible part of
+# it 1 + v (1 - s) cancels, and exp32_pair's error (up to 2^-28 of e) is a visible part of
 # the result within about 2^-8 of Z. Within 1/32 of Z it is its Taylor polynomial in d = v -
 # Z instead, of degree 5 (mpmath.taylor, 50 digits; the first omitted term is 2e-11 of the
 # sum at |d| = 1/32): d a1 + d^2 (a2 + a3 d + a4 d^2 + a5 d^3), with d as the pair (v -
