@@ -13,8 +13,8 @@ once when stored in float32.
 
 Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at
 the true value, the correctly rounded result but within 10^-4 ulp of a tie, except
-gelu_erf's gradient, 0.51 near its zero, and the float32 arithmetic of sigmoid, tanh and
-silu below, 0.76 (each docstring says its bound). Against float64
+gelu_erf's gradient, 0.51 near its zero, and the float32 arithmetic of sigmoid and tanh
+below, 0.76 (each docstring says its bound). Against float64
 references without cancellation (libm, mpmath where a gradient crosses 0), tests/engine/
 backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32 inputs (slow)
 and on every exponent, the saturation points, the gradients' zeros and the special
@@ -34,19 +34,21 @@ element, forward and backward, sigmoid 0.91 and 0.85 ns against 1.77 and 1.46, g
 one thread, the machine loaded; bench_ops in docs/performance.md's activations section).
 
 Float32 results computed in float64 took 1.5-1.6 times torch's forward + backward for
-sigmoid, tanh and silu (bench_ops on the quiet machine; target 1.2), and sigmoid, tanh
-and silu compute theirs in float32 arithmetic instead (forward32, gradient32; the last
+sigmoid, tanh and silu (bench_ops on the quiet machine; target 1.2), and sigmoid and
+tanh compute theirs in float32 arithmetic instead (forward32, gradient32; the last
 section below), in 512-bit vectors (vector_math.wide_vectors: LLVM's default for this
 CPU is 256 bits, which left a float32 loop as many lanes as a float64 one). Every
 intermediate value is a pair of float32 (hi + lo, from fused multiply-adds and ordered
 sums: vector_math's pair section), e^-|x| within 2^-28 of itself, and only the
-result is rounded, once: within 0.76 ulp of float32 over all 2^32 inputs (the slow test;
-at most 0.5 + a few hundredths but where the result is subnormal, rounded to 24 bits and
-then to the subnormal's fewer: 0.7505 at sigmoid(-87.695)). silu's gradient keeps its
-float64 math: in float32 pairs (s, 1 - s and 1 + v (1 - s), and a Taylor polynomial near
-its zero at -1.2785, where 1 + v (1 - s) cancels: within 0.7556 ulp over all 2^32 inputs)
-it took as long as the float64 kernel on 1M elements (1.49 ns an element against
-1.46-1.52) and longer on 8M (2.2 against 1.5).
+result is rounded, once: within 0.76 ulp of float32 over all 2^32 inputs (the slow test:
+sigmoid 0.7505 forward and backward, tanh 0.5390 and 0.7527), the largest errors where the
+result is subnormal, rounded to 24 bits and then to the subnormal's fewer (on the dense
+sample's normal results at most 0.54). silu keeps its float64 math: its gradient in
+float32 pairs (1 + v (1 - s) cancels near its zero at -1.2785: a Taylor polynomial there;
+0.7556 ulp over all 2^32 inputs) took as long as the float64 kernel on 1M elements (1.49
+ns an element against 1.46-1.52) and longer on 8M (2.2 against 1.5), and its forward
+(0.7505 on the dense sample) must give swiglu's bits (engine.backends.cpu.glu, on the
+float64 functions) and was 0-12% faster.
 
     FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16, forward32,
                             gradient32)
@@ -383,7 +385,6 @@ def softplus_gradient32(g, v, params):
 
 # --- float32 arithmetic for float32 results (vector_math's pairs) ----------------------------
 _TWO = np.float32(2.0)
-_INF32 = np.float32(np.inf)
 
 
 @scalar_math
@@ -469,18 +470,6 @@ def tanh_gradient_f32(g, v, params):
     return _logistic_slope(g, -_TWO * abs(v), np.float32(4.0))
 
 
-@scalar_math
-def silu_f32(v, params):
-    """silu in float32 arithmetic: v / (1 + e) for v >= 0, v e / (1 + e) below, e =
-    e^-|v|, rounded once (inf at inf, NaN at -inf: inf 0, as the row's)."""
-    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(-abs(v))
-    big = fma32(v, rh, v * rl)
-    m = eh * rh
-    ml = fma32(eh, rh, -m)
-    small = (fma32(v, m, v * (ml + fma32(el, rh, eh * rl))) * s1) * s2
-    return (big if v < _INF32 else v) if v >= _ZERO else small
-
-
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
@@ -496,8 +485,7 @@ FAST = {
                           gradient16=sigmoid_gradient32, forward32=sigmoid_f32,
                           gradient32=sigmoid_gradient_f32),
     "tanh": VectorMath(tanh, tanh_gradient, forward32=tanh_f32, gradient32=tanh_gradient_f32),
-    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32,
-                       forward32=silu_f32),
+    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),
     "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
