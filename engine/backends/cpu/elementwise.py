@@ -29,7 +29,9 @@ runs in plain mode and for float64). The activations' vector kernels also read a
 float32 kernel takes three and two float32 temporaries, half.widened), computing in float32
 where the op has float32 math for 16-bit results (vector_unary's forward16: sigmoid, silu,
 gelu_erf, softplus, tanh, elu; copies of their own, the float32 kernels apart, which load
-and store with the bare conversion instructions, _BARE16); exp's and log's
+and store with the bare conversion instructions, _BARE16), and the float32 kernels too
+where the op has float32 math for float32 results (forward32: sigmoid and tanh; a copy of
+its own, reading the float32 elements as they are); exp's and log's
 16-bit nodes stay widened, as every other kernel's (the self-test's rounding mutants of
 half.store act through exp's).
 """
@@ -336,7 +338,7 @@ def _vector_twin(template, op_name: str, fn, **bound):
 
 
 def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, fn16,
-                    slot: str, bare: bool = True):
+                    slot: str, fn32=None, bare: bool = True):
     """The vector kernels of op `name`, {F32: (kernel, in_place), F16: ..., BF16: ...} by
     output (F32 for float32, else the 16-bit format), or None without `fn`: `template` and
     its in-place twin (_IN_PLACE, for a strided x gathered into out) with `fn` bound to the
@@ -344,7 +346,8 @@ def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide,
     `reach_template` with the row's math `wide` beyond, and no in-place twin (None). The
     16-bit copies take `fn16` (float32 arithmetic) where given, with the bare conversions
     (_BARE16; `bare` False: value's and rounded's, the twin test_elementwise.py compares
-    them with); otherwise the F16 copies of `fn` serve float32 too."""
+    them with); otherwise the F16 copies of `fn` serve float32 too. The float32 kernels
+    take `fn32` (float32 arithmetic for float32 results) where given."""
     if fn is None:
         return None
     in_place = _IN_PLACE[template]
@@ -352,20 +355,29 @@ def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide,
     if reach != np.inf:
         template, bound, in_place = reach_template, {"reach": reach, "wide": wide}, None
 
-    def pair(label, fmt, math_fn, arith, template=template, in_place=in_place):
-        b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith}
+    def pair(label, fmt, math_fn, arith, template=template, in_place=in_place, **more):
+        b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith, **more}
         return (_vector_twin(template, f"{name}_{label}", math_fn, **b),
                 in_place and _vector_twin(in_place, f"{name}_{label}", math_fn, **b))
+    single = fn32 and {F32: pair("f32_in_f32", half.F16, fn32, float32, value=_element)}
     if fn16 is None:
         kernels = {fmt: pair(label, fmt, fn, float64)
                    for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
-        return {F32: kernels[half.F16], **kernels}
+        return {F32: kernels[half.F16], **kernels, **(single or {})}
     if bare and template in _BARE16:                  # the bare conversions (_BARE16)
         template = _BARE16[template]
         in_place = _IN_PLACE[template]
-    return {F32: pair("f32", half.F16, fn, float64),          # their own cache names:
+    return {F32: pair("f32", half.F16, fn, float64), **(single or {}),  # own cache names
             half.F16: pair("f16_in_f32", half.F16, fn16, float32, template, in_place),
             half.BF16: pair("bf16_in_f32", half.BF16, fn16, float32, template, in_place)}
+
+
+@scalar_math
+def _element(v, fmt):
+    """A float32 element as it is, for the float32 kernels of float32 math (in place of
+    patterns.value, whose float64 widening, rounded back, LLVM kept where a comparison
+    used it: the loop then ran 8 lanes wide, float64's count, where float32 fills 16)."""
+    return v
 
 
 F32 = -1        # _vector_kernels' key of the float32 kernels (half's formats are 0 and 1)
@@ -430,7 +442,7 @@ def unary(name: str):
     fast = FAST.get(name)
     vector = fast and _vector_kernels(_vector_map, _vector_map_reach, name, fast.forward,
                                       fast.reach, scalar(row.forward), fast.forward16,
-                                      "forward")
+                                      "forward", fast.forward32)
 
     def plain_call(out, ins, params):
         cast = float if row.in_float64 else out.dtype.type
@@ -459,7 +471,7 @@ def unary_back(name: str):
     fast = FAST.get(name)
     vector = fast and _vector_kernels(_vector_gradient_map, _vector_gradient_map_reach, name,
                                       fast.gradient, fast.reach, scalar(row.gradient),
-                                      fast.gradient16, "gradient")
+                                      fast.gradient16, "gradient", fast.gradient32)
 
     def plain_call(out, ins, params):
         return _mapped(plain, ins, out, row.kernel_args(row.back_name, params))

@@ -28,6 +28,13 @@ and in float32 arithmetic, for 16-bit results (relative errors a few 2^-24, see 
 
     exp32_parts(x), exp32(x), log1p32(y), erfc32_nonneg(x, e)
     exp32_nonpositive(x), exp_expm1_32(x)     for x <= 0 (exp32's bits in fewer operations)
+
+and in float32 arithmetic for float32 results, as unevaluated sums of two float32 (the
+last section):
+
+    fma32(a, b, c)       a b + c rounded once (the CPU's fused multiply-add)
+    wide_vectors()       the kernel it is compiled into vectorises 512 bits wide
+    exp32_pair(x)        (p, pl, k, s1, s2): e^x = (1 + p + pl) 2^k, 2^k = s1 s2, x <= 0
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numba.core import types
+from numba.extending import intrinsic
 
 from engine.backends.cpu.jit import scalar_math
 
@@ -393,3 +402,91 @@ def erfc32_nonneg(x, e):
     for c in _ERFCX32[1:]:
         q = c + t * q
     return e * q
+
+
+# --- float32 arithmetic for float32 results: pairs of float32 ---------------------------------
+# A float32 result within about an ulp, computed in float32 arithmetic (twice float64's lanes
+# per vector), must carry its intermediate values to more than float32's 24 bits: each is an
+# unevaluated sum hi + lo of two float32, whose exact residuals (hi + lo - fl(hi + lo), a b -
+# fl(a b), 1 - r d) come from fused multiply-adds and ordered sums (Fast2Sum: fl(a + b) - a
+# is exact for |a| >= |b|), and only the final result is rounded, once
+# (engine.backends.cpu.vector_unary's float32 section). Those residuals need the fused
+# multiply-add itself: LLVM contracts a b + c only where it sees fit, and would fold a b -
+# fl(a b) to 0.
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a b + c rounded once, for float32 a, b and c (llvm.fma.f32: the CPU's instruction,
+    vectorised with the loop)."""
+    if not all(isinstance(t, types.Float) and t.bitwidth == 32 for t in (a, b, c)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+# The loop vectoriser sizes its vectors by the widest element the loop loads or stores and by
+# the target's preferred vector width, which is 256 bits on this AVX-512 CPU (LLVM's tuning
+# for it): a float32 kernel then runs 8 lanes, as many as the float64 math's (in 512-bit
+# registers), and gained nothing (sigmoid's forward took 2.6 ns an element against 1.8).
+# The 16-bit kernels load 16-bit elements and get 16 lanes. wide_vectors marks the function
+# it is compiled into (the kernel: scalar_math inlines it there) as preferring 512-bit
+# vectors, LLVM's function attribute "prefer-vector-width"; the kernels of float64 math and
+# every other kernel keep the target's choice.
+_PREFER_512 = '"prefer-vector-width"="512"'
+
+
+@intrinsic
+def wide_vectors(typingctx):
+    """Let the loop this is compiled into vectorise 512 bits wide (16 float32 lanes)."""
+    def codegen(context, builder, signature, args):
+        attributes = builder.function.attributes
+        set.add(attributes, _PREFER_512)         # llvmlite checks names against a list of
+        return context.get_dummy_value()         # its own, which has no string attributes
+    return types.none(), codegen
+
+
+# exp for x <= 0: x = k ln2 + r + rl, r a float32 (|r| <= ln2 / 2 + 2^-20) and rl its
+# rounding error (k ln2's three parts: _LN2_HI32 k exact, x - _LN2_HI32 k exact, then one
+# fused rounding whose residual rl the next fused multiply-add recovers to 2^-24 of itself);
+# e^(r + rl) - 1 = r + r^2/2 + r^3 (1/3! + ... + r^5/8!) + rl (1 + r), the first omitted
+# term r^9/9! below 2^-32, r^2/2 exact as a pair (fma32), the cubic part rounded to 2^-24 of
+# its size (below 0.007), and so is r^2/2's sum with r's low part: p + pl within 4 2^-30 of
+# expm1(r + rl) (2.4 measured, at r near -ln2 / 2: tests/engine/backends/cpu/
+# test_vector_math.py).
+_EXP_PAIR_LOW = np.float32(-120.0)   # below, s2 = 0: x e^x (silu) is 0 in float32 below -108.6
+_EXP_PAIR_CUBIC = tuple(np.float32(1.0 / math.factorial(n)) for n in range(8, 2, -1))
+_HALF32 = np.float32(0.5)
+
+
+@scalar_math
+def exp32_pair(x):
+    """(p, pl, k, s1, s2) for float32 x <= 0 (or NaN: p NaN): e^x = (1 + p + pl) 2^k, p +
+    pl within 2^-28 of e^x 2^-k - 1 (in [sqrt(1/2) - 1, 0.42], |pl| <= 2^-25), k an int32
+    (0 for |x| < ln2 / 2, where p + pl is expm1(x) to 2^-24 of itself) and 2^k = s1 s2,
+    each a normal float32, but s2 = 0 below -120 (-inf included), where e^x is 0 to every
+    float32 result made of it."""
+    wide_vectors()
+    low = x < _EXP_PAIR_LOW
+    x = _EXP_PAIR_LOW if low else x
+    t = fma32(x, _INV_LN2_32, _SHIFTER32)
+    k = t - _SHIFTER32
+    rh = fma32(-k, _LN2_HI32, x)                   # exact
+    r = fma32(-k, _LN2_LO32, rh)
+    rl = fma32(-k, _LN2_LO32, rh - r)              # r + rl = x - k ln2
+    r2 = r * r
+    r2l = fma32(r, r, -r2)                         # r^2 = r2 + r2l exactly
+    q = _EXP_PAIR_CUBIC[0]
+    for c in _EXP_PAIR_CUBIC[1:]:
+        q = fma32(q, r, c)
+    th = _HALF32 * r2                              # exact
+    tl = fma32(r2 * r, q, fma32(rl, r, rl) + _HALF32 * r2l)
+    u = r + th                                     # Fast2Sum: |r| >= r^2 / 2
+    ul = (th - (u - r)) + tl
+    p = u + ul                                     # Fast2Sum again: |pl| <= 2^-25
+    pl = ul - (p - u)
+    kb = np.int32(np.float32(t).view(np.int32) - _SHIFTER32_BITS)
+    h = kb >> np.int32(1)
+    s1 = np.int32((h + np.int32(127)) << np.int32(23)).view(np.float32)
+    s2 = np.int32((kb - h + np.int32(127)) << np.int32(23)).view(np.float32)
+    return p, pl, kb, s1, (np.float32(0.0) if low else s2)

@@ -13,7 +13,8 @@ once when stored in float32.
 
 Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at
 the true value, the correctly rounded result but within 10^-4 ulp of a tie, except
-gelu_erf's gradient, 0.51 near its zero (each docstring says its bound). Against float64
+gelu_erf's gradient, 0.51 near its zero, and the float32 arithmetic of sigmoid and tanh
+below, 0.76 (each docstring says its bound). Against float64
 references without cancellation (libm, mpmath where a gradient crosses 0), tests/engine/
 backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32 inputs (slow)
 and on every exponent, the saturation points, the gradients' zeros and the special
@@ -37,7 +38,25 @@ forward and backward, sigmoid 0.64 and 0.50 ns, tanh 0.67 and 0.55, gelu_erf 1.0
 where the float64 math took sigmoid 1.77 and 1.46, gelu_erf 2.21 and 2.47 (load 6;
 docs/performance.md's activations section).
 
-    FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16)
+Float32 results computed in float64 took 1.5-1.6 times torch's forward + backward for
+sigmoid, tanh and silu (bench_ops on the quiet machine; target 1.2), and sigmoid and
+tanh compute theirs in float32 arithmetic instead (forward32, gradient32; the last
+section below), in 512-bit vectors (vector_math.wide_vectors: LLVM's default for this
+CPU is 256 bits, which left a float32 loop as many lanes as a float64 one). Every
+intermediate value is a pair of float32 (hi + lo, from fused multiply-adds and ordered
+sums: vector_math's pair section), e^-|x| within 2^-28 of itself, and only the
+result is rounded, once: within 0.76 ulp of float32 over all 2^32 inputs (the slow test:
+sigmoid 0.7505 forward and backward, tanh 0.5390 and 0.7527), the largest errors where the
+result is subnormal, rounded to 24 bits and then to the subnormal's fewer (on the dense
+sample's normal results at most 0.54). silu keeps its float64 math: its gradient in
+float32 pairs (1 + v (1 - s) cancels near its zero at -1.2785: a Taylor polynomial there;
+0.7556 ulp over all 2^32 inputs) took as long as the float64 kernel on 1M elements (1.49
+ns an element against 1.46-1.52) and longer on 8M (2.2 against 1.5), and its forward
+(0.7505 on the dense sample) must give swiglu's bits (engine.backends.cpu.glu, on the
+float64 functions) and was 0-12% faster.
+
+    FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16, forward32,
+                            gradient32)
     forward(v, params), gradient(g, v, params)     # params: the row's, a tuple of floats
 
 gradient is None for exp and log, whose gradients are composed of engine ops; `reach`
@@ -68,9 +87,11 @@ from engine.backends.cpu.vector_math import (
     erfc_nonneg,
     exp,
     exp32_nonpositive,
+    exp32_pair,
     exp_expm1,
     exp_expm1_32,
     expm1,
+    fma32,
     log,
     log1p,
     log1p32,
@@ -407,18 +428,109 @@ def elu_gradient32(g, v, params):
     return np.float32(np.float64(g) * (np.float64(e) * (1.0 if v > _ZERO else params[0])))
 
 
+# --- float32 arithmetic for float32 results (vector_math's pairs) ----------------------------
+_TWO = np.float32(2.0)
+
+
+@scalar_math
+def _logistic_pairs(u):
+    """For float32 u <= 0 (or NaN), e = e^u and 1 / (1 + e), each as a pair: (eh, el, ah,
+    al, rh, rl, p, pl, k, s1, s2) with e = (eh + el) s1 s2 (eh + el = 1 + p + pl, in
+    [sqrt(1/2), sqrt 2]: vector_math.exp32_pair's, 2^k = s1 s2), e = ah + al (ah rounded;
+    Fast2Sum of 1 and e below needs e <= 1), 1 / (1 + e) = rh + rl: rh rounded, rl its
+    residual from the exact 1 - rh d of a fused multiply-add, each within about 2^-28 of
+    its size (e's own error)."""
+    p, pl, k, s1, s2 = exp32_pair(u)
+    eh = _ONE + p
+    el = ((_ONE - eh) + p) + pl                  # Fast2Sum: |p| < 1
+    ah = (eh * s1) * s2
+    al = (el * s1) * s2
+    dh = _ONE + ah
+    dl = ((_ONE - dh) + ah) + al                 # Fast2Sum: e <= 1
+    rh = _ONE / dh
+    rl = rh * fma32(-rh, dl, fma32(-rh, dh, _ONE))
+    return eh, el, ah, al, rh, rl, p, pl, k, s1, s2
+
+
+# Below exp32_pair's clamp (-120) its s2 is 0, where the row's float64 e^u is not until
+# -745.13: a gradient g f'(v) there is 0 in float32 for every finite g, but inf for an
+# infinite g (the row's inf times a tiny number), not inf * 0
+_ROW_EXP_ZERO = np.float32(-745.1332397460938)     # the largest float32 whose float64 exp is 0
+_EXP_CLAMP = np.float32(-120.0)                     # vector_math.exp32_pair's
+_TINY_FACTOR = np.float32(2.0 ** -100)              # cubed: below every finite float32's 2^-150
+
+
+@scalar_math
+def _times_scale(g, y, s1, s2, u):
+    """g (y 2^k) (2^k = s1 s2, exact but where the result is subnormal), for y made of e^u;
+    where e^u is below exp32_pair's clamp but not 0 in float64, g y times a number too
+    small for any finite g y (+-0, and +-inf for an infinite g, as the row's)."""
+    clamped = u < _EXP_CLAMP and u >= _ROW_EXP_ZERO
+    tiny = (((y * _TINY_FACTOR) * g) * _TINY_FACTOR) * _TINY_FACTOR
+    return tiny if clamped else g * ((y * s1) * s2)
+
+
+@scalar_math
+def _logistic_slope(g, u, scale):
+    """g scale e / (1 + e)^2, e = e^u, u <= 0, scale a power of 2: (eh + el)(rh + rl)^2 with
+    eh rh as an exact pair (m + ml), rounded once (at g = 1; then scaled by 2^k, exactly
+    but where the result is subnormal)."""
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(u)
+    m = eh * rh
+    ml = fma32(eh, rh, -m)
+    c = fma32(fma32(el, rh, ml), rh, _TWO * m * rl)
+    return _times_scale(g, fma32(m, rh, c) * scale, s1, s2, u)
+
+
+@scalar_math
+def sigmoid_f32(v, params):
+    """sigmoid in float32 arithmetic: 1 / (1 + e) for v >= 0, e / (1 + e) below, e =
+    e^-|v|, from _logistic_pairs, rounded once."""
+    eh, el, _, _, rh, rl, _, _, _, s1, s2 = _logistic_pairs(-abs(v))
+    small = (fma32(eh, rh, fma32(el, rh, eh * rl)) * s1) * s2
+    return rh + rl if v >= _ZERO else small
+
+
+@scalar_math
+def sigmoid_gradient_f32(g, v, params):
+    """sigmoid_gradient in float32 arithmetic: g e / (1 + e)^2, e = e^-|v|."""
+    return _logistic_slope(g, -abs(v), _ONE)
+
+
+@scalar_math
+def tanh_f32(v, params):
+    """tanh in float32 arithmetic: tanh |v| = (1 - e) / (1 + e), e = e^-2|v|, of v's sign,
+    with 1 - e as the pair -(p + pl) where k = 0 (|v| < ln2 / 4: e - 1 without
+    cancellation), else by Fast2Sum (e < 0.71), rounded once."""
+    _, _, ah, al, rh, rl, p, pl, k, _, _ = _logistic_pairs(-_TWO * abs(v))
+    near = k == np.int32(0)
+    nh = -p if near else _ONE - ah
+    nl = -pl if near else ((_ONE - nh) - ah) - al
+    return math.copysign(fma32(nh, rh, fma32(nh, rl, nl * rh)), v)
+
+
+@scalar_math
+def tanh_gradient_f32(g, v, params):
+    """tanh_gradient in float32 arithmetic: g 4 e / (1 + e)^2, e = e^-2|v|."""
+    return _logistic_slope(g, -_TWO * abs(v), np.float32(4.0))
+
+
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
     reach: float = math.inf          # beyond |x| > reach the kernel takes the row's math
     forward16: Callable | None = None     # float32 arithmetic for 16-bit results (None: the
     gradient16: Callable | None = None    # float64 functions serve them too)
+    forward32: Callable | None = None     # float32 arithmetic for float32 results (None:
+    gradient32: Callable | None = None    # the float64 functions)
 
 
 FAST = {
     "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
-                          gradient16=sigmoid_gradient32),
-    "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32),
+                          gradient16=sigmoid_gradient32, forward32=sigmoid_f32,
+                          gradient32=sigmoid_gradient_f32),
+    "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32,
+                       forward32=tanh_f32, gradient32=tanh_gradient_f32),
     "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),

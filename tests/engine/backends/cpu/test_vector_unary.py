@@ -34,11 +34,16 @@ from engine.elementwise import (
 
 # the bound of each function, in ulps of float32 at the true value (the correctly rounded
 # result errs up to 0.5): the one the function's docstring in vector_unary states. Over
-# all 2^32 inputs the largest errors are 0.50000004 but for two gradients at the float32
-# inputs nearest their zeros (GRADIENT_ZEROS), where the float64 computation's absolute
-# error of a few 2^-53 is a visible part of a tiny result: silu's 0.50004 at -1.27847,
-# gelu_erf's 0.5081 at -0.75179 (its erfc errs a few float64 ulps)
-ULPS = {("sigmoid", "forward"): 0.5001, ("sigmoid", "gradient"): 0.5001,
+# all 2^32 inputs the largest errors of the float64 math are 0.50000004 but for two
+# gradients at the float32 inputs nearest their zeros (GRADIENT_ZEROS), where the float64
+# computation's absolute error of a few 2^-53 is a visible part of a tiny result:
+# gelu_erf's 0.5081 at -0.75179 (its erfc errs a few float64 ulps), silu's 0.50004 at
+# -1.27847. sigmoid and tanh compute in float32 arithmetic (vector_unary's
+# forward32 and gradient32), pairs of float32 within 2^-28 of the truth rounded once at the
+# end (F32_MATH_ULPS; over all 2^32 inputs at most 0.7506, where the result is subnormal)
+F32_MATH_ULPS = {("sigmoid", "forward"): 0.76, ("sigmoid", "gradient"): 0.76,
+                 ("tanh", "forward"): 0.76, ("tanh", "gradient"): 0.76}
+ULPS = {**{("sigmoid", "forward"): 0.5001, ("sigmoid", "gradient"): 0.5001,
         ("tanh", "forward"): 0.5001, ("tanh", "gradient"): 0.5001,
         ("silu", "forward"): 0.5001, ("silu", "gradient"): 0.5001,
         ("gelu_quick", "forward"): 0.5001, ("gelu_quick", "gradient"): 0.5001,
@@ -49,7 +54,7 @@ ULPS = {("sigmoid", "forward"): 0.5001, ("sigmoid", "gradient"): 0.5001,
         ("expm1", "forward"): 0.5001, ("expm1", "gradient"): 0.5001,
         ("exp", "forward"): 0.5001, ("log", "forward"): 0.5001,
         ("sin", "forward"): 0.5001, ("sin", "gradient"): 0.5001,
-        ("cos", "forward"): 0.5001, ("cos", "gradient"): 0.5001}
+        ("cos", "forward"): 0.5001, ("cos", "gradient"): 0.5001}, **F32_MATH_ULPS}
 CASES = sorted(ULPS)
 CANCELS = 2.0 ** 16       # terms / result beyond which mpmath gives the reference
 _J = {"cache": False, "error_model": "numpy", "nogil": True}
@@ -233,6 +238,12 @@ GRADIENT_ZEROS = (1.2784645427610738, 0.751154255441289, 0.7524614220710163,
                   0.7517915246935645)
 
 
+# where the float32 math changes form or its results turn subnormal: tanh's k = 0 (|x| < ln2
+# / 4), the first subnormal results of sigmoid (87.34) and tanh's gradient (44.36),
+# vector_math.exp32_pair's clamp (120, tanh's at 60)
+F32_MATH_POINTS = (0.17329, 87.34, 44.36, 120.0, 60.0)
+
+
 # --- errors in ulps ---------------------------------------------------------------------------
 _FLT_MAX_ROUNDING = 3.4028235677973366e38     # float32's largest value plus half an ulp
 
@@ -320,7 +331,7 @@ def dense_sample() -> np.ndarray:
     bits = (exponents[:, None] | mantissas[None, :]).reshape(-1)
     points = [SOFTPLUS_THRESHOLD, 9.01, 17.33, 88.72, 103.97, 709.78, 745.13, 7.3, 13.3,
               14.5, 0.347, 1.0, 2.0, 0.41421356, math.pi, 2 ** 20, 0.785398, 355.0,
-              *GRADIENT_ZEROS]
+              *GRADIENT_ZEROS, *F32_MATH_POINTS]
     around = [np.arange(-(1 << 13), 1 << 13, dtype=np.int64)
               + int(np.float32(p).view(np.uint32)) for p in points]
     bits = np.concatenate([bits, *(a.astype(np.uint32) for a in around),
