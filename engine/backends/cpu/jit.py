@@ -69,10 +69,12 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba.core import caching  # noqa: E402
 
-from engine.backends.cpu import disk_cache  # noqa: E402
+from engine.backends.cpu import disk_cache, inline_memo  # noqa: E402
 
 # processes sharing the cache save and load each function's entry under a lock (disk_cache)
 disk_cache.install()
+# a scalar_math function's untyped IR made once, not at every call site (inline_memo)
+inline_memo.install()
 
 OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 
