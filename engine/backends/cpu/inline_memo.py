@@ -35,6 +35,7 @@ symbol names aside) and the same 192 rows, with and without. Only compile time c
 from __future__ import annotations
 
 import functools
+import inspect
 
 from numba.core import bytecode
 from numba.core import inline_closurecall as icc
@@ -112,13 +113,34 @@ def _inline_function(self, caller_ir, block, i, function, arg_typs=None):
 _translated = None
 
 
+# the InlineWorker methods this module relies on, as numba 0.68 has them
+_EXPECTED = {"run_untyped_passes": ("self", "func", "enable_ssa"),
+             "inline_ir": ("self", "caller_ir", "block", "i", "callee_ir", "callee_freevars",
+                           "arg_typs"),
+             "inline_function": ("self", "caller_ir", "block", "i", "function", "arg_typs")}
+
+
+def supported() -> bool:
+    """Whether this numba's InlineWorker has the methods, with the parameters, that
+    _inline_function stands in for (another numba keeps its own inlining: slower to
+    compile, the same code)."""
+    worker = getattr(icc, "InlineWorker", None)
+    try:
+        return worker is not None and all(
+            tuple(inspect.signature(getattr(worker, name)).parameters) == params
+            for name, params in _EXPECTED.items())
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
 def install() -> None:
     """Memoise the translations of InlineWorker.inline_function, once per process (the
     other callers of run_untyped_passes, numba's overload inliner among them, keep
-    numba's own)."""
+    numba's own); nothing where this numba's inliner is not the one it was written for
+    (supported)."""
     global _translated
     worker = icc.InlineWorker
-    if getattr(worker.inline_function, "_gradverify_memo", False):
+    if getattr(worker.inline_function, "_gradverify_memo", False) or not supported():
         return
     _translated = _memoised(worker.run_untyped_passes)
     _inline_function._gradverify_memo = True

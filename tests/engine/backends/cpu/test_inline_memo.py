@@ -114,3 +114,23 @@ def test_a_rebound_function_is_translated_afresh():
                 for v in x]
     np.testing.assert_allclose(out, expected, rtol=1e-15)
     assert inner is not space["inner"]
+
+
+def test_a_numba_with_another_inliner_keeps_its_own(monkeypatch):
+    """install() leaves InlineWorker alone where its methods' parameters are not the ones
+    the memo stands in for."""
+    from numba.core import inline_closurecall as icc
+
+    from engine.backends.cpu import inline_memo
+    assert inline_memo.supported()
+    monkeypatch.setitem(inline_memo._EXPECTED, "inline_ir", ("self", "caller_ir"))
+    assert not inline_memo.supported()
+    inline_memo.uninstall()
+    try:
+        own = icc.InlineWorker.inline_function
+        inline_memo.install()
+        assert icc.InlineWorker.inline_function is own
+    finally:
+        monkeypatch.undo()
+        inline_memo.install()
+    assert getattr(icc.InlineWorker.inline_function, "_gradverify_memo", False)
