@@ -127,6 +127,14 @@ def test_attention_splits_forward_and_backward(text):
     assert taken["attention:tiles"] > 0 and taken["attention:compiled"] > 0
 
 
+def test_concat_along_a_later_axis_splits_its_rows_and_along_the_first_runs_whole():
+    """concat's rows side by side (split:cpu_concat) where a and b run along out's axis 0;
+    along axis 0 they do not, and the kernel runs whole."""
+    later, first = (_case("concat", f"axis={axis}") for axis in (1, 0))
+    assert _run(later)["split:cpu_concat"] > 0
+    assert "split:cpu_concat" not in _run(first)
+
+
 def test_a_transposed_result_is_copied_in_tiles():
     """transpose's scale case: its view's gradient (a transposed view of the upstream
     gradient) is copied into the gradient's buffer by cont's tiled kernel (the executor's
