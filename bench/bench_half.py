@@ -8,7 +8,10 @@ benchmark, not a test).
 For a 512x768 @ 768x512 matmul, a softmax over the rows of (1024, 1024) and a sum over the
 rows of (2048, 1024), in float16 and bfloat16 (and float32 for scale), prints the median
 time of the engine and of torch computing in that dtype, forward and backward, and their
-ratio (engine / torch; target <= 2). The engine's 16-bit kernels widen to float32, compute
+ratio (engine / torch; target <= 2), except bfloat16 matmul's: at most 1.25x the engine's
+own float32 product of the same shape (issue 37's decision: no bfloat16 GEMM in numpy's
+OpenBLAS, so the float32 BLAS is its floor; torch's, on AMX where the CPU has it, is
+printed beside it for information). The engine's 16-bit kernels widen to float32, compute
 there and round on store (engine.backends.cpu.half), as torch's CPU kernels do inside.
 Memory: the bytes of the engine's buffers for the forward graph (its plan's arena plus the
 inputs), 16-bit against float32 (target 1/2).
@@ -33,6 +36,7 @@ from engine.tensor import TORCH_DTYPE_NAMES
 
 PAUSE_S = 0.5              # torch's workers fall asleep (see bench)
 TARGET_RATIO = 2.0
+TARGET_BF16_MATMUL = 1.25      # engine bfloat16 / engine float32, the same product
 TARGET_MEMORY = 0.5
 NUMPY = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32}
 
@@ -106,15 +110,25 @@ def main(argv=None) -> int:
             ok = ok and share <= TARGET_MEMORY
             memory.append([name, dtype, sizes[dtype], sizes["f32"], f"{share:.2f}"])
     table = []
+    f32 = {(name, phase): e for name, dtype, phase, e, _ in rows if dtype == "f32"}
     for name, dtype, phase, e, t in rows:
         ratio = e / t
-        judged = dtype != "f32"
-        ok = ok and (ratio <= TARGET_RATIO or not judged)
-        verdict = "" if not judged else "ok" if ratio <= TARGET_RATIO else "SLOWER THAN TARGET"
+        if dtype == "f32":
+            verdict = ""
+        elif dtype == "bf16" and name.startswith("matmul"):
+            twin = e / f32[name, phase]
+            met = twin <= TARGET_BF16_MATMUL
+            ok = ok and met
+            verdict = (f"{'ok' if met else 'SLOWER THAN TARGET'} ({twin:.2f} x engine f32, "
+                       f"<= {TARGET_BF16_MATMUL:g})")
+        else:
+            ok = ok and ratio <= TARGET_RATIO
+            verdict = "ok" if ratio <= TARGET_RATIO else "SLOWER THAN TARGET"
         table.append([name, dtype, phase, f"{e * 1e3:.2f}", f"{t * 1e3:.2f}", f"{ratio:.2f}",
                       verdict])
     print(tabulate(table, headers=["case", "dtype", "pass", "engine ms", "torch ms",
-                                   "engine/torch", f"target <= {TARGET_RATIO:g} (16-bit)"]))
+                                   "engine/torch", f"target <= {TARGET_RATIO:g} (16-bit; "
+                                   "bf16 matmul: against engine f32)"]))
     print()
     print(tabulate(memory, headers=["case", "dtype", "bytes", "f32 bytes", "share"]))
     print(f"(memory target: a share <= {TARGET_MEMORY:g}; torch dtypes "
