@@ -189,8 +189,9 @@ def in_ranges(call, size: int, name: str | None) -> None:
 
 # A conversion split on the engine's threads from this many elements: one hand-over costs
 # about 100 microseconds (engine.backends.cpu.threads), and converting half a million
-# elements on one thread about as much (widening 2M bfloat16 took 0.44 ms in cache, 1.0 in
-# a product's graph, where BLAS had evicted them; rounding 1M float32 0.2-0.45 ms)
+# elements on one thread about as much (widening 2M bfloat16 took 0.44 ms in cache; in a
+# bfloat16 product's graph, where BLAS had evicted them, its operands' widenings took 1.0 ms
+# at the median and rounding its 1M outputs 0.45)
 SPLIT_MIN_ELEMENTS = 1 << 19
 
 
