@@ -243,4 +243,11 @@ register(
            "bfloat16's fixed tolerance); the outputs' bias shows it",
            lambda: half_function_replaced("widened_copy", kernels.bf16_widened_wrong_shift),
            where=_biased_enough, dtypes=("bf16",), max_cases=1, kind="16-bit widening"),
+    Mutant("half_split_range_end", ("matmul",),
+           "a 16-bit product's widening and rounding, split in ranges on the engine's "
+           "threads, end each range but the last one element early: the boundary elements "
+           "are never converted",
+           lambda: half_function_replaced("in_ranges", kernels.split_ranges_end_early),
+           where=lambda case: case.dtype in ("f16", "bf16"), tier="scale", max_cases=1,
+           kind="chunk boundary"),
 )

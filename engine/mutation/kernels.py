@@ -117,12 +117,23 @@ def bf16_widened_wrong_shift(widened_copy):
     """bfloat16 widened as (h >> 1) << 17 instead of h << 16 (a packed pair unpacked with
     its shifts one bit apart): the mantissa's last bit is lost, so every input whose last
     bit is set reads one bfloat16 ulp nearer zero; float16 widens right."""
-    def wrong(a):
+    def wrong(a, **kwargs):
         if a.dtype == np.float16:
-            return widened_copy(a)
+            return widened_copy(a, **kwargs)
         h = np.ascontiguousarray(a).view(np.uint16).astype(np.uint32)
         return ((h >> 1) << 17).view(np.float32).reshape(a.shape)
     return wrong
+
+
+def split_ranges_end_early(in_ranges):
+    """half.in_ranges (a 16-bit product's conversions in ranges on the engine's threads)
+    with every range but the last ending one element early: the element at each inner
+    boundary is never widened (its float32 temporary holds whatever the allocation held)
+    or never rounded into the output (it keeps the buffer's old value). One range, as in
+    plain mode or below the split's size, stays right."""
+    def early(call, size, name):
+        return in_ranges(lambda lo, hi: call(lo, hi if hi == size else hi - 1), size, name)
+    return early
 
 
 def _rounded(dst, values):

@@ -119,7 +119,7 @@ def chunks_replaced(op_name: str, make_chunks: Callable):
 # The backend helpers `function_replaced` may replace: each is looked up in its module
 # when its callers run (so a replacement reaches them), and each is one the self-test's
 # tests check is put back. (module, function name).
-REPLACEABLE = ((half, "store"), (half, "widened_copy"),
+REPLACEABLE = ((half, "store"), (half, "widened_copy"), (half, "in_ranges"),
                (cpu_matmul_sparse, "compress_multiply_rows"),
                (cpu_rope, "yarn_corr_dims"), (cpu_attention, "alibi_slopes"))
 

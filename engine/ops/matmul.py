@@ -148,7 +148,9 @@ def _matmul_scale():
     big enough for BLAS on the engine's threads, in ragged row ranges, one with a
     transposed operand;
     a batched product split along its batch axis; the dense product in float16 and
-    bfloat16 (float32 accumulation)."""
+    bfloat16 (float32 accumulation), its operands (transposed ones in the backward) big
+    enough that their widening, and the 16-bit gradients' rounding, run on the engine's
+    threads (split:half_widen, split:half_store: half.SPLIT_MIN_ELEMENTS)."""
     sparse = dict(kind="sparse", low=0.0, high=1.0)
     return [scale_case("matmul", [InputSpec("a", (1000, 784), **sparse),
                                   InputSpec("b", (784, 2000))]),
@@ -160,7 +162,7 @@ def _matmul_scale():
             scale_case("matmul", [InputSpec("a", (257, 263)),
                                   InputSpec("b", (263, 251), permute=(1, 0))]),
             scale_case("matmul", [InputSpec("a", (7, 129, 131)), InputSpec("b", (7, 131, 127))])
-            ] + [scale_case("matmul", [InputSpec("a", (257, 263)), InputSpec("b", (263, 251))],
+            ] + [scale_case("matmul", [InputSpec("a", (523, 1031)), InputSpec("b", (1031, 523))],
                             dtype) for dtype in HALF_SCALE_DTYPES]
 
 

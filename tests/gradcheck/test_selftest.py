@@ -27,7 +27,7 @@ TOOTHLESS = Mutant("relu_grad_scaled_by_1", ("relu",), "relu's gradient times 1.
                    scaled("relu", 1.0))
 
 
-HALF_FUNCTIONS = ("widened", "store", "widened_copy")   # what the 16-bit mutants patch
+HALF_FUNCTIONS = ("widened", "store", "widened_copy", "in_ranges")  # 16-bit mutants patch
 
 
 def registry_state():

@@ -33,14 +33,16 @@ class CpuBackend:
         """Op `op`'s CPU kernel for a node whose output and sources have `dtypes`: where one
         is a 16-bit float, the float32 kernel widened (half.widened: inputs widened to
         float32, the output rounded to nearest even on store), unless the kernel reads the
-        16-bit patterns itself (patterns.native_half) and the node has one 16-bit dtype."""
+        16-bit patterns itself (patterns.native_half) and the node has one 16-bit dtype; the
+        conversions on the engine's threads for a kernel marked half.widens_on_threads."""
         try:
             k = op.kernels["cpu"]
         except KeyError:
             raise BackendError(f"op {op.name} has no cpu kernel") from None
         halves = {np.dtype(d) for d in dtypes if is_half(d)}
         if halves and not (getattr(k, "native_half", False) and len(halves) == 1):
-            return half.widened(k, update=op.kind == "update")
+            return half.widened(k, update=op.kind == "update",
+                                split=getattr(k, "widens_on_threads", False))
         return k
 
     def alloc(self, nbytes: int) -> np.ndarray:

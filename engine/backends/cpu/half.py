@@ -18,8 +18,11 @@ infinity).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
 from engine.backends.widening import HalfArrays, run_widened
 from engine.tensor import is_half
@@ -150,7 +153,7 @@ def _format(dtype) -> int:
     return F16 if np.dtype(dtype) == np.float16 else BF16
 
 
-def widened_copy(a: np.ndarray) -> np.ndarray:
+def widened_copy(a: np.ndarray, split: bool = False) -> np.ndarray:
     """A new float32 array holding 16-bit array `a`'s values (exact): contiguous, or where
     `a` is a permuted view of a contiguous block (a transposed matrix), the same
     permutation of a contiguous float32 block, widened in memory order. Gathered into a
@@ -159,16 +162,37 @@ def widened_copy(a: np.ndarray) -> np.ndarray:
     matmul's backward takes two such operands: bfloat16 matmul over (512, 1024) x (1024,
     2048) ran 1.43 times the engine's float32 product, forward and backward (python
     bench/bench_ops.py --op matmul --repeat 7 --threads 1); BLAS takes the transposed
-    float32 view as it takes a float32 graph's."""
+    float32 view as it takes a float32 graph's. `split`: widened in ranges on the engine's
+    threads where it is big enough (in_ranges; the caller runs outside any split)."""
     order = _memory_order(a)
-    if order is not None:
-        block = a.transpose(order)
-        out = np.empty(block.shape, np.float32)
-        widen_array(block.view(np.uint16).reshape(-1), out.reshape(-1), _format(a.dtype))
-        return out.transpose(np.argsort(order))
-    out = np.empty(a.shape, np.float32)
-    widen_array(_patterns(a), out.reshape(-1), _format(a.dtype))
-    return out
+    block = a if order is None else a.transpose(order)
+    out = np.empty(block.shape, np.float32)
+    src, dst, fmt = _patterns(block), out.reshape(-1), _format(a.dtype)
+    in_ranges(lambda lo, hi: widen_array(src[lo:hi], dst[lo:hi], fmt), src.size,
+              "half_widen" if split else None)
+    return out if order is None else out.transpose(np.argsort(order))
+
+
+def in_ranges(call, size: int, name: str | None) -> None:
+    """call(lo, hi) over [0, size): at once, or, `name` given, in ranges run side by side
+    on the engine's threads where `size` is at least SPLIT_MIN_ELEMENTS (the fast path
+    split:`name`; one range in plain mode). The conversions are elementwise and exact
+    (widening) or correctly rounded (narrowing), so the ranges give the same bits."""
+    n = threads.parts()
+    if name is None or n == 1 or size < SPLIT_MIN_ELEMENTS:
+        call(0, size)
+        return
+    paths.taken(f"split:{name}")
+    threads.side_by_side([functools.partial(call, lo, hi)
+                          for lo, hi in threads.bounds(size, n)])()
+
+
+# A conversion split on the engine's threads from this many elements: one hand-over costs
+# about 100 microseconds (engine.backends.cpu.threads), and converting half a million
+# elements on one thread about as much (widening 2M bfloat16 took 0.44 ms in cache; in a
+# bfloat16 product's graph, where BLAS had evicted them, its operands' widenings took 1.0 ms
+# at the median and rounding its 1M outputs 0.45)
+SPLIT_MIN_ELEMENTS = 1 << 19
 
 
 def _memory_order(a: np.ndarray):
@@ -187,6 +211,17 @@ def store(dst: np.ndarray, values: np.ndarray) -> None:
                  _format(dst.dtype))
 
 
+def split_store(dst: np.ndarray, values: np.ndarray) -> None:
+    """store, in ranges on the engine's threads where big enough (in_ranges, the path
+    split:half_store; the caller runs outside any split). store is looked up at each
+    range's call (the self-test's store mutants replace it in this module)."""
+    if not dst.flags.c_contiguous:
+        store(dst, values)
+        return
+    d, v = dst.reshape(-1), np.ascontiguousarray(values).reshape(-1)
+    in_ranges(lambda lo, hi: store(d[lo:hi], v[lo:hi]), d.size, "half_store")
+
+
 # widened_copy and store are looked up in this module at each call, not bound here: the
 # self-test's 16-bit mutants (engine.mutation) replace them in this module, and that must
 # reach every widened kernel
@@ -195,16 +230,30 @@ HOST_ARRAYS = HalfArrays(
     overlap=np.shares_memory, widened_copy=lambda a: widened_copy(a),
     empty32=lambda shape: np.empty(shape, np.float32),
     store=lambda dst, values: store(dst, values))
+# the same, its conversions split on the engine's threads: for a kernel that no split
+# encloses (matmul's, whose product is then split itself), where HOST_ARRAYS' serial
+# conversions left one core idle: bfloat16 matmul over (512, 1024) x (1024, 2048) ran 1.31
+# times the engine's float32 product at 2 threads, its widening and rounding serial
+SPLIT_ARRAYS = HOST_ARRAYS._replace(widened_copy=lambda a: widened_copy(a, split=True),
+                                    store=lambda dst, values: split_store(dst, values))
 
 
-def widened(kernel, update: bool = False):
+def widens_on_threads(kernel):
+    """Mark CPU kernel `kernel` as one that no split encloses, whose 16-bit nodes the
+    backend widens with their conversions on the engine's threads (widened's `split`)."""
+    kernel.widens_on_threads = True
+    return kernel
+
+
+def widened(kernel, update: bool = False, split: bool = False):
     """The float32 `kernel(out, ins, **params)` as a kernel on arrays of which some are
     16-bit (engine.tensor.is_half): each call widens the 16-bit inputs into float32
     temporaries, runs `kernel` on them (bound anew, so temporaries live only while the call
     runs: a plan of 16-bit tensors holds 16-bit buffers between calls), and rounds a 16-bit
     output to nearest even on store (engine.backends.widening.run_widened, the CUDA
-    backend's too); `update`: the kernel writes its inputs in place too. A bindable kernel
-    (engine.backends.cpu.jit.bindable) stays one."""
+    backend's too); `update`: the kernel writes its inputs in place too; `split`: the
+    conversions on the engine's threads (SPLIT_ARRAYS), for a kernel that no split encloses.
+    A bindable kernel (engine.backends.cpu.jit.bindable) stays one."""
     inner = getattr(kernel, "bind", None)
 
     def prepare(out, ins, **params):
@@ -215,7 +264,8 @@ def widened(kernel, update: bool = False):
                 kernel(wide_out, wide_ins, **params)
 
         def run():
-            run_widened(wide_kernel, out, ins, update, HOST_ARRAYS)
+            run_widened(wide_kernel, out, ins, update,
+                        SPLIT_ARRAYS if split else HOST_ARRAYS)
         return run
 
     def call(out, ins, **params):

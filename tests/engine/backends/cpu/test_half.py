@@ -174,3 +174,50 @@ def test_widened_copies_keep_a_permuted_layout(dtype):
         if permuted:
             order = np.argsort([-s for s in view.strides], kind="stable")
             assert wide.transpose(order).flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+def test_conversions_split_on_the_threads_give_the_same_bits(dtype, monkeypatch):
+    """widened_copy(split=True) and split_store in ranges on 3 engine threads (ragged: the
+    sizes are not multiples of 3) against the conversions in one range, on every pattern
+    (NaNs and subnormals included) in a contiguous and a transposed layout, and on values
+    that round; the split is recorded (split:half_widen, split:half_store), and not in
+    plain mode or below half.SPLIT_MIN_ELEMENTS."""
+    from engine.backends.cpu import paths, threads
+    monkeypatch.setattr(threads, "THREADS", 3)
+    monkeypatch.setattr(half, "SPLIT_MIN_ELEMENTS", 1 << 12)
+    patterns = np.resize(ALL_PATTERNS, (163, 409)).view(dtype)
+    values = np.random.default_rng(4).normal(size=(409, 163)).astype(np.float32)
+    for x in (patterns, patterns.T):
+        with paths.recording() as taken:
+            wide = half.widened_copy(x, split=True)
+        assert taken["split:half_widen"] == 1
+        assert np.array_equal(wide.view(np.uint32), half.widened_copy(x).view(np.uint32))
+        assert wide.flags.c_contiguous == x.flags.c_contiguous
+    for v in (values, values.T):                  # a transposed source is made contiguous
+        split, whole = (np.empty(v.shape, dtype) for _ in range(2))
+        with paths.recording() as taken:
+            half.split_store(split, v)
+        half.store(whole, v)
+        assert taken["split:half_store"] == 1
+        assert np.array_equal(split.view(np.uint16), whole.view(np.uint16))
+    with paths.plain(), paths.recording() as taken:
+        half.widened_copy(patterns, split=True)
+        half.split_store(np.empty(values.shape, dtype), values)
+    monkeypatch.setattr(half, "SPLIT_MIN_ELEMENTS", patterns.size + 1)
+    with paths.recording() as small:
+        half.widened_copy(patterns, split=True)
+    assert not taken and not small
+
+
+def test_a_store_into_a_strided_destination_is_not_split(monkeypatch):
+    """split_store hands a non-contiguous destination to store in one range (a flat view
+    of it would be a copy)."""
+    from engine.backends.cpu import paths, threads
+    monkeypatch.setattr(threads, "THREADS", 2)
+    monkeypatch.setattr(half, "SPLIT_MIN_ELEMENTS", 1)
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dst = np.zeros((4, 3), np.float16).T
+    with paths.recording() as taken:
+        half.split_store(dst, values)
+    assert not taken

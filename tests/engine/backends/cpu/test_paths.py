@@ -92,6 +92,20 @@ def test_softmax_rows_split_forward_and_backward(dtype):
     assert taken["split:cpu_softmax"] > 0 and taken["split:cpu_softmax_back"] > 0
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_a_16_bit_product_converts_on_the_engines_threads(dtype):
+    """The 16-bit products of matmul's scale case widen their operands (a and b forward,
+    their transposed views backward) and round their big outputs (both gradients) in
+    ranges on the engine's threads (split:half_widen, split:half_store), besides BLAS's
+    chunks; plain mode converts in one range."""
+    case = _case("matmul", f"matmul(type={dtype},a=[523,1031]")
+    taken = _run(case)
+    assert taken["split:half_widen"] >= 4 and taken["split:half_store"] >= 2, sorted(taken)
+    assert taken["matmul:blas_chunks"] > 0, sorted(taken)
+    with paths.plain():
+        assert not _run(case)
+
+
 @pytest.mark.parametrize("op", ["log_softmax", "cross_entropy_loss"])
 def test_row_losses_split_forward_and_backward(op):
     """log_softmax's and cross_entropy_loss's kernels and their backward ops' run as ranges
