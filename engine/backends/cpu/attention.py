@@ -407,8 +407,10 @@ def cpu_attention_fwd(out, ins, scale, causal=False, logit_softcap=0.0, max_bias
                                                 for h in range(geo.hq)], make, compiled)
 
 
-def _back_compiled(geo, unit, fwd4, g4, dq, dk, dv):
-    """The backward's tasks, each one call of _back_task."""
+def _back_calls(geo, unit, fwd4, g4, dq, place):
+    """make(take) for the compiled backward: each task one call of _back_task, with
+    place(task) = (b, c, h0, group, dkh, dvh): batch b, kv head c, query heads h0 ..
+    h0 + group - 1, and where their dk, dv go."""
     mask = geo.mask_or((1, geo.hq, 0, 0))
 
     def make(take):
@@ -417,14 +419,22 @@ def _back_compiled(geo, unit, fwd4, g4, dq, dk, dv):
 
         def run():
             while (task := take()) is not None:
-                b, c = task
+                b, c, h0, group, dkh, dvh = place(task)
                 _back_task(geo.q[b], geo.k[b, c], geo.v[b, c], g4[b], fwd4[b],
                            mask[min(b, len(mask) - 1)], geo.mask is not None, geo.slopes,
-                           c * geo.group, geo.group, geo.dv, geo.shift, geo.causal, geo.scale,
-                           geo.cap, geo.block_array, unit, dq[b], dk[b, c], dv[b, c], sbuf,
-                           pbuf, x, ch)
+                           h0, group, geo.dv, geo.shift, geo.causal, geo.scale, geo.cap,
+                           geo.block_array, unit, dq[b], dkh, dvh, sbuf, pbuf, x, ch)
         return run
     return make
+
+
+def _back_compiled(geo, unit, fwd4, g4, dq, dk, dv):
+    """The backward's (batch, kv head) tasks, each one call of _back_task over the kv
+    head's query heads."""
+    def place(task):
+        b, c = task
+        return b, c, c * geo.group, geo.group, dk[b, c], dv[b, c]
+    return _back_calls(geo, unit, fwd4, g4, dq, place)
 
 
 def _back_heads(geo, unit, fwd4, g4, dq, dk, dv):
@@ -438,23 +448,12 @@ def _back_heads(geo, unit, fwd4, g4, dq, dk, dv):
     there are, changes no bit: the sums' order is fixed."""
     dkp = np.empty((geo.b, geo.hq, geo.tk, geo.d), dk.dtype)
     dvp = np.empty((geo.b, geo.hq, geo.tk, geo.dv), dv.dtype)
-    mask = geo.mask_or((1, geo.hq, 0, 0))
     paths.taken("attention:head_tasks")
 
-    def make(take):
-        sbuf, pbuf = geo.scratch(geo.q.dtype, geo.tk, geo.tk)
-        x, ch = np.empty(geo.tk, np.float64), np.empty(geo.tk, np.float64)
-
-        def run():
-            while (task := take()) is not None:
-                b, h = task
-                c = h // geo.group
-                _back_task(geo.q[b], geo.k[b, c], geo.v[b, c], g4[b], fwd4[b],
-                           mask[min(b, len(mask) - 1)], geo.mask is not None, geo.slopes,
-                           h, 1, geo.dv, geo.shift, geo.causal, geo.scale, geo.cap,
-                           geo.block_array, unit, dq[b], dkp[b, h], dvp[b, h], sbuf, pbuf,
-                           x, ch)
-        return run
+    def place(task):
+        b, h = task
+        return b, h // geo.group, h, 1, dkp[b, h], dvp[b, h]
+    make = _back_calls(geo, unit, fwd4, g4, dq, place)
     every = _chunked("cpu_attention_back", geo, [(b, h) for b in range(geo.b)
                                                   for h in range(geo.hq)], make, True)
 
