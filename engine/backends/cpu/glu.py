@@ -33,7 +33,7 @@ as its patterns in one pass (patterns.value and rounded: no widened copies); a c
 fused input or contiguous split inputs as rows of flat arrays (`_vector_glu_rows`, whose
 row slices are contiguous, so that the loop vectorises), inputs in any other layout
 copied C-contiguous first (layout.dense). Those took a 4-D strided twin of the template,
-compiled again for every layout: 64 compilations, 21 s of CPU of the 202 s a cold
+compiled again for every layout: 48 compilations, 21 s of CPU of the 202 s a cold
 `gradcheck --all` spent compiling (`python bench/bench_first_run.py --breakdown`, load
 5-6), for layouts that only gradcheck's transposed and sliced cases make.
 """

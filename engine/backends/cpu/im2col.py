@@ -230,10 +230,10 @@ def _im2col_back_rows(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
 # The dispatchers copy an image or column gradient that is not C-contiguous first
 # (layout.contiguous): numba compiles a kernel once per layout of its arrays, and these
 # once per window size too, so transposed and sliced images and gradients (gradcheck's
-# cases) made 28 of the 73 compilations of _im2col and _im2col_back in a cold `gradcheck
-# --all`, 9 s of CPU (`python bench/bench_first_run.py --breakdown`, load 5-6). The plain
-# twin's transposed views of NKHW columns are made after, from the copy: that twin keeps
-# its own layout.
+# cases) made 25 of the 73 compilations of _im2col and _im2col_back in a cold `gradcheck
+# --all`, about 8 s of CPU (`python bench/bench_first_run.py --breakdown`, load 5-6). The
+# plain twin's transposed views of NKHW columns are made after, from the copy: that twin
+# keeps its own layout.
 
 
 def window_size(k: int):
