@@ -27,9 +27,10 @@ it should: a row that sees one key (P = 1) gets dS = g_lse exactly, where dO.O i
 against a float32 dP would leave a rounding of dP (relative 1e-7 of |dO| |v|). A block
 holds every key its rows see, so D_i is complete when dS is formed; fwd's O is not read.
 
-The products run in BLAS on the views as they are (a permuted view's rows are BLAS rows
-with a leading dimension), the row pieces (scores, maxima, exponentials, log-sum-exps, dS)
-in numba kernels, in float64 with exponentials in a polynomial that vectorises
+The products run in BLAS on C-contiguous inputs (q, k, v, the mask, g and fwd that are
+not are copied first, once per call: _Geometry.dense, one compiled layout), the row
+pieces (scores, maxima, exponentials, log-sum-exps, dS) in numba kernels, in float64 with
+exponentials in a polynomial that vectorises
 (patterns.exp_into). Each (batch, head) task is one compiled call (_fwd_task, _back_task:
 the row kernels and SciPy's BLAS called from numba, engine.backends.cpu.blas), which
 holds no GIL from its first product to its last. As a Python loop of numpy matmuls and
@@ -60,8 +61,8 @@ query row over every key, one thread):
   head's dk, dv into a partial of its own, a kv head's partials summed after in head
   order (_back_heads);
 - attention:compiled: each task one compiled call (above), BLAS held to one thread; the
-  plain twin is the Python loop over numpy's matmuls (also taken by arrays BLAS cannot
-  read as they are, and by dtypes other than float32 and float64).
+  plain twin is the Python loop over numpy's matmuls (also taken by outputs BLAS cannot
+  write as they are, and by dtypes other than float32 and float64).
 Each row is computed by the same arithmetic on either path; only the products' shapes (and
 so BLAS's order of summation; the compiled backward adds dk and dv in BLAS, beta = 1)
 differ. A task computes the same bits on whichever thread runs it: results are the same on
@@ -77,7 +78,8 @@ import ml_dtypes
 import numpy as np
 
 from engine.backends.alibi_math import alibi_slopes
-from engine.backends.cpu import half, paths, threads
+from engine.backends.calls import sequence
+from engine.backends.cpu import half, layout, paths, threads
 from engine.backends.cpu.blas import gemm
 from engine.backends.cpu.jit import CONTRACT, bindable, njit
 from engine.backends.cpu.patterns import (
@@ -237,7 +239,9 @@ class _Geometry:
     """The 4-D views and sizes of one call, the ALiBi slopes and the blocks of rows."""
 
     def __init__(self, q, k, v, mask, scale, causal, logit_softcap, max_bias):
-        self.q, self.k, self.v = _as_4d(q), _as_4d(k), _as_4d(v)
+        self.copies: list = []          # the calls that fill the dense copies (dense)
+        self.q, self.k, self.v = (self.dense(_as_4d(a)) for a in (q, k, v))
+        mask = None if mask is None else self.dense(mask)
         self.b, self.hq, self.tq, self.d = self.q.shape
         self.hkv, self.tk, self.dv = self.k.shape[1], self.k.shape[2], self.v.shape[3]
         self.group = self.hq // self.hkv
@@ -255,6 +259,18 @@ class _Geometry:
             paths.taken("attention:tiles")
             if any(kend < self.tk for _, _, kend in self.blocks):
                 paths.taken("attention:causal_skip")
+
+    def dense(self, a):
+        """`a`, or a C-contiguous copy of it filled when the call runs (layout.dense, the
+        copy added to `copies`): the compiled tasks and the row kernels then see one
+        layout, and numba compiles each once per dtype (and mask kind), not again for every
+        layout of the inputs: the (B, T, H, D) leaves, the sliced and transposed inputs and
+        the permuted or broadcast upstream gradients of gradcheck's cases made 18
+        compilations of _back_task and 9 of _fwd_task in a cold `gradcheck --all`, 27 s of
+        CPU of its 202 s of compiling (`python bench/bench_first_run.py --breakdown`, load
+        5-6), now 4 and 2. The copy is of the inputs' size; a head's products take Tk
+        times as many multiply-adds."""
+        return layout.dense(a, self.copies)
 
     def keys(self, i0, i1, tiled):
         """How many keys the block of rows i0..i1-1 multiplies: all, or with `causal` on
@@ -275,15 +291,16 @@ class _Geometry:
         return fast
 
     def mask_or(self, shape):
-        """The 4-D mask, or (no mask) an empty stand-in of `shape` the kernels never read."""
-        return np.empty(shape, self.q.dtype) if self.mask is None else self.mask
+        """The 4-D mask, or (no mask) an empty stand-in of `shape` the kernels never read,
+        read-only as a broadcast mask is (one numba type for both)."""
+        return _read_only(np.empty(shape, self.q.dtype)) if self.mask is None else self.mask
 
     def macs(self) -> int:
         return self.b * self.hq * self.tq * self.tk * (self.d + self.dv)
 
     def row_args(self, b, h, i0, i1, kend, s):
         """The rows kernels' mask, has_mask, slope, row0, shift, causal, scale and cap."""
-        mask = s if self.mask is None else self.mask[b, h, i0:i1, :kend]
+        mask = _read_only(s) if self.mask is None else self.mask[b, h, i0:i1, :kend]
         return (mask, self.mask is not None, float(self.slopes[h]), i0, self.shift,
                 self.causal, self.scale, self.cap)
 
@@ -291,6 +308,13 @@ class _Geometry:
         """One flat buffer per width, of a block's rows times that width."""
         rows = max((i1 - i0 for i0, i1, _ in self.blocks), default=0)
         return [np.empty(rows * w, dtype) for w in widths]
+
+
+def _read_only(a):
+    """A read-only view of `a`: the type of numpy's broadcast views, which the masks are."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _panel(buf, n, m):
@@ -403,8 +427,8 @@ def cpu_attention_fwd(out, ins, scale, causal=False, logit_softcap=0.0, max_bias
     out4 = _as_4d(out)
     compiled = geo.compiled(out4)
     make = (_fwd_compiled if compiled else _fwd_numpy)(geo, out4)
-    return _chunked("cpu_attention_fwd", geo, [(b, h) for b in range(geo.b)
-                                                for h in range(geo.hq)], make, compiled)
+    return sequence(*geo.copies, _chunked("cpu_attention_fwd", geo, [
+        (b, h) for b in range(geo.b) for h in range(geo.hq)], make, compiled))
 
 
 def _back_calls(geo, unit, fwd4, g4, dq, place):
@@ -512,7 +536,7 @@ def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0
     unit = float(np.finfo(fwd.dtype).eps) / 2 if unit is None else float(unit)
     geo = _Geometry(q, k, v, mask[0] if mask else None, scale, causal, logit_softcap,
                     max_bias)
-    g4, fwd4 = _as_4d(g), _as_4d(fwd)
+    g4, fwd4 = geo.dense(_as_4d(g)), geo.dense(_as_4d(fwd))
     nq, nk = geo.q.size, geo.k.size
     dq = out[:nq].reshape(geo.q.shape)
     dk = out[nq:nq + nk].reshape(geo.k.shape)
@@ -521,10 +545,10 @@ def _back_prepare(out, ins, scale, causal=False, logit_softcap=0.0, max_bias=0.0
     grads = (g4, dq, dk, dv)
     compiled = geo.compiled(*grads)
     if compiled and geo.group > 1:
-        return _back_heads(geo, unit, fwd4, *grads)
+        return sequence(*geo.copies, _back_heads(geo, unit, fwd4, *grads))
     make = (_back_compiled if compiled else _back_numpy)(geo, unit, fwd4, *grads)
-    return _chunked("cpu_attention_back", geo, [(b, c) for b in range(geo.b)
-                                                 for c in range(geo.hkv)], make, compiled)
+    return sequence(*geo.copies, _chunked("cpu_attention_back", geo, [
+        (b, c) for b in range(geo.b) for c in range(geo.hkv)], make, compiled))
 
 
 _back_float = bindable(_back_prepare)

@@ -487,8 +487,8 @@ def unary_back(name: str):
 def binary(name: str):
     """The kernel of binary op `name` of the table: kernel(out, [a, b]) with numpy
     broadcasting. Same-shape contiguous operands run flat; broadcast ones as rows
-    (layout.Rows: a bias over the rows of a matrix, a channel bias over images); other
-    layouts as 4-D views."""
+    (layout.Rows: a bias over the rows of a matrix, a channel bias over images); a
+    transposed operand is copied first (_dense_rows); other layouts as 4-D views."""
     row = table.BINARY[name]
     forward = scalar(row.forward)
     flat, by_rows, general = (specialise(t, name, row.forward, forward=forward)
@@ -501,13 +501,29 @@ def binary(name: str):
         if _flat(out, a, b):
             return call(flat, a.reshape(-1), b.reshape(-1), out.reshape(-1))
         rows = layout.Rows.of(out.shape, [a, b]) if out.flags.c_contiguous else None
+        copies: list = []
+        if rows is None and out.flags.c_contiguous:     # a transposed operand (_dense_rows)
+            a, b = layout.dense(a, copies), layout.dense(b, copies)
+            if _flat(out, a, b):
+                return sequence(*copies, call(flat, a.reshape(-1), b.reshape(-1),
+                                              out.reshape(-1)))
+            rows = layout.Rows.of(out.shape, [a, b])
         if rows is not None:
             (ab, bb), (ar, br), (sa, sb) = rows.bases, rows.offsets, rows.steps
-            return call(by_rows, ab, ar, sa, bb, br, sb, out.reshape(-1), rows.run)
+            return sequence(*copies, call(by_rows, ab, ar, sa, bb, br, sb, out.reshape(-1),
+                                          rows.run))
         return _binary_views(general, np.broadcast_to(a, out.shape),
                              np.broadcast_to(b, out.shape), out)
     prepare.__name__ = f"cpu_{name}"
     return threads.split(bindable(prepare))
+
+
+# _dense_rows: an operand whose last axis is neither contiguous nor broadcast (a transposed
+# or permuted view) is copied C-contiguous first (layout.dense), and the operands then run
+# flat or as rows: as 4-D strided views (the general kernel, now for an output that is not
+# C-contiguous and for operands of different item sizes) numba compiled the op's kernel
+# once more for every combination of the two operands' layouts, 46 compilations in a cold
+# `gradcheck --all` (`python bench/bench_first_run.py --breakdown`, load 5-6).
 
 
 def _flat(out, a, b) -> bool:
@@ -524,9 +540,13 @@ def _binary_half(name, row, forward, flat):
     halves = _half_kernels(_half_binary_flat, name, row.forward, forward)
 
     def plain_call(out, ins, params):
+        copies: list = []
         a, b = ins
+        if out.flags.c_contiguous and a.shape == b.shape == out.shape:     # _dense_rows
+            a, b = layout.dense(a, copies), layout.dense(b, copies)
         if _flat(out, a, b):
-            return call(flat, a.reshape(-1), b.reshape(-1), out.reshape(-1))
+            return sequence(*copies, call(flat, a.reshape(-1), b.reshape(-1),
+                                          out.reshape(-1)))
         return _binary_views(general, np.broadcast_to(a, out.shape),
                              np.broadcast_to(b, out.shape), out)
 

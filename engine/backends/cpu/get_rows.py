@@ -20,6 +20,7 @@ import numba
 from engine.backends.cpu import paths
 from engine.backends.cpu.block import fill_zero
 from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.layout import contiguous
 from engine.errors import RowIndexError
 
 MIN_BAND = 16   # columns (64 bytes of float32: bands of two threads share few cache lines)
@@ -67,14 +68,14 @@ def _checked(op, idx, nrows):
 
 def cpu_get_rows(out, ins):
     """Dispatcher of get_rows: kernel(out, [table, idx])."""
-    table, idx = ins
+    table, idx = (contiguous(a) for a in ins)      # one compiled layout (layout.dense)
     idx2 = _checked("get_rows", idx, table.shape[0])
     _get_rows(table, idx2, out.reshape(idx2.shape + table.shape[1:]))
 
 
 def cpu_get_rows_back(out, ins, nrows):
     """Dispatcher of get_rows_back: kernel(out, [g, idx], nrows)."""
-    g, idx = ins
+    g, idx = (contiguous(a) for a in ins)          # one compiled layout (layout.dense)
     idx2 = _checked("get_rows_back", idx, nrows)
     g3 = g if g.ndim == 3 else g.reshape((1,) + g.shape)
     nc = out.shape[1]

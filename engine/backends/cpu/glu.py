@@ -13,9 +13,11 @@ its own. The product is taken in float64 and rounded once when stored; 16-bit in
 reach the kernel widened to float32 (engine.backends.cpu.half).
 
 Layouts: the halves of a fused input are strided views of it, and split inputs may be
-permuted, sliced or stride-0 views; the kernel reads them through their strides as 4-D
-views (unit axes in front: at most 4 axes, as ggml's tensors), and writes a C-contiguous
-out. It never allocates. An output of at least threads.MIN_ELEMENTS elements (counting
+permuted, sliced or stride-0 views; the kernel reads a fused input's halves through their
+strides as 4-D views (unit axes in front: at most 4 axes, as ggml's tensors), split inputs
+that are not C-contiguous copied first (layout.dense: one compiled layout for all of them,
+where each layout its inputs came in compiled the kernel again), and writes a C-contiguous
+out. An output of at least threads.MIN_ELEMENTS elements (counting
 the inputs) is split along axis 0 into chunks on the engine's threads (`split:cpu_<op>`).
 
 That kernel is the plain twin. The activations of engine.backends.cpu.vector_unary.FAST
@@ -29,14 +31,18 @@ input ran 4.0 times torch's, geglu 3.0, geglu_quick 2.1 (python bench/bench_ops.
 geglu_erf --repeat 7 --threads 1, load 2-6). They take a float32 output, and a 16-bit one
 as its patterns in one pass (patterns.value and rounded: no widened copies); a contiguous
 fused input or contiguous split inputs as rows of flat arrays (`_vector_glu_rows`, whose
-row slices are contiguous, so that the loop vectorises), any other layout as the plain
-kernel's 4-D views (`_vector_glu_4d`).
+row slices are contiguous, so that the loop vectorises), inputs in any other layout
+copied C-contiguous first (layout.dense). Those took a 4-D strided twin of the template,
+compiled again for every layout: 48 compilations, 21 s of CPU of the 202 s a cold
+`gradcheck --all` spent compiling (`python bench/bench_first_run.py --breakdown`, load
+5-6), for layouts that only gradcheck's transposed and sliced cases make.
 """
 
 from __future__ import annotations
 
 from engine import elementwise as table
-from engine.backends.cpu import half, threads
+from engine.backends.calls import sequence
+from engine.backends.cpu import half, layout, threads
 from engine.backends.cpu.elementwise import dispatcher, float64, row_index, scalar, specialise
 from engine.backends.cpu.jit import CONTRACT, call, prange
 from engine.backends.cpu.patterns import as_patterns, rounded, value
@@ -77,36 +83,21 @@ def _vector_glu_rows(a, a0, b, b0, step, out, n, params):
                               * value(br[j], FMT), orow, FMT)
 
 
-def _vector_glu_4d(a, b, out, params):
-    """_vector_glu_rows over 4-D views of out's shape (a, b any strides), as _glu_4d."""
-    d0, d1, d2, d3 = out.shape
-    for r in prange(d0 * d1 * d2):
-        i0, i1, i2 = row_index(r, d1, d2)
-        for i3 in range(d3):
-            out[i0, i1, i2, i3] = rounded(
-                forward(float64(value(a[i0, i1, i2, i3], FMT)), params)  # noqa: F821
-                * value(b[i0, i1, i2, i3], FMT), out, FMT)
-
-
 def _vector_kernels(op: str):
-    """{F16: (rows, 4d), BF16: (rows, 4d)}: the vector templates bound to op's activation's
-    vectorised math (the F16 copies serve float32 too), compiled contracting; None for an
-    activation without any (reglu)."""
+    """{F16: rows, BF16: rows}: the vector template bound to op's activation's vectorised
+    math (the F16 copy serves float32 too), compiled contracting; None for an activation
+    without any (reglu)."""
     fast = FAST.get(ACTIVATIONS[op])
     if fast is None:
         return None
-    return {fmt: tuple(specialise(t, f"{op}_{label}", fast.forward.py_func, options=CONTRACT,
-                                  forward=fast.forward, FMT=fmt)
-                       for t in (_vector_glu_rows, _vector_glu_4d))
+    return {fmt: specialise(_vector_glu_rows, f"{op}_{label}", fast.forward.py_func,
+                            options=CONTRACT, forward=fast.forward, FMT=fmt)
             for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
 
 
 def _flat_rows(out, ins, swapped):
     """(a, a0, b, b0, step): a contiguous fused input [x] or contiguous split inputs [a, b]
-    as flat arrays with their halves' offsets and row length (_vector_glu_rows), or None
-    for any other layout."""
-    if not all(t.flags.c_contiguous for t in ins):
-        return None
+    as flat arrays with their halves' offsets and row length (_vector_glu_rows)."""
     n = out.shape[-1] if out.ndim else 1
     if len(ins) == 2:
         return ins[0].reshape(-1), 0, ins[1].reshape(-1), 0, n
@@ -154,17 +145,17 @@ def glu(op: str):
     vector = _vector_kernels(op)
 
     def plain_call(out, ins, params):
+        copies: list = []
+        if len(ins) == 2:                    # a fused input's halves are strided anyway
+            ins = [layout.dense(t, copies) for t in ins]
         a, b = halves(ins, out.shape[-1] if out.ndim else 1, params["swapped"])
-        return call(kernel, as_4d(a), as_4d(b), as_4d(out))
+        return sequence(*copies, call(kernel, as_4d(a), as_4d(b), as_4d(out)))
 
     def vector_call(out, ins, params, fmt):
-        rows, general = vector[fmt]
-        flat = _flat_rows(out, ins, params["swapped"])
-        if flat is not None:
-            a, a0, b, b0, step = flat
-            return call(rows, as_patterns(a), a0, as_patterns(b), b0, step,
-                        as_patterns(out).reshape(-1), out.shape[-1] if out.ndim else 1, ())
-        a, b = halves(ins, out.shape[-1] if out.ndim else 1, params["swapped"])
-        return call(general, as_patterns(as_4d(a)), as_patterns(as_4d(b)),
-                    as_patterns(as_4d(out)), ())
+        copies: list = []
+        ins = [layout.dense(t, copies) for t in ins]
+        a, a0, b, b0, step = _flat_rows(out, ins, params["swapped"])
+        return sequence(*copies, call(
+            vector[fmt], as_patterns(a), a0, as_patterns(b), b0, step,
+            as_patterns(out).reshape(-1), out.shape[-1] if out.ndim else 1, ()))
     return dispatcher(op, plain_call, vector and vector_call, native=True, chunks=glu_chunks)

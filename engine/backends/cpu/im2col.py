@@ -51,6 +51,7 @@ import numpy as np
 
 from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import parallel_kernel, prange
+from engine.backends.cpu.layout import contiguous
 
 # the largest window side (per axis) given its own compiled kernels; each size compiles once
 # per dtype and layout (about 1-2 s) and is cached on disk
@@ -226,6 +227,15 @@ def _im2col_back_rows(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
                 out[y, xx] = acc[y, xx]
 
 
+# The dispatchers copy an image or column gradient that is not C-contiguous first
+# (layout.contiguous): numba compiles a kernel once per layout of its arrays, and these
+# once per window size too, so transposed and sliced images and gradients (gradcheck's
+# cases) made 25 of the 73 compilations of _im2col and _im2col_back in a cold `gradcheck
+# --all`, about 8 s of CPU (`python bench/bench_first_run.py --breakdown`, load 5-6). The
+# plain twin's transposed views of NKHW columns are made after, from the copy: that twin
+# keeps its own layout.
+
+
 def window_size(k: int):
     """What the kernels take for a window side k: a tuple of k zeros (k compiled into the
     kernel) up to STATIC_WINDOW, an array of k zeros (k read at run time) beyond."""
@@ -252,8 +262,9 @@ def _window_args(stride, padding, dilation) -> tuple:
 @threads.split
 def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype, layout="NHWK"):
     """Dispatcher of im2col: kernel(out, [x], **params); out has the columns' dtype, and
-    the shape of `layout`: (N, OH, OW, K) or, NKHW, (N, K, OH, OW)."""
-    (x,) = ins
+    the shape of `layout`: (N, OH, OW, K) or, NKHW, (N, K, OH, OW). An image that is not
+    C-contiguous is copied first (layout.contiguous)."""
+    x = contiguous(ins[0])
     if layout == "NKHW":
         if not paths.PLAIN:
             paths.taken("im2col:rows")
@@ -268,8 +279,9 @@ def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype, layout="NHWK"
 def cpu_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype,
                     layout="NHWK"):
     """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype, g
-    the columns' shape in `layout` (see cpu_im2col)."""
-    (g,) = ins
+    the columns' shape in `layout` (see cpu_im2col); g copied first where it is not
+    C-contiguous (layout.contiguous)."""
+    g = contiguous(ins[0])
     if layout == "NKHW":
         if not paths.PLAIN:
             paths.taken("im2col_back:rows")

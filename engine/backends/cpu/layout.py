@@ -166,3 +166,35 @@ def copy_call(out, x):
             paths.taken("copy:tiled")
             return functools.partial(_transpose_tiles, src, out.reshape(nb, nr, nc))
     return functools.partial(np.copyto, out, x)
+
+
+def dense(a: np.ndarray, copies: list) -> np.ndarray:
+    """`a` itself where it is C-contiguous, else a new C-contiguous array of its shape and
+    dtype, the call that fills it from `a` when the kernel runs (copy_call) appended to
+    `copies`. For dispatchers whose kernels would otherwise be compiled once more for every
+    layout their inputs come in (numba types an array by its layout: C, F or any):
+    copied at the dispatch boundary, a kernel has one machine code for every layout, and
+    gradcheck's cases with transposed, sliced and broadcast inputs and upstream gradients
+    check that one (docs/performance.md, "Start-up and the first run"). A read-only `a`
+    gets a read-only view of its copy: numba types writability too, and the kernel then
+    sees the type a contiguous read-only input of the same place gives it."""
+    if a.flags.c_contiguous:
+        return a
+    out = np.empty(a.shape, a.dtype)
+    copies.append(copy_call(out, a))
+    if not a.flags.writeable:
+        out = out.view()
+        out.flags.writeable = False
+    return out
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """`a`, or a C-contiguous copy of it made now (read-only where `a` is), for the
+    dispatchers that run their kernel at once (no bind): `dense`'s reason, its copy taken
+    when the call reads the data."""
+    if a.flags.c_contiguous:
+        return a
+    out = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        out.flags.writeable = False
+    return out

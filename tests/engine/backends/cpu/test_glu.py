@@ -1,10 +1,11 @@
 """The GLU family's vector kernels (engine.backends.cpu.glu, the path `vector:<op>`):
 act(a) b from the activations' vectorised float64 math, rounded once, within 0.5001 ulp of
 float32 of the float64 reference over a dense sample of every exponent, in both layouts
-(rows of a contiguous input, 4-D views of a strided one); a gate of 1 gives the bits of
-the activation's own vector kernel (whose every float32 input tests/engine/backends/cpu/
-test_vector_unary.py checks), in float32 and on all 2^16 patterns of each 16-bit format;
-the scale cases take the vector kernels and plain mode the row's libm math."""
+(rows of a contiguous input; strided inputs copied contiguous first, the same bits); a
+gate of 1 gives the bits of the activation's own vector kernel (whose every float32 input
+tests/engine/backends/cpu/test_vector_unary.py checks), in float32 and on all 2^16
+patterns of each 16-bit format; the scale cases take the vector kernels and plain mode
+the row's libm math."""
 
 from __future__ import annotations
 
@@ -75,8 +76,9 @@ def sample():
 def test_products_within_half_an_ulp(op, layout, sample):
     """act(a) b within ULPS of the float64 reference on every exponent of a (the dense
     sample of test_vector_unary), b uniform in [-2, 2]: the fused layout (a contiguous x,
-    swapped) by rows, a transposed a and a strided b by 4-D views; NaN where the truth is,
-    the infinity of its sign beyond float32's range."""
+    swapped) by rows, a transposed a and a strided b copied contiguous first (the bits
+    of the contiguous split inputs'); NaN where the truth is, the infinity of its sign
+    beyond float32's range."""
     a, b = sample
     if layout == "fused":
         out, taken = _glu(op, [np.concatenate([b, a], axis=1)], a.shape, np.float32, True)
@@ -84,6 +86,8 @@ def test_products_within_half_an_ulp(op, layout, sample):
         at = np.ascontiguousarray(a.T).T          # a transposed view of a's values
         bs = np.repeat(b, 2, axis=1)[:, ::2]      # every second column of b's double
         out, taken = _glu(op, [at, bs], a.shape, np.float32)
+        dense, _ = _glu(op, [a, b], a.shape, np.float32)
+        assert np.array_equal(out.view(np.uint32), dense.view(np.uint32))
     assert taken[f"vector:{op}"] > 0, sorted(taken)
     t = np.empty(a.size)
     _reference(ACTIVATIONS[op])(a.reshape(-1), b.reshape(-1), t)

@@ -1,4 +1,5 @@
-"""engine.backends.cpu.layout: copies of transposed views (copy_call)."""
+"""engine.backends.cpu.layout: copies of transposed views (copy_call), and the dispatchers'
+contiguous copies of strided inputs (dense, contiguous)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,36 @@ def test_the_executors_copy_of_a_view_tiles_big_transposes(dtype):
             CPU.bind_copy(plain_out, view)()
         assert not taken
         assert_same_bits(plain_out, out)
+
+
+@pytest.mark.parametrize("writeable", [True, False])
+def test_dense_copies_a_strided_view_when_the_call_runs(writeable):
+    """dense: a C-contiguous array is passed as it is (no copy); a transposed or sliced one
+    gets a C-contiguous array whose copy is filled by the call it adds, from the data the
+    view holds when the call runs; read-only where the view is (numba types writability)."""
+    source = np.arange(24.0).reshape(4, 6)
+    copies: list = []
+    assert layout.dense(source, copies) is source and not copies
+    for view in (source.T, source[:, ::2], np.broadcast_to(source[:1], (4, 6))):
+        if not writeable:
+            view = view.view()
+            view.flags.writeable = False
+        copies = []
+        got = layout.dense(view, copies)
+        assert got.flags.c_contiguous and got.shape == view.shape and len(copies) == 1
+        assert got.flags.writeable == view.flags.writeable
+        source += 1                                    # the data as the call will see it
+        copies[0]()
+        np.testing.assert_array_equal(got, view)
+        source -= 1
+
+
+def test_contiguous_copies_now_and_keeps_read_only():
+    """contiguous: the same, the copy made at once (for dispatchers that run at once)."""
+    source = np.arange(12.0).reshape(3, 4)
+    assert layout.contiguous(source) is source
+    view = source.T
+    view.flags.writeable = False
+    got = layout.contiguous(view)
+    assert got.flags.c_contiguous and not got.flags.writeable
+    np.testing.assert_array_equal(got, view)
