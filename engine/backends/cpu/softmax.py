@@ -13,9 +13,11 @@ elements run as ranges of rows on the engine's threads (the fast path split:cpu_
 its plain twin is one range).
 
 The masked softmax sees x and out as 4-D (B, H, R, C) (leading axes of size 1 prepended;
-H, axis 1, the heads) and the mask as numpy's broadcast of it to that shape: a strided view
-whose broadcast axes have stride 0, so a mask shared by every batch and head is read in
-place, never copied (ggml's mask of shape (rows, C) broadcast over dims 2 and 3). Row r of
+H, axis 1, the heads) and the mask as numpy's broadcast of it to that shape, given to the
+kernels as the mask's flat memory and the broadcast's element strides (broadcast axes of
+stride 0), so a mask shared by every batch and head is read in place, never copied (ggml's
+mask of shape (rows, C) broadcast over dims 2 and 3), and a contiguous mask row as a
+contiguous slice (_masked_logits). Row r of
 head h computes, in its work type (float64 for float rows; float32 for 16-bit ones, read and
 written as their patterns like the unmasked rows),
 
@@ -60,6 +62,7 @@ from engine.backends.cpu.jit import (
     kernel,
     prange,
 )
+from engine.backends.cpu.layout import flat_base
 from engine.backends.cpu.patterns import (
     as_patterns,
     dot_any_order,
@@ -143,24 +146,36 @@ def _row_place(x, r, max_bias):
 
 
 @kernel
-def _masked_logits(xr, mr, s, slope, er, fmt):
-    """z_j = s xr[j] + slope mr[j] into the scratch row er (s and slope in er's type), and
-    max_j z_j (float64). One strided pass over the mask row (a broadcast mask has stride 0
-    across heads and batches), then the maximum by integer keys over the contiguous er
-    (row_extreme), which vectorises where a float maximum does not; -inf for an empty
-    row (row_extreme reads one element)."""
+def _masked_logits(xr, mask, ms, a, h, i, s, slope, er, fmt):
+    """z_j = s xr[j] + slope m_j into the scratch row er (s and slope in er's type), and
+    max_j z_j (float64). The mask row (a, h, i) read from its flat memory `mask` through
+    element strides ms (broadcast axes: stride 0): m_j = mask[at + j ms[3]], a contiguous
+    slice where ms[3] is 1, which numba knows to be contiguous and vectorises (the 4-D
+    broadcast view's row, of unknown stride, it did not: the pass took 4.8 ms of the sink
+    gradient's 8.3 over (8, 512, 512) float16, one thread). Then the maximum by integer
+    keys over the contiguous er (row_extreme), which vectorises where a float maximum does
+    not; -inf for an empty row (row_extreme reads one element)."""
     n = xr.shape[0]
     if n == 0:
         return -np.inf
-    for j in range(n):
-        er[j] = s * value(xr[j], fmt) + slope * value(mr[j], fmt)
+    at = a * ms[0] + h * ms[1] + i * ms[2]
+    if ms[3] == 1:
+        mr = mask[at:at + n]
+        for j in range(n):
+            er[j] = s * value(xr[j], fmt) + slope * value(mr[j], fmt)
+    else:
+        step = ms[3]
+        for j in range(n):
+            er[j] = s * value(xr[j], fmt) + slope * value(mask[at + j * step], fmt)
     return row_extreme(er, n, fmt, False)
 
 
 @contracting
-def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo, hi, fmt):
-    """Rows lo..hi-1 of (B, H, R, C) x and out (rows in C order over B, H, R; the mask of
-    that shape, possibly with zero strides): out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
+def _softmax_masked_rows(x, mask, ms, sinks, has_sinks, out, e, scale, max_bias, lo, hi,
+                         fmt):
+    """Rows lo..hi-1 of (B, H, R, C) x and out (rows in C order over B, H, R; the mask
+    broadcast to that shape, as its flat memory and element strides ms: _masked_logits):
+    out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
     exp(sink_h - m)), z = s x + slope_h mask, m = max(max_k z_k, sink_h), the sink terms
     only if has_sinks (module doc). As _softmax_rows: the rows cut into e.shape[0] parts,
     part p's logits and then exponentials in scratch row e[p] (of x's work type: float64
@@ -171,7 +186,7 @@ def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo,
         er = e[p]
         for r in range(lo + p * per, min(hi, lo + (p + 1) * per)):
             a, h, i, slope = _row_place(x, r, max_bias)
-            m = work(_masked_logits(x[a, h, i], mask[a, h, i], work(scale, x),
+            m = work(_masked_logits(x[a, h, i], mask, ms, a, h, i, work(scale, x),
                                     work(slope, x), er, fmt), x)
             sink = work(value(sinks[h], fmt), x) if has_sinks else work(-np.inf, x)
             m = max(m, sink)
@@ -187,8 +202,9 @@ def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo,
 
 
 @contracting
-def _sink_grad_rows(g, x, mask, sinks, part, e, prec, scale, max_bias, lo, hi, fmt):
-    """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask,
+def _sink_grad_rows(g, x, mask, ms, sinks, part, e, prec, scale, max_bias, lo, hi, fmt):
+    """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask (as
+    _softmax_masked_rows takes it),
     with y and p_sink = exp(sink_h - m) / normaliser recomputed as _softmax_masked_rows
     computes them, but in float64 (scratch e of float64 rows, cut in parts as there) and
     never rounded to x's dtype; the exponentials exp_into's for an element of `prec` (libm
@@ -199,7 +215,8 @@ def _sink_grad_rows(g, x, mask, sinks, part, e, prec, scale, max_bias, lo, hi, f
         er = e[p]
         for r in range(lo + p * per, min(hi, lo + (p + 1) * per)):
             a, h, i, slope = _row_place(x, r, max_bias)
-            m = _masked_logits(x[a, h, i], mask[a, h, i], np.float64(scale), slope, er, fmt)
+            m = _masked_logits(x[a, h, i], mask, ms, a, h, i, np.float64(scale), slope, er,
+                               fmt)
             sink = np.float64(value(sinks[h], fmt))
             m = max(m, sink)
             for j in range(n):
@@ -306,10 +323,18 @@ def _split_rows(name, arrays, make):
 
 
 def _masked_views(x, mask, op):
-    """x (C-contiguous, at most 4 axes) as 4-D (B, H, R, C) and the mask broadcast to it."""
+    """x (C-contiguous, at most 4 axes) as 4-D (B, H, R, C), and the mask broadcast to it
+    as the kernels read it: its patterns' flat memory and the broadcast's element strides
+    (never copied: a mask shared by every batch and head is read in place)."""
     as_rows(x, op)              # checks that x is C-contiguous
     x4 = as_4d(x)
-    return x4, np.broadcast_to(mask, x4.shape)
+    m = as_patterns(mask)
+    flat = flat_base(m)
+    if flat is None:
+        raise BackendError(f"{op}: the cpu kernel needs a mask of non-negative strides, got "
+                           f"strides {mask.strides} for shape {list(mask.shape)}")
+    strides = np.broadcast_to(m, x4.shape).strides
+    return x4, flat, tuple(st // m.itemsize for st in strides)
 
 
 def _no_sinks(x4):
@@ -325,12 +350,12 @@ def scratch_rows(rows, n, dtype):
 
 def _cpu_softmax_masked(out, ins, scale, max_bias):
     x, mask, *sinks = ins
-    x4, m4 = _masked_views(x, mask, "softmax")
+    x4, mflat, ms = _masked_views(x, mask, "softmax")
     sk = sinks[0] if sinks else _no_sinks(x4)
     rows = x4.size // max(1, x4.shape[3])
     fmt = fmt_of(x)
     return threads.side_by_side([
-        call(_softmax_masked_rows, as_patterns(x4), as_patterns(m4), as_patterns(sk),
+        call(_softmax_masked_rows, as_patterns(x4), mflat, ms, as_patterns(sk),
              bool(sinks), as_patterns(as_4d(out)), scratch_rows(hi - lo, x4.shape[3],
                                                             work_dtype(x)),
              float(scale), float(max_bias), lo, hi, fmt)
@@ -374,7 +399,7 @@ def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     each head's sink (module doc). A scratch of one float64 per row holds the rows' terms;
     16-bit arrays are read as their patterns and out rounded once, on store."""
     g, x, mask, sinks = ins
-    x4, m4 = _masked_views(x, mask, "softmax_sink_back")
+    x4, mflat, ms = _masked_views(x, mask, "softmax_sink_back")
     g4 = as_4d(as_rows(g, "softmax_sink_back").reshape(x.shape))
     nb, nh, nr, n = x4.shape
     part = np.empty(nb * nh * nr, np.float64)
@@ -382,9 +407,9 @@ def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     # exp_into's accuracy for out's dtype: libm for float64, the polynomial otherwise
     prec = np.empty(0, np.float64 if x.dtype == np.float64 else np.float32)
     rows = threads.side_by_side([
-        call(_sink_grad_rows, as_patterns(g4), as_patterns(x4), as_patterns(m4),
-             as_patterns(sinks), part, scratch_rows(hi - lo, n, np.float64), prec, float(scale),
-             float(max_bias), lo, hi, fmt)
+        call(_sink_grad_rows, as_patterns(g4), as_patterns(x4), mflat, ms, as_patterns(sinks),
+             part, scratch_rows(hi - lo, n, np.float64), prec, float(scale), float(max_bias),
+             lo, hi, fmt)
         for lo, hi in threads.row_ranges("cpu_softmax_sink_back", part.size, 2 * x.size)])
     heads = call(_sum_heads, part, as_patterns(out).reshape(-1), nb, nh, nr, fmt)
 
