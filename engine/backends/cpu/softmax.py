@@ -54,6 +54,7 @@ from numba.extending import overload
 
 from engine.backends.alibi_math import alibi_slope
 from engine.backends.cpu import paths, threads
+from engine.backends.cpu.half import F16
 from engine.backends.cpu.jit import (
     any_order_contracting,
     bindable,
@@ -71,9 +72,11 @@ from engine.backends.cpu.patterns import (
     fmt_of,
     native_half,
     rounded,
+    rounded_number,
     row_extreme,
     sum_any_order,
     value,
+    value_number,
     value_sum_any_order,
     work,
     work_dtype,
@@ -114,6 +117,21 @@ def row_logsumexp(xr, n, fmt, dst):
     return m + np.log(exp_sum(xr, n, m, fmt, dst))
 
 
+@kernel
+def _store_normalised(er, inv, total, orow, n, fmt):
+    """orow[j] = er[j] inv, rounded once, for j < n: the exponentials of a row normalised
+    by inv = 1 / total, total their sum (with a sink's). A finite total means every er[j]
+    was finite (they are at most 1), so the products are stored without the NaN fix-ups
+    (patterns.rounded_number: the same bits; a row with a NaN takes rounded): the store
+    pass of 16-bit rows took most of its time in them."""
+    if math.isfinite(total):
+        for j in range(n):
+            orow[j] = rounded_number(er[j] * inv, orow, fmt)
+    else:
+        for j in range(n):
+            orow[j] = rounded(er[j] * inv, orow, fmt)
+
+
 @contracting
 def _softmax_rows(x, out, scale, e, fmt):
     """out[r, j] = exp(s x[r, j] - m_r) / sum_k exp(s x[r, k] - m_r), m_r = max_k s x[r, k].
@@ -131,9 +149,8 @@ def _softmax_rows(x, out, scale, e, fmt):
             m = s * row_extreme(xr, n, fmt, s < 0)    # max_k s x[r, k]: rounding is monotone
             for j in range(n):
                 er[j] = exp_into(s * value(xr[j], fmt) - m, orow)
-            inv = work(1.0 / sum_any_order(er, n), x)
-            for j in range(n):
-                orow[j] = rounded(er[j] * inv, orow, fmt)
+            total = sum_any_order(er, n)
+            _store_normalised(er, work(1.0 / total, x), total, orow, n, fmt)
 
 
 @kernel
@@ -196,9 +213,7 @@ def _softmax_masked_rows(x, mask, ms, sinks, has_sinks, out, e, scale, max_bias,
             total = sum_any_order(er, n)
             if has_sinks:
                 total += exp_into(sink - m, orow)
-            inv = work(1.0 / total, x)
-            for j in range(n):
-                orow[j] = rounded(er[j] * inv, orow, fmt)
+            _store_normalised(er, work(1.0 / total, x), total, orow, n, fmt)
 
 
 @contracting
@@ -240,6 +255,23 @@ def _sum_heads(part, out, nb, nh, nr, fmt):
         out[h] = rounded(total, out, fmt)
 
 
+# the largest |s| for which s y is finite in float32 for every float16 y (|y| <= 65504)
+_S_MAX = 3.4e38 / 65504.0
+
+
+def float16_patterns(arr, fmt):
+    """Whether `arr` holds float16 patterns (a compile-time constant for float arrays, so
+    their kernels compile as before). Compiled code only."""
+    raise NotImplementedError("softmax.float16_patterns runs inside numba kernels only")
+
+
+@overload(float16_patterns, inline="always")
+def _float16_patterns(arr, fmt):
+    if isinstance(arr.dtype, types.Integer):
+        return lambda arr, fmt: fmt == F16
+    return lambda arr, fmt: False
+
+
 @contracting
 def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
     """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k]), the sum in float64
@@ -251,10 +283,21 @@ def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
         yr = y[r]
         orow = out[r]
         inv = 1.0 / value_sum_any_order(yr, n, fmt) if renormalize else 1.0
-        dot = work(dot_any_order(gr, yr, n, fmt) * inv, y)
+        wide = dot_any_order(gr, yr, n, fmt) * inv
+        dot = work(wide, y)
         s = work(scale * inv, y)
-        for j in range(n):
-            orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow, fmt)
+        if float16_patterns(y, fmt) and math.isfinite(wide) and abs(s) <= _S_MAX:
+            # a finite dot means every g[r, j] and y[r, j] finite (an infinite or NaN one
+            # makes the sum inf or NaN), float16's at most 65504: s y and g - dot are
+            # finite, so is the product or it overflows (never a NaN); read and stored
+            # without the NaN fix-ups (patterns.value_number, rounded_number: the same bits)
+            for j in range(n):
+                orow[j] = rounded_number(s * value_number(yr[j], fmt)
+                                         * (value_number(gr[j], fmt) - dot), orow, fmt)
+        else:
+            for j in range(n):
+                orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow,
+                                  fmt)
 
 
 @contracting
