@@ -319,8 +319,11 @@ register(OpDef("cont", params={},
                torch=lambda x: x.contiguous(), samples=_cont_samples, strategy=_cont_strategy,
                doc="contiguous copy"))
 def _broadcast_to_scale():
-    """Scale case: a row broadcast to SQUARE (its gradient: the sum over 1031 rows)."""
-    return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE)]
+    """Scale cases: a row broadcast to SQUARE (its gradient: the sum over 1031 rows); one
+    value broadcast to 16.1 MiB of float32, the size from which the threads' writes
+    stream (block.STREAM_MIN_BYTES: broadcast:streaming)."""
+    return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE),
+            scale_case("broadcast_to", [InputSpec("x", (1,))], shape=(2048, 2063))]
 
 
 def _broadcast_to_bench():

@@ -12,8 +12,8 @@ strides and offsets, and copy a row as a slice of it: numba then knows that a ro
 stride is contiguous and vectorises the copy (it does not for a strided 'A'-layout array).
 Negative or zero strides (never made by the engine) go to numpy. `fill_zero(out)` zeroes a
 contiguous buffer in parallel. `broadcast_block(dst, src)` writes a numpy broadcast of src
-into a contiguous dst where the broadcast is a fill or whole rows (see there). None of them
-allocates.
+into a contiguous dst, by streaming stores where it is big and a fill or whole rows (see
+there). None of them allocates.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from engine.backends.cpu import paths
+from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import kernel, parallel_kernel, prange
 from engine.backends.cpu.layout import coalesce, flat_base
 
@@ -81,27 +81,16 @@ def fill_zero(out: np.ndarray) -> None:
     _fill_zero(out.reshape(-1))
 
 
-@kernel
-def _broadcast_rows(src, s0, s1, dst, rows, n):
-    """dst[i n + j] = src[i s0 + j s1] for i < rows, j < n (element strides; s1 is 0 or
-    1): a row is a fill of one value or a contiguous copy, both loops that vectorise."""
-    for i in range(rows):
-        d = dst[i * n:(i + 1) * n]
-        if s1 == 0:
-            v = src[i * s0]
-            for j in range(n):
-                d[j] = v
-        else:
-            row = src[i * s0:i * s0 + n]
-            for j in range(n):
-                d[j] = row[j]
-
-
 # Streaming (non-temporal) stores: a vector written to memory without first reading its
 # cache line in (an ordinary store reads the line, then writes it back: twice the memory
 # traffic for a buffer larger than the caches). On x86 only, where they are measured.
 STREAM_BYTES = 32                  # a streaming store's vector: 32-byte aligned
-STREAM_MIN_BYTES = 1 << 20         # destinations (a thread's chunk) streamed from this size
+# Streamed where the engine's threads write this many bytes together (a chunk's times the
+# thread count): a buffer that fits the shared cache is read back faster from there. One
+# thread's CPU filling a preallocated float32 buffer (2-core machine, load 8, median of 15,
+# alternating in one process), ordinary stores / streaming: 4 MB 0.36 / 0.81 ms, 8 MB
+# 0.93 / 1.52, 16 MB 1.99 / 2.21, 32 MB 3.89 / 1.93, 64 MB 7.77 / 3.12.
+STREAM_MIN_BYTES = 16 << 20
 STREAMING = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -160,9 +149,11 @@ def _store_fence(typingctx):
 
 @kernel
 def _broadcast_rows_streaming(src, s0, s1, dst, rows, n):
-    """_broadcast_rows with streaming stores: each row's elements before its first
-    STREAM_BYTES boundary and after its last whole vector by ordinary stores, the vectors
-    between by _stream_splat (a fill) or _stream_copy; a store fence at the end."""
+    """dst[i n + j] = src[i s0 + j s1] for i < rows, j < n (element strides; s1 is 0 or
+    1: a row is a fill of one value or a contiguous copy), by streaming stores: each row's
+    elements before its first STREAM_BYTES boundary and after its last whole vector by
+    ordinary stores, the vectors between by _stream_splat (a fill) or _stream_copy; a
+    store fence at the end."""
     w = STREAM_BYTES // dst.itemsize
     for i in range(rows):
         d = dst[i * n:(i + 1) * n]
@@ -190,38 +181,38 @@ def _broadcast_rows_streaming(src, s0, s1, dst, rows, n):
 def broadcast_block(dst: np.ndarray, src: np.ndarray) -> None:
     """dst = numpy's broadcast of src to dst's shape, dst C-contiguous and of src's dtype.
 
-    Where the broadcast coalesces to at most two axes, the inner one read contiguously or
-    not at all (a single value everywhere: sum's gradient over all axes; a column of
-    values, each filling a row: over the last axis; a row repeated), compiled loops write
-    dst row by row (the fast path broadcast:rows), a destination of STREAM_MIN_BYTES or
-    more by streaming stores (broadcast:streaming): numpy's copy from the stride-0 view,
-    and even ndarray.fill, write an element at a time, and an ordinary store reads each
+    Where the engine's threads write STREAM_MIN_BYTES or more together and the broadcast
+    coalesces to at most two axes, the inner one read contiguously or not at all (a single
+    value everywhere: sum's gradient over all axes; a column of values, each filling a
+    row: over the last axis; a row repeated), a compiled loop writes dst row by row with
+    streaming stores (the fast path broadcast:streaming): an ordinary store reads each
     cache line before writing it. Filling a preallocated (4096, 4096) float32, one
     thread's CPU time (2-core machine at load 5, median of 15, alternating in one
-    process): ndarray.fill 8.7 ms, the compiled loop 7.6, streaming 3.3. Anything else,
-    and plain mode, is numpy's copy (the plain twin)."""
+    process): ndarray.fill 8.7 ms, the same loop with ordinary stores 7.6, streaming 3.3.
+    Anything else is numpy's: a single value by ndarray.fill, the rest by numpy's copy
+    from the stride-0 view (in the caches, at 4-8 MB, faster than the compiled loop with
+    ordinary stores); plain mode copies (the plain twin)."""
     if dst.size == 0:
         return
     view = np.broadcast_to(src, dst.shape)
     item = dst.itemsize
     dims = coalesce(dst.shape, view.strides, dst.strides)
     base = flat_base(src)
-    fast = (not paths.PLAIN and dst.flags.c_contiguous and base is not None
+    fast = (not paths.PLAIN and STREAMING and dst.flags.c_contiguous and base is not None
             and dst.dtype == src.dtype and len(dims) <= 2
             and all(st[0] % item == 0 for _, st in dims)
-            and (not dims or dims[-1][1][0] in (0, item)))
-    if not fast:
-        np.copyto(dst, view)
-        return
-    dims = [(1, [0, 0])] * (2 - len(dims)) + dims
-    (rows, (s0, _)), (n, (s1, _)) = dims
-    args = (base, s0 // item, s1 // item, dst.reshape(-1), rows, n)
-    if STREAMING and dst.nbytes >= STREAM_MIN_BYTES and dst.ctypes.data % item == 0:
+            and (not dims or dims[-1][1][0] in (0, item))
+            and dst.nbytes * threads.parts() >= STREAM_MIN_BYTES
+            and dst.ctypes.data % item == 0)
+    if fast:
         paths.taken("broadcast:streaming")
-        _broadcast_rows_streaming(*args)
+        dims = [(1, [0, 0])] * (2 - len(dims)) + dims
+        (rows, (s0, _)), (n, (s1, _)) = dims
+        _broadcast_rows_streaming(base, s0 // item, s1 // item, dst.reshape(-1), rows, n)
+    elif src.size == 1 and not paths.PLAIN:
+        dst.fill(src.reshape(-1)[0])
     else:
-        paths.taken("broadcast:rows")
-        _broadcast_rows(*args)
+        np.copyto(dst, view)
 
 
 def _span(a):
