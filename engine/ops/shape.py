@@ -12,6 +12,7 @@ import numpy as np
 
 from engine.backends.cpu import elementwise as cpu
 from engine.backends.cpu import threads
+from engine.backends.cpu.block import broadcast_block
 from engine.backends.cpu.patterns import as_patterns, native_half
 from engine.errors import ParamError, ShapeError
 from engine.ops.broadcast import broadcast_shapes, sum_to
@@ -158,14 +159,10 @@ def broadcast_to(x, shape):
 def cpu_broadcast_to(out, ins, shape):
     """A copy, of 16-bit floats as their patterns (nothing to widen; numpy copies
     ml_dtypes' bfloat16 element by element, uint16 as memory), broadcast to out's shape
-    (a chunk's, when split); a single element by a fill, which writes (4096, 4096) float32
-    in half the time of numpy's copy from a stride-0 view (3.2 ms against 7.5 ms, one
-    thread's CPU time on the 2-core machine): sum's gradient over all axes."""
-    x, dst = as_patterns(ins[0]), as_patterns(out)
-    if x.size == 1:
-        dst.fill(x.reshape(-1)[0])
-    else:
-        np.copyto(dst, np.broadcast_to(x, out.shape))
+    (a chunk's, when split): block.broadcast_block, whose compiled rows fill or copy
+    (sum's gradient over all axes is one value everywhere, over the last axis a value per
+    row)."""
+    broadcast_block(as_patterns(out), as_patterns(ins[0]))
 
 
 # big outputs in chunks along axis 0 on the engine's threads (split:cpu_broadcast_to): the
@@ -322,8 +319,11 @@ register(OpDef("cont", params={},
                torch=lambda x: x.contiguous(), samples=_cont_samples, strategy=_cont_strategy,
                doc="contiguous copy"))
 def _broadcast_to_scale():
-    """Scale case: a row broadcast to SQUARE (its gradient: the sum over 1031 rows)."""
-    return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE)]
+    """Scale cases: a row broadcast to SQUARE (its gradient: the sum over 1031 rows); one
+    value broadcast to 16.1 MiB of float32, the size from which the threads' writes
+    stream (block.STREAM_MIN_BYTES: broadcast:streaming)."""
+    return [scale_case("broadcast_to", [InputSpec("x", (SQUARE[1],))], shape=SQUARE),
+            scale_case("broadcast_to", [InputSpec("x", (1,))], shape=(2048, 2063))]
 
 
 def _broadcast_to_bench():

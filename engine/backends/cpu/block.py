@@ -11,15 +11,23 @@ The kernels see each array as the 1-D C-contiguous span of memory it covers, wit
 strides and offsets, and copy a row as a slice of it: numba then knows that a row with unit
 stride is contiguous and vectorises the copy (it does not for a strided 'A'-layout array).
 Negative or zero strides (never made by the engine) go to numpy. `fill_zero(out)` zeroes a
-contiguous buffer in parallel. None of them allocates.
+contiguous buffer in parallel. `broadcast_block(dst, src)` writes a numpy broadcast of src
+into a contiguous dst, by streaming stores where it is big and a fill or whole rows (see
+there). None of them allocates.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import platform
 
-from engine.backends.cpu.jit import parallel_kernel, prange
-from engine.backends.cpu.layout import coalesce
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from engine.backends.cpu import paths, threads
+from engine.backends.cpu.jit import kernel, parallel_kernel, prange
+from engine.backends.cpu.layout import coalesce, flat_base
 
 as_strided = np.lib.stride_tricks.as_strided
 
@@ -71,6 +79,140 @@ def _fill_zero(out):
 def fill_zero(out: np.ndarray) -> None:
     """out[...] = 0 for a C-contiguous out."""
     _fill_zero(out.reshape(-1))
+
+
+# Streaming (non-temporal) stores: a vector written to memory without first reading its
+# cache line in (an ordinary store reads the line, then writes it back: twice the memory
+# traffic for a buffer larger than the caches). On x86 only, where they are measured.
+STREAM_BYTES = 32                  # a streaming store's vector: 32-byte aligned
+# Streamed where the engine's threads write this many bytes together (a chunk's times the
+# thread count): a buffer that fits the shared cache is read back faster from there. One
+# thread's CPU filling a preallocated float32 buffer (2-core machine, load 8, median of 15,
+# alternating in one process), ordinary stores / streaming: 4 MB 0.36 / 0.81 ms, 8 MB
+# 0.93 / 1.52, 16 MB 1.99 / 2.21, 32 MB 3.89 / 1.93, 64 MB 7.77 / 3.12.
+STREAM_MIN_BYTES = 16 << 20
+STREAMING = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _nontemporal(builder, store):
+    store.set_metadata("nontemporal",
+                       builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+
+
+@intrinsic
+def _stream_splat(typingctx, arr, i, v):
+    """arr[i:i + w] = v (w = STREAM_BYTES / itemsize, &arr[i] aligned to STREAM_BYTES)
+    in one streaming store. Compiled code only."""
+    def codegen(context, builder, signature, args):
+        arrty = signature.args[0]
+        a = context.make_array(arrty)(context, builder, args[0])
+        elt = context.get_value_type(arrty.dtype)
+        vty = ir.VectorType(elt, STREAM_BYTES // context.get_abi_sizeof(elt))
+        x = context.cast(builder, args[2], signature.args[2], arrty.dtype)
+        vec = ir.Constant(vty, ir.Undefined)
+        for k in range(vty.count):
+            vec = builder.insert_element(vec, x, ir.Constant(ir.IntType(32), k))
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), vty.as_pointer())
+        _nontemporal(builder, builder.store(vec, ptr, align=STREAM_BYTES))
+        return context.get_dummy_value()
+    return types.void(arr, i, v), codegen
+
+
+@intrinsic
+def _stream_copy(typingctx, dst, i, src, j):
+    """dst[i:i + w] = src[j:j + w] (w as _stream_splat's, &dst[i] aligned, src any): an
+    unaligned load, one streaming store. Compiled code only."""
+    def codegen(context, builder, signature, args):
+        dty, sty = signature.args[0], signature.args[2]
+        d = context.make_array(dty)(context, builder, args[0])
+        s = context.make_array(sty)(context, builder, args[2])
+        elt = context.get_value_type(dty.dtype)
+        size = context.get_abi_sizeof(elt)
+        vty = ir.VectorType(elt, STREAM_BYTES // size)
+        src_ptr = builder.bitcast(builder.gep(s.data, [args[3]]), vty.as_pointer())
+        vec = builder.load(src_ptr, align=size)
+        dst_ptr = builder.bitcast(builder.gep(d.data, [args[1]]), vty.as_pointer())
+        _nontemporal(builder, builder.store(vec, dst_ptr, align=STREAM_BYTES))
+        return context.get_dummy_value()
+    return types.void(dst, i, src, j), codegen
+
+
+@intrinsic
+def _store_fence(typingctx):
+    """A sequentially consistent fence (x86's mfence): the streaming stores before it are
+    visible to every thread after it (they are weakly ordered). Compiled code only."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@kernel
+def _broadcast_rows_streaming(src, s0, s1, dst, rows, n):
+    """dst[i n + j] = src[i s0 + j s1] for i < rows, j < n (element strides; s1 is 0 or
+    1: a row is a fill of one value or a contiguous copy), by streaming stores: each row's
+    elements before its first STREAM_BYTES boundary and after its last whole vector by
+    ordinary stores, the vectors between by _stream_splat (a fill) or _stream_copy; a
+    store fence at the end."""
+    w = STREAM_BYTES // dst.itemsize
+    for i in range(rows):
+        d = dst[i * n:(i + 1) * n]
+        head = min(n, ((-d.ctypes.data) % STREAM_BYTES) // dst.itemsize)
+        body = head + (n - head) // w * w
+        if s1 == 0:
+            v = src[i * s0]
+            for j in range(head):
+                d[j] = v
+            for j in range(head, body, w):
+                _stream_splat(d, j, v)
+            for j in range(body, n):
+                d[j] = v
+        else:
+            row = src[i * s0:i * s0 + n]
+            for j in range(head):
+                d[j] = row[j]
+            for j in range(head, body, w):
+                _stream_copy(d, j, row, j)
+            for j in range(body, n):
+                d[j] = row[j]
+    _store_fence()
+
+
+def broadcast_block(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst = numpy's broadcast of src to dst's shape, dst C-contiguous and of src's dtype.
+
+    Where the engine's threads write STREAM_MIN_BYTES or more together and the broadcast
+    coalesces to at most two axes, the inner one read contiguously or not at all (a single
+    value everywhere: sum's gradient over all axes; a column of values, each filling a
+    row: over the last axis; a row repeated), a compiled loop writes dst row by row with
+    streaming stores (the fast path broadcast:streaming): an ordinary store reads each
+    cache line before writing it. Filling a preallocated (4096, 4096) float32, one
+    thread's CPU time (2-core machine at load 5, median of 15, alternating in one
+    process): ndarray.fill 8.7 ms, the same loop with ordinary stores 7.6, streaming 3.3.
+    Anything else is numpy's: a single value by ndarray.fill, the rest by numpy's copy
+    from the stride-0 view (in the caches, at 4-8 MB, faster than the compiled loop with
+    ordinary stores); plain mode copies (the plain twin)."""
+    if dst.size == 0:
+        return
+    view = np.broadcast_to(src, dst.shape)
+    item = dst.itemsize
+    dims = coalesce(dst.shape, view.strides, dst.strides)
+    base = flat_base(src)
+    fast = (not paths.PLAIN and STREAMING and dst.flags.c_contiguous and base is not None
+            and dst.dtype == src.dtype and len(dims) <= 2
+            and all(st[0] % item == 0 for _, st in dims)
+            and (not dims or dims[-1][1][0] in (0, item))
+            and dst.nbytes * threads.parts() >= STREAM_MIN_BYTES
+            and dst.ctypes.data % item == 0)
+    if fast:
+        paths.taken("broadcast:streaming")
+        dims = [(1, [0, 0])] * (2 - len(dims)) + dims
+        (rows, (s0, _)), (n, (s1, _)) = dims
+        _broadcast_rows_streaming(base, s0 // item, s1 // item, dst.reshape(-1), rows, n)
+    elif src.size == 1 and not paths.PLAIN:
+        dst.fill(src.reshape(-1)[0])
+    else:
+        np.copyto(dst, view)
 
 
 def _span(a):

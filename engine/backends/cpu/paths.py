@@ -2,8 +2,8 @@
 
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, col2im's scatter,
-im2col's and col2im's rows, the chunked sums, the column bands of get_rows_back's
-scatter, numba's parallel compilations, the activations' vectorised float32 math,
+im2col's and col2im's rows, the chunked sums, the streamed broadcasts, the column bands
+of get_rows_back's scatter, numba's parallel compilations, the activations' vectorised float32 math,
 attention's compiled tasks) has a plain twin, and gradcheck's scale tier compares the two.
 Three tools make that possible:
 
@@ -56,6 +56,8 @@ KNOWN = {
     "sum:runs": "a sum of contiguous runs into vertical accumulators",
     "sum:lanes": "16-bit runs summed in float64 vector lanes, in the compiler's order",
     "sum:runs_split": "kept elements' sums as ranges on the engine's threads",
+    "broadcast:streaming": "a big broadcast written as compiled row fills or row copies "
+                           "with streaming stores, instead of numpy's fill or copy",
     "get_rows_back:bands": "get_rows_back's scatter-add split into column bands",
     "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",
     "vector": "an activation's float32 kernel on vectorised float64 math instead of a libm "

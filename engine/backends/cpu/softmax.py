@@ -13,9 +13,11 @@ elements run as ranges of rows on the engine's threads (the fast path split:cpu_
 its plain twin is one range).
 
 The masked softmax sees x and out as 4-D (B, H, R, C) (leading axes of size 1 prepended;
-H, axis 1, the heads) and the mask as numpy's broadcast of it to that shape: a strided view
-whose broadcast axes have stride 0, so a mask shared by every batch and head is read in
-place, never copied (ggml's mask of shape (rows, C) broadcast over dims 2 and 3). Row r of
+H, axis 1, the heads) and the mask as numpy's broadcast of it to that shape, given to the
+kernels as the mask's flat memory and the broadcast's element strides (broadcast axes of
+stride 0), so a mask shared by every batch and head is read in place, never copied (ggml's
+mask of shape (rows, C) broadcast over dims 2 and 3), and a contiguous mask row as a
+contiguous slice (_masked_logits). Row r of
 head h computes, in its work type (float64 for float rows; float32 for 16-bit ones, read and
 written as their patterns like the unmasked rows),
 
@@ -52,6 +54,7 @@ from numba.extending import overload
 
 from engine.backends.alibi_math import alibi_slope
 from engine.backends.cpu import paths, threads
+from engine.backends.cpu.half import F16
 from engine.backends.cpu.jit import (
     any_order_contracting,
     bindable,
@@ -60,6 +63,7 @@ from engine.backends.cpu.jit import (
     kernel,
     prange,
 )
+from engine.backends.cpu.layout import flat_base
 from engine.backends.cpu.patterns import (
     as_patterns,
     dot_any_order,
@@ -68,9 +72,11 @@ from engine.backends.cpu.patterns import (
     fmt_of,
     native_half,
     rounded,
+    rounded_number,
     row_extreme,
     sum_any_order,
     value,
+    value_number,
     value_sum_any_order,
     work,
     work_dtype,
@@ -111,6 +117,21 @@ def row_logsumexp(xr, n, fmt, dst):
     return m + np.log(exp_sum(xr, n, m, fmt, dst))
 
 
+@kernel
+def _store_normalised(er, inv, total, orow, n, fmt):
+    """orow[j] = er[j] inv, rounded once, for j < n: the exponentials of a row normalised
+    by inv = 1 / total, total their sum (with a sink's). A finite total means every er[j]
+    was finite (they are at most 1), so the products are stored without the NaN fix-ups
+    (patterns.rounded_number: the same bits; a row with a NaN takes rounded): the store
+    pass of 16-bit rows took most of its time in them."""
+    if math.isfinite(total):
+        for j in range(n):
+            orow[j] = rounded_number(er[j] * inv, orow, fmt)
+    else:
+        for j in range(n):
+            orow[j] = rounded(er[j] * inv, orow, fmt)
+
+
 @contracting
 def _softmax_rows(x, out, scale, e, fmt):
     """out[r, j] = exp(s x[r, j] - m_r) / sum_k exp(s x[r, k] - m_r), m_r = max_k s x[r, k].
@@ -128,9 +149,8 @@ def _softmax_rows(x, out, scale, e, fmt):
             m = s * row_extreme(xr, n, fmt, s < 0)    # max_k s x[r, k]: rounding is monotone
             for j in range(n):
                 er[j] = exp_into(s * value(xr[j], fmt) - m, orow)
-            inv = work(1.0 / sum_any_order(er, n), x)
-            for j in range(n):
-                orow[j] = rounded(er[j] * inv, orow, fmt)
+            total = sum_any_order(er, n)
+            _store_normalised(er, work(1.0 / total, x), total, orow, n, fmt)
 
 
 @kernel
@@ -143,24 +163,36 @@ def _row_place(x, r, max_bias):
 
 
 @kernel
-def _masked_logits(xr, mr, s, slope, er, fmt):
-    """z_j = s xr[j] + slope mr[j] into the scratch row er (s and slope in er's type), and
-    max_j z_j (float64). One strided pass over the mask row (a broadcast mask has stride 0
-    across heads and batches), then the maximum by integer keys over the contiguous er
-    (row_extreme), which vectorises where a float maximum does not; -inf for an empty
-    row (row_extreme reads one element)."""
+def _masked_logits(xr, mask, ms, a, h, i, s, slope, er, fmt):
+    """z_j = s xr[j] + slope m_j into the scratch row er (s and slope in er's type), and
+    max_j z_j (float64). The mask row (a, h, i) read from its flat memory `mask` through
+    element strides ms (broadcast axes: stride 0): m_j = mask[at + j ms[3]], a contiguous
+    slice where ms[3] is 1, which numba knows to be contiguous and vectorises (the 4-D
+    broadcast view's row, of unknown stride, it did not: the pass took 4.8 ms of the sink
+    gradient's 8.3 over (8, 512, 512) float16, one thread). Then the maximum by integer
+    keys over the contiguous er (row_extreme), which vectorises where a float maximum does
+    not; -inf for an empty row (row_extreme reads one element)."""
     n = xr.shape[0]
     if n == 0:
         return -np.inf
-    for j in range(n):
-        er[j] = s * value(xr[j], fmt) + slope * value(mr[j], fmt)
+    at = a * ms[0] + h * ms[1] + i * ms[2]
+    if ms[3] == 1:
+        mr = mask[at:at + n]
+        for j in range(n):
+            er[j] = s * value(xr[j], fmt) + slope * value(mr[j], fmt)
+    else:
+        step = ms[3]
+        for j in range(n):
+            er[j] = s * value(xr[j], fmt) + slope * value(mask[at + j * step], fmt)
     return row_extreme(er, n, fmt, False)
 
 
 @contracting
-def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo, hi, fmt):
-    """Rows lo..hi-1 of (B, H, R, C) x and out (rows in C order over B, H, R; the mask of
-    that shape, possibly with zero strides): out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
+def _softmax_masked_rows(x, mask, ms, sinks, has_sinks, out, e, scale, max_bias, lo, hi,
+                         fmt):
+    """Rows lo..hi-1 of (B, H, R, C) x and out (rows in C order over B, H, R; the mask
+    broadcast to that shape, as its flat memory and element strides ms: _masked_logits):
+    out_j = exp(z_j - m) / (sum_k exp(z_k - m) +
     exp(sink_h - m)), z = s x + slope_h mask, m = max(max_k z_k, sink_h), the sink terms
     only if has_sinks (module doc). As _softmax_rows: the rows cut into e.shape[0] parts,
     part p's logits and then exponentials in scratch row e[p] (of x's work type: float64
@@ -171,7 +203,7 @@ def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo,
         er = e[p]
         for r in range(lo + p * per, min(hi, lo + (p + 1) * per)):
             a, h, i, slope = _row_place(x, r, max_bias)
-            m = work(_masked_logits(x[a, h, i], mask[a, h, i], work(scale, x),
+            m = work(_masked_logits(x[a, h, i], mask, ms, a, h, i, work(scale, x),
                                     work(slope, x), er, fmt), x)
             sink = work(value(sinks[h], fmt), x) if has_sinks else work(-np.inf, x)
             m = max(m, sink)
@@ -181,14 +213,13 @@ def _softmax_masked_rows(x, mask, sinks, has_sinks, out, e, scale, max_bias, lo,
             total = sum_any_order(er, n)
             if has_sinks:
                 total += exp_into(sink - m, orow)
-            inv = work(1.0 / total, x)
-            for j in range(n):
-                orow[j] = rounded(er[j] * inv, orow, fmt)
+            _store_normalised(er, work(1.0 / total, x), total, orow, n, fmt)
 
 
 @contracting
-def _sink_grad_rows(g, x, mask, sinks, part, e, prec, scale, max_bias, lo, hi, fmt):
-    """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask,
+def _sink_grad_rows(g, x, mask, ms, sinks, part, e, prec, scale, max_bias, lo, hi, fmt):
+    """part[r] = -p_sink sum_j g_j y_j for rows lo..hi-1 of (B, H, R, C) g, x and mask (as
+    _softmax_masked_rows takes it),
     with y and p_sink = exp(sink_h - m) / normaliser recomputed as _softmax_masked_rows
     computes them, but in float64 (scratch e of float64 rows, cut in parts as there) and
     never rounded to x's dtype; the exponentials exp_into's for an element of `prec` (libm
@@ -199,7 +230,8 @@ def _sink_grad_rows(g, x, mask, sinks, part, e, prec, scale, max_bias, lo, hi, f
         er = e[p]
         for r in range(lo + p * per, min(hi, lo + (p + 1) * per)):
             a, h, i, slope = _row_place(x, r, max_bias)
-            m = _masked_logits(x[a, h, i], mask[a, h, i], np.float64(scale), slope, er, fmt)
+            m = _masked_logits(x[a, h, i], mask, ms, a, h, i, np.float64(scale), slope, er,
+                               fmt)
             sink = np.float64(value(sinks[h], fmt))
             m = max(m, sink)
             for j in range(n):
@@ -223,6 +255,23 @@ def _sum_heads(part, out, nb, nh, nr, fmt):
         out[h] = rounded(total, out, fmt)
 
 
+# the largest |s| for which s y is finite in float32 for every float16 y (|y| <= 65504)
+_S_MAX = 3.4e38 / 65504.0
+
+
+def float16_patterns(arr, fmt):
+    """Whether `arr` holds float16 patterns (a compile-time constant for float arrays, so
+    their kernels compile as before). Compiled code only."""
+    raise NotImplementedError("softmax.float16_patterns runs inside numba kernels only")
+
+
+@overload(float16_patterns, inline="always")
+def _float16_patterns(arr, fmt):
+    if isinstance(arr.dtype, types.Integer):
+        return lambda arr, fmt: fmt == F16
+    return lambda arr, fmt: False
+
+
 @contracting
 def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
     """out[r, j] = s y[r, j] (g[r, j] - sum_k g[r, k] y[r, k]), the sum in float64
@@ -234,10 +283,21 @@ def _softmax_back_rows(g, y, out, scale, renormalize, fmt):
         yr = y[r]
         orow = out[r]
         inv = 1.0 / value_sum_any_order(yr, n, fmt) if renormalize else 1.0
-        dot = work(dot_any_order(gr, yr, n, fmt) * inv, y)
+        wide = dot_any_order(gr, yr, n, fmt) * inv
+        dot = work(wide, y)
         s = work(scale * inv, y)
-        for j in range(n):
-            orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow, fmt)
+        if float16_patterns(y, fmt) and math.isfinite(wide) and abs(s) <= _S_MAX:
+            # a finite dot means every g[r, j] and y[r, j] finite (an infinite or NaN one
+            # makes the sum inf or NaN), float16's at most 65504: s y and g - dot are
+            # finite, so is the product or it overflows (never a NaN); read and stored
+            # without the NaN fix-ups (patterns.value_number, rounded_number: the same bits)
+            for j in range(n):
+                orow[j] = rounded_number(s * value_number(yr[j], fmt)
+                                         * (value_number(gr[j], fmt) - dot), orow, fmt)
+        else:
+            for j in range(n):
+                orow[j] = rounded(s * value(yr[j], fmt) * (value(gr[j], fmt) - dot), orow,
+                                  fmt)
 
 
 @contracting
@@ -306,10 +366,18 @@ def _split_rows(name, arrays, make):
 
 
 def _masked_views(x, mask, op):
-    """x (C-contiguous, at most 4 axes) as 4-D (B, H, R, C) and the mask broadcast to it."""
+    """x (C-contiguous, at most 4 axes) as 4-D (B, H, R, C), and the mask broadcast to it
+    as the kernels read it: its patterns' flat memory and the broadcast's element strides
+    (never copied: a mask shared by every batch and head is read in place)."""
     as_rows(x, op)              # checks that x is C-contiguous
     x4 = as_4d(x)
-    return x4, np.broadcast_to(mask, x4.shape)
+    m = as_patterns(mask)
+    flat = flat_base(m)
+    if flat is None:
+        raise BackendError(f"{op}: the cpu kernel needs a mask of non-negative strides, got "
+                           f"strides {mask.strides} for shape {list(mask.shape)}")
+    strides = np.broadcast_to(m, x4.shape).strides
+    return x4, flat, tuple(st // m.itemsize for st in strides)
 
 
 def _no_sinks(x4):
@@ -325,12 +393,12 @@ def scratch_rows(rows, n, dtype):
 
 def _cpu_softmax_masked(out, ins, scale, max_bias):
     x, mask, *sinks = ins
-    x4, m4 = _masked_views(x, mask, "softmax")
+    x4, mflat, ms = _masked_views(x, mask, "softmax")
     sk = sinks[0] if sinks else _no_sinks(x4)
     rows = x4.size // max(1, x4.shape[3])
     fmt = fmt_of(x)
     return threads.side_by_side([
-        call(_softmax_masked_rows, as_patterns(x4), as_patterns(m4), as_patterns(sk),
+        call(_softmax_masked_rows, as_patterns(x4), mflat, ms, as_patterns(sk),
              bool(sinks), as_patterns(as_4d(out)), scratch_rows(hi - lo, x4.shape[3],
                                                             work_dtype(x)),
              float(scale), float(max_bias), lo, hi, fmt)
@@ -374,7 +442,7 @@ def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     each head's sink (module doc). A scratch of one float64 per row holds the rows' terms;
     16-bit arrays are read as their patterns and out rounded once, on store."""
     g, x, mask, sinks = ins
-    x4, m4 = _masked_views(x, mask, "softmax_sink_back")
+    x4, mflat, ms = _masked_views(x, mask, "softmax_sink_back")
     g4 = as_4d(as_rows(g, "softmax_sink_back").reshape(x.shape))
     nb, nh, nr, n = x4.shape
     part = np.empty(nb * nh * nr, np.float64)
@@ -382,9 +450,9 @@ def cpu_softmax_sink_back(out, ins, scale=1.0, max_bias=0.0):
     # exp_into's accuracy for out's dtype: libm for float64, the polynomial otherwise
     prec = np.empty(0, np.float64 if x.dtype == np.float64 else np.float32)
     rows = threads.side_by_side([
-        call(_sink_grad_rows, as_patterns(g4), as_patterns(x4), as_patterns(m4),
-             as_patterns(sinks), part, scratch_rows(hi - lo, n, np.float64), prec, float(scale),
-             float(max_bias), lo, hi, fmt)
+        call(_sink_grad_rows, as_patterns(g4), as_patterns(x4), mflat, ms, as_patterns(sinks),
+             part, scratch_rows(hi - lo, n, np.float64), prec, float(scale), float(max_bias),
+             lo, hi, fmt)
         for lo, hi in threads.row_ranges("cpu_softmax_sink_back", part.size, 2 * x.size)])
     heads = call(_sum_heads, part, as_patterns(out).reshape(-1), nb, nh, nr, fmt)
 

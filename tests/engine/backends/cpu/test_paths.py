@@ -34,6 +34,7 @@ REACHED_BY = {
     "sum:runs": ("sum", "x=[1031,1031],axis=1"),
     "sum:runs_split": ("sum", "x=[1031,1031],axis=1"),
     "sum:lanes": ("sum", "type=bf16,x=[1031,1031],axis=1"),
+    "broadcast:streaming": ("broadcast_to", "x=[1],shape=[2048,2063]"),
     "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),
     "parallel": ("relu", "relu(type=f32,x=[1031,1031])"),
     "vector": ("gelu", "gelu(type=f32,x=[1031,1031])"),

@@ -1,0 +1,89 @@
+"""broadcast_block (engine.backends.cpu.block): numpy's broadcast written into a contiguous
+destination, for a big one by compiled row fills and copies with streaming stores
+(broadcast:streaming), by numpy's fill or copy otherwise and numpy's copy in plain mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.backends.cpu import block, paths
+
+DTYPES = [np.float32, np.float64, np.uint16]   # uint16: the 16-bit floats' patterns
+
+
+@st.composite
+def broadcasts(draw):
+    """(source, destination shape, destination offset in elements): a source of 1-3 axes,
+    some of them 1 (broadcast), possibly fewer axes than the destination, possibly a strided
+    view (every other element along its last axis)."""
+    shape = draw(st.lists(st.integers(1, 40), min_size=1, max_size=3))
+    src_shape = [1 if draw(st.booleans()) else n for n in shape]
+    src_shape = src_shape[draw(st.integers(0, len(src_shape) - 1)):]
+    dtype = draw(st.sampled_from(DTYPES))
+    strided = draw(st.booleans()) and src_shape[-1] > 1
+    big = np.arange(np.prod(src_shape) * (2 if strided else 1)).astype(dtype) % 251 + 1
+    src = big.reshape(src_shape[:-1] + [src_shape[-1] * (2 if strided else 1)])
+    if strided:
+        src = src[..., ::2]
+    return src, tuple(shape), draw(st.integers(0, 9))
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=broadcasts())
+def test_the_broadcast_is_numpys_and_writes_nothing_around_it(case, streaming, monkeypatch):
+    # every size streams, or none (the same setting for every example: the fixture need not
+    # reset between them); the vectors' alignment and each row's ends vary with the offset
+    # and the row length
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
+    src, shape, offset = case
+    size = int(np.prod(shape))
+    buf = np.full(offset + size + 9, 7, src.dtype)
+    dst = buf[offset:offset + size].reshape(shape)
+    block.broadcast_block(dst, src)
+    np.testing.assert_array_equal(dst, np.broadcast_to(src, shape))
+    assert (buf[:offset] == 7).all() and (buf[offset + size:] == 7).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("src_shape", "path"), [
+    ((1,), "broadcast:streaming"),        # sum's gradient over all axes: one value
+    ((512, 1), "broadcast:streaming"),    # over the last axis: a value per row
+    ((1031,), "broadcast:streaming"),     # a row repeated
+    ((4, 1), None),                       # 16 KB written, under 1 MiB at any thread count
+])
+def test_the_paths_taken_and_plain_modes_copy(dtype, src_shape, path, monkeypatch):
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 1 << 20)   # at least 1 MiB written
+    rows = 512 if src_shape[0] in (1, 512, 1031) else 4
+    shape = (rows, 1031)
+    src = (np.arange(np.prod(src_shape)) % 97 + 1).astype(dtype).reshape(src_shape)
+    want = np.broadcast_to(src, shape)
+    dst = np.zeros(shape, dtype)
+    with paths.recording() as taken:
+        block.broadcast_block(dst, src)
+    np.testing.assert_array_equal(dst, want)
+    assert set(taken) == ({path} if block.STREAMING and path else set())
+    dst[...] = 0
+    with paths.plain(), paths.recording() as taken:
+        block.broadcast_block(dst, src)
+    np.testing.assert_array_equal(dst, want)
+    assert not taken
+
+
+def test_a_strided_or_many_axes_broadcast_goes_to_numpy():
+    src = np.arange(6, dtype=np.float32).reshape(2, 1, 3)[:, :, ::2]   # inner stride 2
+    dst = np.empty((2, 5, 2), np.float32)
+    with paths.recording() as taken:
+        block.broadcast_block(dst, src)
+    np.testing.assert_array_equal(dst, np.broadcast_to(src, dst.shape))
+    assert not taken
+    src = np.arange(8, dtype=np.float32).reshape(2, 1, 2, 1, 2)     # three irreducible axes
+    dst = np.empty((2, 3, 2, 3, 2), np.float32)
+    with paths.recording() as taken:
+        block.broadcast_block(dst, src)
+    np.testing.assert_array_equal(dst, np.broadcast_to(src, dst.shape))
+    assert not taken
