@@ -97,22 +97,50 @@ def _gradient_map(g, x, out, params):
 FMT = half.F16      # the vector templates' 16-bit format: each copy binds its own
 
 
+# The vector loops start at the loaded array's first 64-byte boundary, the elements before it
+# (at most 15 float32, 31 16-bit) taken by a loop of their own (_to_line): a vector load that
+# straddles two cache lines costs two, and numpy's big arrays start 16 bytes past a page (an
+# mmap'd chunk's header), so that every load of a 512-bit kernel straddled. tanh's float32
+# forward kernel (512 bits wide: vector_math.wide_vectors) over 8M elements took 2.65-3.07
+# ns an element from x 16 bytes past a line, 1.58-1.81 from a line (out at either; serial
+# kernel, one thread, CPU time, load 5); torch's allocator aligns its tensors to 64 bytes.
+# Which element a lane computes changes nothing: the head's loop is the same math, and the
+# bits are those of every other split of the array (tests/engine/backends/cpu/
+# test_elementwise.py compares them).
+@scalar_math
+def _to_line(a):
+    """The elements of 1-D contiguous array `a` before its first 64-byte boundary (all of
+    them where it has none)."""
+    address = np.int64(a.ctypes.data)
+    return min(a.size, ((np.int64(64) - address % np.int64(64)) % np.int64(64)) // a.itemsize)
+
+
 def _vector_map(x, out, params):
     """out[i] = forward(x[i]'s value in the math's type, params), rounded to out's element,
     over 1-D contiguous arrays (out may alias x): float32, or 16-bit patterns of format FMT
     (patterns.value and rounded; FMT a constant of each copy of the template: as an
     argument, the loops of the reach templates below tested it per element, 4 times
     slower); forward a vector_unary function, params a tuple; `arith` float64, or float32
-    for a 16-bit copy whose math computes in float32 (vector_unary's forward16)."""
-    for i in prange(x.size):
+    for a 16-bit copy whose math computes in float32 (vector_unary's forward16). The loop
+    starts at x's first 64-byte boundary (_to_line)."""
+    head = _to_line(x)
+    for i in range(head):
         out[i] = rounded(forward(arith(value(x[i], FMT)), params), out, FMT)  # noqa: F821
+    xs, os = x[head:], out[head:]
+    for i in prange(xs.size):
+        os[i] = rounded(forward(arith(value(xs[i], FMT)), params), os, FMT)  # noqa: F821
 
 
 def _vector_gradient_map(g, x, out, params):
     """out[i] = gradient(g[i], x[i], params) as _vector_map, g of x's type."""
-    for i in prange(x.size):
+    head = _to_line(x)
+    for i in range(head):
         out[i] = rounded(gradient(arith(value(g[i], FMT)),  # noqa: F821
                                   arith(value(x[i], FMT)), params), out, FMT)  # noqa: F821
+    gs, xs, os = g[head:], x[head:], out[head:]
+    for i in prange(xs.size):
+        os[i] = rounded(gradient(arith(value(gs[i], FMT)),  # noqa: F821
+                                 arith(value(xs[i], FMT)), params), os, FMT)  # noqa: F821
 
 
 def _vector_map_in_place(out, params):
@@ -120,15 +148,24 @@ def _vector_map_in_place(out, params):
     names for one array, LLVM's run-time overlap check sends the loop to its scalar
     version: gelu_erf over a strided (2048, 4096) half of a (2048, 8192) array took 153
     ms where the contiguous half took 39 (one thread, load 7)."""
-    for i in prange(out.size):
+    head = _to_line(out)
+    for i in range(head):
         out[i] = rounded(forward(arith(value(out[i], FMT)), params), out, FMT)  # noqa: F821
+    os = out[head:]
+    for i in prange(os.size):
+        os[i] = rounded(forward(arith(value(os[i], FMT)), params), os, FMT)  # noqa: F821
 
 
 def _vector_gradient_map_in_place(g, out, params):
     """_vector_gradient_map with x = out (see _vector_map_in_place)."""
-    for i in prange(out.size):
+    head = _to_line(out)
+    for i in range(head):
         out[i] = rounded(gradient(arith(value(g[i], FMT)),  # noqa: F821
                                   arith(value(out[i], FMT)), params), out, FMT)  # noqa: F821
+    gs, os = g[head:], out[head:]
+    for i in prange(os.size):
+        os[i] = rounded(gradient(arith(value(gs[i], FMT)),  # noqa: F821
+                                 arith(value(os[i], FMT)), params), os, FMT)  # noqa: F821
 
 
 # The 16-bit copies of the float32 math (vector_unary's forward16 and gradient16) load and
@@ -140,34 +177,56 @@ def _vector_gradient_map_in_place(g, out, params):
 # The bits are the same: a fix-up keeps a signalling NaN's quiet bit clear (bfloat16's
 # store also drops the rounding of a NaN's lower half), and every result of that math is
 # made by an arithmetic instruction, whose NaNs are quiet and carry an input's payload (or
-# none), never a loaded value passed through; tests/engine/backends/cpu/test_elementwise.py
-# compares the two kernels' bits over every 16-bit pattern, signalling NaNs included.
+# none), never a loaded value passed through (where two NaNs meet, which one a product
+# returns is LLVM's choice, and the two kernels' scalar loops chose differently for
+# gelu_erf's gradient); tests/engine/backends/cpu/test_elementwise.py compares the two
+# kernels' bits over every 16-bit pattern, signalling NaNs included.
 def _vector_map16(x, out, params):
     """_vector_map for 16-bit patterns and float32 math, with the bare conversions."""
-    for i in prange(x.size):
+    head = _to_line(x)
+    for i in range(head):
         out[i] = rounded_number(forward(value_number(x[i], FMT), params),  # noqa: F821
                                 out, FMT)
+    xs, os = x[head:], out[head:]
+    for i in prange(xs.size):
+        os[i] = rounded_number(forward(value_number(xs[i], FMT), params),  # noqa: F821
+                               os, FMT)
 
 
 def _vector_gradient_map16(g, x, out, params):
     """_vector_gradient_map for 16-bit patterns and float32 math, as _vector_map16."""
-    for i in prange(x.size):
+    head = _to_line(x)
+    for i in range(head):
         out[i] = rounded_number(gradient(value_number(g[i], FMT),  # noqa: F821
                                          value_number(x[i], FMT), params), out, FMT)
+    gs, xs, os = g[head:], x[head:], out[head:]
+    for i in prange(xs.size):
+        os[i] = rounded_number(gradient(value_number(gs[i], FMT),  # noqa: F821
+                                        value_number(xs[i], FMT), params), os, FMT)
 
 
 def _vector_map16_in_place(out, params):
     """_vector_map16 with x = out (see _vector_map_in_place)."""
-    for i in prange(out.size):
+    head = _to_line(out)
+    for i in range(head):
         out[i] = rounded_number(forward(value_number(out[i], FMT), params),  # noqa: F821
                                 out, FMT)
+    os = out[head:]
+    for i in prange(os.size):
+        os[i] = rounded_number(forward(value_number(os[i], FMT), params),  # noqa: F821
+                               os, FMT)
 
 
 def _vector_gradient_map16_in_place(g, out, params):
     """_vector_gradient_map16 with x = out (see _vector_map_in_place)."""
-    for i in prange(out.size):
+    head = _to_line(out)
+    for i in range(head):
         out[i] = rounded_number(gradient(value_number(g[i], FMT),  # noqa: F821
                                          value_number(out[i], FMT), params), out, FMT)
+    gs, os = g[head:], out[head:]
+    for i in prange(os.size):
+        os[i] = rounded_number(gradient(value_number(gs[i], FMT),  # noqa: F821
+                                        value_number(os[i], FMT), params), os, FMT)
 
 
 _IN_PLACE = {_vector_map: _vector_map_in_place,

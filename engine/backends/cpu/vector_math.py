@@ -272,19 +272,28 @@ _EXPM1_32 = tuple(np.float32(1.0 / math.factorial(n)) for n in range(7, 1, -1))
 
 
 @scalar_math
+def _expm1_32_reduced(x, shifter):
+    """(p, t) for float32 x (clamped by the caller): t = x / ln2 + shifter, whose pattern's
+    low bits are k = round(x / ln2) plus the shifter's, and p = expm1(r) for the reduced r =
+    x - k ln2 (|r| <= ln2 / 2), to a few 2^-24 of its size: the reduction and polynomial of
+    exp32_parts and exp32_nonpositive_parts, which differ in the shifter alone."""
+    t = x * _INV_LN2_32 + shifter
+    k = t - shifter
+    r = (x - k * _LN2_HI32) - k * _LN2_LO32
+    q = _EXPM1_32[0]
+    for c in _EXPM1_32[1:]:
+        q = c + r * q
+    return r * (np.float32(1.0) + r * q), t
+
+
+@scalar_math
 def exp32_parts(x):
     """(p, s1, s2): exp(x) = (1 + p) s1 s2 for float32 x (NaN: p NaN), p = expm1(r) for the
     reduced |r| <= ln2 / 2 to a few 2^-24 of its size, s1 and s2 powers of 2 (normal
     float32: 2^k down to 2^-150 as two factors). As exp_parts, in float32."""
     x = _EXP32_LOW if x < _EXP32_LOW else x
     x = _EXP32_HIGH if x > _EXP32_HIGH else x
-    t = x * _INV_LN2_32 + _SHIFTER32
-    k = t - _SHIFTER32
-    r = (x - k * _LN2_HI32) - k * _LN2_LO32
-    q = _EXPM1_32[0]
-    for c in _EXPM1_32[1:]:
-        q = c + r * q
-    p = r * (np.float32(1.0) + r * q)
+    p, t = _expm1_32_reduced(x, _SHIFTER32)
     kb = np.int32(np.float32(t).view(np.int32) - _SHIFTER32_BITS)
     h = kb >> np.int32(1)
     s1 = np.int32((h + np.int32(127)) << np.int32(23)).view(np.float32)
@@ -324,13 +333,7 @@ def exp32_nonpositive_parts(x):
     """(p, s): exp(x) = ((1 + p) s) 2^-64 for float32 x <= 0 (or NaN: p NaN), p as
     exp32_parts', s = 2^(k + 64) (a normal float32: k + 64 in [-86, 64])."""
     x = _EXP32_LOW if x < _EXP32_LOW else x
-    t = x * _INV_LN2_32 + _SHIFTER32_BIASED
-    k = t - _SHIFTER32_BIASED
-    r = (x - k * _LN2_HI32) - k * _LN2_LO32
-    q = _EXPM1_32[0]
-    for c in _EXPM1_32[1:]:
-        q = c + r * q
-    p = r * (np.float32(1.0) + r * q)
+    p, t = _expm1_32_reduced(x, _SHIFTER32_BIASED)
     s = np.int32(np.float32(t).view(np.int32) << np.int32(23)).view(np.float32)
     return p, s
 
