@@ -97,6 +97,30 @@ def is_float(dtype) -> bool:
     return dt.kind == "f" or dt == DTYPES["bf16"]
 
 
+LINE_BYTES = 64      # a cache line: where host buffers start (line_aligned)
+
+
+def line_aligned(nbytes: int) -> np.ndarray:
+    """An uninitialised 1-D uint8 buffer of `nbytes` that starts on a 64-byte boundary.
+    numpy starts a large array 16 bytes past a page, so a kernel's 512-bit loads from it
+    each spanned two cache lines: the float32 tanh forward over 8M elements took 2.65-3.07
+    ns per element from such an array against 1.58-1.81 from an aligned one (one thread's
+    CPU time, the serial kernel). torch aligns its tensors the same way. The planner's
+    offsets are multiples of 64 (engine.planner.ALIGN), so every buffer in an arena from
+    this starts on a line too."""
+    raw = np.empty(nbytes + LINE_BYTES, np.uint8)
+    start = -raw.ctypes.data % LINE_BYTES
+    return raw[start:start + nbytes]
+
+
+def aligned_zeros(shape, dtype) -> np.ndarray:
+    """np.zeros(shape, dtype) starting on a 64-byte boundary (line_aligned)."""
+    dtype = np.dtype(dtype)
+    buf = line_aligned(math.prod(shape) * dtype.itemsize)
+    buf.fill(0)
+    return buf.view(dtype).reshape(shape)
+
+
 def is_half(dtype) -> bool:
     """Whether `dtype` is one of the 16-bit floats (HALF_DTYPES)."""
     return np.dtype(dtype) in HALF_DTYPES
@@ -231,7 +255,7 @@ class Tensor:
         it last), for reading: the device copy stays valid."""
         o = self.owner()
         if o._data is None:
-            o._data = np.zeros(o.shape, o.dtype)
+            o._data = aligned_zeros(o.shape, o.dtype)
         if o._fresh == DEVICE:
             o.device.copy_to_host(o._data)
             o._fresh = BOTH

@@ -10,7 +10,7 @@ import numpy as np
 from engine.backends.cpu import half, paths
 from engine.backends.cpu.threads import engine_threads
 from engine.errors import BackendError
-from engine.tensor import is_half
+from engine.tensor import is_half, line_aligned
 
 COPY_KERNEL_MIN = 1 << 12       # elements of a strided view below which numpy copies it
 BLAS_OPS = frozenset({"matmul", "attention_fwd", "attention_back"})  # cpu kernels calling BLAS
@@ -46,7 +46,7 @@ class CpuBackend:
         return k
 
     def alloc(self, nbytes: int) -> np.ndarray:
-        arena = np.empty(nbytes, np.uint8)
+        arena = line_aligned(nbytes)
         if paths.POISON:                   # garbage, as a reused arena holds
             arena.fill(0xFF)
         return arena
