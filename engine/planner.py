@@ -29,9 +29,9 @@ from engine.executor import (
     ViewStep,
 )
 from engine.registry import OPS
-from engine.tensor import Flag, Tensor
+from engine.tensor import LINE_BYTES, Flag, Tensor
 
-ALIGN = 64
+ALIGN = LINE_BYTES   # offsets on a cache line, as the arenas' starts are
 
 
 def _aligned(n: int) -> int:
