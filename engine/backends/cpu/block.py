@@ -286,8 +286,12 @@ def copy_block_call(dst: np.ndarray, src: np.ndarray, add: bool = False):
     each cache line of dst before writing it, so a copy over 32 MB moves three times its
     size through memory, and two with streaming stores. concat's (2048, 4096) float32
     output from two (2048, 2048) halves, and its two gradients made contiguous from their
-    strided halves of the upstream gradient (cont), one thread's CPU time per call: 7.40 and
-    2 x 2.6 ms before (python bench/profile_op.py --op concat), streamed ..."""
+    strided halves of the upstream gradient (cont), one thread's CPU time per call (python
+    bench/profile_op.py --op concat --calls 9, load 5): 7.09 and 2 x 2.6 ms with ordinary
+    stores, 3.88-4.30 and 2 x 2.2-2.6 streamed. Where source and destination together fit
+    the shared cache (a 16 MiB copy alone, 32 MB in all) ordinary stores are faster (1.23
+    against 1.7 ms), as STREAM_MIN_BYTES's fills are: in a graph, its other buffers
+    compete for that cache."""
     if dst.shape != src.shape:
         raise ValueError(f"copy_block: shapes {list(dst.shape)} and {list(src.shape)} differ")
     if dst.size == 0:
