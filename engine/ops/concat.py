@@ -93,11 +93,15 @@ def _concat_strategy(draw, dtype):
 
 
 def _concat_scale():
-    """Scale cases: two halves of a (1031, 1031) joined along each axis."""
+    """Scale cases: two halves of a (1031, 1031) joined along each axis; two (2048, 2063)
+    joined along the last, each block and each gradient 16.1 MiB, the size from which the
+    threads' copies stream (engine.backends.cpu.block.STREAM_MIN_BYTES: copy:streaming)."""
     return [scale_case("concat", [InputSpec("a", (SIDE, 515)), InputSpec("b", (SIDE, 516))],
                        axis=1),
             scale_case("concat", [InputSpec("a", (515, SIDE)), InputSpec("b", (516, SIDE))],
-                       axis=0)]
+                       axis=0),
+            scale_case("concat", [InputSpec("a", (2048, 2063)), InputSpec("b", (2048, 2063))],
+                       axis=1)]
 
 
 def _concat_bench():

@@ -277,19 +277,31 @@ HALF_AT_SCALE = ("gelu", "sin", "relu", "sigmoid", "silu", "gelu_erf", "softplus
                  "elu")
 
 
+# ops whose scale cases also take a float32 input of STREAMED_SHAPE, 16.1 MiB, the size from
+# which the threads' writes stream (engine.backends.cpu.block.STREAM_MIN_BYTES): the plain
+# rows' streaming map (the path stream:<op>; sgn's gradient, scale(g, 0), takes it too)
+STREAMED_AT_SCALE = ("sgn",)
+STREAMED_SHAPE = (2048, 2063)
+
+
 def _scale(row: Unary):
     """The op's scale cases: one contiguous float32 input of SQUARE in its domain, split
     over the engine's threads in ragged chunks (engine.scale_cases), for the ops of
-    PERMUTED_AT_SCALE a transposed view of it too, and for those of HALF_AT_SCALE the
-    contiguous one in float16 and bfloat16."""
+    PERMUTED_AT_SCALE a transposed view of it too, for those of HALF_AT_SCALE the
+    contiguous one in float16 and bfloat16, and for those of STREAMED_AT_SCALE one of
+    STREAMED_SHAPE."""
     kind, low, high = row.domain
 
     def scale():
         layouts = [None] + ([TRANSPOSED] if row.name in PERMUTED_AT_SCALE else [])
         dtypes = (SCALE_DTYPE,) + (HALF_SCALE_DTYPES if row.name in HALF_AT_SCALE else ())
-        return [scale_case(row.name, [InputSpec("x", SQUARE, kind, low, high, permute=p)],
-                           dtype, **row.sample_params[0])
-                for dtype in dtypes for p in (layouts if dtype == SCALE_DTYPE else [None])]
+        cases = [scale_case(row.name, [InputSpec("x", SQUARE, kind, low, high, permute=p)],
+                            dtype, **row.sample_params[0])
+                 for dtype in dtypes for p in (layouts if dtype == SCALE_DTYPE else [None])]
+        if row.name in STREAMED_AT_SCALE:
+            cases.append(scale_case(row.name, [InputSpec("x", STREAMED_SHAPE, kind, low, high)],
+                                    SCALE_DTYPE, **row.sample_params[0]))
+        return cases
     return scale
 
 

@@ -2,7 +2,7 @@
 
 Every fast path of the CPU kernels (a kernel split into chunks on the engine's threads, the
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, col2im's scatter,
-im2col's and col2im's rows, the chunked sums, the streamed broadcasts, the column bands
+im2col's and col2im's rows, the chunked sums, the streamed broadcasts and copies, the column bands
 of get_rows_back's scatter, numba's parallel compilations, the activations' vectorised float32 math,
 attention's compiled tasks) has a plain twin, and gradcheck's scale tier compares the two.
 Three tools make that possible:
@@ -42,6 +42,8 @@ KNOWN = {
     "matmul:sparse": "the zero-skipping product (a sparse operand's zeros skipped)",
     "matmul:blas_chunks": "a dense product as row or column ranges on the engine's threads",
     "copy:tiled": "a transposed view copied in 8 x 8 tiles",
+    "copy:streaming": "a big copy of contiguous rows (concat's blocks, cont) written with "
+                      "streaming stores, instead of ordinary stores or numpy's copy",
     "pool_2d:tiled": "max pooling whose windows tile the image, forward",
     "pool_2d_back:tiled": "max pooling whose windows tile the image, backward",
     "im2col_back:scatter": "col2im scattering each image's column vectors into a float64 "
@@ -62,6 +64,8 @@ KNOWN = {
     "parallel": "a kernel's numba parallel compilation (GRADVERIFY_PARALLEL=1)",
     "vector": "an activation's float32 kernel on vectorised float64 math instead of a libm "
               "call per element (engine.backends.cpu.vector_unary)",
+    "stream": "an elementwise map's big float32 output computed in blocks in the cache and "
+              "written with streaming stores (engine.backends.cpu.elementwise._STREAMING)",
     "half": "a plain op's 16-bit kernel on the patterns in one pass instead of float32 "
             "temporaries (engine.backends.cpu.elementwise.HALF_NATIVE)",
     "attention:tiles": "attention's query rows in blocks, each block's products apart",
@@ -80,8 +84,8 @@ _recorders: list[collections.Counter] = []
 
 def family(path: str) -> str:
     """The KNOWN family of a recorded path: "split:cpu_relu" -> "split", "vector:gelu" ->
-    "vector", "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
-    if path.startswith(("split:", "vector:", "half:")):
+    "vector", "stream:sgn" -> "stream", "matmul:sparse_left/rows+blas" -> "matmul:sparse"."""
+    if path.startswith(("split:", "vector:", "half:", "stream:")):
         return path.split(":", 1)[0]
     if path.startswith("matmul:sparse"):
         return "matmul:sparse"

@@ -87,3 +87,52 @@ def test_a_strided_or_many_axes_broadcast_goes_to_numpy():
         block.broadcast_block(dst, src)
     np.testing.assert_array_equal(dst, np.broadcast_to(src, dst.shape))
     assert not taken
+
+
+@st.composite
+def blocks(draw):
+    """(source, destination block, its buffer, where the block lies in it): a block of 1-4
+    axes cut from a bigger buffer at a drawn offset (concat's, pad's and set's blocks), the
+    source possibly a slice of a bigger array (strided rows) or a permuted view."""
+    shape = draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    dtype = draw(st.sampled_from(DTYPES))
+    extra = [draw(st.integers(0, 3)) for _ in shape]
+    offset = draw(st.integers(0, 9))
+    outer = [n + e for n, e in zip(shape, extra, strict=True)]
+    buf = np.full(offset + int(np.prod(outer)) + 9, 7, dtype)
+    dst = buf[offset:offset + int(np.prod(outer))].reshape(outer)[tuple(slice(0, n) for n in shape)]
+    src = (np.arange(np.prod(outer)) % 251 + 1).astype(dtype).reshape(outer)
+    src = src[tuple(slice(e, None) for e in extra)]
+    if draw(st.booleans()) and len(shape) > 1:
+        order = draw(st.permutations(range(len(shape))))
+        src = np.ascontiguousarray(src.transpose(order)).transpose(np.argsort(order))
+    return src, dst, buf
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=blocks(), add=st.booleans())
+def test_copy_block_copies_or_adds_and_writes_nothing_around(case, add, streaming, monkeypatch):
+    """copy_block(dst, src[, add]) with every copy of contiguous rows streamed, or none:
+    the block is src (or 7 + src), the rest of its buffer untouched; only a copy whose rows
+    are contiguous in both arrays streams (copy:streaming), and plain mode never does."""
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
+    src, dst, buf = case
+    keep = buf.copy()
+    want = (dst + src).astype(dst.dtype) if add else src.copy()
+    with paths.recording() as taken:
+        block.copy_block(dst, src, add)
+    np.testing.assert_array_equal(dst, want)
+    outside = np.ones(buf.shape, bool)
+    outside[np.asarray(dst.__array_interface__["data"][0] - buf.ctypes.data) // buf.itemsize
+            + np.indices(dst.shape).reshape(dst.ndim, -1).T @ (np.array(dst.strides)
+                                                                // buf.itemsize)] = False
+    assert (buf[outside] == keep[outside]).all()
+    dims = block.coalesce(dst.shape, src.strides, dst.strides) or [(1, [0, 0])]
+    rows = dims[-1][1] == [src.itemsize, dst.itemsize]      # the merged rows contiguous
+    may = streaming and block.STREAMING and not add
+    assert taken["copy:streaming"] == (1 if may and rows else 0), sorted(taken)
+    with paths.plain(), paths.recording() as taken:
+        block.copy_block(dst, src)
+    assert not taken

@@ -5,7 +5,8 @@ path `half:<op>`: relu and relu_back read and write 16-bit patterns in one pass)
 first; the 16-bit scale cases take them and plain mode does not. And the vector maps of a
 strided input, gathered into out and mapped in place, give the contiguous input's bits; the
 16-bit vector kernels of float32 math, with the bare conversions, those of the fixed-up
-ones."""
+ones. The plain rows' maps and cont's copies of big outputs, streamed, give the plain
+twins' bits."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from engine.backends.cpu import block, half, paths
 from engine.backends.cpu import elementwise as cpu
-from engine.backends.cpu import half, paths
 from engine.backends.cpu.vector_unary import FAST
 from engine.elementwise import UNARY
 from engine.registry import get_op
@@ -209,3 +210,67 @@ def test_bare_conversions_give_the_bits_of_the_fixed_up_ones(name, dtype):
             assert np.array_equal(got[~two_nans], want[~two_nans]), (
                 f"{name} {which}: {got[i]:#06x} where the fix-ups give {want[i]:#06x} at "
                 f"{[hex(a[i]) for a in args]}")
+
+
+# --- the plain rows' streaming maps (stream:<op>) and cont's streamed copy (copy:streaming) --
+STREAMED = ["sgn", "neg", "scale", "sqr", "abs", "step"]
+
+
+@pytest.mark.parametrize("name", STREAMED)
+@pytest.mark.parametrize("size", [1, 15, 4096, 4111, 3 * 4096 + 17])
+def test_the_streaming_map_gives_the_plain_maps_bits_and_writes_nothing_around(
+        name, size, monkeypatch):
+    """Every size streams (STREAM_MIN_BYTES 0): out starting at each float32 offset from a
+    64-byte boundary (the head loop's length), the blocks and the ragged last one, special
+    values and signed zeros among the inputs; the elements around out untouched."""
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    kernel = get_op(name).kernels["cpu"]
+    rng = np.random.default_rng(size)
+    x = (rng.normal(size=size) * 10).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3.0], np.float32)
+    x[:min(size, 7)] = special[:min(size, 7)]
+    params = {"scale": -1.5} if name == "scale" else {}
+    for offset in range(17):
+        buf = np.full(size + offset + 40, 7, np.float32)
+        start = (-buf.ctypes.data % 64) // 4 + offset
+        out = buf[start:start + size]
+        with paths.recording() as taken:
+            kernel(out, [x], **params)
+        plain = np.empty_like(x)
+        with paths.plain(), paths.recording() as plain_taken:
+            kernel(plain, [x], **params)
+        assert taken[f"stream:{name}"] == 1 and not plain_taken
+        assert np.array_equal(out.view(np.uint32), plain.view(np.uint32)), (name, offset)
+        assert (buf[:start] == 7).all() and (buf[start + size:] == 7).all()
+
+
+def test_small_float64_and_strided_maps_do_not_stream(monkeypatch):
+    """Under STREAM_MIN_BYTES written, in float64 and from a strided x (gathered into out,
+    mapped in place), the map is the plain template's."""
+    kernel = get_op("sgn").kernels["cpu"]
+    x = np.arange(-50, 50, dtype=np.float32).reshape(10, 10)
+    for out, ins in ((np.empty_like(x), [x]), (np.empty((10, 10)), [x.astype(np.float64)])):
+        with paths.recording() as taken:
+            kernel(out, ins)
+        assert not any(p.startswith("stream:") for p in taken)
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    out = np.empty_like(x)
+    with paths.recording() as taken:
+        kernel(out, [x.T])
+    assert not any(p.startswith("stream:") for p in taken)
+    assert np.array_equal(out, np.sign(x.T))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("view", ["contiguous", "half_rows", "transposed"])
+def test_cont_streams_rows_that_are_contiguous(dtype, view, monkeypatch):
+    """cont of a contiguous x or of whole-row slices (concat's gradients) streams
+    (copy:streaming) with the same bits; a transposed view takes the tiled copy."""
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    base = np.random.default_rng(3).normal(size=(67, 130)).astype(dtype)
+    x = {"contiguous": base, "half_rows": base[:, 65:], "transposed": base.T}[view]
+    out = np.empty(x.shape, dtype)
+    with paths.recording() as taken:
+        cpu.unary("cont")(out, [x])
+    assert np.array_equal(out.view(np.uint8), np.ascontiguousarray(x).view(np.uint8))
+    assert ("copy:streaming" in taken) == (view != "transposed"), sorted(taken)
