@@ -244,11 +244,13 @@ SPLIT_ARRAYS = HOST_ARRAYS._replace(widened_copy=lambda a: widened_copy(a, split
 
 # A 16-bit product's float32 temporaries (its operands widened, its output before
 # rounding) come from buffers kept between calls on the calling thread (Scratch), up to
-# this many elements each: new ones per call took the bfloat16 product of bench_half
-# (512x768 @ 768x512) to 1.72 times the float32 product's CPU time on the calling thread at
-# 2 threads, 1.27 with its buffers kept (30 calls' median, 8 alternating rounds, load 5);
-# 2^20 float32 (4 MiB) per buffer holds that case, matmul's 16-bit scale case and bench_ops'
-# big operands' halves, and bounds what a thread keeps to three such buffers.
+# this many elements each: new ones per call took bench_half's bfloat16 forward (512x768 @
+# 768x512) to 1.76-1.94 times the float32 product's CPU time on the calling thread at 2
+# threads, 1.30-1.35 with its buffers kept (backward 1.44-1.51 -> 1.37-1.41; 30 calls'
+# medians, 8 alternating rounds, load 5-8: docs/performance.md, "16-bit kernels"). 2^20
+# float32 (4 MiB) a buffer holds that case's and matmul's 16-bit scale case's temporaries
+# (two of the three of bench_ops' (512, 1024) x (1024, 2048)) and bounds what a thread
+# keeps to three such buffers.
 SCRATCH_MAX_ELEMENTS = 1 << 20
 
 
