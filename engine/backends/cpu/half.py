@@ -19,13 +19,15 @@ infinity).
 from __future__ import annotations
 
 import functools
+import math
+import threading
 
 import numpy as np
 
 from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import parallel_kernel, prange, scalar_math
 from engine.backends.widening import HalfArrays, run_widened
-from engine.tensor import is_half
+from engine.tensor import is_half, line_aligned
 
 F16, BF16 = 0, 1          # the formats' codes (fmt arguments), as compiled constants
 
@@ -153,7 +155,7 @@ def _format(dtype) -> int:
     return F16 if np.dtype(dtype) == np.float16 else BF16
 
 
-def widened_copy(a: np.ndarray, split: bool = False) -> np.ndarray:
+def widened_copy(a: np.ndarray, split: bool = False, empty=None) -> np.ndarray:
     """A new float32 array holding 16-bit array `a`'s values (exact): contiguous, or where
     `a` is a permuted view of a contiguous block (a transposed matrix), the same
     permutation of a contiguous float32 block, widened in memory order. Gathered into a
@@ -163,10 +165,12 @@ def widened_copy(a: np.ndarray, split: bool = False) -> np.ndarray:
     2048) ran 1.43 times the engine's float32 product, forward and backward (python
     bench/bench_ops.py --op matmul --repeat 7 --threads 1); BLAS takes the transposed
     float32 view as it takes a float32 graph's. `split`: widened in ranges on the engine's
-    threads where it is big enough (in_ranges; the caller runs outside any split)."""
+    threads where it is big enough (in_ranges; the caller runs outside any split).
+    `empty(shape)`: where the float32 block comes from (a new array by default; a kept
+    scratch buffer: Scratch)."""
     order = _memory_order(a)
     block = a if order is None else a.transpose(order)
-    out = np.empty(block.shape, np.float32)
+    out = np.empty(block.shape, np.float32) if empty is None else empty(block.shape)
     src, dst, fmt = _patterns(block), out.reshape(-1), _format(a.dtype)
     in_ranges(lambda lo, hi: widen_array(src[lo:hi], dst[lo:hi], fmt), src.size,
               "half_widen" if split else None)
@@ -238,6 +242,79 @@ SPLIT_ARRAYS = HOST_ARRAYS._replace(widened_copy=lambda a: widened_copy(a, split
                                     store=lambda dst, values: split_store(dst, values))
 
 
+# A 16-bit product's float32 temporaries (its operands widened, its output before
+# rounding) come from buffers kept between calls on the calling thread (Scratch), up to
+# this many elements each: new ones per call took bench_half's bfloat16 forward (512x768 @
+# 768x512) to 1.76-1.94 times the float32 product's CPU time on the calling thread at 2
+# threads, 1.30-1.35 with its buffers kept (backward 1.44-1.51 -> 1.37-1.41; 30 calls'
+# medians, 8 alternating rounds, load 5-8: docs/performance.md, "16-bit kernels"). 2^20
+# float32 (4 MiB) a buffer holds that case's and matmul's 16-bit scale case's temporaries
+# (two of the three of bench_ops' (512, 1024) x (1024, 2048)) and bounds what a thread
+# keeps to three such buffers.
+SCRATCH_MAX_ELEMENTS = 1 << 20
+
+
+class _Kept(threading.local):
+    """The calling thread's kept buffers (flat float32, by slot) and whether a call of this
+    thread holds them now."""
+
+    def __init__(self):
+        self.buffers: list = []
+        self.busy = False
+
+
+_KEPT = _Kept()
+
+
+class Scratch:
+    """The float32 temporaries of one widened call: its i-th `empty(shape)` is the calling
+    thread's kept buffer i (grown to the largest size it has held, at most
+    SCRATCH_MAX_ELEMENTS), its first elements; a bigger shape gets a new array. Only while
+    `held()` runs, and never in a call nested in another's (that one takes new arrays):
+    the kept buffers are one call's at a time. Under paths.POISON each buffer is filled
+    with 0xFF bytes (NaN) when handed out, as a new arena is: a kernel that leaves part of
+    a temporary unwritten must not find the last call's values there."""
+
+    def __init__(self):
+        self.next = 0
+
+    def empty(self, shape) -> np.ndarray:
+        n = math.prod(shape)
+        if n > SCRATCH_MAX_ELEMENTS:
+            return np.empty(shape, np.float32)
+        kept, i = _KEPT.buffers, self.next
+        self.next += 1
+        if i == len(kept):
+            kept.append(None)
+        if kept[i] is None or kept[i].size < n:
+            kept[i] = line_aligned(4 * n).view(np.float32)
+        out = kept[i][:n].reshape(shape)
+        if paths.POISON:
+            out.view(np.uint32).fill(0xFFFFFFFF)
+        return out
+
+    @staticmethod
+    def held(run) -> bool:
+        """run(scratch) with the thread's kept buffers, or False (without running) when a
+        call of this thread holds them already."""
+        if _KEPT.busy:
+            return False
+        _KEPT.busy = True
+        try:
+            run(Scratch())
+        finally:
+            _KEPT.busy = False
+        return True
+
+
+def scratch_arrays(scratch: Scratch) -> HalfArrays:
+    """SPLIT_ARRAYS with its float32 temporaries from `scratch` (widened_copy and store
+    still looked up in this module at each call: the self-test's mutants)."""
+    return SPLIT_ARRAYS._replace(
+        widened_copy=lambda a: widened_copy(a, split=True, empty=scratch.empty),
+        empty32=scratch.empty)
+
+
 def widens_on_threads(kernel):
     """Mark CPU kernel `kernel` as one that no split encloses, whose 16-bit nodes the
     backend widens with their conversions on the engine's threads (widened's `split`)."""
@@ -252,7 +329,9 @@ def widened(kernel, update: bool = False, split: bool = False):
     runs: a plan of 16-bit tensors holds 16-bit buffers between calls), and rounds a 16-bit
     output to nearest even on store (engine.backends.widening.run_widened, the CUDA
     backend's too); `update`: the kernel writes its inputs in place too; `split`: the
-    conversions on the engine's threads (SPLIT_ARRAYS), for a kernel that no split encloses.
+    conversions on the engine's threads (SPLIT_ARRAYS), for a kernel that no split encloses,
+    and its temporaries in the calling thread's kept buffers where they fit (Scratch: the
+    fast path widen:scratch; plain mode takes new arrays).
     A bindable kernel (engine.backends.cpu.jit.bindable) stays one."""
     inner = getattr(kernel, "bind", None)
 
@@ -263,9 +342,16 @@ def widened(kernel, update: bool = False, split: bool = False):
             else:
                 kernel(wide_out, wide_ins, **params)
 
+        kept = split and not paths.PLAIN and any(
+            is_half(a.dtype) and a.size <= SCRATCH_MAX_ELEMENTS for a in (out, *ins))
+        if kept:
+            paths.taken("widen:scratch")
+
         def run():
-            run_widened(wide_kernel, out, ins, update,
-                        SPLIT_ARRAYS if split else HOST_ARRAYS)
+            if kept and Scratch.held(lambda scratch: run_widened(
+                    wide_kernel, out, ins, update, scratch_arrays(scratch))):
+                return
+            run_widened(wide_kernel, out, ins, update, SPLIT_ARRAYS if split else HOST_ARRAYS)
         return run
 
     def call(out, ins, **params):

@@ -4,16 +4,18 @@ Every fast path of the CPU kernels (a kernel split into chunks on the engine's t
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, col2im's scatter,
 im2col's and col2im's rows, the chunked sums, the streamed broadcasts and copies, the column bands
 of get_rows_back's scatter, numba's parallel compilations, the activations' vectorised float32 math,
-attention's compiled tasks) has a plain twin, and gradcheck's scale tier compares the two.
+attention's compiled tasks, a 16-bit product's kept temporaries) has a plain twin, and gradcheck's
+scale tier compares the two.
 Three tools make that possible:
 
 - `plain()`: while the block runs, kernels bound or run take their plain twins only: one
   thread and no chunks, BLAS for every product, numpy's copies, the general pooling
   kernels, im2col's and col2im's gathers, sums by numpy in float64, get_rows_back in one
   band, serial compilations, the activations' libm math, attention's Python loop over
-  numpy's matmuls. It is the independent float64 reference of the scale tier (where torch
-  has no equivalent) and a way to tell whether a wrong result comes from a fast path. A
-  plan bound outside the block keeps the paths it was bound with.
+  numpy's matmuls, new temporaries for a 16-bit product. It is the independent float64
+  reference of the scale tier (where torch has no equivalent) and a way to tell whether a
+  wrong result comes from a fast path. A plan bound outside the block keeps the paths it
+  was bound with.
 - `poisoned()`: arenas allocated in the block are filled with NaN bytes, as reused
   memory holds garbage (np.empty of a big arena gives fresh, zeroed pages).
 - `recording()`: a Counter of the fast paths taken while the block runs, by name (see
@@ -68,6 +70,8 @@ KNOWN = {
               "written with streaming stores (engine.backends.cpu.elementwise._STREAMING)",
     "half": "a plain op's 16-bit kernel on the patterns in one pass instead of float32 "
             "temporaries (engine.backends.cpu.elementwise.HALF_NATIVE)",
+    "widen:scratch": "a 16-bit product's float32 temporaries in buffers its thread keeps "
+                     "between calls, instead of new arrays per call",
     "attention:tiles": "attention's query rows in blocks, each block's products apart",
     "attention:causal_skip": "causal attention's blocks skipping the keys none of their "
                              "rows sees",

@@ -221,3 +221,61 @@ def test_a_store_into_a_strided_destination_is_not_split(monkeypatch):
     with paths.recording() as taken:
         half.split_store(dst, values)
     assert not taken
+
+
+def _widened_matmul(dtype):
+    """A 16-bit product kernel as the backend runs it (half.widened, split), and its
+    operands."""
+    from engine.backends.cpu.matmul import cpu_matmul
+    rng = np.random.default_rng(5)
+    a, b = (rng.normal(size=s).astype(dtype) for s in ((37, 41), (41, 29)))
+    return half.widened(cpu_matmul, split=True), a, b
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+def test_a_16_bit_product_keeps_its_temporaries_between_calls(dtype):
+    """The split widened kernel (matmul's) takes its float32 temporaries from its thread's
+    kept buffers (widen:scratch), one per temporary: the same bits as new arrays (plain
+    mode, which records nothing), call after call, products of other shapes between."""
+    from engine.backends.cpu import paths
+    kernel, a, b = _widened_matmul(dtype)
+    want = np.empty((37, 29), dtype)
+    with paths.plain(), paths.recording() as plain:
+        kernel(want, [a, b])
+    assert not plain
+    for shape_a, shape_b in [((37, 41), (41, 29)), ((300, 9), (9, 200)), ((37, 41), (41, 29))]:
+        x, y = a, b
+        if shape_a != a.shape:
+            x, y = (np.ones(s, dtype) for s in (shape_a, shape_b))
+        got = np.empty((x.shape[0], y.shape[1]), dtype)
+        with paths.recording() as taken:
+            kernel(got, [x, y])
+        assert taken["widen:scratch"] == 1
+        if x is a:
+            assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+        else:
+            assert (got == 9).all()
+    kept = half._KEPT.buffers
+    assert len(kept) == 3 and len({k.ctypes.data for k in kept}) == 3
+
+
+def test_kept_temporaries_are_poisoned_fresh_in_nested_calls_and_above_the_cap(monkeypatch):
+    """Under paths.POISON a kept buffer is handed out filled with NaN bytes, as a new arena
+    is; a call nested in one that holds the buffers, and a temporary bigger than
+    SCRATCH_MAX_ELEMENTS, get new arrays."""
+    from engine.backends.cpu import paths
+    seen = []
+
+    def run(scratch):
+        first = scratch.empty((4, 5))
+        seen.append(first)
+        assert not half.Scratch.held(lambda inner: None)        # nested: not held
+        big = scratch.empty((half.SCRATCH_MAX_ELEMENTS + 1,))
+        assert not any(np.shares_memory(big, k) for k in half._KEPT.buffers)
+    with paths.poisoned():
+        assert half.Scratch.held(run)
+    assert np.isnan(seen[0]).all()
+    seen[0][...] = 1.0
+    with paths.poisoned():
+        half.Scratch.held(lambda scratch: seen.append(scratch.empty((4, 5))))
+    assert np.shares_memory(seen[0], seen[1]) and np.isnan(seen[1]).all()

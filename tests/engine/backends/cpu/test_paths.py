@@ -41,6 +41,7 @@ REACHED_BY = {
     "vector": ("gelu", "gelu(type=f32,x=[1031,1031])"),
     "half": ("relu", "relu(type=f16,x=[1031,1031])"),
     "stream": ("sgn", "sgn(type=f32,x=[2048,2063])"),
+    "widen:scratch": ("matmul", "matmul(type=bf16,a=[523,1031]"),
     "attention:tiles": ("attention", "mask=[131,263]"),
     "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
     "attention:compiled": ("attention", "q=[2,2,300,64]"),
