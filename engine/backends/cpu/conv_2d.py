@@ -50,11 +50,16 @@ WEIGHT_PARTIALS = 4
 
 
 @njit
-def _columns(x, i, s, c0, c1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
+def _columns(x, i, s, c0, c1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
     """s[((c - c0)*kh + ky)*kw + kx, oy*ow + ox] = x[i, c, y, x] for c in [c0, c1) (0
-    outside the image; x converted to s's dtype)."""
+    outside the image; x converted to s's dtype), kh = len(rows), kw = len(cols): the
+    window compiled into the kernel up to im2col's STATIC_WINDOW (im2col.window_size).
+    Rows of unit stride and dilation take a loop of their own, whose index LLVM knows
+    steps by one."""
+    kh, kw = len(rows), len(cols)
     h, w = x.shape[2], x.shape[3]
     zero = s.dtype.type(0)
+    unit = sw == 1
     for ch in range(c0, c1):
         for ky in range(kh):
             for kx in range(kw):
@@ -68,15 +73,22 @@ def _columns(x, i, s, c0, c1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
                             dst[base + ox] = zero
                         continue
                     src = x[i, ch, y]
-                    for ox in range(ow):
-                        xx = ox * sw + x0
-                        dst[base + ox] = src[xx] if 0 <= xx < w else zero
+                    if unit:
+                        for ox in range(ow):
+                            xx = ox + x0
+                            dst[base + ox] = src[xx] if 0 <= xx < w else zero
+                    else:
+                        for ox in range(ow):
+                            xx = ox * sw + x0
+                            dst[base + ox] = src[xx] if 0 <= xx < w else zero
 
 
 @njit
-def _add_columns(s, dx, i, acc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
+def _add_columns(s, dx, i, acc, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
     """dx[i, c] = col2im of s's rows of channel c, for every c: the rows added into the
-    float64 plane acc at their shift, ky then kx ascending, the plane written once."""
+    float64 plane acc at their shift, ky then kx ascending, the plane written once
+    (kh = len(rows), kw = len(cols), as in _columns)."""
+    kh, kw = len(rows), len(cols)
     c, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
     for ch in range(c):
         acc[:, :] = 0.0
@@ -101,32 +113,32 @@ def _add_columns(s, dx, i, acc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
 
 
 @njit
-def _forward(x, w_rows, out, i0, i1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
+def _forward(x, w_rows, out, i0, i1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
     """out[i] = w_rows @ cols_i for the images i in [i0, i1); out is (N, O, P)."""
     s = np.empty((w_rows.shape[1], oh * ow), out.dtype)
     for i in range(i0, i1):
-        _columns(x, i, s, 0, x.shape[1], kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
+        _columns(x, i, s, 0, x.shape[1], rows, cols, oh, ow, sh, sw, ph, pw, dh, dw)
         gemm(False, False, w_rows, s, out[i], 0.0)
 
 
 @njit
-def weight_t(x, g, dw_t, i0, i1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
+def weight_t(x, g, dw_t, i0, i1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
     """dw_t = sum over the images i in [i0, i1), in order, of cols_i @ g[i]^T, (K, O); g
     is (N, O, P). (A replaceable helper: engine.mutation.patches.REPLACEABLE.)"""
     s = np.empty((dw_t.shape[0], oh * ow), dw_t.dtype)
     for i in range(i0, i1):
-        _columns(x, i, s, 0, x.shape[1], kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
+        _columns(x, i, s, 0, x.shape[1], rows, cols, oh, ow, sh, sw, ph, pw, dh, dw)
         gemm(False, True, s, g[i], dw_t, 0.0 if i == i0 else 1.0)
 
 
 @njit
-def _image(w_rows, g, dx, i0, i1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
+def _image(w_rows, g, dx, i0, i1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
     """dx[i] = col2im(w_rows^T @ g[i]) for the images i in [i0, i1); g is (N, O, P)."""
     s = np.empty((w_rows.shape[1], oh * ow), g.dtype)
     acc = np.empty((dx.shape[2], dx.shape[3]), np.float64)
     for i in range(i0, i1):
         gemm(True, False, w_rows, g[i], s, 0.0)
-        _add_columns(s, dx, i, acc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
+        _add_columns(s, dx, i, acc, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw)
 
 
 # --- dispatchers ---------------------------------------------------------------------------
@@ -162,7 +174,7 @@ def cpu_conv_2d(out, ins, stride, padding, dilation):
         return
     paths.taken("conv_2d:columns")
     flat = out.reshape(n, o, oh * ow)
-    geo = (kh, kw, oh, ow, *_geometry(stride, padding, dilation))
+    geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
     parts = _parts(out.size * c * kh * kw, n)
     _run([lambda lo=lo, hi=hi: _forward(x, w_rows, flat, lo, hi, *geo)
           for lo, hi in threads.bounds(n, parts)])
@@ -184,7 +196,7 @@ def cpu_conv_2d_back_x(out, ins, x_shape, dtype, stride, padding, dilation):
                      window_size(kh), window_size(kw))
         return
     paths.taken("conv_2d:columns")
-    geo = (kh, kw, oh, ow, *_geometry(stride, padding, dilation))
+    geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
     parts = _parts(g.size * c * kh * kw, n)
     _run([lambda lo=lo, hi=hi: _image(w_rows, flat, out, lo, hi, *geo)
           for lo, hi in threads.bounds(n, parts)])
@@ -206,7 +218,7 @@ def cpu_conv_2d_back_w(out, ins, w_shape, stride, padding, dilation):
     paths.taken("conv_2d:columns")
     ranges = weight_ranges(n)
     partials = np.empty((len(ranges), k, o), out.dtype)
-    geo = (kh, kw, oh, ow, *_geometry(stride, padding, dilation))
+    geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
 
     def run(group):
         for j in group:
