@@ -1,7 +1,10 @@
-"""Probe of a design not yet in the engine: conv_2d with each image's columns in a scratch
-the size of one image's columns (in L2), against the nodes conv_2d composes today (im2col
-into an (N, K, P) buffer, then batched products and col2im over it), on one thread's CPU
-time (BLAS on one thread too), 3 x 3 windows of stride 1 and padding 1.
+"""Probe of the design conv_2d's kernels took in issue 37's sixth round
+(engine/backends/cpu/conv_2d.py): each image's columns in a scratch the size of one
+image's columns (in L2), against the nodes conv_2d composed before (im2col into an (N, K,
+P) buffer, then batched products and col2im over it, its kernels' plain twin now), on one
+thread's CPU time (BLAS on one thread too), 3 x 3 windows of stride 1 and padding 1. (Its
+channel-range split of dw keeps the bits on these cases only: the engine sums fixed image
+ranges instead, see that module.)
 
     OPENBLAS_NUM_THREADS=1 python bench/probe_conv_fused.py [--repeat 7]
 

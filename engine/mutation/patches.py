@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from engine.backends.cpu import CPU, half, threads
 from engine.backends.cpu import attention as cpu_attention
+from engine.backends.cpu import conv_2d as cpu_conv_2d
 from engine.backends.cpu import matmul_sparse as cpu_matmul_sparse
 from engine.backends.cpu import rope as cpu_rope
 from engine.backends.cpu.jit import bindable
@@ -121,7 +122,8 @@ def chunks_replaced(op_name: str, make_chunks: Callable):
 # tests check is put back. (module, function name).
 REPLACEABLE = ((half, "store"), (half, "widened_copy"), (half, "in_ranges"),
                (cpu_matmul_sparse, "compress_multiply_rows"),
-               (cpu_rope, "yarn_corr_dims"), (cpu_attention, "alibi_slopes"))
+               (cpu_rope, "yarn_corr_dims"), (cpu_attention, "alibi_slopes"),
+               (cpu_conv_2d, "weight_t"))
 
 
 @contextlib.contextmanager

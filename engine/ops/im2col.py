@@ -306,7 +306,7 @@ def _dilated(case) -> bool:
 
 
 mutation.register(
-    Mutant("im2col_back_ignores_dilation", ("im2col", "conv_2d"),
+    Mutant("im2col_back_ignores_dilation", ("im2col",),
            "im2col_back scatters the columns as if the dilation were 1",
            lambda: kernel_replaced("im2col_back", _im2col_back_no_dilation), where=_dilated,
            max_cases=1, kind="off-by-one window"),

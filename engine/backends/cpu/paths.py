@@ -54,6 +54,9 @@ KNOWN = {
                    "the gather into their NHWK view",
     "im2col_back:rows": "col2im from NKHW columns adding whole rows into a float64 plane "
                         "per (image, channel), instead of the gather from their NHWK view",
+    "conv_2d:columns": "conv_2d and its backward ops on each image's columns in an L2-sized "
+                       "scratch, multiplied at once, instead of im2col's batch of columns, "
+                       "batched products and col2im",
     "sum:chunks": "a whole-tensor sum in chunks, each accumulated privately",
     "sum:chunks_split": "a whole-tensor sum's chunks as ranges on the engine's threads",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",

@@ -3,11 +3,12 @@ MNIST-like and odd shapes, strides, padding (also wider than the window), dilati
 float64 and mixed dtypes, permuted inputs, window sizes compiled into the kernel and read at
 run time, and arrays large enough for the parallel compilations. Output buffers start as
 NaN, so an element a kernel forgets to write shows up. And conv_2d against torch, with and
-without an image gradient, and the copies its training graph makes (none of its size)."""
+without an image gradient, its training graph (its own kernels: no columns), and its
+kernels' bits on 1, 2 and 3 threads and against their plain twin."""
 
 from __future__ import annotations
 
-import math
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ import torch.nn.functional as F
 
 import engine
 from engine import ops
-from engine.backends.cpu import paths
+from engine.backends.cpu import conv_2d as cpu_conv
+from engine.backends.cpu import paths, threads
 from engine.backends.cpu.im2col import STATIC_WINDOW, cpu_im2col, cpu_im2col_back
 from engine.backends.cpu.jit import PARALLEL_MIN_SIZE
 from engine.backends.cpu.pool_2d import MAX_TILE, cpu_pool_2d, cpu_pool_2d_back
@@ -338,26 +340,61 @@ def _ops_reaching(t) -> set[str]:
 
 
 @pytest.mark.parametrize("x_grad", [False, True], ids=["x-input", "x-param"])
-def test_conv_2d_copies_only_where_its_arrangement_must(x_grad):
-    """The training graph never copies the columns or their gradient (N*P*K elements):
-    kernel rows first, taken for an input without a gradient, K <= O or O >= 64, copies
-    nothing larger than the kernel (the columns' gradient is computed transposed);
-    columns first, for an input with a gradient, K > O and O < 64, copies its output."""
+def test_conv_2d_trains_on_its_own_kernels(x_grad):
+    """The training graph is conv_2d, conv_2d_back_w and, for an input with a gradient
+    only, conv_2d_back_x: no columns (im2col), no products, no copies."""
     leaf = engine.param if x_grad else engine.input_tensor
-    for x_shape, w_shape, output_copied in (((2, 8, 6, 6), (4, 8, 3, 3), x_grad),     # K=72
-                                            ((2, 1, 6, 6), (9, 1, 3, 3), False),      # K=9
-                                            ((2, 8, 6, 6), (64, 8, 3, 3), False)):    # O=64
-        w = engine.param(w_shape)
-        out = ops.conv_2d(leaf(x_shape), w, padding=1)
-        loss = ops.sum(ops.mul(out, engine.input_tensor(out.shape)))
-        graph = engine.Graph([loss])
-        graph.build_backward(loss)
-        copies = [t.shape for t in graph.nodes if t.op == "cont"]
-        n, c, h, wd = x_shape
-        columns = n * h * wd * c * 9
-        assert all(math.prod(shape) < columns for shape in copies), copies
-        assert ((n, w_shape[0], h * wd) in copies) == output_copied, copies
-        assert all(math.prod(s) <= w.size for s in copies if s != (n, w_shape[0], h * wd))
+    w = engine.param((4, 8, 3, 3))
+    out = ops.conv_2d(leaf((2, 8, 6, 6)), w, padding=1)
+    loss = ops.sum(ops.mul(out, engine.input_tensor(out.shape)))
+    graph = engine.Graph([loss])
+    graph.build_backward(loss)
+    names = {t.op for t in graph.nodes}
+    assert not names & {"im2col", "im2col_back", "matmul", "cont"}, names
+    assert "conv_2d_back_w" in names
+    assert ("conv_2d_back_x" in names) == x_grad
+
+
+def _conv_kernels(case, dtype):
+    """conv_2d's forward, dx and dw by the CPU kernels on the case's random arrays."""
+    x_shape, w_shape, stride, padding, dilation = case
+    stride, padding, dilation = ((v, v) if isinstance(v, int) else v
+                                 for v in (stride, padding, dilation))
+    geo = dict(stride=stride, padding=padding, dilation=dilation)
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, x_shape).astype(dtype)
+    w = rng.uniform(-1, 1, w_shape).astype(dtype)
+    oh, ow = (1 + (x_shape[2 + a] + 2 * padding[a] - dilation[a] * (w_shape[2 + a] - 1) - 1)
+              // stride[a] for a in (0, 1))
+    g = rng.uniform(-1, 1, (x_shape[0], w_shape[0], oh, ow)).astype(dtype)
+    out, dx, dw = (np.full(s, np.nan, dtype) for s in (g.shape, x_shape, w_shape))
+    cpu_conv.cpu_conv_2d(out, [x, w], **geo)
+    cpu_conv.cpu_conv_2d_back_x(dx, [g, w], x_shape=x_shape, dtype=None, **geo)
+    cpu_conv.cpu_conv_2d_back_w(dw, [g, x], w_shape=w_shape, **geo)
+    return out, dx, dw
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CONV_CASES.values(), ids=CONV_CASES.keys())
+def test_conv_2d_kernels_keep_their_bits_on_any_threads_and_match_the_plain_twin(case,
+                                                                                  dtype):
+    """The fast path (conv_2d:columns) split on 2 and 3 threads, however small the work,
+    gives the bits of 1 thread (the weight's partial sums are fixed by the batch alone);
+    the plain twin (im2col's columns, numpy's products) agrees within rounding."""
+    got = {}
+    for n in (1, 2, 3):
+        with engine_thread_count(n), patch.object(threads, "MIN_MACS", 0), \
+                paths.recording() as taken:
+            got[n] = _conv_kernels(case, dtype)
+        assert taken["conv_2d:columns"] == 3
+    for n in (2, 3):
+        for a, b in zip(got[1], got[n], strict=True):
+            assert a.tobytes() == b.tobytes()
+    with paths.plain(), paths.recording() as taken:
+        plain = _conv_kernels(case, dtype)
+    assert not taken
+    for a, b in zip(got[1], plain, strict=True):
+        _assert_close(a, b, "f32" if dtype == np.float32 else "f64")
 
 
 def _assert_close(got, want, dtype):

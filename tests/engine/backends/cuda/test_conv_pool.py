@@ -1,8 +1,8 @@
-"""CUDA kernels of im2col, im2col_1d and pool_2d (and their backward ops) against the CPU
-kernels.
+"""CUDA kernels of im2col, im2col_1d, conv_2d and pool_2d (and their backward ops) against
+the CPU kernels.
 
-Registry samples of these ops, and of the composites built from them (conv_2d,
-conv_transpose_2d, pool_1d), are replayed: each kernel node of the forward and backward
+Registry samples of these ops, and of the composites built from them (conv_transpose_2d,
+pool_1d), are replayed: each kernel node of the forward and backward
 graph runs on the CUDA backend on the inputs the CPU computed, strided views included, and
 must give the CPU kernel's result. pool_2d has 160 samples; every fifth of its ggml-style
 grid and all of its extra cases (tiled 2x2 windows, padding with stride 2, mixed kernel
@@ -26,14 +26,16 @@ from tests.engine.backends.cuda.kernel_harness import (
 
 pytestmark = [pytest.mark.cudasim]
 
-FAMILY = {"im2col", "im2col_back", "im2col_1d", "im2col_1d_back", "pool_2d", "pool_2d_back"}
+FAMILY = {"im2col", "im2col_back", "im2col_1d", "im2col_1d_back", "pool_2d", "pool_2d_back",
+          "conv_2d", "conv_2d_back_x", "conv_2d_back_w"}
+CONV = {"conv_2d", "conv_2d_back_x", "conv_2d_back_w"}
 
 # the kernel ops of FAMILY each sample's graph must exercise (forward and backward)
 EXPECTED = {"im2col": {"im2col", "im2col_back"},
             "im2col_1d": {"im2col_1d", "im2col_1d_back"},
             "im2col_1d_back": {"im2col_1d_back", "im2col_1d"},
             "pool_2d": {"pool_2d", "pool_2d_back"},
-            "conv_2d": {"im2col", "im2col_back"},
+            "conv_2d": CONV, "conv_2d_back_x": CONV, "conv_2d_back_w": CONV,
             "conv_transpose_2d": {"im2col_back", "im2col"},
             "pool_1d": {"pool_2d", "pool_2d_back"}}
 
@@ -61,7 +63,8 @@ def _composite_samples(name, per_dtype):
 
 SAMPLES = (cuda_cases(OPS["im2col"].samples()) + cuda_cases(OPS["im2col_1d"].samples())
            + cuda_cases(OPS["im2col_1d_back"].samples()) + _pool_2d_samples()
-           + _composite_samples("conv_2d", 3) + _composite_samples("conv_transpose_2d", 3)
+           + _composite_samples("conv_2d", 3) + _composite_samples("conv_2d_back_x", 3)
+           + _composite_samples("conv_2d_back_w", 3) + _composite_samples("conv_transpose_2d", 3)
            + _composite_samples("pool_1d", 4))
 
 
