@@ -165,8 +165,9 @@ def breakdown(records_to: str | None = None, ops=()) -> None:
     records = compiles.records
     top = [r for r in records if r["depth"] == 0]
     compile_cpu = sum(r["cpu"] for r in top)
-    print(f"`gradcheck {' '.join(which)}`, empty cache, in this process, helpers off: {wall:.1f} s wall, "
-          f"{total:.1f} s CPU (this process), load {os.getloadavg()[0]:.1f}")
+    print(f"`gradcheck {' '.join(which)}`, empty cache, in this process, helpers off: "
+          f"{wall:.1f} s wall, {total:.1f} s CPU (this process), "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"  imports (gradcheck.cli, the engine, numba): {imports:.1f} s CPU")
     print(f"  compiling: {compile_cpu:.1f} s CPU, {len(records)} compilations: {len(top)} "
           f"kernels called from Python, {len(records) - len(top)} functions they call; "
