@@ -144,7 +144,7 @@ def _timed_method(cls, name: str, totals: collections.Counter) -> None:
     setattr(cls, name, wrapped)
 
 
-def breakdown() -> None:
+def breakdown(records_to: str | None = None, ops=()) -> None:
     cache = tempfile.mkdtemp(prefix="gradverify-bench-")
     os.environ["GRADVERIFY_CACHE"] = cache           # before numba and the engine load
     os.environ["GRADVERIFY_COMPILE_AHEAD"] = "0"     # every compilation in this process
@@ -159,13 +159,15 @@ def breakdown() -> None:
     _timed_method(caching.Cache, "save_overload", io)
     from gradcheck.cli import main
     imports = time.process_time() - c0
-    main(["--all", "--no-progress", "--format", "json", "--output", os.devnull])
+    which = [a for op in ops for a in ("--op", op)] or ["--all"]
+    main([*which, "--no-progress", "--format", "json", "--output", os.devnull])
     total, wall = time.process_time() - c0, time.perf_counter() - t0
     records = compiles.records
     top = [r for r in records if r["depth"] == 0]
     compile_cpu = sum(r["cpu"] for r in top)
-    print(f"`gradcheck --all`, empty cache, in this process, helpers off: {wall:.1f} s wall, "
-          f"{total:.1f} s CPU (this process), load {os.getloadavg()[0]:.1f}")
+    print(f"`gradcheck {' '.join(which)}`, empty cache, in this process, helpers off: "
+          f"{wall:.1f} s wall, {total:.1f} s CPU (this process), "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"  imports (gradcheck.cli, the engine, numba): {imports:.1f} s CPU")
     print(f"  compiling: {compile_cpu:.1f} s CPU, {len(records)} compilations: {len(top)} "
           f"kernels called from Python, {len(records) - len(top)} functions they call; "
@@ -203,6 +205,10 @@ def breakdown() -> None:
     print(f"  specialisations per kernel: {dict(sorted(collections.Counter(per.values()).items()))}"
           f" (count: kernels); most: " + ", ".join(f"{k.rsplit('.', 1)[-1]} {v}"
                                                    for k, v in per.most_common(4)))
+    if records_to:
+        import json
+        with open(records_to, "w") as f:
+            json.dump(records, f, indent=0)
     shutil.rmtree(cache, ignore_errors=True)
 
 
@@ -214,9 +220,14 @@ def main(argv=None) -> int:
                    help="also `gradcheck --all --random 200`, warm")
     p.add_argument("--breakdown", action="store_true",
                    help="only: where a cold run's time goes, measured in this process")
+    p.add_argument("--records", metavar="FILE",
+                   help="with --breakdown: also write every compilation (kernel, argument "
+                        "types, CPU s) to FILE as JSON")
+    p.add_argument("--op", action="append", default=[],
+                   help="with --breakdown: only these ops (gradcheck's --op), not --all")
     args = p.parse_args(argv)
     if args.breakdown:
-        breakdown()
+        breakdown(args.records, args.op)
         return 0
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}", flush=True)
     ok = first_runs(args)

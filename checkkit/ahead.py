@@ -9,11 +9,12 @@ cores into the shared disk cache, and the run loads them when it gets there.
 Why whole jobs: which kernels a job compiles, and for which types, is known only when it
 runs. A numba kernel is compiled once per combination of its arguments' types: each
 array's dtype, number of dimensions, layout (C, F or any) and writability, each tuple's
-length. A cold `gradcheck --all` compiles 654 functions (422 kernels it calls, 232
-functions they call) made from 164 Python functions, in about 100 s of CPU time of its
-170 (`python bench/bench_first_run.py --breakdown`, docs/performance.md); 185 of the 422
-are kernels compiled again for the F-ordered and strided arrays that its cotangent
-variants and sliced inputs make. No table could list them and stay true, so a helper
+length. A cold `gradcheck --all` compiled 728 functions at commit 3c883fd (429 kernels
+it calls, 299 functions they call) made from 306 Python functions, 165 s of CPU time of
+its 215 at a load of 6 (`python bench/bench_first_run.py --breakdown`,
+docs/performance.md): the same kernels again for other dtypes, window sizes (tuple
+lengths), 16-bit formats and, where a dispatcher passes a strided input on, layouts. No
+table could list them and stay true, so a helper
 runs the run's own jobs, built in a fresh interpreter from the request's `ahead()` (the
 same jobs, compiling the same kernels, maybe checked more cheaply: gradcheck's leave
 torch out), and throws their rows away. The run's own

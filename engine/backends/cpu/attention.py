@@ -79,7 +79,7 @@ import numpy as np
 
 from engine.backends.alibi_math import alibi_slopes
 from engine.backends.calls import sequence
-from engine.backends.cpu import half, layout, paths, threads
+from engine.backends.cpu import blas, half, layout, paths, threads
 from engine.backends.cpu.blas import gemm
 from engine.backends.cpu.jit import CONTRACT, bindable, njit
 from engine.backends.cpu.patterns import (
@@ -290,17 +290,16 @@ class _Geometry:
             paths.taken("attention:compiled")
         return fast
 
-    def mask_or(self, shape):
-        """The 4-D mask, or (no mask) an empty stand-in of `shape` the kernels never read,
-        read-only as a broadcast mask is (one numba type for both)."""
-        return _read_only(np.empty(shape, self.q.dtype)) if self.mask is None else self.mask
+    def mask_or(self):
+        """The 4-D mask, or (no mask) a stand-in the kernels never read (_no_mask)."""
+        return _no_mask(self.q.dtype, max(self.hq, 2)) if self.mask is None else self.mask
 
     def macs(self) -> int:
         return self.b * self.hq * self.tq * self.tk * (self.d + self.dv)
 
     def row_args(self, b, h, i0, i1, kend, s):
         """The rows kernels' mask, has_mask, slope, row0, shift, causal, scale and cap."""
-        mask = _read_only(s) if self.mask is None else self.mask[b, h, i0:i1, :kend]
+        mask = _no_mask(s.dtype) if self.mask is None else self.mask[b, h, i0:i1, :kend]
         return (mask, self.mask is not None, float(self.slopes[h]), i0, self.shift,
                 self.causal, self.scale, self.cap)
 
@@ -310,11 +309,23 @@ class _Geometry:
         return [np.empty(rows * w, dtype) for w in widths]
 
 
-def _read_only(a):
-    """A read-only view of `a`: the type of numpy's broadcast views, which the masks are."""
-    view = a.view()
-    view.flags.writeable = False
-    return view
+# A call without a mask hands the kernels a stand-in of the numba type a broadcast mask
+# gives them, so that masked and unmasked calls share one compilation: read-only (numpy's
+# broadcast views are), and laid out as a mask broadcast over the heads (a stride of 0 on
+# an axis of 2 or more: 'A' to numba) where the kernel takes the heads' axis, _back_task's
+# (mask[b], 3-D), but C-contiguous where it takes one head's rows, _fwd_task's (mask[b, h],
+# 2-D, a (Tq, Tk) mask's rows). The row kernels' stand-in (2-D, 'A') is the type of the
+# slice mask[i0:i1, :kend] that the tasks hand them, so that the plain twin's calls from
+# Python load those compilations. An empty C-contiguous stand-in made one more
+# compilation of _back_task per dtype and of the plain twin's _fwd_rows and _back_rows in
+# a cold `gradcheck --all` (`python bench/bench_first_run.py --breakdown --records F`).
+@functools.lru_cache(maxsize=16)
+def _no_mask(dtype, heads: int | None = None) -> np.ndarray:
+    """The stand-in for a missing mask, read-only: (1, heads, 2, 2), heads >= 2, every
+    head the same memory (its [b] 'A', its [b, h] C), or without `heads` (2, 2) ('A')."""
+    if heads is not None:
+        return np.broadcast_to(np.zeros((2, 2), dtype), (1, heads, 2, 2))
+    return np.broadcast_to(np.zeros(2, dtype), (2, 2))
 
 
 def _panel(buf, n, m):
@@ -377,7 +388,8 @@ def _chunked(name, geo, tasks, make, compiled):
 
 def _fwd_compiled(geo, out4):
     """The forward's tasks, each one call of _fwd_task."""
-    mask = geo.mask_or((1, geo.hq, 0, 0))
+    mask = geo.mask_or()
+    blas.ready()                       # gemm's two compilations (blas.ready)
 
     def make(take):
         sbuf, = geo.scratch(geo.q.dtype, geo.tk)
@@ -435,7 +447,8 @@ def _back_calls(geo, unit, fwd4, g4, dq, place):
     """make(take) for the compiled backward: each task one call of _back_task, with
     place(task) = (b, c, h0, group, dkh, dvh): batch b, kv head c, query heads h0 ..
     h0 + group - 1, and where their dk, dv go."""
-    mask = geo.mask_or((1, geo.hq, 0, 0))
+    mask = geo.mask_or()
+    blas.ready()                       # gemm's two compilations (blas.ready)
 
     def make(take):
         sbuf, pbuf = geo.scratch(geo.q.dtype, geo.tk, geo.tk)

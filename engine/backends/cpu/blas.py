@@ -23,6 +23,8 @@ this module has loaded SciPy's: a plan may have run before).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.linalg.cython_blas  # noqa: F401  (loads SciPy's BLAS before threadpoolctl looks)
 from llvmlite import binding
@@ -86,3 +88,24 @@ def gemm(trans_a, trans_b, a, b, c, beta):
         _dgemm(flags.ctypes, flags[1:].ctypes, dims.ctypes, dims[1:].ctypes, dims[2:].ctypes,
                scalars.ctypes, b.ctypes, dims[3:].ctypes, a.ctypes, dims[4:].ctypes,
                scalars[1:].ctypes, c.ctypes, dims[5:].ctypes)
+
+
+# gemm reads its arrays' strides and addresses only, so one compilation per dtype serves
+# every layout and both flags: made by `ready` for read-only arrays of any layout ('A')
+# and run-time flags, its compiling then turned off, so that numba converts every call's
+# types to those (a C array to 'A', a writable a or b to read-only, a literal flag to a
+# bool) instead of compiling gemm again for each combination. Called from attention's
+# compiled tasks with literal flags and their views' layouts, gemm was compiled 12 times
+# in a cold `gradcheck --all`, 6.4 s of CPU at a load of 6 (`python
+# bench/bench_first_run.py --breakdown --records F`), now twice.
+@functools.cache
+def ready():
+    """gemm, compiled (or loaded from the disk cache) once per dtype for every layout, and
+    compiling no other signature: call before the first kernel that calls gemm compiles
+    (it types its calls against these)."""
+    for dtype in (types.float32, types.float64):
+        operand = types.Array(dtype, 2, "A", readonly=True)
+        gemm.compile((types.boolean, types.boolean, operand, operand,
+                      types.Array(dtype, 2, "A"), types.float64))
+    gemm.disable_compile()
+    return gemm

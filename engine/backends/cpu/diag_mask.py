@@ -6,8 +6,11 @@ For x seen as 4-D (unit axes in front), rows i on axis -2 and columns j on axis 
     out[a, b, i, j] = fill            where j > n_past + i
                       x[a, b, i, j]   elsewhere
 
-fill is -inf (diag_mask_inf) or 0 (diag_mask_zero). x is read in place through its strides
-(permuted, sliced and stride-0 views alike); out is C-contiguous. The work is a range of
+fill is -inf (diag_mask_inf) or 0 (diag_mask_zero). x is read C-contiguous: a permuted,
+sliced or stride-0 view is copied first (layout.dense, when the call runs), so that numba
+compiles the kernel once per dtype, not again per layout (such views made 4 of its 6
+compilations in a cold `gradcheck --all`: `python bench/bench_first_run.py --breakdown
+--records F`); out is C-contiguous. The work is a range of
 flattened rows (a, b, i): inputs of at least threads.MIN_ELEMENTS elements (x and out
 together) run as near-equal row ranges on the engine's threads (the fast path
 split:cpu_diag_mask; its plain twin is one range). A row's elements depend on its own
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu import paths, threads
+from engine.backends.calls import sequence
+from engine.backends.cpu import layout, paths, threads
 from engine.backends.cpu.jit import bindable, kernel
 
 PATH = "split:cpu_diag_mask"
@@ -50,7 +54,8 @@ def as_4d(arr: np.ndarray) -> np.ndarray:
 
 def _prepare(out, ins, n_past, fill):
     (x,) = ins
-    x4, out4 = as_4d(x), as_4d(out)
+    copies: list = []
+    x4, out4 = layout.dense(as_4d(x), copies), as_4d(out)
     rows = out4.shape[0] * out4.shape[1] * out4.shape[2]
     big = out.size + x.size >= threads.MIN_ELEMENTS
     spans = threads.bounds(rows, threads.parts() if big else 1)
@@ -59,7 +64,7 @@ def _prepare(out, ins, n_past, fill):
     value = float(fill)
     calls = [lambda lo=lo, hi=hi: _diag_mask_rows(x4, out4, n_past, value, lo, hi)
              for lo, hi in spans]
-    return threads.side_by_side(calls)
+    return sequence(*copies, threads.side_by_side(calls))
 
 
 _kernel = bindable(_prepare)

@@ -144,31 +144,6 @@ def _vector_gradient_map(g, x, out, params):
                                  arith(value(xs[i], FMT)), params), os, FMT)  # noqa: F821
 
 
-def _vector_map_in_place(out, params):
-    """_vector_map with x = out (a strided x gathered into out first: _mapped). Given two
-    names for one array, LLVM's run-time overlap check sends the loop to its scalar
-    version: gelu_erf over a strided (2048, 4096) half of a (2048, 8192) array took 153
-    ms where the contiguous half took 39 (one thread, load 7)."""
-    head = _to_line(out)
-    for i in range(head):
-        out[i] = rounded(forward(arith(value(out[i], FMT)), params), out, FMT)  # noqa: F821
-    os = out[head:]
-    for i in prange(os.size):
-        os[i] = rounded(forward(arith(value(os[i], FMT)), params), os, FMT)  # noqa: F821
-
-
-def _vector_gradient_map_in_place(g, out, params):
-    """_vector_gradient_map with x = out (see _vector_map_in_place)."""
-    head = _to_line(out)
-    for i in range(head):
-        out[i] = rounded(gradient(arith(value(g[i], FMT)),  # noqa: F821
-                                  arith(value(out[i], FMT)), params), out, FMT)  # noqa: F821
-    gs, os = g[head:], out[head:]
-    for i in prange(os.size):
-        os[i] = rounded(gradient(arith(value(gs[i], FMT)),  # noqa: F821
-                                 arith(value(os[i], FMT)), params), os, FMT)  # noqa: F821
-
-
 # Streaming twins of the maps (the fast path stream:<op>), for a float32 output the engine's
 # threads write 16 MiB or more of together (block.streams): blocks of _STREAM_BLOCK elements
 # computed into a scratch that stays in the first-level cache, then copied out by streaming
@@ -240,34 +215,6 @@ def _vector_gradient_map16(g, x, out, params):
                                         value_number(xs[i], FMT), params), os, FMT)
 
 
-def _vector_map16_in_place(out, params):
-    """_vector_map16 with x = out (see _vector_map_in_place)."""
-    head = _to_line(out)
-    for i in range(head):
-        out[i] = rounded_number(forward(value_number(out[i], FMT), params),  # noqa: F821
-                                out, FMT)
-    os = out[head:]
-    for i in prange(os.size):
-        os[i] = rounded_number(forward(value_number(os[i], FMT), params),  # noqa: F821
-                               os, FMT)
-
-
-def _vector_gradient_map16_in_place(g, out, params):
-    """_vector_gradient_map16 with x = out (see _vector_map_in_place)."""
-    head = _to_line(out)
-    for i in range(head):
-        out[i] = rounded_number(gradient(value_number(g[i], FMT),  # noqa: F821
-                                         value_number(out[i], FMT), params), out, FMT)
-    gs, os = g[head:], out[head:]
-    for i in prange(os.size):
-        os[i] = rounded_number(gradient(value_number(gs[i], FMT),  # noqa: F821
-                                        value_number(os[i], FMT), params), os, FMT)
-
-
-_IN_PLACE = {_vector_map: _vector_map_in_place,
-             _vector_gradient_map: _vector_gradient_map_in_place,
-             _vector_map16: _vector_map16_in_place,
-             _vector_gradient_map16: _vector_gradient_map16_in_place}
 _BARE16 = {_vector_map: _vector_map16, _vector_gradient_map: _vector_gradient_map16}
 _BLOCK = 1024        # elements of a block of the reach templates
 
@@ -447,37 +394,33 @@ def _lazy(make, *args, **kwargs):
 
 def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide, fn16,
                     slot: str, fn32=None, bare: bool = True):
-    """The vector kernels of op `name`, {F32: (kernel, in_place), F16: ..., BF16: ...} by
-    output (F32 for float32, else the 16-bit format), or None without `fn`: `template` and
-    its in-place twin (_IN_PLACE, for a strided x gathered into out) with `fn` bound to the
-    global `slot` (forward or gradient), or where the math reaches only so far (sin, cos),
-    `reach_template` with the row's math `wide` beyond, and no in-place twin (None). The
-    16-bit copies take `fn16` (float32 arithmetic) where given, with the bare conversions
-    (_BARE16; `bare` False: value's and rounded's, the twin test_elementwise.py compares
-    them with); otherwise the F16 copies of `fn` serve float32 too. The float32 kernels
-    take `fn32` (float32 arithmetic for float32 results) where given."""
+    """The vector kernels of op `name`, {F32: kernel, F16: ..., BF16: ...} by output (F32
+    for float32, else the 16-bit format), or None without `fn`: `template` with `fn`
+    bound to the global `slot` (forward or gradient), or where the math reaches only so
+    far (sin, cos), `reach_template` with the row's math `wide` beyond. The 16-bit copies
+    take `fn16` (float32 arithmetic) where given, with the bare conversions (_BARE16;
+    `bare` False: value's and rounded's, the twin test_elementwise.py compares them with);
+    otherwise the F16 copies of `fn` serve float32 too. The float32 kernels take `fn32`
+    (float32 arithmetic for float32 results) where given."""
     if fn is None:
         return None
-    in_place = _IN_PLACE[template]
     bound = {}
     if reach != np.inf:
-        template, bound, in_place = reach_template, {"reach": reach, "wide": wide}, None
+        template, bound = reach_template, {"reach": reach, "wide": wide}
 
-    def pair(label, fmt, math_fn, arith, template=template, in_place=in_place, **more):
+    def one(label, fmt, math_fn, arith, template=template, **more):
         b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith, **more}
-        return (_vector_twin(template, f"{name}_{label}", math_fn, **b),
-                in_place and _vector_twin(in_place, f"{name}_{label}", math_fn, **b))
-    single = fn32 and {F32: pair("f32_in_f32", half.F16, fn32, float32, value=_element)}
+        return _vector_twin(template, f"{name}_{label}", math_fn, **b)
+    single = fn32 and {F32: one("f32_in_f32", half.F16, fn32, float32, value=_element)}
     if fn16 is None:
-        kernels = {fmt: pair(label, fmt, fn, float64)
+        kernels = {fmt: one(label, fmt, fn, float64)
                    for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
         return {F32: kernels[half.F16], **kernels, **(single or {})}
     if bare and template in _BARE16:                  # the bare conversions (_BARE16)
         template = _BARE16[template]
-        in_place = _IN_PLACE[template]
-    return {F32: pair("f32", half.F16, fn, float64), **(single or {}),  # own cache names
-            half.F16: pair("f16_in_f32", half.F16, fn16, float32, template, in_place),
-            half.BF16: pair("bf16_in_f32", half.BF16, fn16, float32, template, in_place)}
+    return {F32: one("f32", half.F16, fn, float64), **(single or {}),  # own cache names
+            half.F16: one("f16_in_f32", half.F16, fn16, float32, template),
+            half.BF16: one("bf16_in_f32", half.BF16, fn16, float32, template)}
 
 
 @scalar_math
@@ -523,26 +466,33 @@ def dispatcher(op_name: str, plain_call, vector_call, native: bool,
     return native_half(kernel) if own_half else kernel
 
 
-def _mapped(kernel, ins, out, args, in_place=None, streaming=None):
+# A strided x is copied into a C-contiguous buffer of its own (layout.dense: allocated when
+# the call is bound, filled when it runs) and mapped from there. Gathered into out and
+# mapped in place instead, the vector kernels needed in-place twins: given two names for
+# one array, LLVM's run-time overlap check sends the loop to its scalar version (gelu_erf
+# over a strided (2048, 4096) half of a (2048, 8192) array took 153 ms where the
+# contiguous half took 39, one thread, load 7), and those twins, compiled for the strided
+# cases of every activation and dtype, were 56 of the 728 compilations of a cold
+# `gradcheck --all`, 28 s of its 165 s of compiling at a load of 6 (`python
+# bench/bench_first_run.py --breakdown --records F`). The buffer costs x's size, for
+# strided inputs only; the bits are the contiguous input's (test_elementwise.py).
+def _mapped(kernel, ins, out, args, streaming=None):
     """A call of map `kernel` on ins (the last of which is x, possibly strided) into out:
-    a strided x is first copied into out (layout.copy_call: a transposed view in tiles, any
-    other by numpy, whose copy picks the best loop order for any strides) and mapped in
-    place, by `in_place` (the kernel's twin without x) where given; 16-bit arrays as their
-    patterns. `streaming`: (op name, a function giving the kernel's streaming twin) or
-    None: a contiguous float32 x whose out streams (block.streams) takes the twin (the
-    fast path stream:<op>)."""
+    a strided x first copied C-contiguous (layout.dense: a transposed view in tiles, any
+    other by numpy, whose copy picks the best loop order for any strides); 16-bit arrays
+    as their patterns. `streaming`: (op name, a function giving the kernel's streaming
+    twin) or None: a contiguous float32 x whose out streams (block.streams) takes the twin
+    (the fast path stream:<op>)."""
     *rest, x = ins
     flat_out = as_patterns(out).reshape(-1)
     rest = [as_patterns(a).reshape(-1) for a in rest]
-    if x.flags.c_contiguous:
-        if (streaming is not None and streaming[1] is not None
-                and out.dtype == np.float32 and block.streams(out)):
-            paths.taken(f"stream:{streaming[0]}")
-            kernel = streaming[1]()
-        return call(kernel, *rest, as_patterns(x).reshape(-1), flat_out, args)
-    run = (call(in_place, *rest, flat_out, args) if in_place is not None
-           else call(kernel, *rest, flat_out, flat_out, args))
-    return sequence(layout.copy_call(out, x), run)
+    if (x.flags.c_contiguous and streaming is not None and streaming[1] is not None
+            and out.dtype == np.float32 and block.streams(out)):
+        paths.taken(f"stream:{streaming[0]}")
+        kernel = streaming[1]()
+    copies: list = []
+    x = layout.dense(x, copies)
+    return sequence(*copies, call(kernel, *rest, as_patterns(x).reshape(-1), flat_out, args))
 
 
 def unary(name: str):
@@ -567,8 +517,7 @@ def unary(name: str):
 
     def vector_call(out, ins, params, fmt):
         fmt = fmt if is_half(out.dtype) else F32
-        return _mapped(vector[fmt][0], ins, out, row.kernel_args(name, params),
-                       vector[fmt][1])
+        return _mapped(vector[fmt], ins, out, row.kernel_args(name, params))
 
     halves = (_half_kernels(_half_map, name, row.forward, scalar(row.forward))
               if name in HALF_NATIVE else None)
@@ -582,7 +531,7 @@ def unary(name: str):
 def unary_back(name: str):
     """The kernel of `<name>_back`: kernel(out, [g, x], **params) = g f'(x) in one pass,
     for unary op `name` of the table. g must be C-contiguous (the op's builder makes it
-    so); a strided x is gathered into out and mapped in place."""
+    so); a strided x is copied C-contiguous first (_mapped)."""
     row = table.UNARY[name]
     plain = specialise(_gradient_map, name, row.gradient, gradient=scalar(row.gradient))
     fast = FAST.get(name)
@@ -595,8 +544,7 @@ def unary_back(name: str):
 
     def vector_call(out, ins, params, fmt):
         fmt = fmt if is_half(out.dtype) else F32
-        return _mapped(vector[fmt][0], ins, out, row.kernel_args(row.back_name, params),
-                       vector[fmt][1])
+        return _mapped(vector[fmt], ins, out, row.kernel_args(row.back_name, params))
     return dispatcher(row.back_name, plain_call, vector and vector_call,
                        native=row.in_float64)
 

@@ -234,6 +234,16 @@ def _im2col_back_rows(g, dx, kh, kw, sh, sw, ph, pw, dh, dw):
 # --all`, about 8 s of CPU (`python bench/bench_first_run.py --breakdown`, load 5-6). The
 # plain twin's transposed views of NKHW columns are made after, from the copy: that twin
 # keeps its own layout.
+#
+# Likewise one dtype per call: where the columns' dtype is not the image's (im2col's
+# `dtype`), the dispatchers convert the input first and run the kernels of one dtype,
+# which a run compiles anyway (its float32 and float64 cases). The bits are the kernels'
+# own: float32 to float64 is exact; the forward's float64 to float32 cast is the one its
+# store made (both round to nearest even); the backward sums in float64 whatever its
+# arrays, so a float32 image is taken from a float64 result (rounded once, as the store
+# rounded it). The mixed pairs made 8 of the 48 compilations of _im2col and _im2col_back
+# in a cold `gradcheck --all` (`python bench/bench_first_run.py --breakdown --records F`);
+# a conversion pass costs the input's size, and only calls whose two dtypes differ take it.
 
 
 def window_size(k: int):
@@ -263,8 +273,10 @@ def _window_args(stride, padding, dilation) -> tuple:
 def cpu_im2col(out, ins, kh, kw, stride, padding, dilation, dtype, layout="NHWK"):
     """Dispatcher of im2col: kernel(out, [x], **params); out has the columns' dtype, and
     the shape of `layout`: (N, OH, OW, K) or, NKHW, (N, K, OH, OW). An image that is not
-    C-contiguous is copied first (layout.contiguous)."""
+    C-contiguous is copied first (layout.contiguous), one of another dtype converted."""
     x = contiguous(ins[0])
+    if x.dtype != out.dtype:
+        x = x.astype(out.dtype)          # one dtype per kernel (see above)
     if layout == "NKHW":
         if not paths.PLAIN:
             paths.taken("im2col:rows")
@@ -280,8 +292,20 @@ def cpu_im2col_back(out, ins, x_shape, kh, kw, stride, padding, dilation, dtype,
                     layout="NHWK"):
     """Dispatcher of im2col_back: kernel(dx, [g], **params); dx has the image's dtype, g
     the columns' shape in `layout` (see cpu_im2col); g copied first where it is not
-    C-contiguous (layout.contiguous)."""
+    C-contiguous (layout.contiguous), and of another dtype than dx's, summed into a
+    float64 image rounded once to dx's dtype."""
     g = contiguous(ins[0])
+    if g.dtype != out.dtype:             # one dtype per kernel (see above): in float64
+        wide = np.empty(out.shape, np.float64)
+        _col2im(g.astype(np.float64, copy=False), wide, x_shape, kh, kw, stride, padding,
+                dilation, layout)
+        np.copyto(out, wide)
+        return
+    _col2im(g, out, x_shape, kh, kw, stride, padding, dilation, layout)
+
+
+def _col2im(g, out, x_shape, kh, kw, stride, padding, dilation, layout):
+    """cpu_im2col_back's kernels on C-contiguous columns `g` of out's dtype."""
     if layout == "NKHW":
         if not paths.PLAIN:
             paths.taken("im2col_back:rows")

@@ -42,6 +42,7 @@ import numpy as np
 
 from engine.backends.cpu import paths, threads
 from engine.backends.cpu.jit import kernel, parallel_kernel, prange, scalar_math
+from engine.backends.cpu.layout import contiguous
 
 # the largest window (per axis) given its own compiled kernel when the windows tile the image;
 # each size compiles once (about 2 s) and is cached on disk
@@ -245,10 +246,17 @@ def _tiles(kernel, stride, padding) -> bool:
             and max(kernel) <= MAX_TILE and not paths.PLAIN)
 
 
+
+# Each dispatcher hands its kernels C-contiguous inputs (layout.contiguous: strided ones,
+# the permuted and sliced views of gradcheck's cases, copied first), so that numba compiles
+# each kernel once per dtype, not again for every layout: a strided x of _pool and g of
+# _avg_pool_back made 6 of their 10 compilations in a cold `gradcheck --all` (`python
+# bench/bench_first_run.py --breakdown --records F`). Contiguous inputs, as the benches
+# time, are passed as they are.
 @threads.split
 def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d: kernel(out, [x], **params)."""
-    (x,) = ins
+    x = contiguous(ins[0])
     if mode == "max" and _tiles(kernel, stride, padding):
         paths.taken("pool_2d:tiled")
         _max_pool_tiled(x, out, (0,) * kernel[0], (0,) * kernel[1])
@@ -263,7 +271,7 @@ def cpu_pool_2d_back(out, ins, mode, kernel, stride, padding):
     g, x, y = ins
     geometry = (kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
     if mode == "avg":
-        _avg_pool_back(g, out, *geometry)
+        _avg_pool_back(contiguous(g), out, *geometry)
         return
     # strided inputs (permuted views) are copied here, so that each kernel compiles for
     # C-contiguous arrays only; contiguous ones are passed as they are

@@ -10,8 +10,11 @@ freq_base^(-2i/n_dims) once per pair), then rotates each row (b, t, h) along its
     out[.., j1] = sign x[.., j0] s + x[.., j1] c          (sign +1: rope, -1: rope_back)
 
 dims j >= n_dims are copied. The arithmetic is float64, rounded once on store; float16 and
-bfloat16 inputs reach the kernel widened to float32 (engine.backends.cpu.half). Inputs are
-read through their strides (permuted, sliced and expanded views as they are). The table,
+bfloat16 inputs reach the kernel widened to float32 (engine.backends.cpu.half). A strided
+x (a permuted, sliced or expanded view) is copied C-contiguous first (layout.dense, when
+the call runs), so that numba compiles the kernel once per dtype, not again per layout
+(such views made 4 of its 6 compilations in a cold `gradcheck --all`: `python
+bench/bench_first_run.py --breakdown --records F`). The table,
 (T, n_dims/2, 2) float64, is a scratch buffer the dispatcher allocates when it binds the
 call (kernels never allocate) and the kernel fills from pos when it runs. Outputs of at
 least threads.MIN_ELEMENTS elements run as ranges of tokens on the engine's threads (the
@@ -24,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.backends.cpu import threads
+from engine.backends.calls import sequence
+from engine.backends.cpu import layout, threads
 from engine.backends.cpu.jit import bindable, call, kernel
 from engine.backends.rope_math import rope_cos_sin, rope_inv_freq, yarn_corr_dims
 
@@ -83,9 +87,12 @@ def _prepare(out, ins, sign, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ex
     low, high = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     factors = ff[0] if ff else out.reshape(-1)[:1]     # never read without factors
     table = np.empty((pos.shape[0], n_dims // 2, 2))
-    return call(_rope, _as_4d(x), pos, factors, bool(ff), _as_4d(out), table, int(n_dims),
-                mode == "neox", float(sign), float(freq_base), float(freq_scale), low,
-                high, float(ext_factor), float(attn_factor))
+    copies: list = []
+    x = layout.dense(_as_4d(x), copies)
+    return sequence(*copies, call(_rope, x, pos, factors, bool(ff), _as_4d(out), table,
+                                  int(n_dims), mode == "neox", float(sign), float(freq_base),
+                                  float(freq_scale), low, high, float(ext_factor),
+                                  float(attn_factor)))
 
 
 def _cpu_rope_prepare(out, ins, **params):

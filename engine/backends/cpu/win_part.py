@@ -9,7 +9,11 @@ npy = ceil(H / w) down, window p = py * npx + px:
     win_unpart:  out[h, v, c]    = y[(h // w) * npx + v // w, h % w, v % w, c]
 
 Both are gathers: each output element is written once, the padding included (the output
-buffer may hold garbage). Inputs may be strided views. Split on the engine's threads
+buffer may hold garbage). Inputs may be strided views: the dispatchers copy them
+C-contiguous first (layout.dense, the copy made when the call runs), so that numba
+compiles each kernel once per dtype, not again per layout (the transposed and sliced
+inputs of gradcheck's cases made 8 of the 12 compilations of the two in a cold `gradcheck
+--all`: `python bench/bench_first_run.py --breakdown --records F`). Split on the engine's threads
 (threads.split) along rows of windows: a chunk of window rows py0..py1 is the kernel itself
 on out[py0*npx : py1*npx] and x[py0*w : py1*w] (win_part), or on out[py0*w : py1*w] and
 y[py0*npx : py1*npx] (win_unpart), so a chunk computes exactly what the whole would.
@@ -19,7 +23,8 @@ from __future__ import annotations
 
 import functools
 
-from engine.backends.cpu import threads
+from engine.backends.calls import sequence
+from engine.backends.cpu import layout, threads
 from engine.backends.cpu.jit import bindable, kernel
 
 
@@ -83,14 +88,16 @@ def _part_window(out, ins):
 
 @bindable
 def _win_part_prepare(out, ins, window):
-    (x,) = ins
-    return functools.partial(_win_part, x, out, window)
+    copies: list = []
+    x = layout.dense(ins[0], copies)
+    return sequence(*copies, functools.partial(_win_part, x, out, window))
 
 
 @bindable
 def _win_unpart_prepare(out, ins, height, width, window):
-    (y,) = ins
-    return functools.partial(_win_unpart, y, out, window)
+    copies: list = []
+    y = layout.dense(ins[0], copies)
+    return sequence(*copies, functools.partial(_win_unpart, y, out, window))
 
 
 cpu_win_part = threads.split(

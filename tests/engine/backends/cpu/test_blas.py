@@ -8,7 +8,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backends.cpu.blas import gemm
+from engine.backends.cpu.blas import ready
+
+gemm = ready()      # the compilations the kernels call: one per dtype, any layout
 
 
 def _rows(rng, shape, dtype, pad):

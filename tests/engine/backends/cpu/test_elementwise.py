@@ -3,7 +3,7 @@ path `half:<op>`: relu and relu_back read and write 16-bit patterns in one pass)
 2^16 patterns of each format, the bits of their plain twins, the float32 kernels widened
 (half.widened), special values and signed zeros included; a strided input is gathered
 first; the 16-bit scale cases take them and plain mode does not. And the vector maps of a
-strided input, gathered into out and mapped in place, give the contiguous input's bits; the
+strided input, copied C-contiguous first, give the contiguous input's bits; the
 16-bit vector kernels of float32 math, with the bare conversions, those of the fixed-up
 ones. The plain rows' maps and cont's copies of big outputs, streamed, give the plain
 twins' bits."""
@@ -82,10 +82,10 @@ def test_the_16_bit_scale_cases_of_relu_take_the_pattern_kernels(text):
 
 @pytest.mark.parametrize("name", ["gelu_erf", "tanh", "sin"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
-def test_a_strided_input_maps_in_place_to_the_contiguous_bits(name, dtype):
-    """A strided x is gathered into out and mapped there (the vector maps' in-place twins;
-    sin's reach template has none and maps out onto itself): forward and gradient, the
-    bits of the same values read contiguous."""
+def test_a_strided_input_maps_to_the_contiguous_bits(name, dtype):
+    """A strided x is copied C-contiguous and mapped from there (elementwise._mapped; sin
+    by its reach template): forward and gradient, the bits of the same values read
+    contiguous."""
     x = np.random.default_rng(5).uniform(-6.0, 6.0, (64, 96)).astype(dtype)
     g = np.random.default_rng(6).uniform(-1.0, 1.0, (96, 64)).astype(dtype)
     for kernel, ins in ((cpu.unary(name), lambda v: [v]),
@@ -112,7 +112,7 @@ def _float32_math_kernels(name: str, which: str, bare: bool):
         kernels = cpu._vector_kernels(cpu._vector_gradient_map, cpu._vector_gradient_map_reach,
                                       name, fast.gradient, fast.reach, None, fast.gradient16,
                                       "gradient", bare=bare)
-    return {fmt: kernels[fmt][0] for fmt in (half.F16, half.BF16)}
+    return {fmt: kernels[fmt] for fmt in (half.F16, half.BF16)}
 
 
 def _at(buffer_items: int, dtype, start: int):
