@@ -203,10 +203,15 @@ def _phi_parts(v):
     return (half if v < 0.0 else 1.0 - half), e
 
 
+_HALF_REACH = 2.0 ** -30        # below, v Phi(v) = v / 2 (1 + 0.8 v) rounds as v / 2
+
+
 @scalar_math
 def gelu_erf(v, params):
-    """v Phi(v), within 0.5001 ulp of float32."""
-    return v * _phi_parts(v)[0]
+    """v Phi(v), within 0.5001 ulp of float32; v / 2 for |v| < 2^-30, the row's value
+    there (its erfc is 1), where the short erfc's 1 - 2^-45.7 at 0 would round the
+    smallest subnormal's half, a tie, up rather than to even."""
+    return 0.5 * v if abs(v) < _HALF_REACH else v * _phi_parts(v)[0]
 
 
 @scalar_math
