@@ -8,20 +8,21 @@ libm call per element keeps LLVM from vectorising the loop, and those kernels ra
 times slower than torch's on 8M float32 elements (issue 37). The functions here compute
 the rows' values in the rows' forms (none cancels: sigmoid's 1 - s as e^-|x| / (1 +
 e^-|x|), tanh's 1 - t^2 as 4 e^-2|x| / (1 + e^-2|x|)^2, gelu's 0.5 (1 + tanh) as a
-sigmoid), in float64 from vector_math's exp, expm1, log1p, log and erfc, each rounded
-once when stored in float32.
+sigmoid; gelu_erf's gradient as e^(-v^2/2) times a polynomial carrying the factor of its
+zero), in float64 from vector_math's exp, expm1, log1p, log and erfc (gelu_erf: their short
+forms, about 2^-42, which float32 results need no more than), each rounded once when
+stored in float32.
 
-Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at
-the true value, the correctly rounded result but within 10^-4 ulp of a tie, except
-gelu_erf's gradient, 0.51 near its zero, and the float32 arithmetic of sigmoid and tanh
-below, 0.76 (each docstring says its bound). Against float64
-references without cancellation (libm, mpmath where a gradient crosses 0), tests/engine/
-backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32 inputs (slow)
-and on every exponent, the saturation points, the gradients' zeros and the special
-values (fast); 16-bit results are within 0.5 + 2^-10 ulp of their format on all 2^16
-patterns. Special values are the row's: NaN in gives NaN out, the infinities give
-the row's limits (NaN where the row's formula gives inf * 0, as torch's does), a zero
-the row's zero with its sign.
+Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at the
+true value, the correctly rounded result but within 10^-4 ulp of a tie, except the float32
+arithmetic of sigmoid and tanh below, 0.76 (each docstring says its bound). Against
+float64 references without cancellation (libm, mpmath where a gradient crosses 0),
+tests/engine/backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32
+inputs (slow) and on every exponent, the saturation points, the gradients' zeros and the
+special values (fast); 16-bit results are within 0.5 + 2^-10 ulp of their format on all
+2^16 patterns. Special values are the row's: NaN in gives NaN out, the infinities give the
+row's limits (NaN where the row's formula gives inf * 0, as torch's does), a zero the
+row's zero with its sign.
 
 16-bit results need 11 (float16) or 8 (bfloat16) significant bits, and sigmoid, silu,
 gelu_erf, softplus, tanh and elu compute theirs in float32 arithmetic instead (forward16,
@@ -84,14 +85,16 @@ from engine.backends.cpu.vector_math import (
     TRIG_REACH,
     cos,
     erfc32_nonneg,
-    erfc_nonneg,
+    erfc_short_nonneg,
     exp,
     exp32_nonpositive,
     exp32_pair,
     exp_expm1,
     exp_expm1_32,
+    exp_short_nonpositive,
     expm1,
     fma32,
+    gelu_erf_slope_part,
     log,
     log1p,
     log1p32,
@@ -193,25 +196,34 @@ def gelu_gradient(g, v, params):
 def _phi_parts(v):
     """(Phi(v), e^(-v^2/2)): the standard normal cdf, 0.5 erfc(|v| / sqrt 2) for v < 0 and
     1 - that for v >= 0, and the exponential it is made from (v^2 of a widened float32 is
-    exact)."""
-    e = exp(-0.5 * (v * v))
-    half = 0.5 * erfc_nonneg(abs(v) * _INV_SQRT_2, e)
+    exact), each within about 2^-41 of itself (vector_math's short exp and erfc: float32
+    results need no more, and the kernels were bound by the arithmetic of the longer)."""
+    e = exp_short_nonpositive(-0.5 * (v * v))
+    half = 0.5 * erfc_short_nonneg(abs(v) * _INV_SQRT_2, e)
     return (half if v < 0.0 else 1.0 - half), e
+
+
+_HALF_REACH = 2.0 ** -30        # below, v Phi(v) = v / 2 (1 + 0.8 v) rounds as v / 2
 
 
 @scalar_math
 def gelu_erf(v, params):
-    """v Phi(v), within 0.5001 ulp of float32."""
-    return v * _phi_parts(v)[0]
+    """v Phi(v), within 0.5001 ulp of float32; v / 2 for |v| < 2^-30, the row's value
+    there (its erfc is 1), where the short erfc's 1 - 2^-45.7 at 0 would round the
+    smallest subnormal's half, a tie, up rather than to even."""
+    return 0.5 * v if abs(v) < _HALF_REACH else v * _phi_parts(v)[0]
 
 
 @scalar_math
 def gelu_erf_gradient(g, v, params):
-    """g (Phi(v) + v phi(v)), phi(v) = e^(-v^2/2) / sqrt(2 pi); within 0.51 ulp of
-    float32 (at g = 1; 0.5001 but at the inputs nearest its zero at -0.75179, where the
-    few float64 ulps of erfc's error are a visible part of the tiny result: 0.508)."""
-    p, e = _phi_parts(v)
-    return g * (p + v * (e * _INV_SQRT_2PI))
+    """g (Phi(v) + v phi(v)), phi(v) = e^(-v^2/2) / sqrt(2 pi): with e = e^(-v^2/2) and G =
+    vector_math.gelu_erf_slope_part(|v|), g e G for v < 0 and g (1 - e G) for v >= 0 (G
+    carries the factor |v| - |Z| of the zero at Z = -0.75179: nothing cancels); within
+    0.5001 ulp of float32 (at g = 1). Where e is 0 (|v| > 38.6), e G is -0 (G < 0 there):
+    plus 0 makes it the row's 0 + v 0 = +0."""
+    e = exp_short_nonpositive(-0.5 * (v * v))
+    eg = e * gelu_erf_slope_part(abs(v))
+    return g * (eg + 0.0 if v < 0.0 else 1.0 - eg)
 
 
 @scalar_math

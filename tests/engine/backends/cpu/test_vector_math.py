@@ -38,9 +38,21 @@ def _apply(which, x):
             out[i] = vm.cos(v)
         elif which == 7:
             out[i] = vm.exp_expm1(v)[0]
-        else:
+        elif which == 8:
             out[i] = vm.exp_expm1(v)[1]
+        elif which == 9:
+            out[i] = vm.exp_short_nonpositive(v)
+        elif which == 10:
+            out[i] = vm.erfc_short_nonneg(v, vm.exp_short_nonpositive(-(v * v)))
+        else:
+            out[i] = vm.gelu_erf_slope_part(v)
     return out
+
+
+def _gelu_erf_slope_part(a):
+    # erfcx(x) / 2 - x / sqrt(pi) at x = a / sqrt 2
+    x = a / mpmath.sqrt(2)
+    return mpmath.exp(x * x) * mpmath.erfc(x) / 2 - x / mpmath.sqrt(mpmath.pi)
 
 
 def _erfc_exact_square(v):
@@ -84,6 +96,19 @@ FUNCTIONS = {
     "exp_expm1[0]": (7, mpmath.exp, _spread(-745.0, 0.0), 1.5),
     "exp_expm1[1]": (8, mpmath.expm1, np.concatenate([_spread(-745.0, 0.0),
                                                        -_logspread(1e-300, 1.0)]), 1.5),
+    # the short ones, for gelu_erf's float32 results: 2^-46 and 2^-41 (measured 2^-46.7
+    # and 2^-42.3), 2^6 and 2^11 float64 ulps
+    "exp_short_nonpositive": (9, mpmath.exp, np.concatenate([_spread(-745.0, 0.0),
+                                                             -_logspread(1e-300, 1.0)]),
+                              2.0 ** 6),
+    "erfc_short_nonneg": (10, _erfc_exact_square,
+                          np.concatenate([_spread(0.0, vm._ERFCX_SHORT_X_HIGH),
+                                          _logspread(1e-300, 1.0)]), 2.0 ** 11),
+    # gelu_erf's gradient's G: 2^-44, 2^8 float64 ulps, to 14 sqrt 2 and around its zero
+    "gelu_erf_slope_part": (11, _gelu_erf_slope_part, np.concatenate([
+        _spread(0.0, 14.0 * math.sqrt(2.0)), _logspread(1e-300, 1.0),
+        vm._ZERO_ABS_HI + _logspread(1e-16, 0.1), vm._ZERO_ABS_HI - _logspread(1e-16, 0.1)]),
+        2.0 ** 8),
 }
 
 
@@ -120,6 +145,14 @@ def test_special_values():
     np.testing.assert_array_equal(_apply(4, np.array([0.0, 28.0, 1e300, np.inf])),
                                   [1.0, 0.0, 0.0, 0.0])
     assert np.isnan(_apply(4, np.array([np.nan]))).all()
+    np.testing.assert_array_equal(_apply(9, np.array([0.0, -0.0, -800.0, -np.inf])),
+                                  [1.0, 1.0, 0.0, 0.0])
+    assert np.isnan(_apply(9, np.array([np.nan]))).all()
+    short = _apply(10, np.array([0.0, 28.0, 1e300, np.inf]))      # erfc(0): 1 - 2^-45.7
+    assert abs(short[0] - 1.0) < 2.0 ** -41 and (short[1:] == 0.0).all()
+    assert np.isnan(_apply(10, np.array([np.nan]))).all()
+    slope = _apply(11, np.array([np.inf, np.nan]))
+    assert slope[0] == -np.inf and np.isnan(slope[1])
     sin = _apply(5, np.array([0.0, -0.0, np.nan]))
     assert sin[0] == 0.0 and math.copysign(1.0, sin[1]) == -1.0 and np.isnan(sin[2])
     np.testing.assert_array_equal(_apply(6, np.array([0.0, -0.0])), [1.0, 1.0])
@@ -165,6 +198,42 @@ def test_erfcx_coefficients_are_the_documented_fit():
     powers = [mpmath.fsum(cheb[m] * basis[m][p] for m in range(p, n) if p < len(basis[m]))
               for p in range(n)]
     assert tuple(float(c) for c in reversed(powers)) == vm._ERFCX
+
+
+def test_erfcx_short_coefficients_are_the_documented_fit():
+    """erfcx(4 (1 + t) / (1 - t)) interpolated at the 17 Chebyshev nodes of t in [-1,
+    (14 - 4) / (14 + 4)] in mpmath (40 digits), in powers of t: vector_math's
+    _ERFCX_SHORT, highest power first."""
+    mpmath.mp.dps = 40
+    n, k = len(vm._ERFCX_SHORT), vm._ERFCX_K
+    x_high = vm._ERFCX_SHORT_X_HIGH
+    low, high = -1.0, (x_high - k) / (x_high + k)
+    nodes = [(low + high) / 2 + (high - low) / 2 * mpmath.cos(mpmath.pi * (j + 0.5) / n)
+             for j in range(n)]
+    values = [mpmath.exp(x * x) * mpmath.erfc(x) for x in (k * (1 + t) / (1 - t) for t in nodes)]
+    powers = mpmath.lu_solve(mpmath.matrix([[t ** p for p in range(n)] for t in nodes]),
+                             mpmath.matrix(values))
+    assert tuple(float(powers[p]) for p in reversed(range(n))) == vm._ERFCX_SHORT
+
+
+def test_gelu_erf_slope_coefficients_are_the_documented_fit():
+    """(erfcx(x) / 2 - x / sqrt(pi)) / (sqrt(2) x - |Z|), Z where Phi(v) + v phi(v) crosses
+    0 (mpmath.findroot, 40 digits: vector_math's two parts of |Z|), interpolated at the 16
+    Chebyshev nodes of t = (x - 4) / (x + 4) in [-1, (14 - 4) / (14 + 4)] in mpmath, in
+    powers of t: vector_math's _GELU_ERF_SLOPE, highest power first."""
+    mpmath.mp.dps = 40
+    zero = -mpmath.findroot(lambda v: mpmath.ncdf(v) + v * mpmath.npdf(v), -0.75)
+    assert (vm._ZERO_ABS_HI, vm._ZERO_ABS_LO) == (float(zero), float(zero - float(zero)))
+    n, k = len(vm._GELU_ERF_SLOPE), vm._ERFCX_K
+    x_high = vm._ERFCX_SHORT_X_HIGH
+    low, high = -1.0, (x_high - k) / (x_high + k)
+    nodes = [(low + high) / 2 + (high - low) / 2 * mpmath.cos(mpmath.pi * (j + 0.5) / n)
+             for j in range(n)]
+    values = [(mpmath.exp(x * x) * mpmath.erfc(x) / 2 - x / mpmath.sqrt(mpmath.pi))
+              / (mpmath.sqrt(2) * x - zero) for x in (k * (1 + t) / (1 - t) for t in nodes)]
+    powers = mpmath.lu_solve(mpmath.matrix([[t ** p for p in range(n)] for t in nodes]),
+                             mpmath.matrix(values))
+    assert tuple(float(powers[p]) for p in reversed(range(n))) == vm._GELU_ERF_SLOPE
 
 
 # --- float32 arithmetic (the 16-bit kernels' math) ---------------------------------------------
