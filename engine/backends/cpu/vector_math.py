@@ -436,7 +436,7 @@ def exp32(x):
 # k is the same integer (rounding x / ln2 to one: ties cannot occur, x / ln2 of a float32 x
 # never being a half-integer below 151), so r and p are exp32's. Sigmoid's float16 forward
 # kernel took 0.38 ns an element on exp32, 0.31 on this (its serial compilation,
-# elementwise._vector_kernels(...)[F16][0].serial, on 32K values in [-6, 6], in cache:
+# elementwise._vector_kernels(...)[F16].serial, on 32K values in [-6, 6], in cache:
 # the median CPU time of 11 runs of 256 calls, one thread; on AVX-512 the loop is bound by
 # its two vector ports, and the two factors took 6 of its 37 operations). tests/engine/
 # backends/cpu/test_vector_math.py compares the bits with exp32's on every float32 x <= 0
