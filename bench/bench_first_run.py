@@ -207,8 +207,9 @@ def breakdown(records_to: str | None = None, ops=()) -> None:
                                                    for k, v in per.most_common(4)))
     if records_to:
         import json
-        with open(records_to, "w") as f:
-            json.dump(records, f, indent=0)
+
+        from engine.files import write_atomic
+        write_atomic(records_to, json.dumps(records, indent=0) + "\n")
     shutil.rmtree(cache, ignore_errors=True)
 
 

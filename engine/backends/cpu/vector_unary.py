@@ -203,15 +203,21 @@ def _phi_parts(v):
     return (half if v < 0.0 else 1.0 - half), e
 
 
-_HALF_REACH = 2.0 ** -30        # below, v Phi(v) = v / 2 (1 + 0.8 v) rounds as v / 2
+_HALF_REACH = 2.0 ** -30        # below, Phi(v) = 1/2 + v / sqrt(2 pi) to 2^-90
 
 
 @scalar_math
 def gelu_erf(v, params):
-    """v Phi(v), within 0.5001 ulp of float32; v / 2 for |v| < 2^-30, the row's value
-    there (its erfc is 1), where the short erfc's 1 - 2^-45.7 at 0 would round the
-    smallest subnormal's half, a tie, up rather than to even."""
-    return 0.5 * v if abs(v) < _HALF_REACH else v * _phi_parts(v)[0]
+    """v Phi(v), within 0.5001 ulp of float32; v (1/2 + v / sqrt(2 pi)) for |v| < 2^-30,
+    Phi's first two terms, exact there to float64's rounding: the short erfc's 1 - 2^-45.7
+    at 0 would round the smallest subnormal's half, a tie, up rather than to even (1/2 +
+    v / sqrt(2 pi) is 1/2 exactly in float64 there, as the row's erfc is 1), and v / 2
+    alone, off by 0.8 v relatively (0.012 ulp at 2^-30), took geglu_erf's product a
+    Phi(a) b, rounded once, to 0.509 ulp near a tie (tests/engine/backends/cpu/
+    test_glu.py, a = -9.18e-10)."""
+    if abs(v) < _HALF_REACH:
+        return v * (0.5 + v * _INV_SQRT_2PI)
+    return v * _phi_parts(v)[0]
 
 
 @scalar_math
