@@ -200,20 +200,27 @@ def test_erfcx_coefficients_are_the_documented_fit():
     assert tuple(float(c) for c in reversed(powers)) == vm._ERFCX
 
 
-def test_erfcx_short_coefficients_are_the_documented_fit():
-    """erfcx(4 (1 + t) / (1 - t)) interpolated at the 17 Chebyshev nodes of t in [-1,
-    (14 - 4) / (14 + 4)] in mpmath (40 digits), in powers of t: vector_math's
-    _ERFCX_SHORT, highest power first."""
+def _erfcx_fit(n: int, x_high: float):
+    """erfcx(k (1 + t) / (1 - t)), k = vector_math's _ERFCX_K, interpolated at the n
+    Chebyshev nodes of t in [-1, (x_high - k) / (x_high + k)] in mpmath (40 digits): its
+    powers of t, highest first."""
     mpmath.mp.dps = 40
-    n, k = len(vm._ERFCX_SHORT), vm._ERFCX_K
-    x_high = vm._ERFCX_SHORT_X_HIGH
+    k = vm._ERFCX_K
     low, high = -1.0, (x_high - k) / (x_high + k)
     nodes = [(low + high) / 2 + (high - low) / 2 * mpmath.cos(mpmath.pi * (j + 0.5) / n)
              for j in range(n)]
     values = [mpmath.exp(x * x) * mpmath.erfc(x) for x in (k * (1 + t) / (1 - t) for t in nodes)]
     powers = mpmath.lu_solve(mpmath.matrix([[t ** p for p in range(n)] for t in nodes]),
                              mpmath.matrix(values))
-    assert tuple(float(powers[p]) for p in reversed(range(n))) == vm._ERFCX_SHORT
+    return [powers[p] for p in reversed(range(n))]
+
+
+def test_erfcx_short_coefficients_are_the_documented_fit():
+    """erfcx(4 (1 + t) / (1 - t)) interpolated at the 17 Chebyshev nodes of t in [-1,
+    (14 - 4) / (14 + 4)] in mpmath (40 digits), in powers of t: vector_math's
+    _ERFCX_SHORT, highest power first."""
+    powers = _erfcx_fit(len(vm._ERFCX_SHORT), vm._ERFCX_SHORT_X_HIGH)
+    assert tuple(float(c) for c in powers) == vm._ERFCX_SHORT
 
 
 def test_gelu_erf_slope_coefficients_are_the_documented_fit():
@@ -375,16 +382,8 @@ def test_erfcx32_coefficients_are_the_documented_fit():
     """erfcx(4 (1 + t) / (1 - t)) interpolated at the 12 Chebyshev nodes of t in [-1,
     (10.5 - 4) / (10.5 + 4)] in mpmath (40 digits), in powers of t, rounded to float32:
     vector_math's _ERFCX32, highest power first."""
-    mpmath.mp.dps = 40
-    n, k = len(vm._ERFCX32), vm._ERFCX_K
-    x_high = vm._ERFCX32_X_HIGH
-    low, high = -1.0, (x_high - k) / (x_high + k)
-    nodes = [(low + high) / 2 + (high - low) / 2 * mpmath.cos(mpmath.pi * (j + 0.5) / n)
-             for j in range(n)]
-    values = [mpmath.exp(x * x) * mpmath.erfc(x) for x in (k * (1 + t) / (1 - t) for t in nodes)]
-    powers = mpmath.lu_solve(mpmath.matrix([[t ** p for p in range(n)] for t in nodes]),
-                             mpmath.matrix(values))
-    assert tuple(np.float32(float(powers[p])) for p in reversed(range(n))) == vm._ERFCX32
+    powers = _erfcx_fit(len(vm._ERFCX32), vm._ERFCX32_X_HIGH)
+    assert tuple(np.float32(float(c)) for c in powers) == vm._ERFCX32
 
 
 # --- float32 pairs, for float32 results ------------------------------------------------------
