@@ -94,6 +94,13 @@ STREAM_BYTES = 32                  # a streaming store's vector: 32-byte aligned
 # alternating in one process), ordinary stores / streaming: 4 MB 0.36 / 0.81 ms, 8 MB
 # 0.93 / 1.52, 16 MB 1.99 / 2.21, 32 MB 3.89 / 1.93, 64 MB 7.77 / 3.12.
 STREAM_MIN_BYTES = 16 << 20
+# A copy streams only where its contiguous runs are this long or longer: runs of a few
+# cache lines, each with its unaligned head and tail stored apart, took a permuted cont of
+# (8, 16, 1024, 64) float32 (256-byte runs) from 3.6 to 17.5 ms and pad's gradient
+# ((64, 32, 56, 56) rows of 224 bytes) from 5.5 to 24.4 ms forward + backward in the quiet
+# full run of `python bench/bench_ops.py` after issue 37's sixth round (commit 147fb80);
+# concat's rows of 8 KB stream.
+STREAM_MIN_RUN = 4096
 STREAMING = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -304,6 +311,7 @@ def copy_block_call(dst: np.ndarray, src: np.ndarray, add: bool = False):
     dims = coalesce(dst.shape, src.strides, dst.strides) or [(1, [0, 0])]
     sf, df = _span(src), _span(dst)
     stream = (not add and dims[-1][1] == [src.itemsize, dst.itemsize]
+              and dims[-1][0] * dst.itemsize >= STREAM_MIN_RUN
               and src.dtype == dst.dtype and streams(dst))
     if stream:
         paths.taken("copy:streaming")

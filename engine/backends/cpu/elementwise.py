@@ -643,9 +643,12 @@ _copy = specialise(_map, "copy", table.identity, forward=scalar(table.identity),
 def _cont_prepare(out, ins):
     """cont: a contiguous x copied by the copy map, a strided one gathered into out; a big
     x whose rows are contiguous (concat's gradients: halves of the upstream gradient's
-    rows) by block.copy_block's streaming stores (copy:streaming)."""
+    rows) by block.copy_block's streaming stores (copy:streaming) where its rows are
+    block.STREAM_MIN_RUN bytes or longer (shorter ones, a permuted view's, take the tiled
+    and numpy copies of layout.copy_call)."""
     (x,) = ins
-    if x.ndim and x.strides[-1] == x.itemsize and block.streams(out):
+    if (x.ndim and x.strides[-1] == x.itemsize
+            and x.shape[-1] * x.itemsize >= block.STREAM_MIN_RUN and block.streams(out)):
         return block.copy_block_call(as_patterns(out), as_patterns(x))
     if x.flags.c_contiguous:
         return call(_copy, x.reshape(-1), out.reshape(-1), ())

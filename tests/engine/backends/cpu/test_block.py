@@ -40,6 +40,7 @@ def test_the_broadcast_is_numpys_and_writes_nothing_around_it(case, streaming, m
     # reset between them); the vectors' alignment and each row's ends vary with the offset
     # and the row length
     monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
+    monkeypatch.setattr(block, "STREAM_MIN_RUN", 0)
     src, shape, offset = case
     size = int(np.prod(shape))
     buf = np.full(offset + size + 9, 7, src.dtype)
@@ -118,6 +119,7 @@ def test_copy_block_copies_or_adds_and_writes_nothing_around(case, add, streamin
     the block is src (or 7 + src), the rest of its buffer untouched; only a copy whose rows
     are contiguous in both arrays streams (copy:streaming), and plain mode never does."""
     monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0 if streaming else 1 << 62)
+    monkeypatch.setattr(block, "STREAM_MIN_RUN", 0)
     src, dst, buf = case
     keep = buf.copy()
     want = (dst + src).astype(dst.dtype) if add else src.copy()
@@ -136,3 +138,18 @@ def test_copy_block_copies_or_adds_and_writes_nothing_around(case, add, streamin
     with paths.plain(), paths.recording() as taken:
         block.copy_block(dst, src)
     assert not taken
+
+
+def test_copy_block_streams_only_long_contiguous_runs(monkeypatch):
+    """Runs shorter than STREAM_MIN_RUN bytes (a permuted view's 64 float32, pad's gradient
+    rows) take ordinary stores however big the copy; runs of that length stream."""
+    monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    src = np.arange(64 * 2048, dtype=np.float32).reshape(64, 2048)
+    for cols, streamed in ((block.STREAM_MIN_RUN // 4 - 1, False),
+                           (block.STREAM_MIN_RUN // 4, True)):
+        dst = np.zeros((64, 2048), np.float32)
+        with paths.recording() as taken:
+            block.copy_block(dst[:, :cols], src[:, :cols])
+        np.testing.assert_array_equal(dst[:, :cols], src[:, :cols])
+        assert not dst[:, cols:].any()
+        assert (taken["copy:streaming"] == 1) == (streamed and block.STREAMING), (cols, taken)

@@ -224,6 +224,7 @@ def test_the_streaming_map_gives_the_plain_maps_bits_and_writes_nothing_around(
     64-byte boundary (the head loop's length), the blocks and the ragged last one, special
     values and signed zeros among the inputs; the elements around out untouched."""
     monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(block, "STREAM_MIN_RUN", 0)
     kernel = get_op(name).kernels["cpu"]
     rng = np.random.default_rng(size)
     x = (rng.normal(size=size) * 10).astype(np.float32)
@@ -254,6 +255,7 @@ def test_small_float64_and_strided_maps_do_not_stream(monkeypatch):
             kernel(out, ins)
         assert not any(p.startswith("stream:") for p in taken)
     monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(block, "STREAM_MIN_RUN", 0)
     out = np.empty_like(x)
     with paths.recording() as taken:
         kernel(out, [x.T])
@@ -267,6 +269,7 @@ def test_cont_streams_rows_that_are_contiguous(dtype, view, monkeypatch):
     """cont of a contiguous x or of whole-row slices (concat's gradients) streams
     (copy:streaming) with the same bits; a transposed view takes the tiled copy."""
     monkeypatch.setattr(block, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(block, "STREAM_MIN_RUN", 0)
     base = np.random.default_rng(3).normal(size=(67, 130)).astype(dtype)
     x = {"contiguous": base, "half_rows": base[:, 65:], "transposed": base.T}[view]
     out = np.empty(x.shape, dtype)
