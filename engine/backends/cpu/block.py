@@ -189,14 +189,14 @@ def _broadcast_rows_streaming(src, s0, s1, dst, rows, n):
     """dst[i n + j] = src[i s0 + j s1] for i < rows, j < n (element strides; s1 is 0 or
     1: a row is a fill of one value or a contiguous copy), by streaming stores: each row's
     elements before its first STREAM_BYTES boundary and after its last whole vector by
-    ordinary stores, the vectors between by _stream_splat (a fill) or _stream_copy; a
-    store fence at the end."""
+    ordinary stores, the vectors between by _stream_splat (a fill; a copy is stream_run's);
+    a store fence at the end."""
     w = STREAM_BYTES // dst.itemsize
     for i in range(rows):
         d = dst[i * n:(i + 1) * n]
-        head = min(n, ((-d.ctypes.data) % STREAM_BYTES) // dst.itemsize)
-        body = head + (n - head) // w * w
         if s1 == 0:
+            head = min(n, ((-d.ctypes.data) % STREAM_BYTES) // dst.itemsize)
+            body = head + (n - head) // w * w
             v = src[i * s0]
             for j in range(head):
                 d[j] = v
@@ -205,13 +205,7 @@ def _broadcast_rows_streaming(src, s0, s1, dst, rows, n):
             for j in range(body, n):
                 d[j] = v
         else:
-            row = src[i * s0:i * s0 + n]
-            for j in range(head):
-                d[j] = row[j]
-            for j in range(head, body, w):
-                _stream_copy(d, j, row, j)
-            for j in range(body, n):
-                d[j] = row[j]
+            stream_run(d, src[i * s0:i * s0 + n])
     store_fence()
 
 
