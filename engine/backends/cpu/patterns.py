@@ -19,6 +19,9 @@ bit patterns, instead of through half.widened's float32 temporaries.
     row_extreme(xr, n, fmt, lowest)    max (or min) of xr[:n]'s values, by integer keys
     sum_any_order(a, n)                a[0] + ... + a[n - 1] in float64, in vector lanes
     dot_any_order(a, b, n, fmt)        the same for the products of a's and b's values
+    number_sum_any_order, number_dot_any_order   value_sum_any_order and dot_any_order
+                                       for rows holding no NaN pattern (value_number's
+                                       loads: the same bits there)
 
 Which implementation runs is chosen by numba when it compiles a kernel, from the argument
 types (numba.extending.overload): one kernel source serves float64, float32 and both
@@ -35,6 +38,7 @@ and a rounding pass (half.widened). A kernel taking patterns is marked with
 from __future__ import annotations
 
 import platform
+from types import FunctionType
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -373,21 +377,32 @@ def sum_any_order(a, n):
     return total
 
 
-@any_order
-def value_sum_any_order(a, n, fmt):
-    """value(a[0]) + ... + value(a[n - 1]) in float64, in vector lanes, as sum_any_order
+def _loading(template, load, name: str):
+    """`template`, a sum over elements read through its global name `load`, with `load`
+    bound (value, or value_number for rows known to hold no NaN pattern), compiled
+    any_order under `name` (numba's disk cache keys a function by its qualified name):
+    one loop for both loads, so that the two give the same bits on every row without a
+    NaN (softmax's backward reads through value_number first, then value where a sum is
+    not finite)."""
+    fn = FunctionType(template.__code__, {**template.__globals__, "load": load}, name)
+    fn.__qualname__ = name
+    fn.__doc__ = template.__doc__
+    return any_order(fn)
+
+
+def _sum_of_loads(a, n, fmt):
+    """load(a[0]) + ... + load(a[n - 1]) in float64, in vector lanes, as sum_any_order
     (for 16-bit patterns too)."""
     total = 0.0
     for j in range(n):
-        total += value(a[j], fmt)
+        total += load(a[j], fmt)  # noqa: F821
     return total
 
 
-@any_order
-def dot_any_order(a, b, n, fmt):
-    """value(a[0]) value(b[0]) + ... + value(a[n - 1]) value(b[n - 1]) in an order of
-    LLVM's choosing, as sum_any_order: in blocks of 1024 terms summed in the work type
-    (float32 lanes for 16-bit patterns, each lane adding at most 64 products, as
+def _dot_of_loads(a, b, n, fmt):
+    """load(a[0]) load(b[0]) + ... + load(a[n - 1]) load(b[n - 1]) in an order of LLVM's
+    choosing, as sum_any_order: in blocks of 1024 terms summed in the work type (float32
+    lanes for 16-bit patterns, each lane adding at most 64 products, as
     reduce.run_sum_any_order), the blocks' sums in float64."""
     total = 0.0
     for lo in range(0, n, 1024):
@@ -395,9 +410,16 @@ def dot_any_order(a, b, n, fmt):
         bb = b[lo:min(n, lo + 1024)]
         part = work(0.0, a)
         for j in range(ab.size):
-            part += value(ab[j], fmt) * value(bb[j], fmt)
+            part += load(ab[j], fmt) * load(bb[j], fmt)  # noqa: F821
         total += part
     return total
+
+
+value_sum_any_order = _loading(_sum_of_loads, value, "value_sum_any_order")
+dot_any_order = _loading(_dot_of_loads, value, "dot_any_order")
+# the same loops reading through value_number: for rows holding no NaN pattern
+number_sum_any_order = _loading(_sum_of_loads, value_number, "number_sum_any_order")
+number_dot_any_order = _loading(_dot_of_loads, value_number, "number_dot_any_order")
 
 
 def fmt_of(a: np.ndarray) -> int:

@@ -56,7 +56,6 @@ from engine.backends.alibi_math import alibi_slope
 from engine.backends.cpu import paths, threads
 from engine.backends.cpu.half import F16
 from engine.backends.cpu.jit import (
-    any_order,
     any_order_contracting,
     bindable,
     call,
@@ -72,6 +71,8 @@ from engine.backends.cpu.patterns import (
     exp_into,
     fmt_of,
     native_half,
+    number_dot_any_order,
+    number_sum_any_order,
     rounded,
     rounded_number,
     row_extreme,
@@ -273,47 +274,23 @@ def _float16_patterns(arr, fmt):
     return lambda arr, fmt: False
 
 
-@any_order
-def _number_sum(a, n, fmt):
-    """value_sum_any_order(a, n, fmt) for a row holding no NaN pattern (the same loop, its
-    loads patterns.value_number's: the same bits); some NaN, or an infinity, otherwise."""
-    total = 0.0
-    for j in range(n):
-        total += value_number(a[j], fmt)
-    return total
-
-
-@any_order
-def _number_dot(a, b, n, fmt):
-    """dot_any_order(a, b, n, fmt) for rows holding no NaN pattern (the same loop, its loads
-    patterns.value_number's: the same bits); some NaN, or an infinity, otherwise."""
-    total = 0.0
-    for lo in range(0, n, 1024):
-        ab = a[lo:min(n, lo + 1024)]
-        bb = b[lo:min(n, lo + 1024)]
-        part = work(0.0, a)
-        for j in range(ab.size):
-            part += value_number(ab[j], fmt) * value_number(bb[j], fmt)
-        total += part
-    return total
-
-
 @kernel
 def _back_sums(gr, yr, n, renormalize, fmt):
     """(1 / t, sum_k g_k y_k / t) of softmax_back's row, t = sum_k y_k (1 without
     renormalize), in float64: value_sum_any_order's and dot_any_order's sums, read without
-    value()'s signalling-NaN fix-up (_number_sum, _number_dot) and read again with it only
+    value()'s signalling-NaN fix-up (patterns' number_sum_any_order and
+    number_dot_any_order) and read again with it only
     where a sum is not finite (a NaN or an infinity in the row: the same bits, NaNs
     included). float16's fix-ups had taken half of the kernel's time: its backward over
     (1024, 1024) took 0.72 ms of one thread's CPU, 0.45 without (the kernel bound and called
     alone, the bench_half case's rows)."""
     inv = 1.0
     if renormalize:
-        t = _number_sum(yr, n, fmt)
+        t = number_sum_any_order(yr, n, fmt)
         if not math.isfinite(t):
             t = value_sum_any_order(yr, n, fmt)
         inv = 1.0 / t
-    dot = _number_dot(gr, yr, n, fmt)
+    dot = number_dot_any_order(gr, yr, n, fmt)
     if not math.isfinite(dot):
         dot = dot_any_order(gr, yr, n, fmt)
     return inv, dot * inv

@@ -10,8 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.backends.cpu.patterns import dot_any_order, fmt_of, value_sum_any_order
-from engine.backends.cpu.softmax import _number_dot, _number_sum, cpu_softmax_back
+from engine.backends.cpu.patterns import (
+    dot_any_order,
+    fmt_of,
+    number_dot_any_order,
+    number_sum_any_order,
+    value_sum_any_order,
+)
+from engine.backends.cpu.softmax import cpu_softmax_back
 
 HALF = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}
 # NaN patterns, signalling ones (quiet bit clear) among them
@@ -26,13 +32,13 @@ def _row(dtype, n, seed, scale):
 @given(dtype=st.sampled_from(sorted(HALF)), n=st.integers(1, 3000),
        seed=st.integers(0, 2 ** 32 - 1), scale=st.sampled_from([1e-3, 1.0, 300.0]))
 def test_the_sums_without_fix_ups_are_the_sums_with_them(dtype, n, seed, scale):
-    """_number_sum and _number_dot give value_sum_any_order's and dot_any_order's bits on
-    rows of numbers (blocks of 1024 products and a tail, subnormals and products that
-    overflow float32's blocks included at the scale 300)."""
+    """number_sum_any_order and number_dot_any_order give value_sum_any_order's and
+    dot_any_order's bits on rows of numbers (blocks of 1024 products and a tail, subnormals
+    and products that overflow float32's blocks included at the scale 300)."""
     a = _row(dtype, n, seed, scale).view(np.uint16)
     b = _row(dtype, n, seed + 1, scale).view(np.uint16)
     fmt = fmt_of(np.empty(1, HALF[dtype]))
-    got = np.array([_number_sum(a, n, fmt), _number_dot(a, b, n, fmt)])
+    got = np.array([number_sum_any_order(a, n, fmt), number_dot_any_order(a, b, n, fmt)])
     want = np.array([value_sum_any_order(a, n, fmt), dot_any_order(a, b, n, fmt)])
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
 
@@ -46,7 +52,8 @@ def test_a_nan_in_a_row_makes_its_sums_nans(dtype):
         a = _row(dtype, 1500, k, 1.0).view(np.uint16)
         b = _row(dtype, 1500, k + 9, 1.0).view(np.uint16)
         a[(k * 397) % a.size] = pattern
-        assert np.isnan(_number_sum(a, a.size, fmt)) and np.isnan(_number_dot(a, b, a.size, fmt))
+        assert np.isnan(number_sum_any_order(a, a.size, fmt))
+        assert np.isnan(number_dot_any_order(a, b, a.size, fmt))
         assert np.isnan(value_sum_any_order(a, a.size, fmt))
         assert np.isnan(dot_any_order(b, a, a.size, fmt))
 
