@@ -241,7 +241,7 @@ import numpy as np  # noqa: E402
 
 from engine import mutation  # noqa: E402
 from engine.backends.cpu import threads  # noqa: E402
-from engine.backends.cpu.reduce import add_partials  # noqa: E402
+from engine.backends.cpu.reduce import SumInChunks, add_partials  # noqa: E402
 from engine.mutation import Mutant  # noqa: E402
 from engine.mutation.kernels import prepared, reads_as_contiguous, unwritten  # noqa: E402
 from engine.mutation.patches import half_kernel_replaced, prepare_replaced  # noqa: E402
@@ -255,10 +255,10 @@ def sum_chunks_drop_tail(prepare):
         run, chunked = prepared(prepare, out, ins, params, "sum:chunks")
         if not chunked:
             return run
-        x_flat, acc = run.args[0], run.args[1]          # call(_sum_all, x, acc, out)
+        x_flat, acc = run.args[0], run.args[1]          # SumInChunks's
         if x_flat.size % acc.shape[0] == 0:
             return run
-        return functools.partial(run.func, x_flat[:-1], *run.args[1:])
+        return SumInChunks(x_flat[:-1], *run.args[1:])
     return mutated
 
 
@@ -289,7 +289,7 @@ def sum_chunks_split_drops_tail(prepare):
         run, split = prepared(prepare, out, ins, params, "sum:chunks_split")
         if not split:
             return run
-        x_flat, acc, flat_out, fmt, parts, chunks = run.args  # sum_in_chunks's
+        x_flat, acc, flat_out, fmt, parts, chunks = run.args  # SumInChunks's
         per = acc.shape[0] // parts
         if per * parts == acc.shape[0]:
             return run
