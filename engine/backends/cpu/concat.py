@@ -10,16 +10,19 @@ axis 0 the inputs are not cut with the output's rows, and it runs whole.
 
 from __future__ import annotations
 
+from engine.backends.calls import sequence
 from engine.backends.cpu import threads
-from engine.backends.cpu.block import copy_block
+from engine.backends.cpu.block import copy_block_call
+from engine.backends.cpu.jit import bindable
 
 
+@bindable
 def _cpu_concat(out, ins, axis):
-    """kernel(out, [a, b], axis)."""
+    """kernel(out, [a, b], axis), laid out once when bound (block.copy_block_call)."""
     a, b = ins
     head = (slice(None),) * axis
-    copy_block(out[head + (slice(0, a.shape[axis]),)], a)
-    copy_block(out[head + (slice(a.shape[axis], None),)], b)
+    return sequence(copy_block_call(out[head + (slice(0, a.shape[axis]),)], a),
+                    copy_block_call(out[head + (slice(a.shape[axis], None),)], b))
 
 
 def _rows(out, ins, parts):
