@@ -13,7 +13,13 @@ from engine.errors import BackendError
 from engine.tensor import is_half, line_aligned
 
 COPY_KERNEL_MIN = 1 << 12       # elements of a strided view below which numpy copies it
-BLAS_OPS = frozenset({"matmul", "attention_fwd", "attention_back"})  # cpu kernels calling BLAS
+# the ops whose CPU kernels call BLAS: a plan running one holds BLAS to one thread for all
+# its runs (running), where each kernel's own hold (threads.one_blas_thread) would set and
+# restore every BLAS library's threads at each call (conv_2d's: 15 of its small cases' 150
+# microseconds a run, 538,000 calls into threadpoolctl in a warm `gradcheck --op conv_2d
+# --op conv_2d_back_w` under cProfile)
+BLAS_OPS = frozenset({"matmul", "attention_fwd", "attention_back", "conv_2d", "conv_2d_back_x",
+                      "conv_2d_back_w"})
 
 
 class CpuBackend:

@@ -273,3 +273,29 @@ def test_blas_product_on_threads(shape, nthreads, split_everything):
     out = np.empty((m, n))
     mm.blas_product(a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_every_op_whose_kernel_calls_blas_holds_it_for_the_plan():
+    """A plan running an op whose CPU kernel calls BLAS holds BLAS to one thread for all
+    its runs (CpuBackend.running, BLAS_OPS): an op left out runs correctly but pays its
+    kernel's own hold at every call. The kernels calling BLAS are found in their modules'
+    sources (a product through blas.gemm, numpy's matmul, or a hold of their own)."""
+    import inspect
+    import sys
+
+    from engine.backends.cpu import BLAS_OPS
+    from engine.registry import OPS
+    calls_blas = set()
+    for name, op in OPS.items():
+        kernel = op.kernels.get("cpu")
+        module = sys.modules.get(getattr(kernel, "__module__", ""))
+        if kernel is None or isinstance(kernel, str) or module is None:
+            continue
+        if (not module.__name__.startswith("engine.backends.cpu.")
+                or module.__name__ == threads.__name__):    # the hold's own module
+            continue
+        source = inspect.getsource(module)
+        if any(s in source for s in ("gemm(", "np.matmul(", "one_blas_thread(")):
+            calls_blas.add(name)
+    assert {"matmul", "conv_2d", "attention_fwd"} <= calls_blas      # the scan finds them
+    assert calls_blas <= BLAS_OPS, sorted(calls_blas - BLAS_OPS)
