@@ -36,13 +36,16 @@ per-image weight products summed over the batch in float64, col2im's gather.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from engine.backends.calls import sequence
 from engine.backends.cpu import paths, threads
 from engine.backends.cpu.blas import gemm
 from engine.backends.cpu.im2col import _im2col, _im2col_back, window_size, window_table
-from engine.backends.cpu.jit import njit
-from engine.backends.cpu.layout import contiguous
+from engine.backends.cpu.jit import bindable, njit
+from engine.backends.cpu.layout import dense
 
 # partial sums of the weight's gradient, each over a fixed range of images, whatever the
 # number of threads (module doc)
@@ -155,81 +158,107 @@ def _parts(macs: int, n: int) -> int:
     return parts
 
 
-def _run(calls) -> None:
-    """The calls side by side, BLAS on one thread while they run (module doc)."""
-    with threads.one_blas_thread():
-        threads.side_by_side(calls)()
+def _held(calls):
+    """One call running `calls` side by side, BLAS on one thread while they run (module
+    doc; a plan with a convolution holds it already: engine.backends.cpu.BLAS_OPS)."""
+    together = threads.side_by_side(calls)
+
+    def run():
+        with threads.one_blas_thread():
+            together()
+    return run
 
 
+# The dispatchers are bindable (jit.bindable): a plan binds each node once, and its runs
+# only call. Laid out at every call, conv_2d_back_w's small gradcheck cases spent about 100
+# of their 110 microseconds a run in this Python (cProfile of a warm `gradcheck --op
+# conv_2d_back_w`), and gradcheck's numerical differences run a case's plan four times
+# per input element. Strided inputs are copied when the call runs (layout.dense).
+@bindable
 def cpu_conv_2d(out, ins, stride, padding, dilation):
     """Dispatcher of conv_2d: kernel(out, [x, w], **params); out (N, O, OH, OW) in w's
     dtype."""
-    x, w = contiguous(ins[0]), contiguous(ins[1])
+    copies: list = []
+    x, w = dense(ins[0], copies), dense(ins[1], copies)
     n, o, oh, ow = out.shape
     _, c, kh, kw = w.shape
     w_rows = w.reshape(o, c * kh * kw)
     if paths.PLAIN:
-        cols = _plain_columns(x, w.dtype, kh, kw, oh, ow, stride, padding, dilation)
-        np.matmul(w_rows, cols.reshape(n, c * kh * kw, oh * ow), out=out.reshape(n, o, -1))
-        return
+        def plain():
+            cols = _plain_columns(x, w.dtype, kh, kw, oh, ow, stride, padding, dilation)
+            np.matmul(w_rows, cols.reshape(n, c * kh * kw, oh * ow),
+                      out=out.reshape(n, o, -1))
+        return sequence(*copies, plain)
     paths.taken("conv_2d:columns")
     flat = out.reshape(n, o, oh * ow)
     geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
     parts = _parts(out.size * c * kh * kw, n)
-    _run([lambda lo=lo, hi=hi: _forward(x, w_rows, flat, lo, hi, *geo)
-          for lo, hi in threads.bounds(n, parts)])
+    return sequence(*copies, _held([
+        functools.partial(_forward, x, w_rows, flat, lo, hi, *geo)
+        for lo, hi in threads.bounds(n, parts)]))
 
 
+@bindable
 def cpu_conv_2d_back_x(out, ins, x_shape, dtype, stride, padding, dilation):
     """Dispatcher of conv_2d_back_x: kernel(dx, [g, w], **params); dx in the image's dtype,
     g (N, O, OH, OW) and w in one dtype."""
-    g, w = contiguous(ins[0]), contiguous(ins[1])
+    copies: list = []
+    g, w = dense(ins[0], copies), dense(ins[1], copies)
     n, o, oh, ow = g.shape
     _, c, kh, kw = w.shape
     w_rows = w.reshape(o, c * kh * kw)
     flat = g.reshape(n, o, oh * ow)
     if paths.PLAIN:
-        cols = np.matmul(w_rows.T, flat).reshape(n, c * kh * kw, oh, ow)
-        _im2col_back(cols.transpose(0, 2, 3, 1), out,
-                     window_table(x_shape[2], oh, kh, stride[0], padding[0], dilation[0]),
-                     window_table(x_shape[3], ow, kw, stride[1], padding[1], dilation[1]),
-                     window_size(kh), window_size(kw))
-        return
+        def plain():
+            cols = np.matmul(w_rows.T, flat).reshape(n, c * kh * kw, oh, ow)
+            _im2col_back(cols.transpose(0, 2, 3, 1), out,
+                         window_table(x_shape[2], oh, kh, stride[0], padding[0], dilation[0]),
+                         window_table(x_shape[3], ow, kw, stride[1], padding[1], dilation[1]),
+                         window_size(kh), window_size(kw))
+        return sequence(*copies, plain)
     paths.taken("conv_2d:columns")
     geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
     parts = _parts(g.size * c * kh * kw, n)
-    _run([lambda lo=lo, hi=hi: _image(w_rows, flat, out, lo, hi, *geo)
-          for lo, hi in threads.bounds(n, parts)])
+    return sequence(*copies, _held([
+        functools.partial(_image, w_rows, flat, out, lo, hi, *geo)
+        for lo, hi in threads.bounds(n, parts)]))
 
 
+@bindable
 def cpu_conv_2d_back_w(out, ins, w_shape, stride, padding, dilation):
     """Dispatcher of conv_2d_back_w: kernel(dw, [g, x], **params); dw (O, C, KH, KW) in
     g's dtype (the kernel's)."""
-    g, x = contiguous(ins[0]), contiguous(ins[1])
+    copies: list = []
+    g, x = dense(ins[0], copies), dense(ins[1], copies)
     n, o, oh, ow = g.shape
     _, c, kh, kw = w_shape
     k = c * kh * kw
     flat = g.reshape(n, o, oh * ow)
     if paths.PLAIN:
-        cols = _plain_columns(x, g.dtype, kh, kw, oh, ow, stride, padding, dilation)
-        per_image = np.matmul(flat, cols.reshape(n, k, oh * ow).transpose(0, 2, 1))
-        out.reshape(o, k)[...] = per_image.sum(axis=0, dtype=np.float64)
-        return
+        def plain():
+            cols = _plain_columns(x, g.dtype, kh, kw, oh, ow, stride, padding, dilation)
+            per_image = np.matmul(flat, cols.reshape(n, k, oh * ow).transpose(0, 2, 1))
+            out.reshape(o, k)[...] = per_image.sum(axis=0, dtype=np.float64)
+        return sequence(*copies, plain)
     paths.taken("conv_2d:columns")
     ranges = weight_ranges(n)
-    partials = np.empty((len(ranges), k, o), out.dtype)
+    partials = np.empty((len(ranges), k, o), out.dtype)   # each written whole by weight_t
     geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
 
-    def run(group):
-        for j in group:
+    def group(lo, hi):
+        for j in range(lo, hi):        # weight_t looked up when run: a replaceable helper
             weight_t(x, flat, partials[j], *ranges[j], *geo)
     parts = _parts(g.size * k, len(ranges))
-    _run([lambda lo=lo, hi=hi: run(range(lo, hi)) for lo, hi in threads.bounds(len(ranges),
-                                                                             parts)])
-    total = partials[0].astype(np.float64)
-    for j in range(1, len(ranges)):                        # in order: the same bits always
-        total += partials[j]
-    out.reshape(o, k)[...] = total.T
+    products = _held([functools.partial(group, lo, hi)
+                      for lo, hi in threads.bounds(len(ranges), parts)])
+
+    def run():
+        products()
+        total = partials[0].astype(np.float64)
+        for j in range(1, len(ranges)):                    # in order: the same bits always
+            total += partials[j]
+        out.reshape(o, k)[...] = total.T
+    return sequence(*copies, run)
 
 
 def weight_ranges(n: int) -> list[tuple[int, int]]:
