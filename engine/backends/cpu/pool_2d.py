@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.backends.calls import sequence
 from engine.backends.cpu import paths, threads
-from engine.backends.cpu.jit import kernel, parallel_kernel, prange, scalar_math
-from engine.backends.cpu.layout import contiguous
+from engine.backends.cpu.jit import bindable, call, kernel, parallel_kernel, prange, scalar_math
+from engine.backends.cpu.layout import dense
 
 # the largest window (per axis) given its own compiled kernel when the windows tile the image;
 # each size compiles once (about 2 s) and is cached on disk
@@ -247,37 +248,40 @@ def _tiles(kernel, stride, padding) -> bool:
 
 
 
-# Each dispatcher hands its kernels C-contiguous inputs (layout.contiguous: strided ones,
-# the permuted and sliced views of gradcheck's cases, copied first), so that numba compiles
-# each kernel once per dtype, not again for every layout: a strided x of _pool and g of
-# _avg_pool_back made 6 of their 10 compilations in a cold `gradcheck --all` (`python
+# Each dispatcher hands its kernels C-contiguous inputs (layout.dense: strided ones, the
+# permuted and sliced views of gradcheck's cases, copied when the call runs), so that numba
+# compiles each kernel once per dtype, not again for every layout: a strided x of _pool and
+# g of _avg_pool_back made 6 of their 10 compilations in a cold `gradcheck --all` (`python
 # bench/bench_first_run.py --breakdown --records F`). Contiguous inputs, as the benches
-# time, are passed as they are.
+# time, are passed as they are. The dispatchers are bindable (jit.bindable): a plan lays
+# each node out once, and its runs only call the kernel (gradcheck's numerical differences
+# run a case's plan four times per input element).
 @threads.split
+@bindable
 def cpu_pool_2d(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d: kernel(out, [x], **params)."""
-    x = contiguous(ins[0])
+    copies: list = []
+    x = dense(ins[0], copies)
     if mode == "max" and _tiles(kernel, stride, padding):
         paths.taken("pool_2d:tiled")
-        _max_pool_tiled(x, out, (0,) * kernel[0], (0,) * kernel[1])
-        return
-    _pool(x, out, mode == "max", kernel[0], kernel[1], stride[0], stride[1], padding[0],
-          padding[1])
+        return sequence(*copies, call(_max_pool_tiled, x, out, (0,) * kernel[0],
+                                      (0,) * kernel[1]))
+    return sequence(*copies, call(_pool, x, out, mode == "max", kernel[0], kernel[1],
+                                  stride[0], stride[1], padding[0], padding[1]))
 
 
 @threads.split
+@bindable
 def cpu_pool_2d_back(out, ins, mode, kernel, stride, padding):
     """Dispatcher of pool_2d_back: kernel(dx, [g, x, y], **params), y = pool_2d's output."""
-    g, x, y = ins
+    copies: list = []
     geometry = (kernel[0], kernel[1], stride[0], stride[1], padding[0], padding[1])
     if mode == "avg":
-        _avg_pool_back(contiguous(g), out, *geometry)
-        return
-    # strided inputs (permuted views) are copied here, so that each kernel compiles for
-    # C-contiguous arrays only; contiguous ones are passed as they are
-    g, x, y = (np.ascontiguousarray(a) for a in (g, x, y))
+        g = dense(ins[0], copies)         # before `copies` is read below
+        return sequence(*copies, call(_avg_pool_back, g, out, *geometry))
+    g, x, y = (dense(a, copies) for a in ins)
     if _tiles(kernel, stride, padding):
         paths.taken("pool_2d_back:tiled")
-        _max_pool_back_tiled(g, x, y, out, (0,) * kernel[0], (0,) * kernel[1])
-    else:
-        _max_pool_back(g, x, y, out, *geometry)
+        return sequence(*copies, call(_max_pool_back_tiled, g, x, y, out, (0,) * kernel[0],
+                                      (0,) * kernel[1]))
+    return sequence(*copies, call(_max_pool_back, g, x, y, out, *geometry))
