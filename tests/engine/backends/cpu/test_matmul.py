@@ -341,6 +341,7 @@ def _half_operands(dtype, case):
     return a.astype(dtype), b.astype(dtype)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", ["dense", "transposed", "sparse", "sparse_inf"])
 @pytest.mark.parametrize("split_min", [1 << 10, 1 << 19])
