@@ -5,6 +5,7 @@ benchmark, not a test).
     python bench/bench_half.py --repeat 30
     python bench/bench_half.py --threads 1     # both on one thread
     python bench/bench_half.py --statistic median
+    python bench/bench_half.py --case matmul   # only the cases whose name contains it
 
 For a 512x768 @ 768x512 matmul, a softmax over the rows of (1024, 1024) and a sum over the
 rows of (2048, 1024), in float16 and bfloat16 (and float32 for scale), prints the time of
@@ -128,11 +129,18 @@ def parse(argv=None):
                    help="what a figure is of its timed runs, the same on both sides: the "
                         "fastest (default: this machine's noise only adds time, see "
                         "op_timing.STATISTICS) or the median")
+    p.add_argument("--case", action="append", metavar="TEXT",
+                   help="only the cases whose name contains TEXT (repeatable; default all: "
+                        "matmul, softmax, sum)")
     p.add_argument("--threads", type=int, default=None,
                    help="threads for the engine and for torch alike (default: each's own)")
     args = p.parse_args(argv)
     if args.repeat < 1 or args.rounds < 1:
         p.error("--repeat and --rounds must be at least 1")
+    names = [c[0] for c in cases(np.random.default_rng(0))]
+    for text in args.case or ():
+        if not any(text in name for name in names):
+            p.error(f"no case contains {text!r} (cases: {', '.join(names)})")
     same_threads(p, args.threads)
     return args
 
@@ -144,6 +152,8 @@ def main(argv=None) -> int:
           f"{args.rounds} rounds, engine and torch taking turns")
     table, memory, ok = [], [], True
     for name, build, torch_fn, arrays in cases(np.random.default_rng(0)):
+        if args.case and not any(text in name for text in args.case):
+            continue
         times = measure(build, torch_fn, arrays, args.repeat, args.rounds, args.statistic)
         for dtype in DTYPES:
             for phase in PHASES:

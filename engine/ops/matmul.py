@@ -148,9 +148,11 @@ def _matmul_scale():
     big enough for BLAS on the engine's threads, in ragged row ranges, one with a
     transposed operand;
     a batched product split along its batch axis; the dense product in float16 and
-    bfloat16 (float32 accumulation), its operands (transposed ones in the backward) big
-    enough that their widening, and the 16-bit gradients' rounding, run on the engine's
-    threads (split:half_widen, split:half_store: half.SPLIT_MIN_ELEMENTS)."""
+    bfloat16 (float32 accumulation), its conversions inside BLAS's chunks (widen:fused:
+    a's rows, g's, the outputs' rounding, g shared by b's gradient's chunks) and the
+    operands every chunk reads whole (b, the transposed views in the backward) big enough
+    to be widened before, on the engine's threads (split:half_widen:
+    half.SPLIT_MIN_ELEMENTS)."""
     sparse = dict(kind="sparse", low=0.0, high=1.0)
     return [scale_case("matmul", [InputSpec("a", (1000, 784), **sparse),
                                   InputSpec("b", (784, 2000))]),

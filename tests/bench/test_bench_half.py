@@ -100,3 +100,19 @@ def test_the_exit_status_and_the_statistic(monkeypatch, capsys, bf16, statistic,
     assert asked == [(4, 3, statistic)] * 3
     assert f"the {statistic} of 4 runs in 3 rounds" in out
     assert ("all targets met" if code == 0 else "SOME TARGETS MISSED") in out
+
+
+def test_case_picks_the_cases_whose_name_contains_it(monkeypatch, capsys):
+    asked = []
+
+    def planted(build, torch_fn, arrays, repeat, rounds, statistic="min"):
+        asked.append(len(arrays))
+        return _times()
+    monkeypatch.setattr(bench_half, "measure", planted)
+    monkeypatch.setattr(bench_half, "forward_bytes", lambda build, arrays: arrays[0].itemsize)
+    assert bench_half.main(["--case", "matmul"]) == 0
+    assert asked == [2]                                  # matmul's two operands only
+    assert "softmax" not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        bench_half.parse(["--case", "conv"])
+    assert exit_.value.code == 2 and "no case contains 'conv'" in capsys.readouterr().err

@@ -174,7 +174,45 @@ def widened_copy(a: np.ndarray, split: bool = False, empty=None) -> np.ndarray:
     src, dst, fmt = _patterns(block), out.reshape(-1), _format(a.dtype)
     in_ranges(lambda lo, hi: widen_array(src[lo:hi], dst[lo:hi], fmt), src.size,
               "half_widen" if split else None)
-    return out if order is None else out.transpose(np.argsort(order))
+    return out if order is None else out.transpose(_inverse(order))
+
+
+def widened_like(a: np.ndarray, empty) -> np.ndarray:
+    """The float32 array, in a's shape, that widened_copy(a, empty=empty) would fill: the
+    contiguous block `empty(shape)` gives, viewed in a's layout (widen_into fills it later)."""
+    order = _memory_order(a)
+    if order is None:
+        return empty(a.shape)
+    return empty(tuple(a.shape[i] for i in order)).transpose(_inverse(order))
+
+
+def memory_blocks(a: np.ndarray, dst: np.ndarray):
+    """(a as the contiguous block it is a permutation of, dst (widened_like(a)) permuted
+    alike: its contiguous float32 block), or None where a is no such view."""
+    if a.flags.c_contiguous:
+        return a, dst
+    order = _memory_order(a)
+    return None if order is None else (a.transpose(order), dst.transpose(order))
+
+
+def widen_into(dst: np.ndarray, a: np.ndarray, split: bool = False) -> None:
+    """dst (float32, a's shape) = 16-bit `a`'s values, by widened_copy (looked up in this
+    module at each call: the self-test's mutants replace it) writing into dst where dst is
+    laid out as widened_copy lays out a's copy (widened_like, or a range of rows of such a
+    block), else copied from a new array; `split` as widened_copy's."""
+    if a.flags.c_contiguous and dst.flags.c_contiguous:
+        got = widened_copy(a, split=split, empty=lambda shape: dst)
+        if got is not dst:                 # a replacement's own array
+            np.copyto(dst, got)
+        return
+    order = _memory_order(a)
+    block = dst if order is None else dst.transpose(order)
+    if block.flags.c_contiguous:
+        got = widened_copy(a, split=split, empty=lambda shape: block)
+    else:
+        got = widened_copy(a, split=split)
+    if got is not dst and not np.may_share_memory(got, dst):   # a replacement's own array
+        np.copyto(dst, got)
 
 
 def in_ranges(call, size: int, name: str | None) -> None:
@@ -199,12 +237,20 @@ def in_ranges(call, size: int, name: str | None) -> None:
 SPLIT_MIN_ELEMENTS = 1 << 19
 
 
+def _inverse(order) -> tuple:
+    """The permutation that undoes `order` (np.argsort's, without its cost per call)."""
+    return tuple(order.index(i) for i in range(len(order)))
+
+
 def _memory_order(a: np.ndarray):
     """The permutation of a's axes that makes it C-contiguous (its axes by decreasing
     stride), or None where none does or a is contiguous already."""
     if a.flags.c_contiguous or a.ndim < 2:
         return None
-    order = tuple(int(i) for i in np.argsort([-s for s in a.strides], kind="stable"))
+    if a.ndim == 2:                      # the common case without argsort's cost per call
+        order = (0, 1) if a.strides[0] >= a.strides[1] else (1, 0)
+    else:
+        order = tuple(int(i) for i in np.argsort([-s for s in a.strides], kind="stable"))
     return order if a.transpose(order).flags.c_contiguous else None
 
 
@@ -331,9 +377,14 @@ def widened(kernel, update: bool = False, split: bool = False):
     backend's too); `update`: the kernel writes its inputs in place too; `split`: the
     conversions on the engine's threads (SPLIT_ARRAYS), for a kernel that no split encloses,
     and its temporaries in the calling thread's kept buffers where they fit (Scratch: the
-    fast path widen:scratch; plain mode takes new arrays).
+    fast path widen:scratch; plain mode takes new arrays); a split kernel with a
+    `bind_widened` (matmul's) runs its conversions inside its own chunks where that returns
+    a run (the fast path widen:fused), with the kept buffers.
     A bindable kernel (engine.backends.cpu.jit.bindable) stays one."""
     inner = getattr(kernel, "bind", None)
+    # a kernel that converts inside its own chunks (matmul's: bind_widened(out, ins,
+    # **params) -> run(scratch), or None where it does not apply)
+    fused = getattr(kernel, "bind_widened", None) if split and not update else None
 
     def prepare(out, ins, **params):
         def wide_kernel(wide_out, wide_ins):
@@ -346,8 +397,11 @@ def widened(kernel, update: bool = False, split: bool = False):
             is_half(a.dtype) and a.size <= SCRATCH_MAX_ELEMENTS for a in (out, *ins))
         if kept:
             paths.taken("widen:scratch")
+        fused_run = None if fused is None or paths.PLAIN else fused(out, ins, **params)
 
         def run():
+            if fused_run is not None and Scratch.held(fused_run):
+                return
             if kept and Scratch.held(lambda scratch: run_widened(
                     wide_kernel, out, ins, update, scratch_arrays(scratch))):
                 return

@@ -48,6 +48,7 @@ result can differ in its sign.
 from __future__ import annotations
 
 import functools
+import threading
 
 import numba
 import numpy as np
@@ -55,6 +56,7 @@ import numpy as np
 from engine.backends.cpu import half, layout, paths, threads
 from engine.backends.cpu import matmul_sparse as sp
 from engine.backends.cpu.jit import bindable
+from engine.tensor import is_half
 
 # The cost model, in multiply-adds on BLAS, fitted on one thread to the sparse path's CPU time
 # over BLAS's by `python bench/fit_sparse_matmul.py --repeats 11` (least squares over 72
@@ -197,6 +199,19 @@ class SparseProduct:
         return min(SAMPLE_STEP * sp.lines_cost(self.sample_lines, 1, along, self.entry),
                    sp.lines_cost(self.sample_cross, SAMPLE_STEP, across, self.entry))
 
+    def sampled_lines(self, s):
+        """The lines of 2-D `s` (of s's shape) that the estimate reads: rows 0, SAMPLE_STEP,
+        ... of s, or of s^T where s's columns are its lines."""
+        return s[::SAMPLE_STEP] if self.by_rows else s[:, ::SAMPLE_STEP].T
+
+    def rejected_early(self) -> bool:
+        """Whether `pays` says no before counting all of s and d: the cost besides the lines'
+        over the limit, or the estimate from the sampled lines (which alone it reads) over
+        SAMPLE_MARGIN times it."""
+        limit = SPARSE_MAX_COST * self.s.size - self.overhead
+        return limit <= 0 or (len(self.sample_lines) >= 4
+                              and self._sample_cost() > SAMPLE_MARGIN * limit)
+
     def pays(self) -> bool:
         """Whether the sparse path is estimated to cost at most SPARSE_MAX_COST of BLAS, and
         d is finite.
@@ -206,11 +221,9 @@ class SparseProduct:
         for `run`)."""
         s = self.s
         m, k = s.shape
+        if self.rejected_early():
+            return False
         limit = SPARSE_MAX_COST * s.size - self.overhead
-        if limit <= 0:
-            return False
-        if len(self.sample_lines) >= 4 and self._sample_cost() > SAMPLE_MARGIN * limit:
-            return False
         nonfinite = sp.count_nonzeros.for_size(s.size + self.d.size)(
             s, self.row_counts, self.col_counts, self.col_partials, self.by_rows, self.d_scan)
         if nonfinite:            # a skipped 0 * inf would be NaN in BLAS
@@ -386,6 +399,132 @@ def blas_product(a, b, out) -> None:
         np.matmul(a, b, out=out)
 
 
+class _Shared:
+    """The widening of an operand that every chunk of a product reads whole, as ranges of
+    its memory block's rows: each chunk `take`s the ranges that no chunk has taken yet (its
+    own first) and widens them, then `wait`s for those the others took. Chunks run one after
+    another (the pool busy with another plan) never wait: the first takes them all."""
+
+    def __init__(self, dst, a, parts):
+        self.dst, self.a = dst, a
+        blocks = half.memory_blocks(a, dst)
+        self.ranges = [None] if blocks is None else threads.bounds(blocks[0].shape[0], parts)
+        self.block16, self.block32 = blocks or (None, None)
+        # a range is taken by whoever acquires its claim first; its `done` lock, held from
+        # here, is released when it is widened (plain locks: cheaper to make than Events)
+        self.claims = [threading.Lock() for _ in self.ranges]
+        self.done = [threading.Lock() for _ in self.ranges]
+        for d in self.done:
+            d.acquire()
+        self.failed = False
+
+    def take(self, first: int) -> None:
+        n = len(self.ranges)
+        for j in [(first + i) % n for i in range(n)]:
+            if not self.claims[j].acquire(blocking=False):
+                continue
+            try:
+                if self.ranges[j] is None:
+                    half.widen_into(self.dst, self.a)
+                else:
+                    lo, hi = self.ranges[j]
+                    half.widen_into(self.block32[lo:hi], self.block16[lo:hi])
+            except BaseException:
+                self.failed = True
+                raise
+            finally:
+                self.done[j].release()
+
+    def wait(self) -> bool:
+        """Whether every range was widened (False: a chunk's widening raised)."""
+        for d in self.done:
+            d.acquire()
+            d.release()
+        return not self.failed
+
+
+def bind_widened(out, ins):
+    """A 16-bit product out = a @ b (2-D, all three 16-bit) with its conversions inside
+    BLAS's chunks (the fast path widen:fused): run(scratch), its float32 temporaries from
+    half.Scratch; None where it does not apply (one thread, plain mode, batched or mixed
+    products, products that blas_product does not split by rows).
+    Each chunk, a range of out's rows, widens its rows of a (a C-contiguous a), computes
+    its rows of the product by the BLAS call blas_product makes for them, and rounds them
+    into out at once, while they are in its cache (half.store); an operand that every
+    chunk reads whole (b, and a transposed a) is widened before the product, in ranges on
+    the engine's threads (half.widen_into, split), where it has SPLIT_MIN_ELEMENTS or more,
+    else in the chunks' own hand-over (_Shared: each chunk widens a part, then waits for
+    the others'). The zero-skipping product's choice reads the operands: where both
+    products' estimates from their sampled lines (widened first) say BLAS, the chunks run;
+    else everything is widened and the choice made as cpu_matmul makes it. The same BLAS
+    calls on the same values, exact widening and elementwise rounding: the bits of the
+    widened float32 kernel at the same thread count."""
+    a, b = ins
+    parts = threads.parts()
+    if (parts < 2 or out.ndim != 2 or a.ndim != 2 or b.ndim != 2
+            or not out.flags.c_contiguous
+            or not (is_half(out.dtype) and is_half(a.dtype) and is_half(b.dtype))
+            or out.shape[0] < parts or out.size * a.shape[1] < threads.MIN_MACS
+            or np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        return None
+    paths.taken("widen:fused")
+    rows = threads.bounds(out.shape[0], parts)
+    a_rows = a.flags.c_contiguous
+    a_before = not a_rows and a.size >= half.SPLIT_MIN_ELEMENTS
+    b_before = b.size >= half.SPLIT_MIN_ELEMENTS
+    last = []            # [(the temporaries' addresses and strides, their sparse products)]
+
+    def run(scratch):
+        wide_out = scratch.empty(out.shape)
+        wide_a, wide_b = (half.widened_like(x, scratch.empty) for x in (a, b))
+        a_ready, b_ready = a_before, b_before
+        if a_before:
+            half.widen_into(wide_a, a, split=True)
+        if b_before:
+            half.widen_into(wide_b, b, split=True)
+        key = tuple((x.ctypes.data, x.strides) for x in (wide_out, wide_a, wide_b))
+        if not last or last[0][0] != key:
+            products = sparse_products(wide_out, wide_a, wide_b)
+            # each product's sampled lines, float32 and 16-bit, where not widened before
+            samples = [(p.sampled_lines(p.s), p.sampled_lines(b.T if p.transposed else a))
+                       for p in products if not (b_before if p.transposed else a_before)]
+            last[:] = [(key, products, samples)]
+        _, products, samples = last[0]
+        if products:
+            for wide_lines, lines in samples:
+                half.widen_into(wide_lines, lines)
+            if not all(p.rejected_early() for p in products):
+                if not a_ready:
+                    half.widen_into(wide_a, a, split=True)
+                if not b_ready:
+                    half.widen_into(wide_b, b, split=True)
+                a_ready = b_ready = True
+                p = choose_product(products)
+                if p is not None:
+                    paths.taken(f"matmul:{path_name(p)}")
+                    p.run()
+                    half.split_store(out, wide_out)
+                    return
+        shared = [_Shared(w, x, parts) for w, x, ready in
+                  ((wide_a, a, a_ready or a_rows), (wide_b, b, b_ready)) if not ready]
+        own_rows = a_rows and not a_ready
+        paths.taken("matmul:blas_chunks")
+
+        def chunk(c):
+            lo, hi = rows[c]
+            for sh in shared:
+                sh.take(c)
+            if own_rows:
+                half.widen_into(wide_a[lo:hi], a[lo:hi])
+            for sh in shared:
+                if not sh.wait():
+                    return           # another chunk's widening raised: the pool raises it
+            np.matmul(wide_a[lo:hi], wide_b, out=wide_out[lo:hi])
+            half.store(out[lo:hi], wide_out[lo:hi])
+        threads.side_by_side([functools.partial(chunk, c) for c in range(len(rows))])()
+    return run
+
+
 @half.widens_on_threads
 @functools.partial(threads.split, chunks=matmul_chunks)
 @bindable
@@ -393,7 +532,14 @@ def cpu_matmul(out, ins):
     """Dispatcher of matmul: kernel(out, [a, b]). A 16-bit node's operands are widened to
     float32 and its output rounded (half.widened) on the engine's threads: only BLAS's
     chunks were split, and at 2 threads the serial conversions made a bfloat16 product
-    1.31 times the float32 one (python bench/bench_ops.py --op matmul, quiet, 45d1d98)."""
+    1.31 times the float32 one (python bench/bench_ops.py --op matmul, quiet, 45d1d98).
+    A 2-D 16-bit product that BLAS's chunks split by rows converts inside them
+    (bind_widened, the path widen:fused): below half.SPLIT_MIN_ELEMENTS the conversions
+    still ran on the calling thread while the other core waited, and the rounding read the
+    output back after it had left the cache: the calling thread's CPU per bfloat16 call of
+    bench_half's 512x768 @ 768x512 over the float32 product's, forward 1.23-1.26 against
+    main's 1.31-1.44, backward 1.25-1.26 against 1.37-1.43 (docs/performance.md, "16-bit
+    kernels", issue 37's seventh round)."""
     a, b = ins
     products = sparse_products(out, a, b)
     if not products:
@@ -407,3 +553,6 @@ def cpu_matmul(out, ins):
             paths.taken(f"matmul:{path_name(p)}")
             p.run()
     return run
+
+
+cpu_matmul.bind_widened = bind_widened

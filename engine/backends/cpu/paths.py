@@ -4,7 +4,8 @@ Every fast path of the CPU kernels (a kernel split into chunks on the engine's t
 zero-skipping matmul, the tiled transposed copy, the tiled max pooling, col2im's scatter,
 im2col's and col2im's rows, the chunked sums, the streamed broadcasts and copies, the column bands
 of get_rows_back's scatter, numba's parallel compilations, the activations' vectorised float32 math,
-attention's compiled tasks, a 16-bit product's kept temporaries) has a plain twin, and gradcheck's
+attention's compiled tasks, a 16-bit product's kept temporaries and conversions inside its
+chunks) has a plain twin, and gradcheck's
 scale tier compares the two.
 Three tools make that possible:
 
@@ -75,6 +76,10 @@ KNOWN = {
             "temporaries (engine.backends.cpu.elementwise.HALF_NATIVE)",
     "widen:scratch": "a 16-bit product's float32 temporaries in buffers its thread keeps "
                      "between calls, instead of new arrays per call",
+    "widen:fused": "a 16-bit product's conversions inside its BLAS chunks (each chunk "
+                   "widening its rows of the left operand or a part of an operand all read, "
+                   "and rounding its rows of the output), instead of before and after the "
+                   "product",
     "attention:tiles": "attention's query rows in blocks, each block's products apart",
     "attention:causal_skip": "causal attention's blocks skipping the keys none of their "
                              "rows sees",

@@ -279,3 +279,28 @@ def test_kept_temporaries_are_poisoned_fresh_in_nested_calls_and_above_the_cap(m
     with paths.poisoned():
         half.Scratch.held(lambda scratch: seen.append(scratch.empty((4, 5))))
     assert np.shares_memory(seen[0], seen[1]) and np.isnan(seen[1]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+def test_widen_into_fills_the_layout_widened_like_gives(dtype, monkeypatch):
+    """widen_into writes widened_copy's values into widened_like's array (contiguous, a
+    transposed view, every other row of a bigger one, row ranges of its memory block), and
+    copies where widened_copy returns an array of its own (the self-test's replacements)."""
+    base = np.resize(ALL_PATTERNS, (96, 130)).view(dtype)
+    for a in (base, base.T, base[::2]):
+        dst = half.widened_like(a, lambda shape: np.full(shape, np.nan, np.float32))
+        half.widen_into(dst, a)
+        assert np.array_equal(dst.view(np.uint32), half.widened_copy(a).view(np.uint32))
+        blocks = half.memory_blocks(a, dst)
+        if blocks is not None:
+            src, wide = blocks
+            assert src.flags.c_contiguous and wide.flags.c_contiguous
+            wide[...] = np.nan
+            for lo, hi in ((0, 7), (7, src.shape[0])):
+                half.widen_into(wide[lo:hi], src[lo:hi])
+            assert np.array_equal(dst.view(np.uint32), half.widened_copy(a).view(np.uint32))
+    real = half.widened_copy
+    monkeypatch.setattr(half, "widened_copy", lambda a, **kwargs: real(a))
+    dst = half.widened_like(base.T, lambda shape: np.zeros(shape, np.float32))
+    half.widen_into(dst, base.T)
+    assert np.array_equal(dst.view(np.uint32), real(base.T).view(np.uint32))

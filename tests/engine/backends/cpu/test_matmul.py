@@ -311,3 +311,122 @@ def test_fc_layer_on_sparse_images(dtype):
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(gx, want_gx, rtol=tol, atol=tol)
     np.testing.assert_allclose(gw, want_gw, rtol=tol, atol=tol)
+
+
+# --- 16-bit products with their conversions in BLAS's chunks (bind_widened) ------------------
+def _widened_kernels():
+    """(the backend's widened kernel of matmul, which takes widen:fused where it applies;
+    the same kernel without bind_widened: operands widened, product, rounding, one after
+    another)."""
+    import types
+
+    from engine.backends.cpu import half
+    unfused = types.SimpleNamespace(bind=cpu_matmul.bind, __name__="cpu_matmul")
+    return half.widened(cpu_matmul, split=True), half.widened(unfused, split=True)
+
+
+def _half_operands(dtype, case):
+    """(a, b) 16-bit for `case`: dense, transposed views, a sparse left operand (the
+    zero-skipping product chosen after everything is widened) or one beside an infinity
+    (counted, then BLAS)."""
+    rng = np.random.default_rng(11)
+    m, k, n = (M, K, N) if case.startswith("sparse") else (200, 150, 160)
+    a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
+    if case == "transposed":
+        a, b = np.ascontiguousarray(a.T).T, np.ascontiguousarray(b.T).T
+    if case in ("sparse", "sparse_inf"):
+        a = a * (rng.random((m, k)) < 0.02)
+    if case == "sparse_inf":
+        b[3, 4] = np.inf
+    return a.astype(dtype), b.astype(dtype)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ["dense", "transposed", "sparse", "sparse_inf"])
+@pytest.mark.parametrize("split_min", [1 << 10, 1 << 19])
+def test_a_fused_16_bit_product_gives_the_bits_of_the_unfused_one(dtype, case, split_min,
+                                                                  monkeypatch):
+    """widen:fused (each chunk widening its rows of a, or a part of an operand every chunk
+    reads, and rounding its rows of the product) against the same kernel converting before
+    and after the product, at 3 threads, in poisoned temporaries: the same bits, with
+    shared operands widened before the product (split_min small) or in the chunks; the
+    sparse product where the zeros pay, chosen as the float32 kernel chooses."""
+    import ml_dtypes
+
+    from engine.backends.cpu import half, paths
+    dt = np.dtype(np.float16) if dtype == "float16" else np.dtype(ml_dtypes.bfloat16)
+    monkeypatch.setattr(threads, "THREADS", 3)
+    monkeypatch.setattr(threads, "MIN_MACS", 1 << 12)
+    monkeypatch.setattr(half, "SPLIT_MIN_ELEMENTS", split_min)
+    fused, unfused = _widened_kernels()
+    a, b = _half_operands(dt, case)
+    want, got = (np.empty((a.shape[0], b.shape[1]), dt) for _ in range(2))
+    with paths.poisoned(), paths.recording() as before:
+        unfused(want, [a, b])
+    for _ in range(2):                     # the second call reuses its sparse products
+        with paths.poisoned(), paths.recording() as taken:
+            fused(got, [a, b])
+        assert taken["widen:fused"] == 1, sorted(taken)
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+        sparse_paths = {p for p in taken if p.startswith("matmul:sparse")}
+        assert sparse_paths == {p for p in before if p.startswith("matmul:sparse")}
+        assert bool(sparse_paths) == (case == "sparse")
+
+
+def test_a_fused_product_runs_its_chunks_one_by_one_when_the_pool_is_busy(monkeypatch):
+    """With the engine's workers held by another plan the chunks run one after another on
+    the calling thread: the first widens every shared part, none waits."""
+    import ml_dtypes
+    monkeypatch.setattr(threads, "THREADS", 3)
+    monkeypatch.setattr(threads, "MIN_MACS", 1 << 12)
+    fused, unfused = _widened_kernels()
+    a, b = _half_operands(np.dtype(ml_dtypes.bfloat16), "transposed")
+    want, got = (np.empty((a.shape[0], b.shape[1]), a.dtype) for _ in range(2))
+    unfused(want, [a, b])
+    assert threads._POOL.lock.acquire(blocking=False)
+    try:
+        fused(got, [a, b])
+    finally:
+        threads._POOL.lock.release()
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_failing_shared_widening_is_raised_and_nothing_waits_for_ever(monkeypatch):
+    """A chunk whose part of a shared operand fails to widen sets its part done and the
+    failure: the others stop waiting and the product raises the error."""
+    import ml_dtypes
+
+    from engine.backends.cpu import half
+    monkeypatch.setattr(threads, "THREADS", 2)
+    monkeypatch.setattr(threads, "MIN_MACS", 1 << 12)
+    fused, _ = _widened_kernels()
+    a, b = _half_operands(np.dtype(ml_dtypes.bfloat16), "transposed")
+    real = half.widen_into
+
+    def failing(dst, src, split=False):
+        if dst.shape[0] < b.shape[0] and np.may_share_memory(src, b.T[-1]):
+            raise ValueError("injected")
+        return real(dst, src, split)
+    monkeypatch.setattr(half, "widen_into", failing)
+    with pytest.raises(ValueError, match="injected"):
+        fused(np.empty((a.shape[0], b.shape[1]), a.dtype), [a, b])
+
+
+def test_plain_mode_and_one_thread_do_not_fuse(monkeypatch):
+    """widen:fused needs the engine's threads: plain mode and one thread take the widened
+    kernel as it was (kept temporaries only outside plain mode)."""
+    import ml_dtypes
+
+    from engine.backends.cpu import paths
+    monkeypatch.setattr(threads, "MIN_MACS", 1 << 12)
+    fused, _ = _widened_kernels()
+    a, b = _half_operands(np.dtype(ml_dtypes.bfloat16), "dense")
+    out = np.empty((a.shape[0], b.shape[1]), a.dtype)
+    monkeypatch.setattr(threads, "THREADS", 1)
+    with paths.recording() as one:
+        fused(out, [a, b])
+    monkeypatch.setattr(threads, "THREADS", 3)
+    with paths.plain(), paths.recording() as plain:
+        fused(out, [a, b])
+    assert "widen:fused" not in one and not plain

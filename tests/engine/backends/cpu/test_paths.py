@@ -43,6 +43,7 @@ REACHED_BY = {
     "half": ("relu", "relu(type=f16,x=[1031,1031])"),
     "stream": ("sgn", "sgn(type=f32,x=[2048,2063])"),
     "widen:scratch": ("matmul", "matmul(type=bf16,a=[523,1031]"),
+    "widen:fused": ("matmul", "matmul(type=bf16,a=[523,1031]"),
     "attention:tiles": ("attention", "mask=[131,263]"),
     "attention:causal_skip": ("attention", "type=f32,q=[1,4,257,64]"),
     "attention:compiled": ("attention", "q=[2,2,300,64]"),
@@ -99,13 +100,15 @@ def test_softmax_rows_split_forward_and_backward(dtype):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_a_16_bit_product_converts_on_the_engines_threads(dtype):
-    """The 16-bit products of matmul's scale case widen their operands (a and b forward,
-    their transposed views backward) and round their big outputs (both gradients) in
-    ranges on the engine's threads (split:half_widen, split:half_store), besides BLAS's
-    chunks; plain mode converts in one range."""
+    """The 16-bit products of matmul's scale case (forward and both gradients) convert in
+    BLAS's chunks (widen:fused: a's rows forward and g's for a's gradient, the rounding of
+    every output, b's gradient's g shared in the chunks); the operands every chunk reads
+    whole and of at least half.SPLIT_MIN_ELEMENTS (b forward, its and a's transposed views
+    backward) are widened before, in ranges on the engine's threads (split:half_widen);
+    plain mode converts in one range."""
     case = _case("matmul", f"matmul(type={dtype},a=[523,1031]")
     taken = _run(case)
-    assert taken["split:half_widen"] >= 4 and taken["split:half_store"] >= 2, sorted(taken)
+    assert taken["widen:fused"] == 3 and taken["split:half_widen"] >= 3, sorted(taken)
     assert taken["matmul:blas_chunks"] > 0, sorted(taken)
     with paths.plain():
         assert not _run(case)
@@ -214,7 +217,7 @@ def test_numba_parallel_compilations_are_reached_when_turned_on(monkeypatch):
 @pytest.mark.parametrize("family", ["split", "matmul:sparse", "copy:tiled", "pool_2d:tiled",
                                     "sum:rows", "get_rows_back:bands",
                                     "attention:causal_skip", "attention:compiled", "vector",
-                                    "half"])
+                                    "half", "widen:fused"])
 def test_plain_mode_takes_no_fast_path(family):
     op, text = REACHED_BY[family]
     case = _case(op, text)
