@@ -541,8 +541,9 @@ def tanh_gradient_f32(g, v, params):
 
 # --- float32 arithmetic for float32 results without pairs (candidates) ----------------------
 # The functions above carry e^x as a pair (vector_math.exp32_pair), about 30 of the ~55
-# vector operations of sigmoid's kernel: 0.92 ns an element in cache against torch's 0.58
-# (tanh 0.95 against 0.51; serial kernels, one thread, 128K values in [-6, 6]). These take
+# operations (counted in the source) of sigmoid's kernel: 0.92 ns an element in cache
+# against torch's 0.58 (tanh 0.95 against 0.51; serial kernels, one thread, 128K values in
+# [-6, 6]; docs/performance.md's activations section has the candidates'). These take
 # vector_math.exp32_fast_parts' e^x = (1 + r + w) 2^k instead, in four forms each, for the
 # owner's choice of accuracy against speed (FAST does not use them):
 #   tight: e 2^64 = ehs + els from r and w unrounded (h + hl = s + r s exactly, then w s
