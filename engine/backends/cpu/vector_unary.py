@@ -64,10 +64,19 @@ gradient is None for exp and log, whose gradients are composed of engine ops; `r
 bounds the inputs the functions take (sin and cos: |x| <= 2^20, vector_math.TRIG_REACH),
 beyond which the kernel computes the row's libm math instead (in float64).
 
-F32_CANDIDATES holds float32 forms of sigmoid's and tanh's forward32 and gradient32 without
-pairs of e^x (the last section), faster and less accurate, for the owner to choose from;
-FAST does not use them, and tests/engine/backends/cpu/test_vector_unary.py holds their
-bounds (CANDIDATE_ULPS).
+Since issue 37's seventh round FAST's sigmoid and tanh take the `tight` forms (the last
+section): e^x as (1 + r + w) 2^k from vector_math.exp32_fast_parts, its range reduction's
+rounding kept but no pair after it, 1 / (1 + e) with its residual, the result rounded
+once, within the same 0.76 ulp over all 2^32 inputs (sigmoid 0.7578 forward and gradient,
+tanh 0.5852 and 0.7565, the largest again where the result is subnormal) and 15-35%
+faster in cache than the pairs above: the serial kernels, ns an element on 128K values,
+sigmoid forward 0.68 and 0.59 against 0.96 and 0.91, gradient 0.87 and 0.86 against 1.14
+and 1.07, tanh forward 0.92 and 0.79 against 1.03 and 0.99, gradient 0.91 and 0.91
+against 1.17 and 1.10 (two runs, load 1-6; docs/performance.md's activations section
+names the command). F32_CANDIDATES holds every form, the pairs among them, for the
+precision decision issue 37 leaves open: `fast` (0.85 ulp), `mid` (1.5; tanh's forward
+2.3) and `lean` (torch's forms, every operation rounded: 2.8-5.1), each faster;
+tests/engine/backends/cpu/test_vector_unary.py holds their bounds (CANDIDATE_ULPS).
 
 Every function is `scalar_math`: numba inlines it into the kernel that calls it (the
 templates of engine.backends.cpu.elementwise), which is compiled contracting; inlined by
@@ -539,13 +548,14 @@ def tanh_gradient_f32(g, v, params):
     return _logistic_slope(g, -_TWO * abs(v), np.float32(4.0))
 
 
-# --- float32 arithmetic for float32 results without pairs (candidates) ----------------------
+# --- float32 arithmetic for float32 results without pairs (FAST's tight; candidates) -------
 # The functions above carry e^x as a pair (vector_math.exp32_pair), about 30 of the ~55
 # operations (counted in the source) of sigmoid's kernel: 0.92 ns an element in cache
 # against torch's 0.58 (tanh 0.95 against 0.51; serial kernels, one thread, 128K values in
 # [-6, 6]; docs/performance.md's activations section has the candidates'). These take
-# vector_math.exp32_fast_parts' e^x = (1 + r + w) 2^k instead, in four forms each, for the
-# owner's choice of accuracy against speed (FAST does not use them):
+# vector_math.exp32_fast_parts' e^x = (1 + r + w) 2^k instead, in four forms each: `tight`
+# within the pairs' 0.76 ulp (FAST's since issue 37's seventh round), the others for the
+# owner's choice of accuracy against speed:
 #   tight: e 2^64 = ehs + els from r and w unrounded (h + hl = s + r s exactly, then w s
 #          added by Fast2Sum), the rest as the pair functions above: 1 / (1 + e) = rh + rl,
 #          the result rounded once;
@@ -828,15 +838,18 @@ def tanh_gradient_f32_lean(g, v, params):
 
 # the candidates, by (op, forward or gradient): {form: function}
 F32_CANDIDATES = {
-    ("sigmoid", "forward"): {"tight": sigmoid_f32_tight, "fast": sigmoid_f32_fast,
-                             "mid": sigmoid_f32_mid, "lean": sigmoid_f32_lean},
-    ("sigmoid", "gradient"): {"tight": sigmoid_gradient_f32_tight,
+    ("sigmoid", "forward"): {"pairs": sigmoid_f32, "tight": sigmoid_f32_tight,
+                             "fast": sigmoid_f32_fast, "mid": sigmoid_f32_mid,
+                             "lean": sigmoid_f32_lean},
+    ("sigmoid", "gradient"): {"pairs": sigmoid_gradient_f32,
+                              "tight": sigmoid_gradient_f32_tight,
                               "fast": sigmoid_gradient_f32_fast,
                               "mid": sigmoid_gradient_f32_mid,
                               "lean": sigmoid_gradient_f32_lean},
-    ("tanh", "forward"): {"tight": tanh_f32_tight, "fast": tanh_f32_fast, "mid": tanh_f32_mid,
-                          "lean": tanh_f32_lean},
-    ("tanh", "gradient"): {"tight": tanh_gradient_f32_tight, "fast": tanh_gradient_f32_fast,
+    ("tanh", "forward"): {"pairs": tanh_f32, "tight": tanh_f32_tight, "fast": tanh_f32_fast,
+                          "mid": tanh_f32_mid, "lean": tanh_f32_lean},
+    ("tanh", "gradient"): {"pairs": tanh_gradient_f32, "tight": tanh_gradient_f32_tight,
+                           "fast": tanh_gradient_f32_fast,
                            "mid": tanh_gradient_f32_mid, "lean": tanh_gradient_f32_lean},
 }
 
@@ -853,10 +866,10 @@ class VectorMath(NamedTuple):
 
 FAST = {
     "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
-                          gradient16=sigmoid_gradient32, forward32=sigmoid_f32,
-                          gradient32=sigmoid_gradient_f32),
+                          gradient16=sigmoid_gradient32, forward32=sigmoid_f32_tight,
+                          gradient32=sigmoid_gradient_f32_tight),
     "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32,
-                       forward32=tanh_f32, gradient32=tanh_gradient_f32),
+                       forward32=tanh_f32_tight, gradient32=tanh_gradient_f32_tight),
     "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),
