@@ -2,6 +2,7 @@
 
     python bench/bench_vector_kernels.py                        # every op, 128K and 8M
     python bench/bench_vector_kernels.py --op tanh --op sigmoid --sizes 131072
+    python bench/bench_vector_kernels.py --form lean     # a candidate form of sigmoid, tanh
 
 bench_ops.py times whole graphs at 8M elements, where memory, the executor and the
 allocator share the figure with the arithmetic. This times the kernels themselves, to say
@@ -29,7 +30,7 @@ from tabulate import tabulate
 
 from engine import elementwise as table
 from engine.backends.cpu import elementwise
-from engine.backends.cpu.vector_unary import FAST
+from engine.backends.cpu.vector_unary import F32_CANDIDATES, FAST
 
 aten = torch.ops.aten
 
@@ -60,15 +61,21 @@ def aligned(n: int) -> np.ndarray:
     return raw[start:start + 4 * n].view(np.float32)
 
 
-def engine_kernels(name: str):
-    """(forward(x, y), gradient(g, x, out)): op `name`'s serial float32 vector kernels."""
+def engine_kernels(name: str, form: str | None = None):
+    """(forward(x, y), gradient(g, x, out)): op `name`'s serial float32 vector kernels, with
+    vector_unary.F32_CANDIDATES' `form` of its float32 math where given."""
     row, fast = table.UNARY[name], FAST[name]
+    label = name        # the kernels' cache names: a form's own (numba's disk cache keys a
+    if form is not None:    # kernel by its name and its sources' files, the same for all)
+        fast = fast._replace(forward32=F32_CANDIDATES[(name, "forward")][form],
+                             gradient32=F32_CANDIDATES[(name, "gradient")][form])
+        label = f"{name}_{form}"
     forward = elementwise._vector_kernels(
-        elementwise._vector_map, elementwise._vector_map_reach, name, fast.forward,
+        elementwise._vector_map, elementwise._vector_map_reach, label, fast.forward,
         fast.reach, elementwise.scalar(row.forward), fast.forward16, "forward",
         fast.forward32)[elementwise.F32].serial
     gradient = elementwise._vector_kernels(
-        elementwise._vector_gradient_map, elementwise._vector_gradient_map_reach, name,
+        elementwise._vector_gradient_map, elementwise._vector_gradient_map_reach, label,
         fast.gradient, fast.reach, elementwise.scalar(row.gradient), fast.gradient16,
         "gradient", fast.gradient32)[elementwise.F32].serial
     params = row.kernel_args(name, {})
@@ -90,9 +97,9 @@ def alternate(calls, repeat: int) -> list[float]:
     return [float(np.median(t)) for t in times]
 
 
-def measure(name: str, n: int, repeat: int) -> list:
+def measure(name: str, n: int, repeat: int, form: str | None = None) -> list:
     """[op, n, engine fwd, torch fwd, ratio, engine grad, torch grad, ratio] in ns/element."""
-    forward, gradient = engine_kernels(name)
+    forward, gradient = engine_kernels(name, form)
     torch_forward, torch_gradient = TORCH[name]
     rng = np.random.default_rng(0)
     x, y, g, o = aligned(n), aligned(n), aligned(n), aligned(n)
@@ -115,7 +122,13 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="131072,8388608",
                    help="comma-separated element counts (default 131072,8388608)")
     p.add_argument("--repeat", type=int, default=9, help="timed calls per figure (median)")
+    forms = sorted({f for forms in F32_CANDIDATES.values() for f in forms})
+    p.add_argument("--form", choices=forms,
+                   help="sigmoid's and tanh's float32 math in this form of "
+                        "vector_unary.F32_CANDIDATES instead of FAST's")
     args = p.parse_args(argv)
+    if args.form and not set(args.op or ["sigmoid", "tanh"]) <= {"sigmoid", "tanh"}:
+        p.error("--form applies to sigmoid and tanh only (--op)")
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
@@ -124,13 +137,13 @@ def main(argv=None) -> int:
         p.error("--repeat and every size must be >= 1")
     torch.set_num_threads(1)
     rows = []
-    for name in args.op or sorted(TORCH):
+    for name in args.op or (["sigmoid", "tanh"] if args.form else sorted(TORCH)):
         for n in sizes:
-            rows.append(measure(name, n, args.repeat))
+            rows.append(measure(name, n, args.repeat, args.form))
             print(f"{name} {n}: forward {rows[-1][4]:.2f}, gradient {rows[-1][7]:.2f}",
                   file=sys.stderr, flush=True)
     print(f"torch {torch.__version__}, one thread each; median CPU time of {args.repeat} "
-          "alternating calls; ns an element")
+          f"alternating calls; ns an element{f'; form {args.form}' if args.form else ''}")
     print(tabulate(rows, headers=["op", "elements", "engine fwd", "torch fwd", "fwd ratio",
                                   "engine grad", "torch grad", "grad ratio"],
                    floatfmt=".2f"))

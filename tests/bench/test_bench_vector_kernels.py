@@ -18,7 +18,8 @@ import bench_vector_kernels as bench  # noqa: E402
 
 
 @pytest.mark.parametrize("argv", [["--sizes", "12,x"], ["--sizes", "0"], ["--repeat", "0"],
-                                  ["--op", "relu"]])
+                                  ["--op", "relu"], ["--form", "lean", "--op", "silu"],
+                                  ["--form", "nope"]])
 def test_bad_options_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
@@ -53,3 +54,20 @@ def test_a_run_prints_one_row_per_op_and_size(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("tanh")]
     assert [r.split()[1] for r in rows] == ["64", "1000"]
+
+
+def test_a_form_times_that_candidate(capsys):
+    """--form times F32_CANDIDATES' form: its kernel is the candidate's (lean's forward
+    differs from FAST's tight in some bits on a dense sample), and the table says so."""
+    import numpy as np
+    x = np.linspace(-6.0, 6.0, 4099, dtype=np.float32)
+    outs = []
+    for form in (None, "lean"):
+        forward, _ = bench.engine_kernels("tanh", form)
+        y = np.empty_like(x)
+        forward(x, y)
+        outs.append(y)
+    assert not np.array_equal(outs[0], outs[1])
+    assert bench.main(["--form", "lean", "--sizes", "64", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "form lean" in out and out.count("\nsigmoid") + out.count("\ntanh") == 2

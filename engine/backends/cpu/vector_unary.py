@@ -64,6 +64,20 @@ gradient is None for exp and log, whose gradients are composed of engine ops; `r
 bounds the inputs the functions take (sin and cos: |x| <= 2^20, vector_math.TRIG_REACH),
 beyond which the kernel computes the row's libm math instead (in float64).
 
+Since issue 37's seventh round FAST's sigmoid and tanh take the `tight` forms (the last
+section): e^x as (1 + r + w) 2^k from vector_math.exp32_fast_parts, its range reduction's
+rounding kept but no pair after it, 1 / (1 + e) with its residual, the result rounded
+once, within the same 0.76 ulp over all 2^32 inputs (sigmoid 0.7578 forward and gradient,
+tanh 0.5852 and 0.7565, the largest again where the result is subnormal) and 15-35%
+faster in cache than the pairs above: the serial kernels, ns an element on 128K values,
+sigmoid forward 0.68 and 0.59 against 0.96 and 0.91, gradient 0.87 and 0.86 against 1.14
+and 1.07, tanh forward 0.92 and 0.79 against 1.03 and 0.99, gradient 0.91 and 0.91
+against 1.17 and 1.10 (two runs, load 1-6; docs/performance.md's activations section
+names the command). F32_CANDIDATES holds every form, the pairs among them, for the
+precision decision issue 37 leaves open: `fast` (0.85 ulp), `mid` (1.5; tanh's forward
+2.3) and `lean` (torch's forms, every operation rounded: 2.8-5.1), each faster;
+tests/engine/backends/cpu/test_vector_unary.py holds their bounds (CANDIDATE_ULPS).
+
 Every function is `scalar_math`: numba inlines it into the kernel that calls it (the
 templates of engine.backends.cpu.elementwise), which is compiled contracting; inlined by
 LLVM instead, gelu_erf's was too big to be, and its loop ran a call per element. So the
@@ -87,6 +101,7 @@ from engine.backends.cpu.vector_math import (
     erfc32_nonneg,
     erfc_short_nonneg,
     exp,
+    exp32_fast_parts,
     exp32_nonpositive,
     exp32_pair,
     exp_expm1,
@@ -533,6 +548,312 @@ def tanh_gradient_f32(g, v, params):
     return _logistic_slope(g, -_TWO * abs(v), np.float32(4.0))
 
 
+# --- float32 arithmetic for float32 results without pairs (FAST's tight; candidates) -------
+# The functions above carry e^x as a pair (vector_math.exp32_pair), about 30 of the ~55
+# operations (counted in the source) of sigmoid's kernel: 0.92 ns an element in cache
+# against torch's 0.58 (tanh 0.95 against 0.51; serial kernels, one thread, 128K values in
+# [-6, 6]; docs/performance.md's activations section has the candidates'). These take
+# vector_math.exp32_fast_parts' e^x = (1 + r + w) 2^k instead, in four forms each: `tight`
+# within the pairs' 0.76 ulp (FAST's since issue 37's seventh round), the others for the
+# owner's choice of accuracy against speed:
+#   tight: e 2^64 = ehs + els from r and w unrounded (h + hl = s + r s exactly, then w s
+#          added by Fast2Sum), the rest as the pair functions above: 1 / (1 + e) = rh + rl,
+#          the result rounded once;
+#   fast:  the same with p = r + w rounded once (e = (1 + p) 2^k as its rounded value and
+#          exact residual): three operations fewer;
+#   mid:   e rounded once, then as fast (1 / (1 + e) = rh + rl for that e, the result
+#          rounded once): e's residual and its uses dropped;
+#   lean:  torch's forms, each operation rounded: 1 / (1 + e), e / (1 + e), (1 - e) / (1 +
+#          e), e / (1 + e)^2 as e r r.
+# tanh takes its Taylor polynomial below |v| = 1/4 in every form (_tanh_near). Their bounds
+# over all 2^32 inputs, and their times, are in tests/engine/backends/cpu/
+# test_vector_unary.py (CANDIDATE_ULPS).
+_TWO_M64 = np.float32(2.0 ** -64)
+_SLOPE_SCALE = np.float32(2.0 ** -64)
+_SLOPE_SCALE4 = np.float32(2.0 ** -62)         # 4 2^-64: tanh's 4 e / (1 + e)^2
+
+
+@scalar_math
+def _e_fast(u):
+    """(ehs, els) for float32 u <= 0 (or NaN): ehs + els = (1 + p) s exactly, p = r + w rounded
+    (exp32_fast_parts), = e^u 2^64; ehs rounded, els its residual (s - ehs exact, Sterbenz)."""
+    r, w, s = exp32_fast_parts(u)
+    p = r + w
+    ehs = fma32(p, s, s)
+    return ehs, fma32(p, s, s - ehs)
+
+
+@scalar_math
+def _e_tight(u):
+    """(ehs, els) for float32 u <= 0 (or NaN): ehs + els = (1 + r + w) s = e^u 2^64, r + w
+    not rounded: h + hl = s + r s exactly (hl: the fused residual, s - h exact), then w s
+    added to hl and the pair renormalised (Fast2Sum: |h| > |hl + w s|)."""
+    r, w, s = exp32_fast_parts(u)
+    h = fma32(r, s, s)
+    lo = fma32(w, s, fma32(r, s, s - h))
+    ehs = h + lo
+    return ehs, (h - ehs) + lo
+
+
+@scalar_math
+def _logistic_of(ehs, els):
+    """(eh, el, rh, rl) from e 2^64 = ehs + els: e = eh + el (scaled by 2^-64, exactly but
+    where subnormal) and 1 / (1 + e) = rh + rl (rh rounded, rl its residual from the exact
+    1 - rh dh of a fused multiply-add)."""
+    eh = ehs * _TWO_M64
+    el = els * _TWO_M64
+    dh = _ONE + eh
+    dl = ((_ONE - dh) + eh) + el                 # Fast2Sum: e <= 1
+    rh = _ONE / dh
+    rl = rh * fma32(-rh, dl, fma32(-rh, dh, _ONE))
+    return eh, el, rh, rl
+
+
+@scalar_math
+def _slope_times(g, y, u):
+    """g y for y the slope made of e^u (0 where e^u is below 2^-150 in float32): where the
+    row's float64 e^u is not 0 (u >= -745.13) but y is, g times a number too small for any
+    finite g (+-0, and +-inf for an infinite g, as the row's), not inf * 0."""
+    tiny = ((g * _TINY_FACTOR) * _TINY_FACTOR) * _TINY_FACTOR
+    return tiny if (y == _ZERO and u >= _ROW_EXP_ZERO) else g * y
+
+
+@scalar_math
+def _sigmoid_of(v, ehs, els):
+    """sigmoid from e^-|v| 2^64 = ehs + els: rh + rl for v >= 0, (ehs + els)(rh + rl) 2^-64
+    below, rounded once."""
+    _, _, rh, rl = _logistic_of(ehs, els)
+    small = fma32(ehs, rh, fma32(els, rh, ehs * rl)) * _TWO_M64
+    return rh + rl if v >= _ZERO else small
+
+
+@scalar_math
+def _slope_of(g, u, ehs, els, scale):
+    """g e / (1 + e)^2 times scale 2^64 (scale 2^-64, or 4 2^-64), e = e^u 2^64 = ehs + els:
+    (ehs + els)(rh + rl)^2 with ehs rh as an exact pair, rounded once (at g = 1; then scaled,
+    exactly but where subnormal)."""
+    _, _, rh, rl = _logistic_of(ehs, els)
+    m = ehs * rh
+    ml = fma32(ehs, rh, -m)
+    c = fma32(fma32(els, rh, ml), rh, _TWO * m * rl)
+    return _slope_times(g, fma32(m, rh, c) * scale, u)
+
+
+# tanh a for a = |v| < 1/4 (where 1 - e^-2a is below 0.4): a + a^3 (-1/3 + 2/15 a^2 - ...
+# - 1382/155925 a^8), its Taylor polynomial (the first omitted term, 21844/6081075 a^13, is
+# 2^-32 of tanh a at 1/4): the cubic part is below a / 48, so that its roundings are a few
+# 2^-30 of the result, rounded once
+_TANH_NEAR = np.float32(0.25)
+_TANH_TAYLOR = tuple(np.float32(c) for c in (
+    -1382.0 / 155925.0, 62.0 / 2835.0, -17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0))
+
+
+@scalar_math
+def _tanh_near(a):
+    """tanh a for 0 <= a < 1/4 (_TANH_TAYLOR)."""
+    z = a * a
+    q = _TANH_TAYLOR[0]
+    for c in _TANH_TAYLOR[1:]:
+        q = fma32(q, z, c)
+    return fma32(a * z, q, a)
+
+
+@scalar_math
+def _tanh_of(v, a, ehs, els):
+    """tanh from e^-2|v| 2^64 = ehs + els, a = |v|: (1 - e) / (1 + e) as (nh + nl)(rh + rl),
+    1 - e = nh + nl by Fast2Sum, rounded once, of v's sign; _tanh_near below 1/4."""
+    eh, el, rh, rl = _logistic_of(ehs, els)
+    nh = _ONE - eh
+    nl = ((_ONE - nh) - eh) - el
+    far = fma32(nh, rh, fma32(nh, rl, nl * rh))
+    return math.copysign(_tanh_near(a) if a < _TANH_NEAR else far, v)
+
+
+@scalar_math
+def sigmoid_f32_fast(v, params):
+    """sigmoid in float32 arithmetic, e^-|v| as (1 + p) 2^k, p rounded once; within 0.85 ulp."""
+    ehs, els = _e_fast(-abs(v))
+    return _sigmoid_of(v, ehs, els)
+
+
+@scalar_math
+def sigmoid_f32_tight(v, params):
+    """sigmoid in float32 arithmetic, e^-|v| as (1 + r + w) 2^k; within 0.76 ulp."""
+    ehs, els = _e_tight(-abs(v))
+    return _sigmoid_of(v, ehs, els)
+
+
+@scalar_math
+def sigmoid_gradient_f32_fast(g, v, params):
+    """sigmoid_gradient in float32 arithmetic, e^-|v| as (1 + p) 2^k, p rounded once;
+    within 0.83 ulp (at g = 1)."""
+    u = -abs(v)
+    ehs, els = _e_fast(u)
+    return _slope_of(g, u, ehs, els, _SLOPE_SCALE)
+
+
+@scalar_math
+def sigmoid_gradient_f32_tight(g, v, params):
+    """sigmoid_gradient in float32 arithmetic, e^-|v| as (1 + r + w) 2^k;
+    within 0.76 ulp (at g = 1)."""
+    u = -abs(v)
+    ehs, els = _e_tight(u)
+    return _slope_of(g, u, ehs, els, _SLOPE_SCALE)
+
+
+@scalar_math
+def tanh_f32_fast(v, params):
+    """tanh in float32 arithmetic, e^-2|v| as (1 + p) 2^k, p rounded once; within 0.85 ulp."""
+    a = abs(v)
+    ehs, els = _e_fast(-_TWO * a)
+    return _tanh_of(v, a, ehs, els)
+
+
+@scalar_math
+def tanh_f32_tight(v, params):
+    """tanh in float32 arithmetic, e^-2|v| as (1 + r + w) 2^k; within 0.59 ulp."""
+    a = abs(v)
+    ehs, els = _e_tight(-_TWO * a)
+    return _tanh_of(v, a, ehs, els)
+
+
+@scalar_math
+def tanh_gradient_f32_fast(g, v, params):
+    """tanh_gradient in float32 arithmetic, e^-2|v| as (1 + p) 2^k, p rounded once;
+    within 0.83 ulp (at g = 1)."""
+    u = -_TWO * abs(v)
+    ehs, els = _e_fast(u)
+    return _slope_of(g, u, ehs, els, _SLOPE_SCALE4)
+
+
+@scalar_math
+def tanh_gradient_f32_tight(g, v, params):
+    """tanh_gradient in float32 arithmetic, e^-2|v| as (1 + r + w) 2^k;
+    within 0.76 ulp (at g = 1)."""
+    u = -_TWO * abs(v)
+    ehs, els = _e_tight(u)
+    return _slope_of(g, u, ehs, els, _SLOPE_SCALE4)
+
+
+@scalar_math
+def _logistic_mid(u):
+    """For float32 u <= 0 (or NaN): (e 2^64, e, rh, rl), e = e^u rounded once and 1 / (1 +
+    e) = rh + rl for that e (as _logistic_of's)."""
+    r, w, s = exp32_fast_parts(u)
+    es = fma32(r + w, s, s)
+    e = es * _TWO_M64
+    dh = _ONE + e
+    dl = (_ONE - dh) + e                         # Fast2Sum: e <= 1
+    rh = _ONE / dh
+    rl = rh * fma32(-rh, dl, fma32(-rh, dh, _ONE))
+    return es, e, rh, rl
+
+
+@scalar_math
+def _slope_mid(g, u, scale):
+    """_slope_of from e^u rounded once: e (rh + rl)^2, e rh an exact pair, rounded once."""
+    es, _, rh, rl = _logistic_mid(u)
+    m = es * rh
+    ml = fma32(es, rh, -m)
+    return _slope_times(g, fma32(m, rh, fma32(ml, rh, _TWO * m * rl)) * scale, u)
+
+
+@scalar_math
+def sigmoid_f32_mid(v, params):
+    """sigmoid in float32 arithmetic, e = e^-|v| rounded once: rh + rl for v >= 0, e (rh +
+    rl) below, rounded once; within 1.48 ulp."""
+    es, _, rh, rl = _logistic_mid(-abs(v))
+    return rh + rl if v >= _ZERO else fma32(es, rh, es * rl) * _TWO_M64
+
+
+@scalar_math
+def sigmoid_gradient_f32_mid(g, v, params):
+    """sigmoid_gradient in float32 arithmetic, e = e^-|v| rounded once;
+    within 1.49 ulp (at g = 1)."""
+    return _slope_mid(g, -abs(v), _SLOPE_SCALE)
+
+
+@scalar_math
+def tanh_f32_mid(v, params):
+    """tanh in float32 arithmetic, e = e^-2|v| rounded once: (nh + nl)(rh + rl), 1 - e = nh +
+    nl by Fast2Sum, rounded once, of v's sign; _tanh_near below 1/4; within 2.30 ulp."""
+    a = abs(v)
+    _, e, rh, rl = _logistic_mid(-_TWO * a)
+    nh = _ONE - e
+    nl = (_ONE - nh) - e
+    far = fma32(nh, rh, fma32(nh, rl, nl * rh))
+    return math.copysign(_tanh_near(a) if a < _TANH_NEAR else far, v)
+
+
+@scalar_math
+def tanh_gradient_f32_mid(g, v, params):
+    """tanh_gradient in float32 arithmetic, e = e^-2|v| rounded once;
+    within 1.49 ulp (at g = 1)."""
+    return _slope_mid(g, -_TWO * abs(v), _SLOPE_SCALE4)
+
+
+@scalar_math
+def _logistic_lean(u):
+    """For float32 u <= 0 (or NaN): (e 2^64, e, 1 / (1 + e)), e = e^u, each rounded."""
+    r, w, s = exp32_fast_parts(u)
+    es = fma32(r + w, s, s)
+    e = es * _TWO_M64
+    return es, e, _ONE / (_ONE + e)
+
+
+@scalar_math
+def sigmoid_f32_lean(v, params):
+    """sigmoid in float32 arithmetic, each operation rounded: 1 / (1 + e) for v >= 0, e / (1
+    + e) below, e = e^-|v|; within 2.82 ulp."""
+    es, _, r = _logistic_lean(-abs(v))
+    return r if v >= _ZERO else (es * r) * _TWO_M64
+
+
+@scalar_math
+def sigmoid_gradient_f32_lean(g, v, params):
+    """sigmoid_gradient in float32 arithmetic, each operation rounded: e r r, r = 1 / (1 +
+    e), e = e^-|v|; within 5.09 ulp (at g = 1)."""
+    u = -abs(v)
+    es, _, r = _logistic_lean(u)
+    return _slope_times(g, ((es * r) * r) * _SLOPE_SCALE, u)
+
+
+@scalar_math
+def tanh_f32_lean(v, params):
+    """tanh in float32 arithmetic, each operation rounded: (1 - e) / (1 + e), e = e^-2|v|,
+    of v's sign; _tanh_near below 1/4; within 3.19 ulp."""
+    a = abs(v)
+    _, e, r = _logistic_lean(-_TWO * a)
+    return math.copysign(_tanh_near(a) if a < _TANH_NEAR else (_ONE - e) * r, v)
+
+
+@scalar_math
+def tanh_gradient_f32_lean(g, v, params):
+    """tanh_gradient in float32 arithmetic, each operation rounded: 4 e r r, r = 1 / (1 +
+    e), e = e^-2|v|; within 5.09 ulp (at g = 1)."""
+    u = -_TWO * abs(v)
+    es, _, r = _logistic_lean(u)
+    return _slope_times(g, ((es * r) * r) * _SLOPE_SCALE4, u)
+
+
+# the candidates, by (op, forward or gradient): {form: function}
+F32_CANDIDATES = {
+    ("sigmoid", "forward"): {"pairs": sigmoid_f32, "tight": sigmoid_f32_tight,
+                             "fast": sigmoid_f32_fast, "mid": sigmoid_f32_mid,
+                             "lean": sigmoid_f32_lean},
+    ("sigmoid", "gradient"): {"pairs": sigmoid_gradient_f32,
+                              "tight": sigmoid_gradient_f32_tight,
+                              "fast": sigmoid_gradient_f32_fast,
+                              "mid": sigmoid_gradient_f32_mid,
+                              "lean": sigmoid_gradient_f32_lean},
+    ("tanh", "forward"): {"pairs": tanh_f32, "tight": tanh_f32_tight, "fast": tanh_f32_fast,
+                          "mid": tanh_f32_mid, "lean": tanh_f32_lean},
+    ("tanh", "gradient"): {"pairs": tanh_gradient_f32, "tight": tanh_gradient_f32_tight,
+                           "fast": tanh_gradient_f32_fast,
+                           "mid": tanh_gradient_f32_mid, "lean": tanh_gradient_f32_lean},
+}
+
+
 class VectorMath(NamedTuple):
     forward: Callable
     gradient: Callable | None
@@ -545,10 +866,10 @@ class VectorMath(NamedTuple):
 
 FAST = {
     "sigmoid": VectorMath(sigmoid, sigmoid_gradient, forward16=sigmoid32,
-                          gradient16=sigmoid_gradient32, forward32=sigmoid_f32,
-                          gradient32=sigmoid_gradient_f32),
+                          gradient16=sigmoid_gradient32, forward32=sigmoid_f32_tight,
+                          gradient32=sigmoid_gradient_f32_tight),
     "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32,
-                       forward32=tanh_f32, gradient32=tanh_gradient_f32),
+                       forward32=tanh_f32_tight, gradient32=tanh_gradient_f32_tight),
     "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
     "gelu": VectorMath(gelu, gelu_gradient),

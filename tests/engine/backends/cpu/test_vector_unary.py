@@ -23,7 +23,7 @@ import pytest
 
 from engine.backends.cpu import elementwise as cpu
 from engine.backends.cpu import paths
-from engine.backends.cpu.vector_unary import FAST
+from engine.backends.cpu.vector_unary import F32_CANDIDATES, FAST
 from engine.elementwise import (
     GELU_CUBIC,
     GELU_QUICK_COEF,
@@ -39,9 +39,9 @@ from engine.elementwise import (
 # absolute error of a few 2^-53 is a visible part of a tiny result: silu's 0.50004 at
 # -1.27847 (gelu_erf's was 0.5081 at -0.75179 until its gradient took the factor of its
 # zero into its polynomial: vector_math.gelu_erf_slope_part). sigmoid and tanh compute in
-# float32 arithmetic (vector_unary's forward32 and gradient32), pairs of float32 within
-# 2^-28 of the truth rounded once at the end (F32_MATH_ULPS; over all 2^32 inputs at most
-# 0.7506, where the result is subnormal)
+# float32 arithmetic (vector_unary's forward32 and gradient32: the `tight` forms of
+# F32_CANDIDATES, e^x as (1 + r + w) 2^k, the result rounded once at the end; F32_MATH_ULPS;
+# over all 2^32 inputs at most 0.7579, where the result is subnormal)
 F32_MATH_ULPS = {("sigmoid", "forward"): 0.76, ("sigmoid", "gradient"): 0.76,
                  ("tanh", "forward"): 0.76, ("tanh", "gradient"): 0.76}
 ULPS = {**{("sigmoid", "forward"): 0.5001, ("sigmoid", "gradient"): 0.5001,
@@ -302,11 +302,13 @@ def kernel_output(name: str, which: str, x: np.ndarray, alpha: float) -> np.ndar
     return y
 
 
-def worst_error(case, x: np.ndarray, alpha: float = 1.0) -> tuple[float, float]:
+def worst_error(case, x: np.ndarray, alpha: float = 1.0,
+                y: np.ndarray | None = None) -> tuple[float, float]:
     """(largest error in ulps over float32 inputs x, the input where it is) of the engine's
-    float32 kernel, against the float64 reference (mpmath where terms cancel)."""
+    float32 kernel (or of outputs y), against the float64 reference (mpmath where terms
+    cancel)."""
     name, which = case
-    y = kernel_output(name, which, x, alpha)
+    y = kernel_output(name, which, x, alpha) if y is None else y
     err = np.empty(x.size)
     _SCANS[case](x, y, alpha, err)
     at = int(np.argmax(err))
@@ -506,3 +508,134 @@ def test_every_float32_16_bit_math_is_reached_at_scale():
         assert (fast.forward16 is None) == (fast.gradient16 is None or fast.gradient is None), name
         if fast.forward16 is not None:
             assert name in HALF_AT_SCALE, name
+
+
+# --- the float32 candidates (vector_unary.F32_CANDIDATES; FAST takes `tight`) -----------------
+# The largest error of each over all 2^32 inputs (test_every_float32_input_of_the_candidates,
+# slow; measured, then where), rounded up: the bound a switch of FAST to it would state
+# (FAST takes `tight` since issue 37's seventh round: F32_MATH_ULPS).
+CANDIDATE_ULPS = {
+    (("sigmoid", "forward"), "pairs"): 0.76,     # 0.7505 (FAST's before the seventh round)
+    (("sigmoid", "gradient"), "pairs"): 0.76,    # 0.7505
+    (("tanh", "forward"), "pairs"): 0.76,        # 0.5390
+    (("tanh", "gradient"), "pairs"): 0.76,       # 0.7527
+    (("sigmoid", "forward"), "tight"): 0.76,     # 0.757849 at -87.698 (subnormal result)
+    (("sigmoid", "forward"), "fast"): 0.85,      # 0.840695 at -16.977
+    (("sigmoid", "forward"), "mid"): 1.48,       # 1.479658 at -4.8465
+    (("sigmoid", "forward"), "lean"): 2.82,      # 2.819463 at -2.7092
+    (("sigmoid", "gradient"), "tight"): 0.76,    # 0.757849 at 87.698 (subnormal result)
+    (("sigmoid", "gradient"), "fast"): 0.83,     # 0.826146 at 17.666
+    (("sigmoid", "gradient"), "mid"): 1.49,      # 1.487508 at 6.2344
+    (("sigmoid", "gradient"), "lean"): 5.09,     # 5.083339 at 3.4052
+    (("tanh", "forward"), "tight"): 0.59,        # 0.585241 at 0.51533
+    (("tanh", "forward"), "fast"): 0.85,         # 0.846197 at 0.50888
+    (("tanh", "forward"), "mid"): 2.30,          # 2.295484 at 0.25427 (e^-2|x| rounded, x 1.9)
+    (("tanh", "forward"), "lean"): 3.19,         # 3.180103 at 0.25256
+    (("tanh", "gradient"), "tight"): 0.76,     # 0.756481 at 44.541 (subnormal result)
+    (("tanh", "gradient"), "fast"): 0.83,      # 0.826146 at 8.8328
+    (("tanh", "gradient"), "mid"): 1.49,       # 1.487508 at 3.1172
+    (("tanh", "gradient"), "lean"): 5.09}      # 5.083339 at 1.7026
+CANDIDATES = sorted(CANDIDATE_ULPS)
+_CANDIDATE_KERNELS: dict = {}
+
+
+def candidate_kernel(case, form: str):
+    """The serial float32 kernel of case's op with F32_CANDIDATES[case][form] as its float32
+    math, made as the engine makes its own (elementwise._vector_kernels), under a name of
+    its own (`<op>_<form>`): kernel(x, out, ()) or kernel(g, x, out, ())."""
+    if (case, form) not in _CANDIDATE_KERNELS:
+        name, which = case
+        templates = ((cpu._vector_map, cpu._vector_map_reach) if which == "forward" else
+                     (cpu._vector_gradient_map, cpu._vector_gradient_map_reach))
+        kernels = cpu._vector_kernels(*templates, f"{name}_{form}", getattr(FAST[name], which),
+                                      math.inf, None, None, which, F32_CANDIDATES[case][form])
+        _CANDIDATE_KERNELS[(case, form)] = kernels[cpu.F32].serial
+    return _CANDIDATE_KERNELS[(case, form)]
+
+
+def candidate_output(case, form: str, x: np.ndarray, g: np.ndarray | None = None):
+    """The candidate's float32 results on x (a gradient's at g, or 1)."""
+    y = np.empty_like(x)
+    if case[1] == "forward":
+        candidate_kernel(case, form)(x, y, ())
+    else:
+        g = (_ONES[:x.size] if x.size <= _ONES.size else np.ones_like(x)) if g is None else g
+        candidate_kernel(case, form)(g, x, y, ())
+    return y
+
+
+def test_candidates_are_forms_of_fast_ops():
+    """Every candidate is a form of an op with float32 math, and FAST takes `tight`, whose
+    bound is F32_MATH_ULPS's."""
+    assert {case for case, _ in CANDIDATES} == set(F32_CANDIDATES)
+    for (name, which), form in CANDIDATES:
+        fast = getattr(FAST[name], which + "32")
+        assert fast is not None, name                                  # float32 math today
+        assert (F32_CANDIDATES[(name, which)][form] is fast) == (form == "tight")
+        if form == "tight":
+            assert CANDIDATE_ULPS[((name, which), form)] <= F32_MATH_ULPS[(name, which)]
+
+
+@pytest.mark.parametrize("cand", CANDIDATES, ids=lambda c: "-".join((*c[0], c[1])))
+def test_dense_sample_of_a_candidate_within_its_ulps(cand, sample):
+    case, form = cand
+    worst, where = worst_error(case, sample, y=candidate_output(case, form, sample))
+    assert worst <= CANDIDATE_ULPS[cand], f"{cand}: {worst:.6f} ulps at {where!r}"
+
+
+@pytest.mark.parametrize("cand", CANDIDATES, ids=lambda c: "-".join((*c[0], c[1])))
+def test_special_values_of_a_candidate_are_the_rows(cand):
+    """As test_special_values_are_the_rows, for the candidate's kernel."""
+    (name, which), form = cand
+    if which == "forward":
+        got = candidate_output((name, which), form, SPECIAL_X)
+        want = _row_float64(name, which, SPECIAL_X)
+    else:
+        gg, xx = (a.reshape(-1) for a in np.meshgrid(SPECIAL_G, SPECIAL_X, indexing="ij"))
+        got = candidate_output((name, which), form, xx, gg)
+        want = _row_float64(name, which, xx, gg)
+    same = _classes(got) == _classes(want)
+    zeros = want == 0
+    same[zeros] &= np.signbit(got[zeros]) == np.signbit(want[zeros])
+    i = int(np.argmin(same))
+    assert same.all(), f"{cand}: got {got[i]!r} where the row gives {want[i]!r} (element {i})"
+
+
+def _scan_forms(reference):
+    @numba.njit(parallel=True, **_J)
+    def scan(x, ys, a, err):
+        """err[f, i] = ys[f, i]'s error in ulps (references without cancellation only)."""
+        for i in numba.prange(x.size):
+            t, _ = reference(np.float64(x[i]), a)
+            for f in range(ys.shape[0]):
+                err[f, i] = _error(np.float64(ys[f, i]), t)
+    return scan
+
+
+_SCAN_FORMS = {case: _scan_forms(REFERENCES[case]) for case in F32_CANDIDATES}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(F32_CANDIDATES), ids="-".join)
+def test_every_float32_input_of_the_candidates(case):
+    """All 2^32 float32 bit patterns (every_input), in chunks of 2^22, through every form
+    of the case against one evaluation of its reference; prints each form's largest error
+    and where (pytest -s)."""
+    forms = sorted(F32_CANDIDATES[case])
+    worst = dict.fromkeys(forms, 0.0)
+    where = dict.fromkeys(forms, math.nan)
+    ys = np.empty((len(forms), 1 << 22), np.float32)
+    err = np.empty((len(forms), 1 << 22))
+    for x in every_input(case):
+        for f, form in enumerate(forms):
+            ys[f, :x.size] = candidate_output(case, form, x)
+        _SCAN_FORMS[case](x, ys[:, :x.size], 1.0, err[:, :x.size])
+        for f, form in enumerate(forms):
+            at = int(np.argmax(err[f, :x.size]))
+            if not err[f, at] <= worst[form]:
+                worst[form], where[form] = float(err[f, at]), float(x[at])
+    for form in forms:
+        print(f"\n{case} {form}: {worst[form]:.6f} ulps at {where[form]!r}")
+    for form in forms:
+        assert worst[form] <= CANDIDATE_ULPS[(case, form)], \
+            f"{case} {form}: {worst[form]:.6f} ulps at {where[form]!r}"
