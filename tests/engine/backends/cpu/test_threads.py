@@ -215,6 +215,47 @@ def test_engine_threads_holds_blas_to_one_thread_and_restores_it(monkeypatch):
     assert after == before
 
 
+class _FakeBlas:
+    def __init__(self, filepath, n):
+        self.filepath, self.n, self.calls = filepath, n, 0
+
+    def get_num_threads(self):
+        self.calls += 1
+        return self.n
+
+    def set_num_threads(self, n):
+        self.calls += 1
+        self.n = n
+
+
+def test_nested_blas_holds_call_the_libraries_only_at_the_outermost(monkeypatch):
+    libs = [_FakeBlas("a.so", 4), _FakeBlas("b.so", 1)]
+    monkeypatch.setattr(threads, "_blas_controllers", lambda: libs)
+    with threads.one_blas_thread():
+        assert [lib.n for lib in libs] == [1, 1]
+        calls = [lib.calls for lib in libs]
+        for _ in range(3):
+            with threads.one_blas_thread():
+                assert [lib.n for lib in libs] == [1, 1]
+        assert [lib.calls for lib in libs] == calls         # nested: not called again
+        assert [lib.n for lib in libs] == [1, 1]            # nor restored
+    assert [lib.n for lib in libs] == [4, 1]                # restored once, at the end
+    assert libs[1].calls == 1                               # already on one: only read
+
+
+def test_a_blas_library_loaded_within_a_hold_is_held_and_restored(monkeypatch):
+    libs = [_FakeBlas("a.so", 2)]
+    cleared = []
+    monkeypatch.setattr(threads, "_blas_controllers", lambda: list(libs))
+    monkeypatch.setattr(threads._blas_controllers, "cache_clear", lambda: cleared.append(1),
+                        raising=False)
+    with threads.one_blas_thread():
+        libs.append(_FakeBlas("scipy.so", 3))
+        threads.blas_libraries_loaded()
+        assert cleared and [lib.n for lib in libs] == [1, 1]
+    assert [lib.n for lib in libs] == [2, 3]
+
+
 @pytest.mark.parametrize("value, want", [("1", 1), ("3", 3), (" 2 ", 2), ("", None),
                                          ("default", None)])
 def test_thread_count_from_the_environment(monkeypatch, value, want):
