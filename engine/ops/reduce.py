@@ -170,13 +170,18 @@ def _sum_scale():
     """Scale cases (engine.scale_cases): a whole-tensor sum (chunked, each chunk's
     accumulators private), a sum over 1.5 million rows (float32 data, float64 accumulator
     rows: a float32 accumulator errs 10^4 times more there), a sum of contiguous runs
-    (kept elements as ranges on the engine's threads), a transposed input; in float16 and
+    (kept elements as ranges on the engine's threads), a channel's bias gradient (the sum
+    of (N, C, H, W) over N, H and W: many short runs added eight at a time,
+    sum:runs_grouped; N = 547 leaves three runs after the last eight, H W = 121 two blocks
+    of lanes, the second partial), a transposed input; in float16 and
     bfloat16 a whole-tensor sum, a sum over the rows of positive values (HALF_ROWS) and
     one along the rows (16-bit runs in vector lanes: the path sum:lanes)."""
     positive = dict(kind="uniform", low=0.5, high=1.0, show_range=True)
     return [scale_case("sum", [InputSpec("x", SQUARE)], axis=None, keepdims=False),
             scale_case("sum", [InputSpec("x", (1500007, 3))], axis=0, keepdims=False),
             scale_case("sum", [InputSpec("x", SQUARE)], axis=1, keepdims=True),
+            scale_case("sum", [InputSpec("x", (547, 16, 11, 11))], axis=(0, 2, 3),
+                       keepdims=True),
             scale_case("sum", [InputSpec("x", SQUARE, permute=TRANSPOSED)], axis=0,
                        keepdims=False)] + [
         case for dtype in HALF_SCALE_DTYPES for case in (
@@ -188,10 +193,13 @@ def _sum_scale():
 
 def _sum_bench():
     """Bench cases: the row sums of BENCH_ROWS (4096 rows of 4096), in float32, float16 and
-    bfloat16, and the sum of all of it."""
+    bfloat16, the sum of all of it, and a convolution's bias gradient (the sum of MNIST's
+    CNN's second convolution output, (500, 16, 14, 14), over images and pixels)."""
     x = [InputSpec("x", BENCH_ROWS)]
     return bench_cases("sum", x, (BENCH_DTYPE, *BENCH_HALF_DTYPES), axis=-1,
-                       keepdims=False) + [bench_case("sum", x, axis=None, keepdims=False)]
+                       keepdims=False) + [
+        bench_case("sum", x, axis=None, keepdims=False),
+        bench_case("sum", [InputSpec("x", (500, 16, 14, 14))], axis=(0, 2, 3), keepdims=True)]
 
 
 register(OpDef("sum", params=Params(dict(axes=ints_param(0), keepdims=bool_param())),
@@ -333,6 +341,23 @@ def sum_runs_split_drops_tail(prepare):
     return mutated
 
 
+def sum_runs_grouped_drops_leftover_runs(prepare):
+    """sum:runs_grouped: the runs left after the last full group of eight (N mod 8 of a
+    bias gradient's N images) are never added, the remainder loop forgotten. On one thread
+    (the kernel bound whole); the scale tier runs every thread count."""
+    def mutated(out, ins, **params):
+        run, grouped = prepared(prepare, out, ins, params, "sum:runs_grouped")
+        if not grouped or not isinstance(run, functools.partial):
+            return run
+        base, kept, reduced, n, group, acc, flat_out, fmt = run.args   # _sum_runs's
+        full = reduced.size // 8 * 8
+        if full == reduced.size:
+            return run
+        return functools.partial(run.func, base, kept, reduced[:full], n, group, acc,
+                                 flat_out, fmt)
+    return mutated
+
+
 def sum_accumulated_in_half(real_sum):
     """sum on 16-bit nodes accumulated serially in the 16-bit type (each partial sum rounded
     to nearest in it) instead of in float32: over 256 rows of values in [0.5, 1] the
@@ -385,6 +410,13 @@ mutation.register(
            "n // threads: the last n % threads elements are never summed (NaN on reused "
            "memory)", lambda: prepare_replaced("sum", sum_runs_split_drops_tail),
            where=_axis(1), tier="scale", max_cases=1, kind="dropped tail"),
+    Mutant("sum_runs_grouped_drops_leftover_runs", ("sum",),
+           "the sum of many short runs eight at a time (sum:runs_grouped, a channel's bias "
+           "gradient) never adds the runs left after the last group of eight",
+           lambda: prepare_replaced("sum", sum_runs_grouped_drops_leftover_runs),
+           where=lambda case: isinstance(case.kwargs.get("axis"), (list, tuple))
+           and tuple(case.kwargs["axis"]) == (0, 2, 3), tier="scale",
+           max_cases=1, kind="dropped tail"),
     Mutant("sum_f16_accumulated_in_f16", ("sum",),
            "sum on float16 nodes accumulates serially in float16 (every partial sum rounded) "
            "instead of float32: over 320 rows of values in [0.5, 1] the sums err some 14 "

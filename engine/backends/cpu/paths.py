@@ -62,6 +62,8 @@ KNOWN = {
     "sum:chunks_split": "a whole-tensor sum's chunks as ranges on the engine's threads",
     "sum:rows": "a sum over rows into chunked float64 accumulator rows",
     "sum:runs": "a sum of contiguous runs into vertical accumulators",
+    "sum:runs_grouped": "many short runs (a channel's bias gradient) added eight at a time "
+                        "into the vertical accumulators, instead of run by run",
     "sum:lanes": "16-bit runs summed in float64 vector lanes, in the compiler's order",
     "sum:runs_split": "kept elements' sums as ranges on the engine's threads",
     "broadcast:streaming": "a big broadcast written as compiled row fills or row copies "

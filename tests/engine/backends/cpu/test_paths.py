@@ -35,6 +35,7 @@ REACHED_BY = {
     "sum:rows": ("sum", "x=[1500007,3]"),
     "sum:runs": ("sum", "x=[1031,1031],axis=1"),
     "sum:runs_split": ("sum", "x=[1031,1031],axis=1"),
+    "sum:runs_grouped": ("sum", "x=[547,16,11,11]"),
     "sum:lanes": ("sum", "type=bf16,x=[1031,1031],axis=1"),
     "broadcast:streaming": ("broadcast_to", "x=[1],shape=[2048,2063]"),
     "get_rows_back:bands": ("get_rows", "table=[1031,1031],idx"),

@@ -155,3 +155,77 @@ def test_float32_sums_err_at_the_rounding_of_the_result(data, n):
         1e-12 * np.abs(x.astype(np.float64)).sum(-1)
     err = np.abs(_engine(x, (1,)).astype(np.float64) - exact)
     assert (err <= bound).all(), (err / bound).max()
+
+
+def _grouped_runs_sum(runs: np.ndarray, w: int) -> float:
+    """add_runs_grouped into w zeroed lanes, then lanes_total: eight runs at a time, each
+    block of w lanes added pairwise across the eight; the runs left one by one."""
+    acc = np.zeros(w)
+    full = runs.shape[0] // 8 * 8
+    for m in range(0, full, 8):
+        b = runs[m:m + 8]
+        for lo in range(0, runs.shape[1], w):
+            c = b[:, lo:lo + w]
+            acc[:c.shape[1]] += ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]))
+    for m in range(full, runs.shape[0]):
+        for lo in range(0, runs.shape[1], w):
+            c = runs[m, lo:lo + w]
+            acc[:c.size] += c
+    return _lanes_total(acc)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("shape", [(8, 3, 4, 4), (13, 5, 7, 7), (500, 16, 7, 7), (19, 2, 14, 14),
+                                   (9, 4, 3, 20), (3, 2, 5, 5)])
+def test_channel_sums_add_in_the_documented_order(dtype, shape):
+    """The sum of (N, C, H, W) over N, H and W (a bias gradient): runs of H W, eight images
+    at a time where there are eight or more (sum:runs_grouped), else run by run."""
+    from engine.backends.cpu import paths
+    x = np.random.default_rng(sum(shape)).normal(size=shape).astype(DTYPES[dtype])
+    n, c, h, w = shape
+    run = h * w
+    lanes = -(-min(run, reduce.LANES) // reduce.LINE) * reduce.LINE
+    wide = x.astype(np.float64)
+    grouped = run >= 16 and n >= 8 and run < 8 * lanes
+    if grouped:
+        want = [_grouped_runs_sum(wide[:, k].reshape(n, run), lanes) for k in range(c)]
+    elif run >= 16:
+        want = []
+        for k in range(c):
+            acc = np.zeros(lanes)
+            for m in range(n):
+                full = run // (8 * lanes) * (8 * lanes)
+                v = wide[m, k].reshape(-1)
+                for lo in range(0, full, 8 * lanes):
+                    b = v[lo:lo + 8 * lanes].reshape(8, lanes)
+                    acc += ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]))
+                for lo in range(full, run, lanes):
+                    blk = v[lo:lo + lanes]
+                    acc[:blk.size] += blk
+            want.append(_lanes_total(acc))
+    else:
+        want = None                 # short runs: run_sum, checked by the row sums above
+    with paths.recording() as taken:
+        got = _engine(x, (0, 2, 3))
+    assert (taken["sum:runs_grouped"] > 0) == grouped
+    if want is not None:
+        assert _same_bits(got, np.array(want).astype(x.dtype))
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 40), c=st.integers(1, 9), hw=st.integers(16, 300),
+       seed=st.integers(0, 2**16))
+def test_channel_sums_give_the_same_bits_on_every_thread_count(n, c, hw, seed):
+    x = np.random.default_rng(seed).normal(size=(n, c, hw)).astype(np.float32)
+    before, saved = threads.get_num_threads(), threads.MIN_ELEMENTS
+    threads.MIN_ELEMENTS = 0
+    try:
+        got = []
+        for count in (1, 2, 3, 7):
+            threads.set_num_threads(count)
+            got.append(_engine(x, (0, 2)))
+    finally:
+        threads.set_num_threads(before)
+        threads.MIN_ELEMENTS = saved
+    assert all(_same_bits(g, got[0]) for g in got[1:])
+    assert np.allclose(got[0], x.astype(np.float64).sum((0, 2)), rtol=1e-6, atol=1e-5)
