@@ -90,6 +90,22 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+def _at_thread_counts(x: np.ndarray, axes) -> list[np.ndarray]:
+    """The sums split on 1, 2, 3 and 7 threads however small (hypothesis' examples run
+    inside one test call, so no fixture)."""
+    before, saved = threads.get_num_threads(), threads.MIN_ELEMENTS
+    threads.MIN_ELEMENTS = 0
+    try:
+        got = []
+        for count in (1, 2, 3, 7):
+            threads.set_num_threads(count)
+            got.append(_engine(x, axes))
+    finally:
+        threads.set_num_threads(before)
+        threads.MIN_ELEMENTS = saved
+    return got
+
+
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("n", [3, 15, 16, 17, 64, 100, 511, 512, 513, 1031, 4096, 5000])
 def test_row_sums_add_in_the_documented_order(dtype, n):
@@ -116,16 +132,7 @@ def test_every_thread_count_gives_the_same_bits(rows, n, dtype, axes, seed):
     """Ragged sizes split on 1, 2, 3 and 7 threads (split_everything, entered per example):
     the same bits each time."""
     x = np.random.default_rng(seed).normal(size=(rows, n)).astype(DTYPES[dtype])
-    before, saved = threads.get_num_threads(), threads.MIN_ELEMENTS
-    threads.MIN_ELEMENTS = 0
-    try:
-        got = []
-        for count in (1, 2, 3, 7):
-            threads.set_num_threads(count)
-            got.append(_engine(x, axes))
-    finally:
-        threads.set_num_threads(before)
-        threads.MIN_ELEMENTS = saved
+    got = _at_thread_counts(x, axes)
     assert all(_same_bits(g, got[0]) for g in got[1:]), [g.tobytes()[:16] for g in got]
 
 
@@ -217,15 +224,6 @@ def test_channel_sums_add_in_the_documented_order(dtype, shape):
        seed=st.integers(0, 2**16))
 def test_channel_sums_give_the_same_bits_on_every_thread_count(n, c, hw, seed):
     x = np.random.default_rng(seed).normal(size=(n, c, hw)).astype(np.float32)
-    before, saved = threads.get_num_threads(), threads.MIN_ELEMENTS
-    threads.MIN_ELEMENTS = 0
-    try:
-        got = []
-        for count in (1, 2, 3, 7):
-            threads.set_num_threads(count)
-            got.append(_engine(x, (0, 2)))
-    finally:
-        threads.set_num_threads(before)
-        threads.MIN_ELEMENTS = saved
+    got = _at_thread_counts(x, (0, 2))
     assert all(_same_bits(g, got[0]) for g in got[1:])
     assert np.allclose(got[0], x.astype(np.float64).sum((0, 2)), rtol=1e-6, atol=1e-5)
