@@ -3,6 +3,7 @@
     python bench/bench_vector_kernels.py                        # every op, 128K and 8M
     python bench/bench_vector_kernels.py --op tanh --op sigmoid --sizes 131072
     python bench/bench_vector_kernels.py --form lean     # a candidate form of sigmoid, tanh
+    python bench/bench_vector_kernels.py --op silu --form float64    # the float64 math
 
 bench_ops.py times whole graphs at 8M elements, where memory, the executor and the
 allocator share the figure with the arithmetic. This times the kernels themselves, to say
@@ -33,6 +34,7 @@ from engine.backends.cpu import elementwise
 from engine.backends.cpu.vector_unary import F32_CANDIDATES, FAST
 
 aten = torch.ops.aten
+FLOAT64 = "float64"     # --form: FAST's float64 math, for any op (what float32 math replaced)
 
 
 # op -> (torch forward into y, torch gradient into out); x, y = f(x), g as the engine's
@@ -63,10 +65,14 @@ def aligned(n: int) -> np.ndarray:
 
 def engine_kernels(name: str, form: str | None = None):
     """(forward(x, y), gradient(g, x, out)): op `name`'s serial float32 vector kernels, with
-    vector_unary.F32_CANDIDATES' `form` of its float32 math where given."""
+    vector_unary.F32_CANDIDATES' `form` of its float32 math where given, or FAST's float64
+    math (form `float64`: the op's functions without forward32 and gradient32)."""
     row, fast = table.UNARY[name], FAST[name]
     label = name        # the kernels' cache names: a form's own (numba's disk cache keys a
-    if form is not None:    # kernel by its name and its sources' files, the same for all)
+    if form == FLOAT64:     # kernel by its name and its sources' files, the same for all)
+        fast = fast._replace(forward32=None, gradient32=None)
+        label = f"{name}_{form}"
+    elif form is not None:
         fast = fast._replace(forward32=F32_CANDIDATES[(name, "forward")][form],
                              gradient32=F32_CANDIDATES[(name, "gradient")][form])
         label = f"{name}_{form}"
@@ -122,13 +128,14 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="131072,8388608",
                    help="comma-separated element counts (default 131072,8388608)")
     p.add_argument("--repeat", type=int, default=9, help="timed calls per figure (median)")
-    forms = sorted({f for forms in F32_CANDIDATES.values() for f in forms})
+    forms = sorted({f for forms in F32_CANDIDATES.values() for f in forms} | {FLOAT64})
     p.add_argument("--form", choices=forms,
                    help="sigmoid's and tanh's float32 math in this form of "
-                        "vector_unary.F32_CANDIDATES instead of FAST's")
+                        "vector_unary.F32_CANDIDATES instead of FAST's; float64: any op's "
+                        "float64 math")
     args = p.parse_args(argv)
-    if args.form and not set(args.op or ["sigmoid", "tanh"]) <= {"sigmoid", "tanh"}:
-        p.error("--form applies to sigmoid and tanh only (--op)")
+    if args.form not in (None, FLOAT64) and not set(args.op or []) <= {"sigmoid", "tanh"}:
+        p.error("--form applies to sigmoid and tanh only (--op), but for float64")
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
@@ -137,7 +144,8 @@ def main(argv=None) -> int:
         p.error("--repeat and every size must be >= 1")
     torch.set_num_threads(1)
     rows = []
-    for name in args.op or (["sigmoid", "tanh"] if args.form else sorted(TORCH)):
+    candidates = args.form not in (None, FLOAT64)
+    for name in args.op or (["sigmoid", "tanh"] if candidates else sorted(TORCH)):
         for n in sizes:
             rows.append(measure(name, n, args.repeat, args.form))
             print(f"{name} {n}: forward {rows[-1][4]:.2f}, gradient {rows[-1][7]:.2f}",

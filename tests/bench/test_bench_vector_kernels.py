@@ -71,3 +71,23 @@ def test_a_form_times_that_candidate(capsys):
     assert bench.main(["--form", "lean", "--sizes", "64", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "form lean" in out and out.count("\nsigmoid") + out.count("\ntanh") == 2
+
+
+def test_the_float64_form_times_the_float64_math(capsys):
+    """--form float64 times FAST's float64 functions for any op: sigmoid's float32 math
+    (tight) differs from them in some bits on a dense sample, and silu, which has no float32
+    math for float32 results, is its own kernel's bits; the table says the form."""
+    x = np.linspace(-6.0, 6.0, 4099, dtype=np.float32)
+    for name, same in (("sigmoid", False), ("silu", True)):
+        outs = []
+        for form in (None, "float64"):
+            forward, gradient = bench.engine_kernels(name, form)
+            y, o = np.empty_like(x), np.empty_like(x)
+            forward(x, y)
+            gradient(np.ones_like(x), x, o)
+            outs.append(np.concatenate([y, o]).view(np.uint32))
+        assert np.array_equal(outs[0], outs[1]) == same, name
+    assert bench.main(["--op", "silu", "--form", "float64", "--sizes", "64",
+                       "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "form float64" in out and out.count("\nsilu") == 1

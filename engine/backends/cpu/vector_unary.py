@@ -54,7 +54,13 @@ float32 pairs (1 + v (1 - s) cancels near its zero at -1.2785: a Taylor polynomi
 0.7556 ulp over all 2^32 inputs) took as long as the float64 kernel on 1M elements (1.49
 ns an element against 1.46-1.52) and longer on 8M (2.2 against 1.5), and its forward
 (0.7505 on the dense sample) must give swiglu's bits (engine.backends.cpu.glu, on the
-float64 functions) and was 0-12% faster.
+float64 functions) and was 0-12% faster. On the tight parts below (issue 37's eighth
+round: e^-|v| clamped at -120, where v e^v underflows at -108.6; a Taylor polynomial within
+1/16 of the gradient's zero; subnormal results rounded once, the double rounding's 0.79 ulp
+fixed at its ties) both were within the bound (0.549 and 0.623 on the dense sample) and
+still no faster: forward 0.86x the float64 kernel's CPU time on 128K elements but 1.11x on
+8M, gradient 1.04x and 1.28x (110 instructions per 16 elements against 49 per 8;
+docs/performance.md's activations section has the figures and the command).
 
     FAST[name] = VectorMath(forward, gradient, reach, forward16, gradient16, forward32,
                             gradient32)
