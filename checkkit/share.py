@@ -1,0 +1,235 @@
+"""Sharing a large run's jobs with a helper process: the run goes forward through its jobs,
+one helper process takes them one at a time from the end, and hands each one's rows back;
+where they meet, the run stops taking the helper's.
+
+    with sharing(request, plan.jobs, listener) as shared:    # shared.helpers: 0 or 1
+        rows = run_jobs(plan.jobs)                             # the same rows, in order
+
+Why: a warm `gradcheck --all --random 200` is checking, not compiling (about 21,500
+cases, one process, 354 s on the quiet 2-core machine where the target is 180 s), and
+that work is spread over every case's pieces (numerical differences, torch's
+references, the engine's graphs, hypothesis' drawing; docs/performance.md, "A warm
+run"); the second core halves it. `--workers 2` (pytest-xdist) does that too, but every
+one of its three processes imports and collects the whole plan: on a 10-op sample
+(`gradcheck --op softmax ... --random 200`, below) 37.8 s of CPU against 25.0 s in one
+process. A helper here costs one interpreter's start (imports: 3-4 s of CPU, on the
+other core) and the pickling of the rows it hands back.
+
+The same report: each job is run whole, by one process, with the request's own options
+(not the cheaper ones of a compile-ahead helper, checkkit.ahead), and its rows go in at
+the job's place. A job's rows do not depend on the process that ran it: every generated
+job seeds hypothesis itself, and the reference kept between cases is keyed by the case
+and its values (gradcheck.reference). The helper's plan must be the run's (the digest of
+the jobs' names), else it runs nothing.
+
+Who runs what: a shared array holds each job's state. The run claims the job it is at
+(FREE -> RUN) and runs it; a job the helper has finished (SENT) it takes from the pipe;
+a job the helper is still running (HELPER) the run runs itself too and drops the
+helper's rows when they come (the helper runs one job at a time, so at most one job is
+run twice, where the two meet: the run never waits for the helper, whatever the load).
+A job that raises in the helper is left to the run (RUN), which raises it as a serial
+run would. The helper runs at checkkit.ahead's niceness: on a busy machine it takes
+only an idle core, and the run does what it could not.
+
+When: the request says how many cases a helper could take (`shared_cases`: gradcheck's
+generated cases, `--random N` times the ops, of our engine on the CPU); at least
+MIN_CASES, and a second core (os.sched_getaffinity), and GRADVERIFY_SHARE not 0/off.
+Otherwise, and for `--workers N`, nothing changes; compile-ahead helpers are not started
+beside a sharing one (it compiles what its own jobs need, into the same disk cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+
+from checkkit.ahead import NICE, names_digest
+from checkkit.compiling import AHEAD, job_subject, report_compiles
+
+VARIABLE = "GRADVERIFY_SHARE"
+MIN_CASES = 1000       # fewer: a run of a few seconds a helper's start would not pay for
+IDLE_MARGIN = 0.5      # idle_core: a load this far below the cores beyond the run's own
+FREE, RUN, HELPER, SENT = 0, 1, 2, 3
+
+
+def read_share(environ=None) -> tuple[bool | None, str | None]:
+    """(GRADVERIFY_SHARE's choice, None): False for 0/off (never), True for 1/on (a large
+    run shares whatever the load), None when unset or auto (a large run shares where a
+    core is idle); or, for a bad value, (None, the problem in one line)."""
+    raw = (os.environ if environ is None else environ).get(VARIABLE, "")
+    value = raw.strip().lower()
+    if value in ("", "default", "auto"):
+        return None, None
+    if value in ("1", "on", "yes", "true"):
+        return True, None
+    if value in ("0", "off", "no", "false"):
+        return False, None
+    return None, (f"{VARIABLE} must be auto (the default), 0/off (no sharing helper) or "
+                  f"1/on (whatever the load), got {raw!r}")
+
+
+def environment_problem(environ=None) -> str | None:
+    """A bad GRADVERIFY_SHARE, in one line (None when it is fine)."""
+    return read_share(environ)[1]
+
+
+def idle_core(cores: int, load=os.getloadavg) -> bool:
+    """Whether a core of the `cores` this process may use looks idle: the last minute's
+    load average at most cores - 1 - IDLE_MARGIN (this run's own process is one)."""
+    try:
+        return load()[0] <= cores - 1 - IDLE_MARGIN
+    except OSError:
+        return False
+
+
+def share_helpers(request, environ=None, load=os.getloadavg) -> int:
+    """How many sharing helpers a serial run of `request` starts: 1 where it is large (its
+    `shared_cases()` at least MIN_CASES), the process may use a second core, and
+    GRADVERIFY_SHARE says 1, or nothing while a core is idle (idle_core); else 0."""
+    from engine.backends.cpu.environment import default_threads
+    choice = read_share(environ)[0]
+    if choice is False:
+        return 0
+    cases = getattr(request, "shared_cases", None)
+    if cases is None or cases() < MIN_CASES:
+        return 0
+    cores = default_threads()
+    if cores < 2:
+        return 0
+    return 1 if choice or idle_core(cores, load) else 0
+
+
+class Sharing:
+    """The run's side (module doc): `jobs` (changed in place) take their rows from the
+    helper where it ran them. `helpers` 0: nothing changes."""
+
+    def __init__(self, request, jobs, helpers: int):
+        self.request, self.jobs, self.helpers = request, jobs, helpers
+        self.proc = None
+        self.got: dict[int, list] = {}
+        self.taken = 0                       # jobs whose rows came from the helper
+        self.arrived = threading.Condition()
+        self.closed = False                  # the pipe closed: nothing more comes
+        if not helpers or not jobs:
+            return
+        self.ctx = multiprocessing.get_context("spawn")    # never fork: numba's threads
+        self.state = self.ctx.Array("b", len(jobs))
+        self.conn, child = self.ctx.Pipe(duplex=False)
+        self._child = child
+        for i, job in enumerate(jobs):
+            def run(i=i, inner=job.run):
+                rows = self._take(i)
+                return inner() if rows is None else rows
+            job.run = run
+        self.start()
+
+    def start(self) -> None:
+        from checkkit.compiling import LOG_VARIABLE
+        from checkkit.worker import main_left_alone
+        args = (self.request, names_digest(self.jobs), self.state, self._child,
+                os.environ.get(LOG_VARIABLE), os.getpid())
+        with main_left_alone():
+            self.proc = self.ctx.Process(target=_help, args=args, daemon=True,
+                                         name=f"{self.request.tool}-share")
+            self.proc.start()
+        self._child.close()
+        self.reader = threading.Thread(target=self._read, name="gradverify-share",
+                                       daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        """The reader thread: every (index, rows) the helper sends, into self.got, until the
+        pipe closes. Reading as they come keeps the helper from blocking in a send."""
+        while True:
+            try:
+                k, rows = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            with self.arrived:
+                self.got[k] = rows
+                self.arrived.notify_all()
+        with self.arrived:
+            self.closed = True
+            self.arrived.notify_all()
+
+    def _take(self, i: int) -> list | None:
+        """Job i's rows from the helper, or None: the run runs it."""
+        with self.state.get_lock():
+            if self.state[i] == FREE:
+                self.state[i] = RUN
+                return None
+            sent = self.state[i] == SENT
+        with self.arrived:
+            # SENT: the helper's send had returned, the rows are in the pipe or read
+            while sent and i not in self.got and not self.closed:
+                self.arrived.wait()
+            rows = self.got.pop(i, None)
+        if rows is not None:
+            self.taken += 1
+        return rows       # None: the helper's still running (or given up): the run runs it
+
+    def close(self) -> None:
+        """End the helper (at once: the rows it still owes are the run's own by now)."""
+        if self.proc is None:
+            return
+        if self.proc.is_alive():
+            self.proc.terminate()
+        self.proc.join(5.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5.0)
+        self.proc = None
+        self.reader.join(5.0)
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def sharing(request, jobs, helpers: int | None = None):
+    """Sharing(request, jobs, helpers: default share_helpers(request)) while the block
+    runs; its helper ended after."""
+    shared = Sharing(request, jobs, share_helpers(request) if helpers is None else helpers)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+def _help(request, digest, state, conn, log, parent) -> None:
+    """The helper process: the request's plan, its jobs taken from the end one at a time,
+    each one's rows sent to the run; nothing written to the terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the run ends its helper itself
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    reporter = report_compiles(log, AHEAD, count_only=True)
+    try:
+        with request.plan() as plan:
+            if names_digest(plan.jobs) == digest:
+                _run_from_end(plan.jobs, state, conn, reporter, parent)
+    except BaseException:                   # noqa: BLE001  (a helper only ever gives up)
+        return
+
+
+def _run_from_end(jobs, state, conn, reporter, parent) -> None:
+    for i in range(len(jobs) - 1, -1, -1):
+        if os.getppid() != parent:
+            return
+        with state.get_lock():
+            if state[i] != FREE:
+                return                        # the run is here: the rest is its own
+            state[i] = HELPER
+        reporter.subject = job_subject(jobs[i])
+        try:
+            rows = jobs[i].run()
+        except Exception:                     # noqa: BLE001  (the run raises it itself)
+            with state.get_lock():
+                state[i] = RUN
+            return
+        conn.send((i, rows))
+        with state.get_lock():
+            state[i] = SENT

@@ -1,0 +1,120 @@
+"""Sharing a large run's jobs (checkkit.share): a helper process takes jobs one at a time
+from the end and hands their rows back; the run's rows are the same, in order, wherever
+a job ran; a job that fails in the helper, or a helper whose plan is not the run's, leaves
+the work to the run; only a large run where a core is idle starts one."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from checkkit import share
+from checkkit.share import SENT, environment_problem, share_helpers, sharing
+from engine.backends.cpu import environment
+from gradcheck.request import GradcheckRequest
+from tests.gradcheck.ahead_jobs import MarkingRequest, marks
+
+
+def shared_run(request, jobs=None, wait_for=1):
+    """The request's jobs run in order in this process, sharing with one helper; before
+    the first, the run waits (up to a minute) until the helper has sent `wait_for` jobs'
+    rows, so that what the helper ran does not depend on the machine's load. (rows, the
+    jobs each process ran, the Sharing.)"""
+    jobs = request.plan().jobs if jobs is None else jobs
+    with sharing(request, jobs, helpers=1) as shared:
+        deadline = time.monotonic() + 60
+        while (sum(s == SENT for s in shared.state[:]) < wait_for
+               and time.monotonic() < deadline and shared.proc.is_alive()):
+            time.sleep(0.05)
+        rows = [row for job in jobs for row in job.run()]
+    return rows, marks(request.log), shared
+
+
+def test_the_run_takes_the_helpers_rows_in_their_place(tmp_path):
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=30, block=5,
+                             compiles=False, delay=0.0, delay_elsewhere=0.2)
+    rows, by_pid, shared = shared_run(request, wait_for=3)
+    assert rows == list(range(30))                   # every job's rows, in order
+    mine = by_pid.pop(os.getpid())
+    [theirs] = by_pid.values()
+    # the helper went back from the end, one job after the other; the run forward from the
+    # start; at most the job where they met ran in both
+    assert theirs == list(range(29, 29 - len(theirs), -1)) and len(theirs) >= 3
+    assert mine == list(range(len(mine)))
+    assert len(set(mine) & set(theirs)) <= 1 and set(mine) | set(theirs) == set(range(30))
+    assert shared.taken >= 3 and shared.proc is None     # closed
+
+
+def test_a_job_that_fails_in_the_helper_is_the_runs(tmp_path):
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=12, compiles=False,
+                             delay=0.0, fails_elsewhere=10)
+    rows, by_pid, shared = shared_run(request, wait_for=1)
+    assert rows == list(range(12))
+    mine = by_pid.pop(os.getpid())
+    [theirs] = by_pid.values()
+    assert theirs == [11, 10]                        # 10 raised there: the helper gave up
+    assert mine == list(range(11)) and shared.taken == 1
+
+
+def test_a_helper_whose_plan_is_not_the_runs_runs_nothing(tmp_path):
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=6, compiles=False,
+                             delay=0.0)
+    jobs = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=7).plan().jobs
+    with sharing(request, jobs, helpers=1) as shared:
+        shared.proc.join(60)
+        rows = [row for job in jobs for row in job.run()]
+    assert rows == list(range(7)) and shared.taken == 0
+    assert list(marks(request.log)) == [os.getpid()]
+
+
+def test_no_helper_leaves_the_jobs_as_they_are(tmp_path):
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=5, compiles=False)
+    jobs = request.plan().jobs
+    runs = [job.run for job in jobs]
+    with sharing(request, jobs, helpers=0) as shared:
+        assert [job.run for job in jobs] == runs and shared.proc is None
+
+
+class _Large:
+    def __init__(self, cases):
+        self.cases = cases
+
+    def shared_cases(self):
+        return self.cases
+
+
+@pytest.mark.parametrize("value, load, cases, cores, helpers", [
+    (None, 0.2, 1000, 2, 1),        # large, a core idle
+    (None, 0.2, 999, 2, 0),         # too small
+    (None, 0.6, 5000, 2, 0),        # the second core busy
+    (None, 2.4, 5000, 4, 1),        # one of three others idle
+    ("1", 9.0, 5000, 2, 1),         # on: whatever the load
+    ("on", 9.0, 999, 2, 0),         # but never a small run
+    ("0", 0.0, 5000, 2, 0),
+    ("off", 0.0, 5000, 2, 0),
+    ("auto", 0.0, 5000, 1, 0),      # one core
+])
+def test_only_a_large_run_with_a_core_to_spare_shares(monkeypatch, value, load, cases, cores,
+                                                      helpers):
+    monkeypatch.setattr(environment, "default_threads", lambda: cores)
+    environ = {} if value is None else {share.VARIABLE: value}
+    assert share_helpers(_Large(cases), environ, load=lambda: (load, 0.0, 0.0)) == helpers
+    assert environment_problem(environ) is None
+    assert share_helpers(object(), environ, load=lambda: (0.0, 0.0, 0.0)) == 0
+
+
+@pytest.mark.parametrize("value", ["2", "sometimes"])
+def test_a_bad_share_setting_is_a_problem(value):
+    assert environment_problem({share.VARIABLE: value}) == (
+        f"GRADVERIFY_SHARE must be auto (the default), 0/off (no sharing helper) or 1/on "
+        f"(whatever the load), got {value!r}")
+
+
+def test_gradcheck_shares_its_generated_cases_of_our_cpu_engine_only():
+    assert GradcheckRequest(op=("relu", "add"), random=200).shared_cases() == 400
+    assert GradcheckRequest(op=("relu",)).shared_cases() == 0
+    for options in ({"inject": "relu_grad_sign"}, {"engine": "torch"}, {"isolate": True},
+                    {"backend": ("cpu", "cuda")}, {"boundscheck": True}):
+        assert GradcheckRequest(op=("relu",), random=5000, **options).shared_cases() == 0
