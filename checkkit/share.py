@@ -23,13 +23,16 @@ and its values (gradcheck.reference). The helper's plan must be the run's (the d
 the jobs' names), else it runs nothing.
 
 Who runs what: a shared array holds each job's state. The run claims the job it is at
-(FREE -> RUN) and runs it; a job the helper has finished (SENT) it takes from the pipe;
-a job the helper is still running (HELPER) the run runs itself too and drops the
-helper's rows when they come (the helper runs one job at a time, so at most one job is
-run twice, where the two meet: the run never waits for the helper, whatever the load).
-A job that raises in the helper is left to the run (RUN), which raises it as a serial
-run would. The helper runs at checkkit.ahead's niceness: on a busy machine it takes
-only an idle core, and the run does what it could not.
+(FREE -> RUN) and runs it; a job the helper has finished (SENT) it takes from the pipe (a
+reader thread takes the rows as they come, so that the helper never blocks in a send).
+Where the two meet, the job the helper is on (HELPER), the run waits for while the
+helper gets at least BUSY of a core (its CPU time read from /proc every STEP seconds),
+else runs it itself too and drops the helper's rows: on the quiet machine a generated
+job can take tens of seconds (conv_2d's), and the helper may be nearly done with it; on
+a busy one a helper starved of CPU must not hold the run up. A job that raises in the
+helper is left to the run (RUN), which raises it as a serial run would. The helper runs
+at checkkit.ahead's niceness: on a busy machine it takes only an idle core, and the run
+does what it could not.
 
 When: the request says how many cases a helper could take (`shared_cases`: gradcheck's
 generated cases, `--random N` times the ops, of our engine on the CPU); at least
@@ -45,6 +48,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 
 from checkkit.ahead import NICE, names_digest
 from checkkit.compiling import AHEAD, job_subject, report_compiles
@@ -52,6 +56,8 @@ from checkkit.compiling import AHEAD, job_subject, report_compiles
 VARIABLE = "GRADVERIFY_SHARE"
 MIN_CASES = 1000       # fewer: a run of a few seconds a helper's start would not pay for
 IDLE_MARGIN = 0.5      # idle_core: a load this far below the cores beyond the run's own
+STEP = 1.0             # seconds between two looks at a helper the run waits for
+BUSY = 0.5             # the share of a core a helper must get for the run to wait on it
 FREE, RUN, HELPER, SENT = 0, 1, 2, 3
 
 
@@ -74,6 +80,17 @@ def read_share(environ=None) -> tuple[bool | None, str | None]:
 def environment_problem(environ=None) -> str | None:
     """A bad GRADVERIFY_SHARE, in one line (None when it is fine)."""
     return read_share(environ)[1]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) process `pid` has used, from /proc; None where it
+    cannot be read (not Linux, the process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def idle_core(cores: int, load=os.getloadavg) -> bool:
@@ -111,6 +128,7 @@ class Sharing:
         self.proc = None
         self.got: dict[int, list] = {}
         self.taken = 0                       # jobs whose rows came from the helper
+        self.twice = 0                       # jobs the helper was on that the run ran too
         self.arrived = threading.Condition()
         self.closed = False                  # the pipe closed: nothing more comes
         if not helpers or not jobs:
@@ -161,15 +179,25 @@ class Sharing:
             if self.state[i] == FREE:
                 self.state[i] = RUN
                 return None
-            sent = self.state[i] == SENT
+        cpu, at = cpu_seconds(self.proc.pid), time.monotonic()
         with self.arrived:
-            # SENT: the helper's send had returned, the rows are in the pipe or read
-            while sent and i not in self.got and not self.closed:
-                self.arrived.wait()
+            while i not in self.got and not self.closed:
+                # SENT: the helper's send had returned, the rows are in the pipe or read;
+                # HELPER: it is running the job, waited for while it gets a core
+                if self.state[i] == RUN:         # it gave the job up
+                    break
+                self.arrived.wait(STEP)
+                if self.state[i] == HELPER and i not in self.got:
+                    now_cpu, now = cpu_seconds(self.proc.pid), time.monotonic()
+                    if cpu is None or now_cpu is None or now_cpu - cpu < BUSY * (now - at):
+                        break                    # starved (or unreadable): run it here
+                    cpu, at = now_cpu, now
             rows = self.got.pop(i, None)
         if rows is not None:
             self.taken += 1
-        return rows       # None: the helper's still running (or given up): the run runs it
+        else:
+            self.twice += self.state[i] == HELPER
+        return rows       # None: the run runs it
 
     def close(self) -> None:
         """End the helper (at once: the rows it still owes are the run's own by now)."""

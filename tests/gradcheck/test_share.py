@@ -11,7 +11,7 @@ import time
 import pytest
 
 from checkkit import share
-from checkkit.share import SENT, environment_problem, share_helpers, sharing
+from checkkit.share import HELPER, SENT, environment_problem, share_helpers, sharing
 from engine.backends.cpu import environment
 from gradcheck.request import GradcheckRequest
 from tests.gradcheck.ahead_jobs import MarkingRequest, marks
@@ -56,6 +56,33 @@ def test_a_job_that_fails_in_the_helper_is_the_runs(tmp_path):
     [theirs] = by_pid.values()
     assert theirs == [11, 10]                        # 10 raised there: the helper gave up
     assert mine == list(range(11)) and shared.taken == 1
+
+
+def _until(predicate, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert predicate()
+
+
+@pytest.mark.parametrize("busy, twice", [(0.0, 0), (0.5, 1)])
+def test_where_they_meet_the_run_waits_for_a_helper_that_gets_a_core(tmp_path, monkeypatch,
+                                                                     busy, twice):
+    # the helper sleeps 1.5 s in each job: no CPU time. Asked for none (BUSY 0), the run
+    # waits for the job the helper is on; asked for half a core, it runs that job itself
+    monkeypatch.setattr(share, "BUSY", busy)
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=6, compiles=False,
+                             delay=0.0, delay_elsewhere=1.5)
+    jobs = request.plan().jobs
+    with sharing(request, jobs, helpers=1) as shared:
+        _until(lambda: shared.state[5] == SENT and shared.state[4] == HELPER)
+        rows = [row for job in jobs for row in job.run()]
+    assert rows == list(range(6))
+    by_pid = marks(request.log)
+    mine = by_pid.pop(os.getpid())
+    [theirs] = by_pid.values()
+    assert theirs == [5, 4] and mine == list(range(4 + twice))
+    assert (shared.taken, shared.twice) == (2 - twice, twice)
 
 
 def test_a_helper_whose_plan_is_not_the_runs_runs_nothing(tmp_path):
