@@ -2,7 +2,7 @@
 one helper process takes them one at a time from the end, and hands each one's rows back;
 where they meet, the run stops taking the helper's.
 
-    with sharing(request, plan.jobs, listener) as shared:    # shared.helpers: 0 or 1
+    with sharing(request, plan.jobs) as shared:              # shared.helpers: 0 or 1
         rows = run_jobs(plan.jobs)                             # the same rows, in order
 
 Why: a warm `gradcheck --all --random 200` is checking, not compiling (about 21,500
@@ -36,7 +36,9 @@ does what it could not.
 
 When: the request says how many cases a helper could take (`shared_cases`: gradcheck's
 generated cases, `--random N` times the ops, of our engine on the CPU); at least
-MIN_CASES, and a second core (os.sched_getaffinity), and GRADVERIFY_SHARE not 0/off.
+MIN_CASES, a second core this process may use (os.sched_getaffinity) and, unless
+GRADVERIFY_SHARE says 1 (0: never), two of the machine's cores idle over a quarter of a
+second (idle_cores: the run's and the helper's, less IDLE_MARGIN).
 Otherwise, and for `--workers N`, nothing changes; compile-ahead helpers are not started
 beside a sharing one (it compiles what its own jobs need, into the same disk cache).
 """
@@ -55,7 +57,9 @@ from checkkit.compiling import AHEAD, job_subject, report_compiles
 
 VARIABLE = "GRADVERIFY_SHARE"
 MIN_CASES = 1000       # fewer: a run of a few seconds a helper's start would not pay for
-IDLE_MARGIN = 0.5      # idle_core: a load this far below the cores beyond the run's own
+IDLE_MARGIN = 0.5      # share_helpers: the idle cores it asks for, 2 (the run's, the
+#                        helper's) less this
+IDLE_SAMPLE = 0.25     # seconds over which idle_cores counts the idle ticks
 STEP = 1.0             # seconds between two looks at a helper the run waits for
 BUSY = 0.5             # the share of a core a helper must get for the run to wait on it
 FREE, RUN, HELPER, SENT = 0, 1, 2, 3
@@ -93,19 +97,35 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def idle_core(cores: int, load=os.getloadavg) -> bool:
-    """Whether a core of the `cores` this process may use looks idle: the last minute's
-    load average at most cores - 1 - IDLE_MARGIN (this run's own process is one)."""
+def idle_cores(seconds: float = IDLE_SAMPLE) -> float:
+    """How many of the machine's cores were idle over the next `seconds` (/proc/stat's
+    idle and iowait ticks against all, times the cores it counts); where /proc/stat cannot
+    be read, the cores less the last minute's load average. Not the load average first:
+    right after another run (bench_first_run's warm `--all` before its `--random`) it
+    still counts that run for a minute."""
+    def ticks():
+        with open("/proc/stat", encoding="ascii") as f:
+            head = f.readline().split()
+        values = [int(v) for v in head[1:9]]    # user nice system idle iowait irq softirq
+        return values[3] + values[4], sum(values)   # steal
+    cores = os.cpu_count() or 1
     try:
-        return load()[0] <= cores - 1 - IDLE_MARGIN
-    except OSError:
-        return False
+        idle0, all0 = ticks()
+        time.sleep(seconds)
+        idle1, all1 = ticks()
+        return cores * (idle1 - idle0) / max(1, all1 - all0)
+    except (OSError, ValueError, IndexError):
+        try:
+            return cores - os.getloadavg()[0]
+        except OSError:
+            return 0.0
 
 
-def share_helpers(request, environ=None, load=os.getloadavg) -> int:
+def share_helpers(request, environ=None, idle=idle_cores) -> int:
     """How many sharing helpers a serial run of `request` starts: 1 where it is large (its
     `shared_cases()` at least MIN_CASES), the process may use a second core, and
-    GRADVERIFY_SHARE says 1, or nothing while a core is idle (idle_core); else 0."""
+    GRADVERIFY_SHARE says 1, or nothing and `idle()` (idle_cores) finds a core idle beside
+    the run's own (at least 2 - IDLE_MARGIN); else 0."""
     from engine.backends.cpu.environment import default_threads
     choice = read_share(environ)[0]
     if choice is False:
@@ -113,10 +133,9 @@ def share_helpers(request, environ=None, load=os.getloadavg) -> int:
     cases = getattr(request, "shared_cases", None)
     if cases is None or cases() < MIN_CASES:
         return 0
-    cores = default_threads()
-    if cores < 2:
+    if default_threads() < 2:
         return 0
-    return 1 if choice or idle_core(cores, load) else 0
+    return 1 if choice or idle() >= 2 - IDLE_MARGIN else 0
 
 
 class Sharing:

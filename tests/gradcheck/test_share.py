@@ -11,7 +11,14 @@ import time
 import pytest
 
 from checkkit import share
-from checkkit.share import HELPER, SENT, environment_problem, share_helpers, sharing
+from checkkit.share import (
+    HELPER,
+    SENT,
+    environment_problem,
+    idle_cores,
+    share_helpers,
+    sharing,
+)
 from engine.backends.cpu import environment
 from gradcheck.request import GradcheckRequest
 from tests.gradcheck.ahead_jobs import MarkingRequest, marks
@@ -112,24 +119,37 @@ class _Large:
         return self.cases
 
 
-@pytest.mark.parametrize("value, load, cases, cores, helpers", [
-    (None, 0.2, 1000, 2, 1),        # large, a core idle
-    (None, 0.2, 999, 2, 0),         # too small
-    (None, 0.6, 5000, 2, 0),        # the second core busy
-    (None, 2.4, 5000, 4, 1),        # one of three others idle
-    ("1", 9.0, 5000, 2, 1),         # on: whatever the load
-    ("on", 9.0, 999, 2, 0),         # but never a small run
-    ("0", 0.0, 5000, 2, 0),
-    ("off", 0.0, 5000, 2, 0),
-    ("auto", 0.0, 5000, 1, 0),      # one core
+@pytest.mark.parametrize("value, idle, cases, cores, helpers", [
+    (None, 1.8, 1000, 2, 1),        # large, both cores idle
+    (None, 1.8, 999, 2, 0),         # too small
+    (None, 1.4, 5000, 2, 0),        # the second core busy
+    (None, 1.6, 5000, 4, 1),        # two of four idle
+    ("1", 0.0, 5000, 2, 1),         # on: whatever the load
+    ("on", 2.0, 999, 2, 0),         # but never a small run
+    ("0", 2.0, 5000, 2, 0),
+    ("off", 2.0, 5000, 2, 0),
+    ("auto", 2.0, 5000, 1, 0),      # one core of its own
 ])
-def test_only_a_large_run_with_a_core_to_spare_shares(monkeypatch, value, load, cases, cores,
+def test_only_a_large_run_with_a_core_to_spare_shares(monkeypatch, value, idle, cases, cores,
                                                       helpers):
     monkeypatch.setattr(environment, "default_threads", lambda: cores)
     environ = {} if value is None else {share.VARIABLE: value}
-    assert share_helpers(_Large(cases), environ, load=lambda: (load, 0.0, 0.0)) == helpers
+    assert share_helpers(_Large(cases), environ, idle=lambda: idle) == helpers
     assert environment_problem(environ) is None
-    assert share_helpers(object(), environ, load=lambda: (0.0, 0.0, 0.0)) == 0
+    assert share_helpers(object(), environ, idle=lambda: 2.0) == 0
+
+
+def test_idle_cores_counts_a_busy_core_as_busy():
+    idle = idle_cores(0.3)
+    assert 0.0 <= idle <= (os.cpu_count() or 1) + 0.01
+    deadline = time.process_time() + 0.5       # this process keeps one core busy meanwhile
+    import threading
+    spin = threading.Thread(target=lambda: [None for _ in iter(
+        lambda: time.process_time() < deadline, False)])
+    spin.start()
+    busy = idle_cores(0.3)
+    spin.join()
+    assert busy <= (os.cpu_count() or 1) - 0.7
 
 
 @pytest.mark.parametrize("value", ["2", "sometimes"])
