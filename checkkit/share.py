@@ -61,7 +61,9 @@ IDLE_MARGIN = 0.5      # share_helpers: the idle cores it asks for, 2 (the run's
 #                        helper's) less this
 IDLE_SAMPLE = 0.25     # seconds over which idle_cores counts the idle ticks
 STEP = 1.0             # seconds between two looks at a helper the run waits for
-BUSY = 0.5             # the share of a core a helper must get for the run to wait on it
+BUSY = 0.8             # the share of a core a helper must get for the run to wait on it
+#                        (the quiet machine gives it a whole one; at a load of 5, with
+#                        0.5, the run waited some 20 s on a helper that took half)
 FREE, RUN, HELPER, SENT = 0, 1, 2, 3
 
 

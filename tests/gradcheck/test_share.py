@@ -72,11 +72,11 @@ def _until(predicate, seconds=60.0):
     assert predicate()
 
 
-@pytest.mark.parametrize("busy, twice", [(0.0, 0), (0.5, 1)])
+@pytest.mark.parametrize("busy, twice", [(0.0, 0), (share.BUSY, 1)])
 def test_where_they_meet_the_run_waits_for_a_helper_that_gets_a_core(tmp_path, monkeypatch,
                                                                      busy, twice):
     # the helper sleeps 1.5 s in each job: no CPU time. Asked for none (BUSY 0), the run
-    # waits for the job the helper is on; asked for half a core, it runs that job itself
+    # waits for the job the helper is on; asked for BUSY of a core, it runs that job itself
     monkeypatch.setattr(share, "BUSY", busy)
     request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=6, compiles=False,
                              delay=0.0, delay_elsewhere=1.5)
