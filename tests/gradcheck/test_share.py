@@ -165,3 +165,36 @@ def test_gradcheck_shares_its_generated_cases_of_our_cpu_engine_only():
     for options in ({"inject": "relu_grad_sign"}, {"engine": "torch"}, {"isolate": True},
                     {"backend": ("cpu", "cuda")}, {"boundscheck": True}):
         assert GradcheckRequest(op=("relu",), random=5000, **options).shared_cases() == 0
+
+
+@pytest.mark.slow
+def test_a_shared_gradcheck_run_reports_what_one_process_does(tmp_path, monkeypatch):
+    # gradcheck's own jobs: the helper (started whatever the size and load) sends the last
+    # op's generated rows before the run starts, so that the run takes them from it
+    import json
+
+    from gradcheck.cli import main
+    started = share.Sharing.start
+
+    def start_and_wait(self):
+        started(self)
+        _until(lambda: self.state[len(self.jobs) - 1] == SENT, 120)
+    monkeypatch.setattr(share.Sharing, "start", start_and_wait)
+    monkeypatch.setattr(share, "MIN_CASES", 1)
+    taken = []
+    close = share.Sharing.close
+
+    def counted(self):
+        taken.append(self.taken)
+        close(self)
+    monkeypatch.setattr(share.Sharing, "close", counted)
+    reports = {}
+    for value in ("0", "1"):
+        monkeypatch.setenv(share.VARIABLE, value)
+        out = tmp_path / f"share{value}.json"
+        assert main(["--op", "relu", "--op", "mul", "--random", "15", "--no-progress",
+                     "--output", str(out)]) == 0
+        reports[value] = [{k: v for k, v in row.items() if k != "seconds"}
+                          for row in json.loads(out.read_text())["results"]]
+    assert taken and taken[-1] >= 1 and len(reports["1"]) > 30
+    assert reports["0"] == reports["1"]
