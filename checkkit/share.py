@@ -17,10 +17,15 @@ other core) and the pickling of the rows it hands back.
 
 The same report: each job is run whole, by one process, with the request's own options
 (not the cheaper ones of a compile-ahead helper, checkkit.ahead), and its rows go in at
-the job's place. A job's rows do not depend on the process that ran it: every generated
-job seeds hypothesis itself, and the reference kept between cases is keyed by the case
-and its values (gradcheck.reference). The helper's plan must be the run's (the digest of
-the jobs' names), else it runs nothing.
+the job's place, in the same order. Every generated job seeds hypothesis itself, and the
+reference kept between cases is keyed by the case and its values (gradcheck.reference).
+One thing does depend on the process: hypothesis draws a small share of its values from
+the constants of the project's modules the process has loaded so far (its "local
+constants"), and a helper has loaded fewer: a warm `gradcheck --all --random 200` gave
+the same statuses, but 12 of its 22,040 rows (rope's, drawn in the helper) with other
+drawn values, as two one-process runs differ in a few rows too (docs/performance.md).
+The helper's plan must be the run's (the digest of the jobs' names), else it runs
+nothing.
 
 Who runs what: a shared array holds each job's state. The run claims the job it is at
 (FREE -> RUN) and runs it; a job the helper has finished (SENT) it takes from the pipe (a

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "cannot run are assumed away and counted in an unsupported row). "
                         "A run of at least 1000 generated cases of our CPU engine, with a "
                         "core idle, shares its jobs with a helper process on that core: "
-                        "the same report, sooner (GRADVERIFY_SHARE=0: never, 1: whatever "
+                        "the same rows, sooner (GRADVERIFY_SHARE=0: never, 1: whatever "
                         "the load; --workers N: pytest-xdist instead)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the generated cases (default 0)")
