@@ -3,7 +3,8 @@ benchmark, not a test).
 
     python bench/bench_first_run.py              # cold, then warm; targets
     python bench/bench_first_run.py --baseline   # also cold with GRADVERIFY_COMPILE_AHEAD=0
-    python bench/bench_first_run.py --random     # also warm `--all --random 200`
+    python bench/bench_first_run.py --random     # also warm `--all --random 200` (shared
+                                                 # and in one process, GRADVERIFY_SHARE=0)
     python bench/bench_first_run.py --breakdown  # where a cold run's time goes (in-process)
 
 Each run is a `gradcheck --all --no-progress` process in an empty directory of numba's
@@ -80,6 +81,11 @@ def first_runs(args) -> bool:
                     print(line("`gradcheck --all --random 200`, warm", wall, cpu, load,
                                TARGET_RANDOM_S), flush=True)
                     ok = ok and wall < TARGET_RANDOM_S
+                    # the same in one process: what the sharing helper (checkkit.share,
+                    # on by default where a core is idle) saves, measured alike
+                    wall, cpu, load = timed(argv, GRADVERIFY_CACHE=cache, GRADVERIFY_SHARE="0")
+                    print(line("`gradcheck --all --random 200`, warm, GRADVERIFY_SHARE=0",
+                               wall, cpu, load), flush=True)
     return ok
 
 

@@ -95,8 +95,9 @@ def rows_of(request, plan, args, run_plan, tool: str = "", listener=None) -> lis
     request (request.finish). numba's compilations, this process's and its workers', are
     shown as compile_mode says (checkkit.compiling), each job naming itself; `listener`:
     the CompileListener of the compile_progress the plan was made in (so that the worker
-    processes it started report to it), else one of its own. A serial run whose kernels
-    compile starts compile-ahead helpers (checkkit.ahead)."""
+    processes it started report to it), else one of its own. A large serial run shares its
+    jobs with a helper process on a second core (checkkit.share: the same rows); otherwise
+    one whose kernels compile starts compile-ahead helpers (checkkit.ahead)."""
     from checkkit.compiling import compile_progress, watch_jobs
     progress = wants_progress(args)
     tool = tool or plan.tool
@@ -105,8 +106,10 @@ def rows_of(request, plan, args, run_plan, tool: str = "", listener=None) -> lis
     with own as listener:
         if args.workers is None:
             from checkkit.ahead import compiling_ahead
+            from checkkit.share import sharing
             watch_jobs(plan.jobs, listener)
-            with compiling_ahead(request, plan.jobs, listener):
+            with sharing(request, plan.jobs) as shared, compiling_ahead(
+                    request, plan.jobs, listener, **({"helpers": 0} if shared.helpers else {})):
                 return run_plan(request, plan, progress)
         from checkkit.distributed import distributed_rows  # pytest only here
         return request.finish(distributed_rows(request, args.workers, progress))

@@ -5,6 +5,7 @@
     gradcheck --all --output report.json       the format follows the extension
     gradcheck --all --show all                every case, not only what failed
     gradcheck --op softmax --random 50 --seed 1
+    gradcheck --all --random 200              200 drawn cases per op: a core idle shares them
     gradcheck --all --tier scale              big cases: every threaded, tiled, sparse path
     gradcheck --all --isolate                 every case in a worker process: a crash is a row
     gradcheck --all --boundscheck             our kernels bounds-checked (first run: minutes)
@@ -48,6 +49,7 @@ from checkkit.options import (
     rows_of,
     settle_format,
 )
+from checkkit.share import environment_problem as share_problem
 from checkkit.usage import ArgumentParser, unknown_name
 from checkkit.worker import DEFAULT_CASE_TIMEOUT
 from engine.backends import BACKENDS
@@ -136,7 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--random", type=int, default=0, metavar="N",
                    help="also check N hypothesis-generated cases per op in the engine "
                         "under test (a failing or crashing one is shrunk; cases the engine "
-                        "cannot run are assumed away and counted in an unsupported row)")
+                        "cannot run are assumed away and counted in an unsupported row). "
+                        "A run of at least 1000 generated cases of our CPU engine, with a "
+                        "core idle, shares its jobs with a helper process on that core: "
+                        "the same rows, sooner (GRADVERIFY_SHARE=0: never, 1: whatever "
+                        "the load; --workers N: pytest-xdist instead)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the generated cases (default 0)")
     p.add_argument("--inject", metavar="MUTATION[:FACTOR]",
@@ -225,7 +231,8 @@ def _main(argv) -> int:
     keep_hypothesis_out_of_cwd()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if refused("gradcheck", environment_problem() or ahead_problem() or settle_format(args)):
+    if refused("gradcheck", environment_problem() or ahead_problem() or share_problem()
+                            or settle_format(args)):
         return 2
     if args.list:
         print(list_ops())

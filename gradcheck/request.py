@@ -107,6 +107,20 @@ class GradcheckRequest(Request):
         22 s against 5.6 s)."""
         return dataclasses.replace(self, no_torch=True, mode="fast")
 
+    def shared_cases(self) -> int:
+        """The generated cases a serial run could share with a helper process
+        (checkkit.share): `--random N` times the ops, of our engine on the CPU alone, in
+        this process (no --isolate, --boundscheck), no bug injected, no --repro or
+        --self-test; 0 otherwise."""
+        if (not self.random or not self.ours or self.backends != ("cpu",) or self.inject
+                or self.self_test or self.repro is not None or self.isolate
+                or self.boundscheck):
+            return 0
+        try:
+            return self.random * len(self.op_names())
+        except LookupError:
+            return 0
+
     def problem(self, flag=cli_flag) -> str | None:
         """What makes this request unusable, naming options by `flag` (None: nothing)."""
         from engine.tensor import FLOAT_NAMES

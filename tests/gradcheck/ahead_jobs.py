@@ -29,7 +29,8 @@ def fire(module: str = "engine.backends.cpu.softmax") -> None:
 class MarkingRequest(Request):
     """`n` jobs in blocks of `block` per op ("op0", "op1", ...); each appends "PID INDEX" to
     `log`, fires a compilation when `compiles`, and sleeps `delay` seconds in the process
-    `slow_pid` (the run's: the helpers outrun it)."""
+    `slow_pid` (the run's: the helpers outrun it); job `fails_elsewhere` raises in any
+    other process, where each job sleeps `delay_elsewhere` seconds."""
 
     log: str
     slow_pid: int
@@ -37,6 +38,8 @@ class MarkingRequest(Request):
     block: int = 5
     compiles: bool = True
     delay: float = 0.1
+    fails_elsewhere: int = -1       # the job that raises in any process but slow_pid's
+    delay_elsewhere: float = 0.0    # seconds each job sleeps in any other process
     tool = "marking"
 
     def plan(self) -> Plan:
@@ -52,6 +55,10 @@ def _mark(request: MarkingRequest, i: int) -> list:
         fire()
     if os.getpid() == request.slow_pid:
         time.sleep(request.delay)
+    else:
+        time.sleep(request.delay_elsewhere)
+        if i == request.fails_elsewhere:
+            raise RuntimeError(f"job {i} fails outside the run")
     return [i]
 
 

@@ -301,6 +301,13 @@ def test_a_bad_compile_ahead_setting_is_one_usage_line(value, monkeypatch, capsy
                     f"processes in [0, 64] (0 or off: none), got {value!r}")
 
 
+def test_a_bad_share_setting_is_one_usage_line(monkeypatch, capsys):
+    monkeypatch.setenv("GRADVERIFY_SHARE", "2")
+    line = _one_line_usage_error(["--op", "relu", "--no-progress"], capsys)
+    assert line == ("gradcheck: GRADVERIFY_SHARE must be auto (the default), 0/off (no "
+                    "sharing helper) or 1/on (whatever the load), got '2'")
+
+
 def test_a_ggml_lib_that_is_a_file_says_so(tmp_path, capsys):
     path = tmp_path / "libggml-base.so"
     path.write_text("not a directory")
