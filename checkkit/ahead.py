@@ -194,10 +194,14 @@ def compiling_ahead(request, jobs, listener, **options):
         ahead.close()
 
 
-def _help(request, digest, position, claimed, log, parent, quiet_seconds) -> None:
-    """A helper process: the request's plan, its jobs run as the module doc says, their
-    rows and errors thrown away, nothing written to the terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the run ends its helpers itself
+def helper_process(request, digest, log, work) -> None:
+    """The body of a helper process (this module's and checkkit.share's): interrupts
+    ignored (the run ends its helpers itself), niceness NICE, nothing written to the
+    terminal, its compilations reported to the run's log as AHEAD's; then
+    `work(jobs, reporter)` on the request's plan, where the plan's jobs are the run's (their
+    names' digest `digest`). Whatever it raises ends the helper quietly: a helper only ever
+    gives up, the run does the work itself."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(NICE)
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -207,9 +211,16 @@ def _help(request, digest, position, claimed, log, parent, quiet_seconds) -> Non
     try:
         with request.plan() as plan:
             if names_digest(plan.jobs) == digest:
-                _run_blocks(plan.jobs, position, claimed, reporter, parent, quiet_seconds)
+                work(plan.jobs, reporter)
     except BaseException:                   # noqa: BLE001  (a helper only ever gives up)
         return
+
+
+def _help(request, digest, position, claimed, log, parent, quiet_seconds) -> None:
+    """A helper process: the request's plan, its jobs run as the module doc says, their
+    rows and errors thrown away."""
+    helper_process(request, digest, log, lambda jobs, reporter: _run_blocks(
+        jobs, position, claimed, reporter, parent, quiet_seconds))
 
 
 def _run_blocks(jobs, position, claimed, reporter, parent,

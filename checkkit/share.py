@@ -53,12 +53,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import signal
 import threading
 import time
 
-from checkkit.ahead import NICE, names_digest
-from checkkit.compiling import AHEAD, job_subject, report_compiles
+from checkkit.ahead import helper_process, names_digest
+from checkkit.compiling import job_subject
 
 VARIABLE = "GRADVERIFY_SHARE"
 MIN_CASES = 1000       # fewer: a run of a few seconds a helper's start would not pay for
@@ -253,20 +252,9 @@ def sharing(request, jobs, helpers: int | None = None):
 
 def _help(request, digest, state, conn, log, parent) -> None:
     """The helper process: the request's plan, its jobs taken from the end one at a time,
-    each one's rows sent to the run; nothing written to the terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the run ends its helper itself
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    reporter = report_compiles(log, AHEAD, count_only=True)
-    try:
-        with request.plan() as plan:
-            if names_digest(plan.jobs) == digest:
-                _run_from_end(plan.jobs, state, conn, reporter, parent)
-    except BaseException:                   # noqa: BLE001  (a helper only ever gives up)
-        return
+    each one's rows sent to the run (checkkit.ahead.helper_process)."""
+    helper_process(request, digest, log, lambda jobs, reporter: _run_from_end(
+        jobs, state, conn, reporter, parent))
 
 
 def _run_from_end(jobs, state, conn, reporter, parent) -> None:

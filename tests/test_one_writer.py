@@ -45,10 +45,8 @@ ALLOWED = {
         "the benchmark's data for its child processes, in a TemporaryDirectory",
     ("engine/backends/cpu/disk_cache.py", "index_lock", "os.open"):
         "an empty lock file beside a numba cache index, in the kernel cache, never written",
-    ("checkkit/ahead.py", "_help", "os.open"):
-        "a compile-ahead helper's stdout and stderr sent to os.devnull",
-    ("checkkit/share.py", "_help", "os.open"):
-        "a sharing helper's stdout and stderr sent to os.devnull",
+    ("checkkit/ahead.py", "helper_process", "os.open"):
+        "a helper process's stdout and stderr (compile-ahead or sharing) sent to os.devnull",
     ("checkkit/compiling.py", "_children_log", "open"):
         "creates the children's compile log, empty, in a TemporaryDirectory of its own",
     ("checkkit/compiling.py", "on_start", "os.open"):
