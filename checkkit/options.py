@@ -96,7 +96,8 @@ def rows_of(request, plan, args, run_plan, tool: str = "", listener=None) -> lis
     shown as compile_mode says (checkkit.compiling), each job naming itself; `listener`:
     the CompileListener of the compile_progress the plan was made in (so that the worker
     processes it started report to it), else one of its own. A large serial run shares its
-    jobs with a helper process on a second core (checkkit.share: the same rows); otherwise
+    jobs with a helper process on a second core (checkkit.share: the same rows in the same
+    order, a few generated cases perhaps drawn with other values); otherwise
     one whose kernels compile starts compile-ahead helpers (checkkit.ahead)."""
     from checkkit.compiling import compile_progress, watch_jobs
     progress = wants_progress(args)
@@ -109,7 +110,7 @@ def rows_of(request, plan, args, run_plan, tool: str = "", listener=None) -> lis
             from checkkit.share import sharing
             watch_jobs(plan.jobs, listener)
             with sharing(request, plan.jobs) as shared, compiling_ahead(
-                    request, plan.jobs, listener, **({"helpers": 0} if shared.helpers else {})):
+                    request, plan.jobs, listener, helpers=0 if shared.helpers else None):
                 return run_plan(request, plan, progress)
         from checkkit.distributed import distributed_rows  # pytest only here
         return request.finish(distributed_rows(request, args.workers, progress))

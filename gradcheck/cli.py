@@ -141,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cannot run are assumed away and counted in an unsupported row). "
                         "A run of at least 1000 generated cases of our CPU engine, with a "
                         "core idle, shares its jobs with a helper process on that core: "
-                        "the same rows, sooner (GRADVERIFY_SHARE=0: never, 1: whatever "
-                        "the load; --workers N: pytest-xdist instead)")
+                        "the same rows in the same order, sooner (a few generated cases "
+                        "may be drawn with other values, as between two runs; "
+                        "GRADVERIFY_SHARE=0: never, 1: whatever the load; --workers N: "
+                        "pytest-xdist instead)")
     p.add_argument("--seed", type=int, default=0, metavar="S",
                    help="seed of the generated cases (default 0)")
     p.add_argument("--inject", metavar="MUTATION[:FACTOR]",
