@@ -23,8 +23,9 @@ each split as the module chooses, on the sparse path (forced) and on BLAS, besid
 module's estimate (SparseProduct.cost): what DENSE_ROW_COST and DENSE_COL_COST are fitted
 to (see the module's comments).
 
-It prints the fitted constants, the module's, and each product's measured and modelled
-cost over BLAS's. A calibration, not a benchmark.
+It prints the fitted constants, the module's (the fit of this CPU's kind: matmul.FITS, chosen
+by whether numba compiles for AVX-512), and each product's measured and modelled cost over
+BLAS's. A calibration, not a benchmark.
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def main(argv=None) -> int:
              "GATHER_COST"]
     print("fitted:", "  ".join(f"{name} {c:.3g}" for name, c in zip(names, coef, strict=True)))
     module_coef = [getattr(mm, name, 0.0) for name in names]
-    print("module:", "  ".join(f"{name} {c:.3g}" for name, c in zip(names, module_coef,
-                                                                    strict=True)))
+    print(f"module ({mm.CPU_KIND}'s fit, matmul.FITS):",
+          "  ".join(f"{name} {c:.3g}" for name, c in zip(names, module_coef, strict=True)))
     print("m     k    n    density  layout  BLAS ms  sparse ms  sparse/BLAS  model  module's")
     for (m, k, n, density, layout, blas, sparse), xr in zip(labels, x, strict=True):
         macs = m * k * n

@@ -35,9 +35,10 @@ Everything else (dense operands, gradcheck's random samples, batched products, s
 skinny products) goes to BLAS. With the engine's threads (engine.backends.cpu.threads), big
 products run as chunks side by side (matmul_chunks), and a sparse product as row ranges,
 each with its dense lines (SparseProduct.run). For MNIST's FC layer at batch 1000 (s: the
-images, 19% non-zero in clustered strokes; n = 500) both big products go to BLAS (on two
-threads the sparse path's serial counting and copying cost more than the zeros save; on one
-the forward product would gain about 10% sparse); at batch 100 none does.
+images, 19% non-zero in clustered strokes; n = 500) which path pays depends on the CPU (the
+fits below): on the AVX-512 machine both big products go to BLAS (the sparse path's serial
+counting and copying cost more than the zeros save), on the AVX2 one both go sparse (0.69 to
+0.82 of BLAS's wall time at two threads); at batch 100 none does.
 
 Numerics: the sparse path adds the same non-zero terms as BLAS in another order (dense
 lines' products and the sparse part added, the sparse part in column blocks, eight terms at
@@ -49,45 +50,77 @@ from __future__ import annotations
 
 import functools
 import threading
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
-from engine.backends.cpu import half, layout, paths, threads
+from engine.backends.cpu import half, layout, paths, patterns, threads
 from engine.backends.cpu import matmul_sparse as sp
 from engine.backends.cpu.jit import bindable
 from engine.tensor import is_half
 
-# The cost model, in multiply-adds on BLAS, fitted on one thread to the sparse path's CPU time
-# over BLAS's by `python bench/fit_sparse_matmul.py --repeats 11` (least squares over 72
-# float32 products: m k n = 1000 784 500, 500 784 500, 100 784 500, 1000 784 72, 1000 300 500,
-# 300 2000 400; s uniformly random zeros at densities 0.01 to 0.1, as the left operand with d
-# C-contiguous or transposed, and as the right one), on an AVX-512 Intel Xeon (numpy's
-# OpenBLAS at about 140 GFLOP/s a core; the machine shared, CPU time): the model within 0.1
-# of the measured ratio for most products, 0.2 at worst (at 1% density). The sparse path
-# costs about as much as BLAS at 10% density on this machine (measured ratios 0.90 to 1.19
-# at n >= 400), and never pays at n = 72 (1.0-1.1 already at 1%). The fit before it, on an
-# AMD EPYC (AVX2, BLAS half as fast against the compiled loops), had SPARSE_ENTRY_COST 3,
-# SCAN_COST 150, GATHER_COST 40, CALL_COST 1.5e7 and no per-entry or output terms.
-SPARSE_ENTRY_COST = 6.1      # a multiply-add on the sparse path costs 6.1 on BLAS
-ENTRY_FIXED_COST = 640.0     # per non-zero of s: its CSR entry written and read, whatever n
-SCAN_COST = 60.0             # per element of s: counting the non-zeros
-OUT_COST = 73.0              # per element of the product: zeroing, writing, transposing
-GATHER_COST = 29.0           # gathering one element of d (when d is not C-contiguous)
-CALL_COST = 3.75e6           # per call: Python, small numpy steps, parallel regions
+
+class CostFit(NamedTuple):
+    """The cost model's constants for one kind of CPU, in multiply-adds on BLAS."""
+    sparse_entry: float      # SPARSE_ENTRY_COST: a multiply-add on the sparse path
+    entry_fixed: float       # ENTRY_FIXED_COST: per non-zero of s (its CSR entry), whatever n
+    scan: float              # SCAN_COST: per element of s (counting the non-zeros)
+    out: float               # OUT_COST: per element of the product (zeroing, writing, ...)
+    gather: float            # GATHER_COST: per element of d gathered (d not C-contiguous)
+    call: float              # CALL_COST: per call (Python, small numpy steps)
+    dense_col: float         # DENSE_COL_COST (below)
+    dense_row: float         # DENSE_ROW_COST (below)
+
+
+# The cost model counts in BLAS's multiply-adds, so its constants depend on how fast BLAS
+# is against the compiled loops, that is on the vector width of both: one fit per kind of
+# CPU, chosen by whether numba compiles for AVX-512 (patterns.target_has). Each fitted on
+# one thread to the sparse path's CPU time over BLAS's by `python bench/fit_sparse_matmul.py
+# --repeats 11` (least squares over 72 float32 products: m k n = 1000 784 500, 500 784 500,
+# 100 784 500, 1000 784 72, 1000 300 500, 300 2000 400; s uniformly random zeros at
+# densities 0.01 to 0.1, as the left operand with d C-contiguous or transposed, and as the
+# right one), the dense lines' factors then to MNIST's products (`--mnist`, below).
+# - AVX-512 (an Intel Xeon, numpy's OpenBLAS at about 140 GFLOP/s a core; the machine
+#   shared, CPU time): the model within 0.1 of the measured ratio for most products, 0.2 at
+#   worst (at 1% density). The sparse path costs about as much as BLAS at 10% density
+#   (measured ratios 0.90 to 1.19 at n >= 400), and never pays at n = 72.
+# - AVX2 (an AMD EPYC, Zen 3, numpy's sgemm at about 80 GFLOP/s a core, quiet): the model
+#   within 0.1 for most products, 0.2 at worst (300 2000 400 at 10%, d transposed); the
+#   sparse path at 10% density costs 0.55-0.74 of BLAS at n >= 400, never pays at n = 72.
+#   (The fit before the AVX-512 one, on an older AVX2 EPYC, had SPARSE_ENTRY_COST 3.)
+FITS = {
+    "avx512": CostFit(sparse_entry=6.1, entry_fixed=640.0, scan=60.0, out=73.0, gather=29.0,
+                      call=3.75e6, dense_col=1.2, dense_row=1.8),
+    "avx2": CostFit(sparse_entry=3.55, entry_fixed=570.0, scan=60.0, out=17.6, gather=36.0,
+                    call=4.27e6, dense_col=1.0, dense_row=1.2),
+}
+CPU_KIND = "avx512" if patterns.target_has("avx512f") else "avx2"
+FIT = FITS[CPU_KIND]
+SPARSE_ENTRY_COST = FIT.sparse_entry
+ENTRY_FIXED_COST = FIT.entry_fixed
+SCAN_COST = FIT.scan
+OUT_COST = FIT.out
+GATHER_COST = FIT.gather
+CALL_COST = FIT.call
 # A dense line's share on BLAS costs more than its multiply-adds: it is gathered (s's lines,
 # and in a column split d's rows), and in a row split its product rows are scattered back.
 # Fitted to MNIST's FC products on one thread, `python bench/fit_sparse_matmul.py --mnist
 # --repeats 15` (a batch of 500 training images as s in the trainer's layouts; dense lines
-# about 0.41 of BLAS's work in each): x @ W^T, split by columns, sparse over BLAS measured
-# 0.90-0.93 in three draws (the model: 0.86-0.87); the weight gradient g^T @ x, by rows,
-# 1.09-1.16 (the model: 1.07-1.09).
-DENSE_COL_COST = 1.2         # a dense column's multiply-adds, gathered, in a column split
-DENSE_ROW_COST = 1.8         # a dense row's, gathered and scattered, in a row split
+# about 0.41 of BLAS's work in each). AVX-512: x @ W^T, split by columns, sparse over BLAS
+# measured 0.90-0.93 in three draws (the model: 0.86-0.87); the weight gradient g^T @ x, by
+# rows, 1.09-1.16 (the model: 1.07-1.09). AVX2 (`--repeats 9`, three draws): x @ W^T 0.70-0.75
+# (the model: 0.95-0.96), g^T @ x 0.82-0.84 (0.99-1.00) with AVX-512's factors; at two
+# threads, wall time, 0.69-0.75 and 0.75-0.82. The factors are at least 1 (a dense line is
+# BLAS on gathered lines: below 1 a dense operand would look cheaper off BLAS), so the
+# columns' stays 1.0 (the model 0.88-0.89, under SPARSE_MAX_COST in 30 draws of 500 images
+# out of 30) and the rows' is 1.2 (the model 0.81-0.83).
+DENSE_COL_COST = FIT.dense_col   # a dense column's multiply-adds, gathered, in a column split
+DENSE_ROW_COST = FIT.dense_row   # a dense row's, gathered and scattered, in a row split
 # The serial steps (counting, d's copy) counted as on this many threads, whatever the engine's
 # thread count: the path must not depend on it (a product's bits differ between paths, and a
-# plan's bits are the same on every thread count). Two: this machine's cores; on one thread
-# the model then leaves MNIST's x @ W^T on BLAS where the sparse path would be about 10%
+# plan's bits are the same on every thread count). Two: the AVX-512 machine's cores; on one
+# thread the model then leaves MNIST's x @ W^T on BLAS where the sparse path would be about 10%
 # faster, on many it takes the sparse path where its serial steps cost more.
 SERIAL_THREADS = 2
 SPARSE_MAX_COST = 0.9        # take the path at an estimated cost of at most 0.9 of BLAS's

@@ -152,24 +152,31 @@ def _narrow_number(x, fmt):
     return _f32_to_f16_bits(np.float32(x))
 
 
+def target_has(feature: str) -> bool:
+    """Whether the x86 target numba compiles kernels for here (the host, or NUMBA_CPU_NAME
+    and NUMBA_CPU_FEATURES) has `feature` (LLVM's name: "f16c", "avx512f"); a named CPU
+    given without its features is taken to have none."""
+    if config.CPU_FEATURES is not None:
+        return f"+{feature}" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME not in (None, "host"):
+        return False
+    return bool(llvm.get_host_cpu_features().get(feature, False))
+
+
 def conversion_instructions() -> bool:
     """Whether kernels compiled now may use the float16 conversion instructions: on x86,
-    where the target numba compiles for (the host, or NUMBA_CPU_NAME and
-    NUMBA_CPU_FEATURES) has F16C, and on 64-bit ARM, where they are part of the base
-    architecture. Elsewhere LLVM would call runtime functions that numba's JIT cannot
-    link (a process abort, found by compiling for a generic x86-64), so half's arithmetic
-    conversions serve. numba's disk cache keys compilations by the target CPU and its
-    features, so a cache written on one machine is not loaded on another."""
+    where the target numba compiles for has F16C (target_has), and on 64-bit ARM, where
+    they are part of the base architecture. Elsewhere LLVM would call runtime functions
+    that numba's JIT cannot link (a process abort, found by compiling for a generic
+    x86-64), so half's arithmetic conversions serve. numba's disk cache keys compilations
+    by the target CPU and its features, so a cache written on one machine is not loaded on
+    another."""
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
         return True
     if machine not in ("x86_64", "amd64"):
         return False
-    if config.CPU_FEATURES is not None:
-        return "+f16c" in config.CPU_FEATURES.split(",")
-    if config.CPU_NAME not in (None, "host"):
-        return False              # a named CPU without its features: assume none
-    return bool(llvm.get_host_cpu_features().get("f16c", False))
+    return target_has("f16c")
 
 
 F16C = conversion_instructions()

@@ -212,8 +212,59 @@ def circulant(m, k, per_row, dtype):
     return a
 
 
-def test_cost_threshold_boundary():
-    """The path flips exactly where the cost model's estimate crosses SPARSE_MAX_COST."""
+_FIT_NAMES = {"sparse_entry": "SPARSE_ENTRY_COST", "entry_fixed": "ENTRY_FIXED_COST",
+              "scan": "SCAN_COST", "out": "OUT_COST", "gather": "GATHER_COST",
+              "call": "CALL_COST", "dense_col": "DENSE_COL_COST",
+              "dense_row": "DENSE_ROW_COST"}
+
+
+def use_fit(monkeypatch, kind: str) -> None:
+    """The cost model with the constants fitted on CPU kind `kind` (mm.FITS)."""
+    for field, name in _FIT_NAMES.items():
+        monkeypatch.setattr(mm, name, getattr(mm.FITS[kind], field))
+
+
+def test_the_fit_is_the_targets():
+    """The module's constants are the fit of the CPU numba compiles for: AVX-512 or not."""
+    from engine.backends.cpu import patterns
+    assert mm.CPU_KIND == ("avx512" if patterns.target_has("avx512f") else "avx2")
+    for field, name in _FIT_NAMES.items():
+        assert getattr(mm, name) == getattr(mm.FITS[mm.CPU_KIND], field)
+
+
+def test_target_features_follow_numbas_settings(monkeypatch):
+    """NUMBA_CPU_FEATURES decides; a CPU named without its features has none."""
+    from numba.core import config
+
+    from engine.backends.cpu import patterns
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+f16c,-avx512f")
+    assert patterns.target_has("f16c") and patterns.target_has("avx2")
+    assert not patterns.target_has("avx512f")
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+    monkeypatch.setattr(config, "CPU_NAME", "skylake-avx512")
+    assert not patterns.target_has("avx512f")
+
+
+@pytest.mark.parametrize("kind", sorted(mm.FITS))
+def test_no_fit_takes_a_dense_operand_off_blas(kind, monkeypatch):
+    """A dense line costs at least its multiply-adds on BLAS in every fit (it is BLAS, on
+    gathered lines), so a dense operand never looks cheaper on the sparse path; a sparse one
+    still goes there."""
+    use_fit(monkeypatch, kind)
+    assert mm.DENSE_COL_COST >= 1 and mm.DENSE_ROW_COST >= 1
+    rng = np.random.default_rng(5)
+    for density, want in ((1.0, "blas"), (0.02, "sparse")):
+        a = sparse(rng, (M, K), density, np.float32)
+        b = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        assert matmul_path(np.empty((M, N), np.float32), a, b).startswith(want)
+        assert matmul_path(np.empty((N, M), np.float32), b.T, a.T).startswith(want)
+
+
+@pytest.mark.parametrize("kind", sorted(mm.FITS))
+def test_cost_threshold_boundary(kind, monkeypatch):
+    """The path flips exactly where the cost model's estimate crosses SPARSE_MAX_COST, in
+    every CPU kind's fit."""
+    use_fit(monkeypatch, kind)
     m, k, n = 512, 600, 512
     b = np.random.default_rng(7).uniform(-1, 1, (k, n))
     out = np.empty((m, n))
