@@ -29,6 +29,15 @@ takes other kernels for products of fewer rows; `gradcheck --op conv_2d --tier s
 found 810 of 1152 elements differing between 7 threads and 1.) BLAS is held to one
 thread while the calls run (SciPy's OpenBLAS, engine.backends.cpu.blas).
 
+The window's sides kh and kw are run-time values: the loops over the window are outer loops
+around a row of OW cells, so compiling the window into the kernel (im2col's tuples,
+im2col.window_size, as these kernels did first) only unrolled them, and made a compilation
+per window shape: 40 compilations, 35 s of CPU of a cold `gradcheck --op conv_2d --op
+conv_2d_back_x --op conv_2d_back_w`, against 20 and 14 s now (`python
+bench/bench_first_run.py --breakdown --op ...`, quiet AVX2 machine), and no slower: bench_ops'
+conv_2d case forward 32.2 and 36.6 ms before, 32.5 and 36.9 after, forward and backward
+92.6 and 80.4 before, 99.9 and 80.0 after (alternating runs).
+
 The plain twin (paths.plain()) is the composition conv_2d was before it had kernels of
 its own: im2col's gather into (N, K, OH, OW) columns, numpy's batched products, the
 per-image weight products summed over the batch in float64, col2im's gather.
@@ -53,13 +62,10 @@ WEIGHT_PARTIALS = 4
 
 
 @njit
-def _columns(x, i, s, c0, c1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
+def _columns(x, i, s, c0, c1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
     """s[((c - c0)*kh + ky)*kw + kx, oy*ow + ox] = x[i, c, y, x] for c in [c0, c1) (0
-    outside the image; x converted to s's dtype), kh = len(rows), kw = len(cols): the
-    window compiled into the kernel up to im2col's STATIC_WINDOW (im2col.window_size).
-    Rows of unit stride and dilation take a loop of their own, whose index LLVM knows
-    steps by one."""
-    kh, kw = len(rows), len(cols)
+    outside the image; x converted to s's dtype). Rows of unit stride and dilation take
+    a loop of their own, whose index LLVM knows steps by one."""
     h, w = x.shape[2], x.shape[3]
     zero = s.dtype.type(0)
     unit = sw == 1
@@ -87,11 +93,9 @@ def _columns(x, i, s, c0, c1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
 
 
 @njit
-def _add_columns(s, dx, i, acc, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
+def _add_columns(s, dx, i, acc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
     """dx[i, c] = col2im of s's rows of channel c, for every c: the rows added into the
-    float64 plane acc at their shift, ky then kx ascending, the plane written once
-    (kh = len(rows), kw = len(cols), as in _columns)."""
-    kh, kw = len(rows), len(cols)
+    float64 plane acc at their shift, ky then kx ascending, the plane written once."""
     c, h, w = dx.shape[1], dx.shape[2], dx.shape[3]
     for ch in range(c):
         acc[:, :] = 0.0
@@ -116,32 +120,32 @@ def _add_columns(s, dx, i, acc, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
 
 
 @njit
-def _forward(x, w_rows, out, i0, i1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
+def _forward(x, w_rows, out, i0, i1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
     """out[i] = w_rows @ cols_i for the images i in [i0, i1); out is (N, O, P)."""
     s = np.empty((w_rows.shape[1], oh * ow), out.dtype)
     for i in range(i0, i1):
-        _columns(x, i, s, 0, x.shape[1], rows, cols, oh, ow, sh, sw, ph, pw, dh, dw)
+        _columns(x, i, s, 0, x.shape[1], kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
         gemm(False, False, w_rows, s, out[i], 0.0)
 
 
 @njit
-def weight_t(x, g, dw_t, i0, i1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
+def weight_t(x, g, dw_t, i0, i1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
     """dw_t = sum over the images i in [i0, i1), in order, of cols_i @ g[i]^T, (K, O); g
     is (N, O, P). (A replaceable helper: engine.mutation.patches.REPLACEABLE.)"""
     s = np.empty((dw_t.shape[0], oh * ow), dw_t.dtype)
     for i in range(i0, i1):
-        _columns(x, i, s, 0, x.shape[1], rows, cols, oh, ow, sh, sw, ph, pw, dh, dw)
+        _columns(x, i, s, 0, x.shape[1], kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
         gemm(False, True, s, g[i], dw_t, 0.0 if i == i0 else 1.0)
 
 
 @njit
-def _image(w_rows, g, dx, i0, i1, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw):
+def _image(w_rows, g, dx, i0, i1, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
     """dx[i] = col2im(w_rows^T @ g[i]) for the images i in [i0, i1); g is (N, O, P)."""
     s = np.empty((w_rows.shape[1], oh * ow), g.dtype)
     acc = np.empty((dx.shape[2], dx.shape[3]), np.float64)
     for i in range(i0, i1):
         gemm(True, False, w_rows, g[i], s, 0.0)
-        _add_columns(s, dx, i, acc, rows, cols, oh, ow, sh, sw, ph, pw, dh, dw)
+        _add_columns(s, dx, i, acc, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
 
 
 # --- dispatchers ---------------------------------------------------------------------------
@@ -191,7 +195,7 @@ def cpu_conv_2d(out, ins, stride, padding, dilation):
         return sequence(*copies, plain)
     paths.taken("conv_2d:columns")
     flat = out.reshape(n, o, oh * ow)
-    geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
+    geo = (kh, kw, oh, ow, *_geometry(stride, padding, dilation))
     parts = _parts(out.size * c * kh * kw, n)
     return sequence(*copies, _held([
         functools.partial(_forward, x, w_rows, flat, lo, hi, *geo)
@@ -217,7 +221,7 @@ def cpu_conv_2d_back_x(out, ins, x_shape, dtype, stride, padding, dilation):
                          window_size(kh), window_size(kw))
         return sequence(*copies, plain)
     paths.taken("conv_2d:columns")
-    geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
+    geo = (kh, kw, oh, ow, *_geometry(stride, padding, dilation))
     parts = _parts(g.size * c * kh * kw, n)
     return sequence(*copies, _held([
         functools.partial(_image, w_rows, flat, out, lo, hi, *geo)
@@ -243,7 +247,7 @@ def cpu_conv_2d_back_w(out, ins, w_shape, stride, padding, dilation):
     paths.taken("conv_2d:columns")
     ranges = weight_ranges(n)
     partials = np.empty((len(ranges), k, o), out.dtype)   # each written whole by weight_t
-    geo = (window_size(kh), window_size(kw), oh, ow, *_geometry(stride, padding, dilation))
+    geo = (kh, kw, oh, ow, *_geometry(stride, padding, dilation))
 
     def group(lo, hi):
         for j in range(lo, hi):        # weight_t looked up when run: a replaceable helper
