@@ -106,12 +106,15 @@ def test_products_within_half_an_ulp(op, layout, sample):
 @pytest.mark.parametrize("op", VECTOR_OPS)
 def test_a_gate_of_one_gives_the_activations_bits(op, sample):
     """With b = 1 the product is exact: out is the activation's own float32 vector kernel's
-    output, bit for bit, special values included."""
+    output, bit for bit, special values included (a NaN's up to its sign, which is the
+    compiler's choice: on an AVX2 target the two kernels' NaNs of geglu and geglu_erf
+    differed in their sign, at f16f1b4 already)."""
     a, _ = sample
     out, _ = _glu(op, [a, np.ones_like(a)], a.shape, np.float32)
     want = np.empty_like(a)
     cpu.unary(ACTIVATIONS[op])(want, [a])
-    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    sign = np.where(np.isnan(want), np.uint32(0x7FFFFFFF), np.uint32(0xFFFFFFFF))
+    assert np.array_equal(out.view(np.uint32) & sign, want.view(np.uint32) & sign)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
