@@ -62,15 +62,16 @@ from engine.tensor import is_half
 
 
 class CostFit(NamedTuple):
-    """The cost model's constants for one kind of CPU, in multiply-adds on BLAS."""
-    sparse_entry: float      # SPARSE_ENTRY_COST: a multiply-add on the sparse path
-    entry_fixed: float       # ENTRY_FIXED_COST: per non-zero of s (its CSR entry), whatever n
-    scan: float              # SCAN_COST: per element of s (counting the non-zeros)
-    out: float               # OUT_COST: per element of the product (zeroing, writing, ...)
-    gather: float            # GATHER_COST: per element of d gathered (d not C-contiguous)
-    call: float              # CALL_COST: per call (Python, small numpy steps)
-    dense_col: float         # DENSE_COL_COST (below)
-    dense_row: float         # DENSE_ROW_COST (below)
+    """The cost model's constants for one kind of CPU, in multiply-adds on BLAS, each field
+    the module constant of its name."""
+    SPARSE_ENTRY_COST: float  # a multiply-add on the sparse path
+    ENTRY_FIXED_COST: float   # per non-zero of s: its CSR entry written and read, whatever n
+    SCAN_COST: float          # per element of s: counting the non-zeros
+    OUT_COST: float           # per element of the product: zeroing, writing, transposing
+    GATHER_COST: float        # gathering one element of d (when d is not C-contiguous)
+    CALL_COST: float          # per call: Python, small numpy steps, parallel regions
+    DENSE_COL_COST: float     # a dense column's multiply-adds, gathered, in a column split
+    DENSE_ROW_COST: float     # a dense row's, gathered and scattered, in a row split
 
 
 # The cost model counts in BLAS's multiply-adds, so its constants depend on how fast BLAS
@@ -90,19 +91,21 @@ class CostFit(NamedTuple):
 #   sparse path at 10% density costs 0.55-0.74 of BLAS at n >= 400, never pays at n = 72.
 #   (The fit before the AVX-512 one, on an older AVX2 EPYC, had SPARSE_ENTRY_COST 3.)
 FITS = {
-    "avx512": CostFit(sparse_entry=6.1, entry_fixed=640.0, scan=60.0, out=73.0, gather=29.0,
-                      call=3.75e6, dense_col=1.2, dense_row=1.8),
-    "avx2": CostFit(sparse_entry=3.55, entry_fixed=570.0, scan=60.0, out=17.6, gather=36.0,
-                    call=4.27e6, dense_col=1.0, dense_row=1.2),
+    "avx512": CostFit(SPARSE_ENTRY_COST=6.1, ENTRY_FIXED_COST=640.0, SCAN_COST=60.0,
+                      OUT_COST=73.0, GATHER_COST=29.0, CALL_COST=3.75e6, DENSE_COL_COST=1.2,
+                      DENSE_ROW_COST=1.8),
+    "avx2": CostFit(SPARSE_ENTRY_COST=3.55, ENTRY_FIXED_COST=570.0, SCAN_COST=60.0,
+                    OUT_COST=17.6, GATHER_COST=36.0, CALL_COST=4.27e6, DENSE_COL_COST=1.0,
+                    DENSE_ROW_COST=1.2),
 }
 CPU_KIND = "avx512" if patterns.target_has("avx512f") else "avx2"
 FIT = FITS[CPU_KIND]
-SPARSE_ENTRY_COST = FIT.sparse_entry
-ENTRY_FIXED_COST = FIT.entry_fixed
-SCAN_COST = FIT.scan
-OUT_COST = FIT.out
-GATHER_COST = FIT.gather
-CALL_COST = FIT.call
+SPARSE_ENTRY_COST = FIT.SPARSE_ENTRY_COST
+ENTRY_FIXED_COST = FIT.ENTRY_FIXED_COST
+SCAN_COST = FIT.SCAN_COST
+OUT_COST = FIT.OUT_COST
+GATHER_COST = FIT.GATHER_COST
+CALL_COST = FIT.CALL_COST
 # A dense line's share on BLAS costs more than its multiply-adds: it is gathered (s's lines,
 # and in a column split d's rows), and in a row split its product rows are scattered back.
 # Fitted to MNIST's FC products on one thread, `python bench/fit_sparse_matmul.py --mnist
@@ -115,8 +118,8 @@ CALL_COST = FIT.call
 # BLAS on gathered lines: below 1 a dense operand would look cheaper off BLAS), so the
 # columns' stays 1.0 (the model 0.88-0.89, under SPARSE_MAX_COST in 30 draws of 500 images
 # out of 30) and the rows' is 1.2 (the model 0.81-0.83).
-DENSE_COL_COST = FIT.dense_col   # a dense column's multiply-adds, gathered, in a column split
-DENSE_ROW_COST = FIT.dense_row   # a dense row's, gathered and scattered, in a row split
+DENSE_COL_COST = FIT.DENSE_COL_COST
+DENSE_ROW_COST = FIT.DENSE_ROW_COST
 # The serial steps (counting, d's copy) counted as on this many threads, whatever the engine's
 # thread count: the path must not depend on it (a product's bits differ between paths, and a
 # plan's bits are the same on every thread count). Two: the AVX-512 machine's cores; on one

@@ -212,24 +212,18 @@ def circulant(m, k, per_row, dtype):
     return a
 
 
-_FIT_NAMES = {"sparse_entry": "SPARSE_ENTRY_COST", "entry_fixed": "ENTRY_FIXED_COST",
-              "scan": "SCAN_COST", "out": "OUT_COST", "gather": "GATHER_COST",
-              "call": "CALL_COST", "dense_col": "DENSE_COL_COST",
-              "dense_row": "DENSE_ROW_COST"}
-
-
 def use_fit(monkeypatch, kind: str) -> None:
     """The cost model with the constants fitted on CPU kind `kind` (mm.FITS)."""
-    for field, name in _FIT_NAMES.items():
-        monkeypatch.setattr(mm, name, getattr(mm.FITS[kind], field))
+    for name, value in mm.FITS[kind]._asdict().items():
+        monkeypatch.setattr(mm, name, value)
 
 
 def test_the_fit_is_the_targets():
     """The module's constants are the fit of the CPU numba compiles for: AVX-512 or not."""
     from engine.backends.cpu import patterns
     assert mm.CPU_KIND == ("avx512" if patterns.target_has("avx512f") else "avx2")
-    for field, name in _FIT_NAMES.items():
-        assert getattr(mm, name) == getattr(mm.FITS[mm.CPU_KIND], field)
+    for name, value in mm.FITS[mm.CPU_KIND]._asdict().items():
+        assert getattr(mm, name) == value
 
 
 def test_target_features_follow_numbas_settings(monkeypatch):
