@@ -388,9 +388,11 @@ def _loading(template, load, name: str):
     """`template`, a sum over elements read through its global name `load`, with `load`
     bound (value, or value_number for rows known to hold no NaN pattern), compiled
     any_order under `name` (numba's disk cache keys a function by its qualified name):
-    one loop for both loads, so that the two give the same bits on every row without a
-    NaN (softmax's backward reads through value_number first, then value where a sum is
-    not finite)."""
+    one loop for both loads, so that the two sum every row without a NaN alike (softmax's
+    backward reads through value_number first, then value where a sum is not finite): the
+    same sums up to the rounding of their float32 blocks, whose lanes LLVM orders for each
+    compiled copy apart (the same bits on the AVX-512 machine, not always on the AVX2
+    one)."""
     fn = FunctionType(template.__code__, {**template.__globals__, "load": load}, name)
     fn.__qualname__ = name
     fn.__doc__ = template.__doc__

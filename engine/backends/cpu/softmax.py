@@ -280,8 +280,11 @@ def _back_sums(gr, yr, n, renormalize, fmt):
     renormalize), in float64: value_sum_any_order's and dot_any_order's sums, read without
     value()'s signalling-NaN fix-up (patterns' number_sum_any_order and
     number_dot_any_order) and read again with it only
-    where a sum is not finite (a NaN or an infinity in the row: the same bits, NaNs
-    included). float16's fix-ups had taken half of the kernel's time: its backward over
+    where a sum is not finite (a NaN or an infinity in the row). The two loops are
+    compiled apart, and LLVM may order each one's lanes its own way: the same sums up to the
+    float32 blocks' rounding, the same bits on some machines (the AVX-512 one) and not on
+    others (the AVX2 one); each row's sums come from one of them, chosen by the row.
+    float16's fix-ups had taken half of the kernel's time: its backward over
     (1024, 1024) took 0.72 ms of one thread's CPU, 0.45 without (the kernel bound and called
     alone, the bench_half case's rows)."""
     inv = 1.0
