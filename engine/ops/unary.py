@@ -274,7 +274,7 @@ PERMUTED_AT_SCALE = ("relu", "exp", "tanh")
 # every activation whose 16-bit kernels compute in float32 math of their own
 # (vector_unary's forward16 and gradient16), so that each is compared with its plain twin
 HALF_AT_SCALE = ("gelu", "sin", "relu", "sigmoid", "silu", "gelu_erf", "softplus", "tanh",
-                 "elu")
+                 "elu", "gelu_quick")
 
 
 # ops whose scale cases also take a float32 input of STREAMED_SHAPE, 16.1 MiB, the size from

@@ -29,7 +29,10 @@ two float64 values adds half an ulp of float64). A libm call per element kept LL
 vectorising the plain loop: geglu_erf's forward and backward over a fused (2048, 8192)
 input ran 4.0 times torch's, geglu 3.0, geglu_quick 2.1 (python bench/bench_ops.py --op
 geglu_erf --repeat 7 --threads 1, load 2-6). They take a float32 output, and a 16-bit one
-as its patterns in one pass (patterns.value and rounded: no widened copies); a contiguous
+as its patterns in one pass (patterns.value and rounded: no widened copies), f there the
+activation's float32 math where it has one (vector_unary's forward16: swiglu, geglu_erf,
+geglu_quick), as the activation's own 16-bit kernels take it, so that a gate of one gives
+their bits (the product still in float64, rounded once); a contiguous
 fused input or contiguous split inputs as rows of flat arrays (`_vector_glu_rows`, whose
 row slices are contiguous, so that the loop vectorises), inputs in any other layout
 copied C-contiguous first (layout.dense). Those took a 4-D strided twin of the template,
@@ -43,10 +46,19 @@ from __future__ import annotations
 from engine import elementwise as table
 from engine.backends.calls import sequence
 from engine.backends.cpu import half, layout, threads
-from engine.backends.cpu.elementwise import dispatcher, float64, row_index, scalar, specialise
+from engine.backends.cpu.elementwise import (
+    F32,
+    dispatcher,
+    float32,
+    float64,
+    row_index,
+    scalar,
+    specialise,
+)
 from engine.backends.cpu.jit import CONTRACT, call, prange
 from engine.backends.cpu.patterns import as_patterns, rounded, value
 from engine.backends.cpu.vector_unary import FAST
+from engine.tensor import is_half
 
 # op -> the elementwise row of its activation (ggml's GLU_OP_* and their unary ops)
 ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "geglu_erf": "gelu_erf",
@@ -79,20 +91,30 @@ def _vector_glu_rows(a, a0, b, b0, step, out, n, params):
         br = b[b0 + r * step:b0 + r * step + n]
         orow = out[r * n:(r + 1) * n]
         for j in range(n):
-            orow[j] = rounded(forward(float64(value(ar[j], FMT)), params)  # noqa: F821
+            orow[j] = rounded(forward(arith(value(ar[j], FMT)), params)  # noqa: F821
                               * value(br[j], FMT), orow, FMT)
 
 
 def _vector_kernels(op: str):
-    """{F16: rows, BF16: rows}: the vector template bound to op's activation's vectorised
-    math (the F16 copy serves float32 too), compiled contracting; None for an activation
-    without any (reglu)."""
+    """{F32: rows, F16: rows, BF16: rows}: the vector template bound to op's activation's
+    vectorised math, compiled contracting: the float64 math for float32 outputs, and for
+    16-bit ones the math the activation's own 16-bit kernels take (its float32 math where
+    it has one, vector_unary's forward16; elementwise._vector_kernels), so that a gate of
+    one gives the activation's bits; None for an activation without any (reglu)."""
     fast = FAST.get(ACTIVATIONS[op])
     if fast is None:
         return None
-    return {fmt: specialise(_vector_glu_rows, f"{op}_{label}", fast.forward.py_func,
-                            options=CONTRACT, forward=fast.forward, FMT=fmt)
-            for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
+
+    def one(label, fmt, fn, arith):
+        return specialise(_vector_glu_rows, f"{op}_{label}", fn.py_func, options=CONTRACT,
+                          forward=fn, FMT=fmt, arith=arith)
+    if fast.forward16 is None:
+        kernels = {fmt: one(label, fmt, fast.forward, float64)
+                   for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
+        return {F32: kernels[half.F16], **kernels}
+    return {F32: one("f32", half.F16, fast.forward, float64),
+            half.F16: one("f16_in_f32", half.F16, fast.forward16, float32),
+            half.BF16: one("bf16_in_f32", half.BF16, fast.forward16, float32)}
 
 
 def _flat_rows(out, ins, swapped):
@@ -156,6 +178,7 @@ def glu(op: str):
         ins = [layout.dense(t, copies) for t in ins]
         a, a0, b, b0, step = _flat_rows(out, ins, params["swapped"])
         return sequence(*copies, call(
-            vector[fmt], as_patterns(a), a0, as_patterns(b), b0, step,
+            vector[fmt if is_half(out.dtype) else F32], as_patterns(a), a0, as_patterns(b),
+            b0, step,
             as_patterns(out).reshape(-1), out.shape[-1] if out.ndim else 1, ()))
     return dispatcher(op, plain_call, vector and vector_call, native=True, chunks=glu_chunks)

@@ -25,11 +25,12 @@ row's limits (NaN where the row's formula gives inf * 0, as torch's does), a zer
 row's zero with its sign.
 
 16-bit results need 11 (float16) or 8 (bfloat16) significant bits, and sigmoid, silu,
-gelu_erf, softplus, tanh and elu compute theirs in float32 arithmetic instead (forward16,
-gradient16: vector_math's float32 section, whose vectors hold twice the lanes; elu's
-products with its alpha, any float64, in float64): from the same forms, within 0.5 +
+gelu_quick, gelu_erf, softplus, tanh and elu compute theirs in float32 arithmetic instead
+(forward16, gradient16: vector_math's float32 section, whose vectors hold twice the lanes;
+elu's products with its alpha, any float64, in float64): from the same forms, within 0.5 +
 2^-10 ulp of the format as the float64 functions, over all 2^16 patterns (the same test);
-gelu_erf's gradient within 1/32 of its zero from its Taylor polynomial there. Their
+gelu_erf's and gelu_quick's gradients within 1/32 of their zeros from Taylor polynomials
+there. Their
 exponentials are all of x <= 0 (vector_math.exp32_nonpositive: exp32's bits in fewer
 operations), and every result comes out of an arithmetic operation, never a select of an
 input, so that the kernels load and store without the NaN fix-ups (elementwise._BARE16).
@@ -372,6 +373,58 @@ def silu_gradient32(g, v, params):
     """silu_gradient for 16-bit results, in float32."""
     s, c = _sigmoid_pair32(v)
     return g * (s * (_ONE + v * c))
+
+
+# gelu_quick's u = 1.702 v is rounded once to float32: every pattern of both formats within
+# the bound, forward and gradient (1.702 split into 12 bits, whose product with a 16-bit
+# value is exact, and a correction factor e^b for the rest, was tried first and gave the
+# same verdicts in more operations)
+_GQ32 = np.float32(GELU_QUICK_COEF)
+
+
+@scalar_math
+def _gelu_quick_pair32(v):
+    """(sigmoid(1.702 v), 1 - sigmoid(1.702 v)) in float32, each within a few 2^-24 of its
+    size."""
+    e = exp32_nonpositive(-abs(_GQ32 * v))
+    r = _ONE / (_ONE + e)
+    small = e * r
+    return (r, small) if v >= _ZERO else (small, r)
+
+
+@scalar_math
+def gelu_quick32(v, params):
+    """gelu_quick for 16-bit results, in float32."""
+    return v * _gelu_quick_pair32(v)[0]
+
+
+# gelu_quick's gradient s (1 + u (1 - s)) crosses 0 at v = ZQ = -0.75115425544128895130
+# (mpmath, u = 1.702 v at silu's zero): near it 1 + u (1 - s) cancels, and the float32 error
+# of 1 - s, a few 2^-24, is a visible part of the result (without the polynomial float16's
+# -0.75244140625 came out 0.5686 ulp off). Within 1/32 of ZQ it is its Taylor polynomial in
+# d = v - ZQ instead, as gelu_erf's (v - _ZQ_HI exact), of degree 5 (mpmath.taylor, 50
+# digits; the first omitted term below 2.6e-10 of the gradient at |d| = 1/32).
+_ZQ_HI = np.float32(-0.75115425544128895130)
+_ZQ_LO = np.float32(-1.149521351184497e-08)       # ZQ - _ZQ_HI
+_ZQ_REACH = np.float32(1.0 / 32.0)
+_ZQ_TAYLOR = tuple(np.float32(c) for c in (      # the coefficients of d^5, ..., d^1
+    -0.094357207128861515142, -0.12774050660220322881, 0.093059636757291570033,
+    0.42481282173594376823, 0.37071552313509976812))
+
+
+@scalar_math
+def gelu_quick_gradient32(g, v, params):
+    """gelu_quick_gradient for 16-bit results, in float32: g (s + (1.702 s (1 - s)) v), the
+    product with v last (a bfloat16 v times 1.702 may overflow float32, where s (1 - s) is
+    0 and the term is the row's 0, NaN at v = inf); within 1/32 of its zero, its Taylor
+    polynomial there."""
+    s, c = _gelu_quick_pair32(v)
+    far = s + (_GQ32 * (s * c)) * v
+    d = (v - _ZQ_HI) - _ZQ_LO
+    q = _ZQ_TAYLOR[0]
+    for k in _ZQ_TAYLOR[1:]:
+        q = k + d * q
+    return g * (d * q if abs(d) < _ZQ_REACH else far)
 
 
 @scalar_math
@@ -877,7 +930,8 @@ FAST = {
     "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32,
                        forward32=tanh_f32_tight, gradient32=tanh_gradient_f32_tight),
     "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
-    "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient),
+    "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient, forward16=gelu_quick32,
+                             gradient16=gelu_quick_gradient32),
     "gelu": VectorMath(gelu, gelu_gradient),
     "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
                            gradient16=gelu_erf_gradient32),
