@@ -239,7 +239,9 @@ class Tensor:
         except ValueError:
             raise EngineError(f"cannot set tensor {self.name!r} of shape {list(self.shape)} "
                               f"from an array of shape {list(value.shape)}") from None
-        self.buffer()[...] = value
+        buf = self.buffer()
+        if value is not buf:            # a caller that wrote into buffer() sets no copy
+            buf[...] = value
         return self
 
     def owner(self) -> Tensor:
