@@ -38,6 +38,7 @@ half.store act through exp's).
 
 from __future__ import annotations
 
+import functools
 import types
 
 import numba
@@ -302,8 +303,8 @@ def _relu_back_bits(g, x, fmt):
     return quiet if _positive_bits(x, fmt) else np.uint16(0)
 
 
-# the rows of HALF_NATIVE computed on the patterns: op name -> function of the patterns and
-# the format
+# the rows of HALF_NATIVE (its keys) computed on the patterns: op name -> function of the
+# patterns and the format
 HALF_BITS = {"relu": _relu_bits, "relu_back": _relu_back_bits}
 
 
@@ -327,7 +328,7 @@ def _half_bits_binary_flat(a, b, out):
 # (half.widened: a float32 copy of x, the kernel, the rounding pass; python
 # bench/bench_ops.py --op relu --repeat 7 --threads 1, load 7). Their values are the
 # widened kernel's, bit for bit (tests/engine/backends/cpu/test_elementwise.py).
-HALF_NATIVE = ("relu", "relu_back")
+HALF_NATIVE = tuple(HALF_BITS)
 
 
 def _half_kernels(template, name: str, row_fn, bits):
@@ -444,15 +445,25 @@ def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide,
         b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith, **more}
         return _vector_twin(template, f"{name}_{label}", math_fn, **b)
     single = fn32 and {F32: one("f32_in_f32", half.F16, fn32, float32, value=_element)}
+    one16 = one
+    if bare and template in _BARE16:                  # the bare conversions (_BARE16)
+        one16 = functools.partial(one, template=_BARE16[template])
+    return {**by_output(one, fn, fn16, one16), **(single or {})}
+
+
+def by_output(one, fn, fn16, one16=None):
+    """{F32: kernel, F16: ..., BF16: ...} of a vector template, made by one(label, fmt,
+    math, arith): the float64 math `fn` for float32 outputs, and for 16-bit ones `fn16` in
+    float32 arithmetic where given (copies of their own, by their cache names, made by
+    `one16` where given), else the F16 copy of `fn`, which then serves float32 too."""
     if fn16 is None:
         kernels = {fmt: one(label, fmt, fn, float64)
                    for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
-        return {F32: kernels[half.F16], **kernels, **(single or {})}
-    if bare and template in _BARE16:                  # the bare conversions (_BARE16)
-        template = _BARE16[template]
-    return {F32: one("f32", half.F16, fn, float64), **(single or {}),  # own cache names
-            half.F16: one("f16_in_f32", half.F16, fn16, float32, template),
-            half.BF16: one("bf16_in_f32", half.BF16, fn16, float32, template)}
+        return {F32: kernels[half.F16], **kernels}
+    one16 = one16 or one
+    return {F32: one("f32", half.F16, fn, float64),
+            half.F16: one16("f16_in_f32", half.F16, fn16, float32),
+            half.BF16: one16("bf16_in_f32", half.BF16, fn16, float32)}
 
 
 @scalar_math

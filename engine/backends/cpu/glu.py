@@ -48,9 +48,8 @@ from engine.backends.calls import sequence
 from engine.backends.cpu import half, layout, threads
 from engine.backends.cpu.elementwise import (
     F32,
+    by_output,
     dispatcher,
-    float32,
-    float64,
     row_index,
     scalar,
     specialise,
@@ -108,13 +107,7 @@ def _vector_kernels(op: str):
     def one(label, fmt, fn, arith):
         return specialise(_vector_glu_rows, f"{op}_{label}", fn.py_func, options=CONTRACT,
                           forward=fn, FMT=fmt, arith=arith)
-    if fast.forward16 is None:
-        kernels = {fmt: one(label, fmt, fast.forward, float64)
-                   for fmt, label in ((half.F16, "f16"), (half.BF16, "bf16"))}
-        return {F32: kernels[half.F16], **kernels}
-    return {F32: one("f32", half.F16, fast.forward, float64),
-            half.F16: one("f16_in_f32", half.F16, fast.forward16, float32),
-            half.BF16: one("bf16_in_f32", half.BF16, fast.forward16, float32)}
+    return by_output(one, fast.forward, fast.forward16)
 
 
 def _flat_rows(out, ins, swapped):
