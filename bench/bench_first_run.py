@@ -2,7 +2,7 @@
 benchmark, not a test).
 
     python bench/bench_first_run.py              # cold, then warm; targets
-    python bench/bench_first_run.py --baseline   # also cold with GRADVERIFY_COMPILE_AHEAD=0
+    python bench/bench_first_run.py --baseline   # also cold (and warm) without sharing
     python bench/bench_first_run.py --random     # also warm `--all --random 200` (shared
                                                  # and in one process, GRADVERIFY_SHARE=0)
     python bench/bench_first_run.py --breakdown  # where a cold run's time goes (in-process)
@@ -12,8 +12,12 @@ Each run is a `gradcheck --all --no-progress` process in an empty directory of n
 line gives its wall time and its CPU time (user + sys, the command's helper processes
 included) and the load average around it: the machine is shared, and a wall time is only
 as good as the cores it got. Targets: cold under 120 s, `--all --random 200` warm under
-180 s (issue 37). `--baseline` runs the cold one again right after, without the
-compile-ahead helpers (checkkit.ahead), so that the two are measured alike.
+180 s (issue 37). By default a run this large shares its jobs with a helper process where
+a core is idle (checkkit.share), which compiles the kernels of the jobs it takes.
+`--baseline` runs the cold one again right after without that helper
+(GRADVERIFY_SHARE=0: a compile-ahead helper instead, checkkit.ahead, which compiles ahead
+of the run and throws its rows away) and in one process (GRADVERIFY_COMPILE_AHEAD=0 too),
+each cold then warm, so that all three are measured alike.
 
 `--breakdown` runs `gradcheck --all` cold in this process, helpers off, and prints where
 its time goes, from numba's compile events (numba.core.event): the compilations by
@@ -60,32 +64,36 @@ def line(what: str, wall: float, cpu: float, load: str, target: float | None = N
     return f"{what}: {wall:.1f} s wall, {cpu:.1f} s CPU, {load}{goal}"
 
 
+BASELINES = [
+    ("GRADVERIFY_SHARE=0", {"GRADVERIFY_SHARE": "0"}),
+    ("GRADVERIFY_SHARE=0 GRADVERIFY_COMPILE_AHEAD=0",
+     {"GRADVERIFY_SHARE": "0", "GRADVERIFY_COMPILE_AHEAD": "0"}),
+]
+
+
 def first_runs(args) -> bool:
     ok = True
-    for ahead in ([None, "0"] if args.baseline else [None]):
-        env = {} if ahead is None else {"GRADVERIFY_COMPILE_AHEAD": ahead}
-        name = "`gradcheck --all`" + ("" if ahead is None else
-                                      " with GRADVERIFY_COMPILE_AHEAD=0")
+    for setting, env in [("", {})] + (BASELINES if args.baseline else []):
+        name = "`gradcheck --all`" + (f" with {setting}" if setting else "")
         with tempfile.TemporaryDirectory(prefix="gradverify-bench-") as cache:
             wall, cpu, load = timed(GRADCHECK, GRADVERIFY_CACHE=cache, **env)
             print(line(f"{name}, empty cache", wall, cpu, load,
-                       TARGET_COLD_S if ahead is None else None), flush=True)
-            if ahead is None:
-                ok = ok and wall < TARGET_COLD_S
-                wall, cpu, load = timed(GRADCHECK, GRADVERIFY_CACHE=cache)
-                print(line(f"{name}, warm", wall, cpu, load), flush=True)
-                if args.random:
-                    argv = [*GRADCHECK, "--random", "200"]
-                    timed(argv, GRADVERIFY_CACHE=cache)    # its own kernels compiled once
-                    wall, cpu, load = timed(argv, GRADVERIFY_CACHE=cache)
-                    print(line("`gradcheck --all --random 200`, warm", wall, cpu, load,
-                               TARGET_RANDOM_S), flush=True)
-                    ok = ok and wall < TARGET_RANDOM_S
-                    # the same in one process: what the sharing helper (checkkit.share,
-                    # on by default where a core is idle) saves, measured alike
-                    wall, cpu, load = timed(argv, GRADVERIFY_CACHE=cache, GRADVERIFY_SHARE="0")
-                    print(line("`gradcheck --all --random 200`, warm, GRADVERIFY_SHARE=0",
-                               wall, cpu, load), flush=True)
+                       None if setting else TARGET_COLD_S), flush=True)
+            ok = ok and (bool(setting) or wall < TARGET_COLD_S)
+            wall, cpu, load = timed(GRADCHECK, GRADVERIFY_CACHE=cache, **env)
+            print(line(f"{name}, warm", wall, cpu, load), flush=True)
+            if args.random and not setting:
+                argv = [*GRADCHECK, "--random", "200"]
+                timed(argv, GRADVERIFY_CACHE=cache)    # its own kernels compiled once
+                wall, cpu, load = timed(argv, GRADVERIFY_CACHE=cache)
+                print(line("`gradcheck --all --random 200`, warm", wall, cpu, load,
+                           TARGET_RANDOM_S), flush=True)
+                ok = ok and wall < TARGET_RANDOM_S
+                # the same in one process: what the sharing helper (checkkit.share, on by
+                # default where a core is idle) saves, measured alike
+                wall, cpu, load = timed(argv, GRADVERIFY_CACHE=cache, GRADVERIFY_SHARE="0")
+                print(line("`gradcheck --all --random 200`, warm, GRADVERIFY_SHARE=0",
+                           wall, cpu, load), flush=True)
     return ok
 
 
@@ -153,7 +161,8 @@ def _timed_method(cls, name: str, totals: collections.Counter) -> None:
 def breakdown(records_to: str | None = None, ops=()) -> None:
     cache = tempfile.mkdtemp(prefix="gradverify-bench-")
     os.environ["GRADVERIFY_CACHE"] = cache           # before numba and the engine load
-    os.environ["GRADVERIFY_COMPILE_AHEAD"] = "0"     # every compilation in this process
+    os.environ["GRADVERIFY_COMPILE_AHEAD"] = "0"     # every compilation in this process:
+    os.environ["GRADVERIFY_SHARE"] = "0"             # no helper of either kind
     c0, t0 = time.process_time(), time.perf_counter()
     import numba  # noqa: F401
     compiles = _Compiles()
@@ -222,7 +231,9 @@ def breakdown(records_to: str | None = None, ops=()) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", action="store_true",
-                   help="also a cold run without the compile-ahead helpers")
+                   help="also cold and warm runs without the sharing helper "
+                        "(GRADVERIFY_SHARE=0) and in one process (and "
+                        "GRADVERIFY_COMPILE_AHEAD=0)")
     p.add_argument("--random", action="store_true",
                    help="also `gradcheck --all --random 200`, warm")
     p.add_argument("--breakdown", action="store_true",

@@ -5,11 +5,20 @@ where they meet, the run stops taking the helper's.
     with sharing(request, plan.jobs) as shared:              # shared.helpers: 0 or 1
         rows = run_jobs(plan.jobs)                             # the same rows, in order
 
-Why: a warm `gradcheck --all --random 200` is checking, not compiling (about 21,500
-cases, one process, 354 s on the quiet 2-core machine where the target is 180 s), and
-that work is spread over every case's pieces (numerical differences, torch's
-references, the engine's graphs, hypothesis' drawing; docs/performance.md, "A warm
-run"); the second core halves it. `--workers 2` (pytest-xdist) does that too, but every
+Why: a run's work is spread over its jobs, and the second core halves it. Warm, a
+`gradcheck --all --random 200` is checking (about 21,500 cases, one process, 354 s on
+the quiet 2-core machine where the target is 180 s): every case's numerical differences,
+torch's references, the engine's graphs, hypothesis' drawing (docs/performance.md, "A warm
+run"). Cold, a `gradcheck --all` is mostly compiling (215 s of CPU in one process, 162 s
+of it numba's, on the AVX2 machine of issue 37's eleventh round), and the helper compiles
+the kernels of the jobs it takes: shared, it took 115-116 s of wall time there, against
+139 s with a compile-ahead helper (checkkit.ahead), which compiles ahead of the run but
+throws its rows away, so the run still checks every job itself. Warm, `gradcheck --all`
+took 30 s shared against 50 s in one process (`/usr/bin/time gradcheck --all --no-progress
+--format json --output F`, alternately, the same rows field for field but their seconds).
+A helper that waited for the run's first block before starting (the kernels every op
+shares, which both processes compile otherwise) was slower cold: 122 and 123 s.
+`--workers 2` (pytest-xdist) splits a run too, but every
 one of its three processes imports and collects the whole plan: on a 10-op sample
 (`gradcheck --op softmax ... --random 200`, below) 37.8 s of CPU against 25.0 s in one
 process. A helper here costs one interpreter's start (imports: 3-4 s of CPU, on the
@@ -39,11 +48,12 @@ helper is left to the run (RUN), which raises it as a serial run would. The help
 at checkkit.ahead's niceness: on a busy machine it takes only an idle core, and the run
 does what it could not.
 
-When: the request says how many cases a helper could take (`shared_cases`: gradcheck's
-generated cases, `--random N` times the ops, of our engine on the CPU); at least
-MIN_CASES, a second core this process may use (os.sched_getaffinity) and, unless
-GRADVERIFY_SHARE says 1 (0: never), two of the machine's cores idle over a quarter of a
-second (idle_cores: the run's and the helper's, less IDLE_MARGIN).
+When: the request says how many cases a helper could take of the run's jobs
+(`shared_cases(jobs)`: gradcheck's cases of our engine on the CPU, each generated job
+counting its `--random N`); at least MIN_CASES, a second core this process may use
+(os.sched_getaffinity) and, unless GRADVERIFY_SHARE says 1 (0: never), two of the
+machine's cores idle over a quarter of a second (idle_cores: the run's and the helper's,
+less IDLE_MARGIN).
 Otherwise, and for `--workers N`, nothing changes; compile-ahead helpers are not started
 beside a sharing one (it compiles what its own jobs need, into the same disk cache).
 """
@@ -60,7 +70,7 @@ from checkkit.ahead import helper_process, names_digest
 from checkkit.compiling import job_subject
 
 VARIABLE = "GRADVERIFY_SHARE"
-MIN_CASES = 1000       # fewer: a run of a few seconds a helper's start would not pay for
+MIN_CASES = 1000       # fewer: a run of seconds a helper's start would not pay for
 IDLE_MARGIN = 0.5      # share_helpers: the idle cores it asks for, 2 (the run's, the
 #                        helper's) less this
 IDLE_SAMPLE = 0.25     # seconds over which idle_cores counts the idle ticks
@@ -127,17 +137,17 @@ def idle_cores(seconds: float = IDLE_SAMPLE) -> float:
             return 0.0
 
 
-def share_helpers(request, environ=None, idle=idle_cores) -> int:
-    """How many sharing helpers a serial run of `request` starts: 1 where it is large (its
-    `shared_cases()` at least MIN_CASES), the process may use a second core, and
-    GRADVERIFY_SHARE says 1, or nothing and `idle()` (idle_cores) finds a core idle beside
-    the run's own (at least 2 - IDLE_MARGIN); else 0."""
+def share_helpers(request, jobs, environ=None, idle=idle_cores) -> int:
+    """How many sharing helpers a serial run of `request`'s `jobs` starts: 1 where it is
+    large (the request's `shared_cases(jobs)` at least MIN_CASES), the process may use a
+    second core, and GRADVERIFY_SHARE says 1, or nothing and `idle()` (idle_cores) finds a
+    core idle beside the run's own (at least 2 - IDLE_MARGIN); else 0."""
     from engine.backends.cpu.environment import default_threads
     choice = read_share(environ)[0]
     if choice is False:
         return 0
     cases = getattr(request, "shared_cases", None)
-    if cases is None or cases() < MIN_CASES:
+    if cases is None or cases(jobs) < MIN_CASES:
         return 0
     if default_threads() < 2:
         return 0
@@ -241,9 +251,10 @@ class Sharing:
 
 @contextlib.contextmanager
 def sharing(request, jobs, helpers: int | None = None):
-    """Sharing(request, jobs, helpers: default share_helpers(request)) while the block
-    runs; its helper ended after."""
-    shared = Sharing(request, jobs, share_helpers(request) if helpers is None else helpers)
+    """Sharing(request, jobs, helpers: default share_helpers(request, jobs)) while the
+    block runs; its helper ended after."""
+    shared = Sharing(request, jobs,
+                     share_helpers(request, jobs) if helpers is None else helpers)
     try:
         yield shared
     finally:

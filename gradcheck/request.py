@@ -107,17 +107,20 @@ class GradcheckRequest(Request):
         22 s against 5.6 s)."""
         return dataclasses.replace(self, no_torch=True, mode="fast")
 
-    def shared_cases(self) -> int:
-        """The generated cases a serial run could share with a helper process
-        (checkkit.share): `--random N` times the ops, of our engine on the CPU alone, in
-        this process (no --isolate, --boundscheck), no bug injected, no --repro or
-        --self-test; 0 otherwise."""
-        if (not self.random or not self.ours or self.backends != ("cpu",) or self.inject
+    def shared_cases(self, jobs) -> int:
+        """The cases of this request's `jobs` (its plan's) that a serial run could share
+        with a helper process (checkkit.share): a job per sample case, and per op the
+        generated job's `--random N`; of our engine on the CPU alone, in this process (no
+        --isolate, --boundscheck), no bug injected, no --repro or --self-test; 0
+        otherwise."""
+        if (not self.ours or self.backends != ("cpu",) or self.inject
                 or self.self_test or self.repro is not None or self.isolate
                 or self.boundscheck):
             return 0
+        if not self.random:
+            return len(jobs)
         try:
-            return self.random * len(self.op_names())
+            return len(jobs) + (self.random - 1) * len(self.op_names())
         except LookupError:
             return 0
 

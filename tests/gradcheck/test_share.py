@@ -115,7 +115,7 @@ class _Large:
     def __init__(self, cases):
         self.cases = cases
 
-    def shared_cases(self):
+    def shared_cases(self, jobs):
         return self.cases
 
 
@@ -134,9 +134,9 @@ def test_only_a_large_run_with_a_core_to_spare_shares(monkeypatch, value, idle, 
                                                       helpers):
     monkeypatch.setattr(environment, "default_threads", lambda: cores)
     environ = {} if value is None else {share.VARIABLE: value}
-    assert share_helpers(_Large(cases), environ, idle=lambda: idle) == helpers
+    assert share_helpers(_Large(cases), [], environ, idle=lambda: idle) == helpers
     assert environment_problem(environ) is None
-    assert share_helpers(object(), environ, idle=lambda: 2.0) == 0
+    assert share_helpers(object(), [], environ, idle=lambda: 2.0) == 0
 
 
 def test_idle_cores_counts_a_busy_core_as_busy():
@@ -159,18 +159,38 @@ def test_a_bad_share_setting_is_a_problem(value):
         f"(whatever the load), got {value!r}")
 
 
-def test_gradcheck_shares_its_generated_cases_of_our_cpu_engine_only():
-    assert GradcheckRequest(op=("relu", "add"), random=200).shared_cases() == 400
-    assert GradcheckRequest(op=("relu",)).shared_cases() == 0
+def test_gradcheck_shares_the_cases_of_our_cpu_engine_only():
+    # a job per sample case; a generated job counts its --random N cases
+    jobs = ["relu(...)"] * 7 + ["relu(generated)", "add(generated)"]
+    assert GradcheckRequest(op=("relu", "add"), random=200).shared_cases(jobs) == 7 + 400
+    assert GradcheckRequest(op=("relu",)).shared_cases(jobs[:7]) == 7
     for options in ({"inject": "relu_grad_sign"}, {"engine": "torch"}, {"isolate": True},
                     {"backend": ("cpu", "cuda")}, {"boundscheck": True}):
-        assert GradcheckRequest(op=("relu",), random=5000, **options).shared_cases() == 0
+        assert GradcheckRequest(op=("relu",), random=5000, **options).shared_cases(jobs) == 0
+        assert GradcheckRequest(op=("relu",), **options).shared_cases(jobs * 1000) == 0
+
+
+def test_a_large_run_of_sample_cases_shares():
+    # gradcheck --all (its 5,645 sample cases, no --random) shares where a core is idle:
+    # cold, the helper compiles the kernels of the jobs it takes (checkkit.share's doc)
+    request = GradcheckRequest(op=("relu", "add", "mul", "softmax", "conv_2d"))
+    with request.plan() as plan:
+        n = len(plan.jobs)
+        assert request.shared_cases(plan.jobs) == n > 100
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(environment, "default_threads", lambda: 2)
+            m.setattr(share, "MIN_CASES", n)
+            assert share_helpers(request, plan.jobs, {share.VARIABLE: "1"}) == 1
+            m.setattr(share, "MIN_CASES", n + 1)
+            assert share_helpers(request, plan.jobs, {share.VARIABLE: "1"}) == 0
 
 
 @pytest.mark.slow
-def test_a_shared_gradcheck_run_reports_what_one_process_does(tmp_path, monkeypatch):
+@pytest.mark.parametrize("random", [["--random", "15"], []], ids=["generated", "samples"])
+def test_a_shared_gradcheck_run_reports_what_one_process_does(tmp_path, monkeypatch, random):
     # gradcheck's own jobs: the helper (started whatever the size and load) sends the last
-    # op's generated rows before the run starts, so that the run takes them from it
+    # job's rows (the last op's generated cases, or its last sample case) before the run
+    # starts, so that the run takes them from it
     import json
 
     from gradcheck.cli import main
@@ -192,7 +212,7 @@ def test_a_shared_gradcheck_run_reports_what_one_process_does(tmp_path, monkeypa
     for value in ("0", "1"):
         monkeypatch.setenv(share.VARIABLE, value)
         out = tmp_path / f"share{value}.json"
-        assert main(["--op", "relu", "--op", "mul", "--random", "15", "--no-progress",
+        assert main(["--op", "relu", "--op", "mul", *random, "--no-progress",
                      "--output", str(out)]) == 0
         reports[value] = [{k: v for k, v in row.items() if k != "seconds"}
                           for row in json.loads(out.read_text())["results"]]
