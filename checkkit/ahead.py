@@ -47,6 +47,14 @@ NICE: on a quiet machine it has a core to itself; on a busy one it must not take
 run's. Measured on the shared 2-core machine at a load of 4-5, a helper at the run's own
 priority left the run 138 s of CPU time instead of 178 s but took so much of the cores
 that the run's wall time grew from 225 s to 263 s (bench/bench_first_run.py's runs).
+
+Where a run shares its jobs with a helper (checkkit.share: a run of at least
+share.MIN_CASES cases of our engine on the CPU, a core idle), no compile-ahead helper
+starts: the sharing helper compiles the kernels of the jobs it takes and its rows are
+kept, where a compile-ahead helper's are thrown away and the run checks every job itself
+(a cold `gradcheck --all` on the AVX2 machine: 116 s shared against 139 s compiling
+ahead; checkkit.share's doc). So compiling ahead is for the runs that do not share: runs
+of a few ops, --isolate's and --boundscheck's, a machine whose second core is busy.
 """
 
 from __future__ import annotations
