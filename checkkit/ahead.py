@@ -208,8 +208,12 @@ def helper_process(request, digest, log, work) -> None:
     terminal, its compilations reported to the run's log as AHEAD's; then
     `work(jobs, reporter)` on the request's plan, where the plan's jobs are the run's (their
     names' digest `digest`). Whatever it raises ends the helper quietly: a helper only ever
-    gives up, the run does the work itself."""
+    gives up, the run does the work itself. SIGTERM (the run's close(), at once) ends it
+    through SystemExit, so that its exit handlers still run: killed outright, it left the
+    named semaphores it had made (tqdm's lock) to the resource tracker, which warned of
+    them on the terminal when a stopped run ended."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_quietly)
     with contextlib.suppress(OSError):
         os.nice(NICE)
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -222,6 +226,10 @@ def helper_process(request, digest, log, work) -> None:
                 work(plan.jobs, reporter)
     except BaseException:                   # noqa: BLE001  (a helper only ever gives up)
         return
+
+
+def _exit_quietly(signum, frame):
+    raise SystemExit(0)
 
 
 def _help(request, digest, position, claimed, log, parent, quiet_seconds) -> None:

@@ -5,7 +5,8 @@ a generated run of one op, a family run of one optimizer), the line that says wh
 the report's meta, and what to close afterwards (a worker process kept across jobs). The
 serial command line runs the jobs here (run_jobs); `--workers N` and `pytest --TOOL` run the
 same jobs as pytest items (checkkit.sweep), one job per item, and put their rows back in
-this order.
+this order. A helper process that runs some of the jobs ahead of the run (checkkit.share)
+says how many it has finished (done_elsewhere), and the progress bar counts them.
 """
 
 from __future__ import annotations
@@ -62,16 +63,37 @@ class Plan:
                       labels=dict(job.labels))
 
 
+# id(jobs) -> how many of those jobs, not reached by the run yet, a helper has finished
+_ELSEWHERE: dict[int, Callable[[], int]] = {}
+
+
+@contextlib.contextmanager
+def done_elsewhere(jobs, count: Callable[[], int]):
+    """While the block runs, run_jobs' progress bar over `jobs` counts `count()` more jobs
+    done: those a helper has finished ahead of the run (their rows handed back, not yet
+    taken), so that the bar's rate and its estimate of the time left are the two
+    processes'."""
+    _ELSEWHERE[id(jobs)] = count
+    try:
+        yield
+    finally:
+        _ELSEWHERE.pop(id(jobs), None)
+
+
 def run_jobs(jobs, progress: bool = False, desc: str = "", unit: str = "case") -> list:
-    """Every job's rows, in order, with a progress bar when `progress`. Ctrl-C (or SIGTERM,
-    checkkit.interrupted) raises Interrupted with the rows of the jobs finished before it."""
+    """Every job's rows, in order, with a progress bar when `progress` (done_elsewhere's
+    jobs counted too). Ctrl-C (or SIGTERM, checkkit.interrupted) raises Interrupted with the
+    rows of the jobs finished before it."""
     from tqdm import tqdm
 
     results: list = []
+    elsewhere = _ELSEWHERE.get(id(jobs), lambda: 0)
     try:
-        with tqdm(jobs, desc=desc, unit=unit, disable=not progress, leave=False) as bar:
-            for job in bar:
+        with tqdm(total=len(jobs), desc=desc, unit=unit, disable=not progress,
+                  leave=False) as bar:
+            for i, job in enumerate(jobs, 1):
                 results += job.run()
+                bar.update(min(len(jobs), i + elsewhere()) - bar.n)
     except KeyboardInterrupt as exc:       # Ctrl-C: the finished rows go with it
         raise interrupted_with(results, exc) from None
     return results

@@ -68,6 +68,7 @@ import time
 
 from checkkit.ahead import helper_process, names_digest
 from checkkit.compiling import job_subject
+from checkkit.jobs import done_elsewhere
 
 VARIABLE = "GRADVERIFY_SHARE"
 MIN_CASES = 1000       # fewer: a run of seconds a helper's start would not pay for
@@ -163,6 +164,8 @@ class Sharing:
         self.proc = None
         self.got: dict[int, list] = {}
         self.taken = 0                       # jobs whose rows came from the helper
+        self.received = 0                    # jobs handed back that the run had not reached
+        self.position = -1                   # the job the run is at
         self.twice = 0                       # jobs the helper was on that the run ran too
         self.arrived = threading.Condition()
         self.closed = False                  # the pipe closed: nothing more comes
@@ -203,6 +206,7 @@ class Sharing:
                 break
             with self.arrived:
                 self.got[k] = rows
+                self.received += k >= self.position
                 self.arrived.notify_all()
         with self.arrived:
             self.closed = True
@@ -210,6 +214,7 @@ class Sharing:
 
     def _take(self, i: int) -> list | None:
         """Job i's rows from the helper, or None: the run runs it."""
+        self.position = i
         with self.state.get_lock():
             if self.state[i] == FREE:
                 self.state[i] = RUN
@@ -234,6 +239,11 @@ class Sharing:
             self.twice += self.state[i] == HELPER
         return rows       # None: the run runs it
 
+    def ahead_of_run(self) -> int:
+        """The jobs whose rows the helper has handed back and the run has not reached yet
+        (for the progress bar: checkkit.jobs.done_elsewhere)."""
+        return self.received - self.taken
+
     def close(self) -> None:
         """End the helper (at once: the rows it still owes are the run's own by now)."""
         if self.proc is None:
@@ -256,7 +266,8 @@ def sharing(request, jobs, helpers: int | None = None):
     shared = Sharing(request, jobs,
                      share_helpers(request, jobs) if helpers is None else helpers)
     try:
-        yield shared
+        with done_elsewhere(jobs, shared.ahead_of_run):
+            yield shared
     finally:
         shared.close()
 

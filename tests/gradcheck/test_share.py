@@ -218,3 +218,58 @@ def test_a_shared_gradcheck_run_reports_what_one_process_does(tmp_path, monkeypa
                           for row in json.loads(out.read_text())["results"]]
     assert taken and taken[-1] >= 1 and len(reports["1"]) > 30
     assert reports["0"] == reports["1"]
+
+
+def test_the_progress_bar_counts_the_jobs_a_helper_has_finished(capsys):
+    # after the first job the helper has handed back the last two: the bar says 3 of 5,
+    # and taking them (the count falling as the run reaches them) never moves it back
+    from checkkit.jobs import Job, done_elsewhere, run_jobs
+    elsewhere = [0]
+
+    def job(i):
+        def run():
+            elsewhere[0] = {1: 2, 2: 2, 3: 2, 4: 1, 5: 0}[i]
+            return [i]
+        return Job(f"job{i}", run, {})
+    jobs = [job(i) for i in range(1, 6)]
+    shown = []
+    import tqdm
+    real = tqdm.tqdm.update
+
+    def update(self, n=1):
+        real(self, n)
+        shown.append(self.n)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tqdm.tqdm, "update", update)
+        with done_elsewhere(jobs, lambda: elsewhere[0]):
+            assert run_jobs(jobs, progress=True) == [1, 2, 3, 4, 5]
+        assert shown == [3, 4, 5, 5, 5]
+        shown.clear()
+        assert run_jobs(jobs, progress=True) == [1, 2, 3, 4, 5]    # no helper: one a job
+        assert shown == [1, 2, 3, 4, 5]
+
+
+def test_a_sharing_run_counts_the_rows_handed_back_ahead_of_it(tmp_path):
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=8, compiles=False,
+                             delay=0.0)
+    jobs = request.plan().jobs
+    with sharing(request, jobs, helpers=1) as shared:
+        # the run not started, the helper runs every job, from the end
+        _until(lambda: all(s == SENT for s in shared.state[:]))
+        _until(lambda: shared.ahead_of_run() == 8)
+        rows = [row for job in jobs for row in job.run()]
+        assert shared.ahead_of_run() == 0 and shared.taken == 8
+    assert rows == list(range(8))
+
+
+def test_a_helper_ended_by_the_run_exits_through_its_exit_handlers(tmp_path):
+    # close() sends SIGTERM; the helper leaves through SystemExit (exit code 0), its exit
+    # handlers run, and the named semaphores it made are unlinked: killed outright (-15),
+    # it had left them to the resource tracker, which warned on the terminal
+    request = MarkingRequest(str(tmp_path / "marks"), os.getpid(), n=6, compiles=False,
+                             delay=0.0, delay_elsewhere=30.0)
+    jobs = request.plan().jobs
+    with sharing(request, jobs, helpers=1) as shared:
+        _until(lambda: shared.state[5] == HELPER)       # asleep in the last job
+        proc = shared.proc
+    assert proc.exitcode == 0
