@@ -112,13 +112,15 @@ class GradcheckRequest(Request):
         with a helper process (checkkit.share): a job per sample case, and per op the
         generated job's `--random N`; of our engine on the CPU alone, in this process (no
         --isolate, --boundscheck), no bug injected, no --repro or --self-test; 0
-        otherwise."""
+        otherwise. Sample cases count in the fast tier only: a scale case keeps both cores
+        busy with the engine's threads already, by default in a worker process of its own, and
+        two at once would double the memory such cases take."""
         if (not self.ours or self.backends != ("cpu",) or self.inject
                 or self.self_test or self.repro is not None or self.isolate
                 or self.boundscheck):
             return 0
         if not self.random:
-            return len(jobs)
+            return len(jobs) if self.tier == "fast" else 0
         try:
             return len(jobs) + (self.random - 1) * len(self.op_names())
         except LookupError:

@@ -168,6 +168,8 @@ def test_gradcheck_shares_the_cases_of_our_cpu_engine_only():
                     {"backend": ("cpu", "cuda")}, {"boundscheck": True}):
         assert GradcheckRequest(op=("relu",), random=5000, **options).shared_cases(jobs) == 0
         assert GradcheckRequest(op=("relu",), **options).shared_cases(jobs * 1000) == 0
+    for tier in ("scale", "all"):                # scale cases: threads and memory already
+        assert GradcheckRequest(op=("relu",), tier=tier).shared_cases(jobs * 1000) == 0
 
 
 def test_a_large_run_of_sample_cases_shares():
