@@ -10,6 +10,7 @@ checked against the case's shapes before anything is compared, and the inputs it
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from engine.registry import get_op
@@ -21,11 +22,27 @@ class EngineResultError(Exception):
     missing gradient): an error row."""
 
 
-def loss_weights(shape, seed: int, cotangent: str = "contiguous") -> np.ndarray:
+# the loss weights of a 16-bit case: 8 significant bits (bfloat16's), so that each weight is
+# exactly a float16, a bfloat16 and a float32 value
+NARROW_WEIGHTS = ("f16", "bf16")
+
+
+def loss_weights(shape, seed: int, cotangent: str = "contiguous",
+                 precision: str = "f64") -> np.ndarray:
     """Weights in +-[0.5, 1.5] with random signs: no element's gradient is ever zero. For an
     "expanded" cotangent (engine.samples) they are drawn per row and constant along the
     last axis, so that the engine can receive them as a stride-0 view; "expanded_first"
-    the same along the first axis."""
+    the same along the first axis.
+
+    For a case of `precision` f16 or bf16 (its least precise dtype) each weight is rounded
+    to 8 significant bits, a value the engine's 16-bit (or float32) cotangent holds
+    exactly: the float64 reference and the engine then differentiate the same loss. With
+    float64 weights the engine got them rounded to 11 or 8 bits, and where the backward
+    amplifies its cotangent that rounding was blamed on the engine: `gradcheck --all
+    --random 200 --seed 3` failed norm(type=f16, x of 6 values in [-0.0625, -0.021]),
+    whose gradient is 1/sigma ~ 96 times its cotangent's deviation from a constant: the
+    engine's answer was the float64 gradient of its float16 weights to 5e-5, 0.024 from the
+    float64 weights' (docs/performance.md)."""
     shape = tuple(shape)
     drawn = shape
     if cotangent == "expanded" and shape:
@@ -34,6 +51,8 @@ def loss_weights(shape, seed: int, cotangent: str = "contiguous") -> np.ndarray:
         drawn = (1,) + shape[1:]
     rng = np.random.default_rng(seed)
     w = rng.uniform(0.5, 1.5, drawn) * rng.choice([-1.0, 1.0], drawn)
+    if precision in NARROW_WEIGHTS:
+        w = w.astype(ml_dtypes.bfloat16).astype(np.float64)
     return np.array(np.broadcast_to(w, shape))      # a copy, 0-d stays 0-d
 
 

@@ -244,7 +244,7 @@ def _compare_and_judge(case, adapter, mode, labels, use_torch=True) -> Result:
                       f"the engine declines the gradient of every checked input: "
                       f"{declined_note}", labels=labels)
     weights = loss_weights(f64_ref.output_shape, case.seed(),
-                           getattr(case, "cotangent", "contiguous"))
+                           getattr(case, "cotangent", "contiguous"), case.precision)
     weights, f64_out, constant = f64_ref.weigh(weights)   # infinities: constant cells
     out, backprop, differs = engine_vjp(adapter, case, arrays, weights, f64_ref.output_shape)
     backprop = [None if i in declined else g for i, g in enumerate(backprop)]

@@ -91,7 +91,7 @@ class _Prepared:
                                        for i, why in declined.items())
         self.checked = [i for i in differentiable if i not in declined]
         weights = loss_weights(self.ref.output_shape, case.seed(),
-                               getattr(case, "cotangent", "contiguous"))
+                               getattr(case, "cotangent", "contiguous"), case.precision)
         self.weights, self.f64_out, self.constant = self.ref.weigh(weights)
 
     def unsupported_row(self, name, labels) -> Result:

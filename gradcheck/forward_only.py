@@ -94,7 +94,8 @@ def check_forward_only(case, adapter, variant: str, why_not: str | None,
 def _judged(case, adapter, variant, name, labels) -> Result:
     out, seen = adapter.forward_only_output(variant, case, case.generate_inputs())
     ref = float64_reference(case, seen)
-    _, f64_out, constant = ref.weigh(loss_weights(ref.output_shape, case.seed()))
+    _, f64_out, constant = ref.weigh(loss_weights(ref.output_shape, case.seed(),
+                                                  precision=case.precision))
     forward = compare(settled(out, f64_out, constant), settled(f64_out, f64_out, constant),
                       case.precision)
     problem = forward_problem(forward)

@@ -141,8 +141,8 @@ def check_scale_sample(case, adapter, labels: dict, use_torch: bool = True) -> R
     differentiable = [i for i, leaf in enumerate(f64.leaves) if leaf is not None]
     declined = declined_inputs(adapter, case, differentiable)
     checked = [i for i in differentiable if i not in declined]
-    weights = loss_weights(f64.output_shape, case.seed(), getattr(case, "cotangent",
-                                                                  "contiguous"))
+    weights = loss_weights(f64.output_shape, case.seed(),
+                           getattr(case, "cotangent", "contiguous"), case.precision)
     weights, f64_out, constant = f64.weigh(weights)   # infinities: constant cells
     with paths.recording() as taken:    # the paths taken (the thread settings' added below)
         out, grads, differs = engine_vjp(adapter, case, arrays, weights, f64.output_shape)
