@@ -164,8 +164,6 @@ class Sharing:
         self.proc = None
         self.got: dict[int, list] = {}
         self.taken = 0                       # jobs whose rows came from the helper
-        self.received = 0                    # jobs handed back that the run had not reached
-        self.position = -1                   # the job the run is at
         self.twice = 0                       # jobs the helper was on that the run ran too
         self.arrived = threading.Condition()
         self.closed = False                  # the pipe closed: nothing more comes
@@ -206,7 +204,6 @@ class Sharing:
                 break
             with self.arrived:
                 self.got[k] = rows
-                self.received += k >= self.position
                 self.arrived.notify_all()
         with self.arrived:
             self.closed = True
@@ -214,7 +211,6 @@ class Sharing:
 
     def _take(self, i: int) -> list | None:
         """Job i's rows from the helper, or None: the run runs it."""
-        self.position = i
         with self.state.get_lock():
             if self.state[i] == FREE:
                 self.state[i] = RUN
@@ -240,9 +236,9 @@ class Sharing:
         return rows       # None: the run runs it
 
     def ahead_of_run(self) -> int:
-        """The jobs whose rows the helper has handed back and the run has not reached yet
+        """The jobs whose rows the helper has handed back and the run has not taken yet
         (for the progress bar: checkkit.jobs.done_elsewhere)."""
-        return self.received - self.taken
+        return len(self.got)
 
     def close(self) -> None:
         """End the helper (at once: the rows it still owes are the run's own by now)."""
