@@ -30,10 +30,10 @@ float32 kernel takes three and two float32 temporaries, half.widened), computing
 where the op has float32 math for 16-bit results (vector_unary's forward16: sigmoid, silu,
 gelu_quick, gelu_erf, softplus, tanh, elu; copies of their own, the float32 kernels apart,
 which load and store with the bare conversion instructions, _BARE16), and the float32
-kernels too where the op has float32 math for float32 results (forward32: sigmoid and tanh;
-a copy of its own, reading the float32 elements as they are); exp's and log's 16-bit nodes
-stay widened, as every other kernel's (the self-test's rounding mutants of
-half.store act through exp's).
+kernels too where the op has float32 math for float32 results (forward32: sigmoid and tanh,
+and gradient32: theirs and softplus's; a copy of its own, reading the float32 elements as
+they are); exp's and log's 16-bit nodes stay widened, as every other kernel's (the
+self-test's rounding mutants of half.store act through exp's).
 """
 
 from __future__ import annotations

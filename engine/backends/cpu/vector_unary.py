@@ -15,7 +15,8 @@ stored in float32.
 
 Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at the
 true value, the correctly rounded result but within 10^-4 ulp of a tie, except the float32
-arithmetic of sigmoid and tanh below, 0.76 (each docstring says its bound). Against
+arithmetic of sigmoid and tanh below (and softplus's gradient, g times sigmoid's float32
+forward), 0.76 (each docstring says its bound). Against
 float64 references without cancellation (libm, mpmath where a gradient crosses 0),
 tests/engine/backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32
 inputs (slow) and on every exponent, the saturation points, the gradients' zeros and the
@@ -70,6 +71,11 @@ docs/performance.md's activations section has the figures and the command).
 gradient is None for exp and log, whose gradients are composed of engine ops; `reach`
 bounds the inputs the functions take (sin and cos: |x| <= 2^20, vector_math.TRIG_REACH),
 beyond which the kernel computes the row's libm math instead (in float64).
+
+Since issue 37's twelfth round softplus's gradient for float32 results is g times
+sigmoid's tight forward (gradient32: the forward within the same 0.76 ulp, the product
+exact at g = 1; forward + backward over 8M float32 elements 32.0 -> 23.9 ms against torch's
+20-22, docs/performance.md's activations section).
 
 Since issue 37's seventh round FAST's sigmoid and tanh take the `tight` forms (the last
 section): e^x as (1 + r + w) 2^k from vector_math.exp32_fast_parts, its range reduction's
@@ -546,7 +552,13 @@ def _logistic_pairs(u):
 
 # Below exp32_pair's clamp (-120) its s2 is 0, where the row's float64 e^u is not until
 # -745.13: a gradient g f'(v) there is 0 in float32 for every finite g, but inf for an
-# infinite g (the row's inf times a tiny number), not inf * 0
+# infinite g (the row's inf times a tiny number), not inf * 0. That product is made of
+# factors selected per element (the tiny one where the edge is, 1 elsewhere), never as a
+# whole value selected afterwards: a vectorised select computes both of its values in every
+# lane, and g times 2^-300 makes subnormals and underflows, which x86 CPUs finish in
+# microcode (without flush-to-zero, as numpy and torch leave it) at some hundred cycles a
+# vector. Selected afterwards, it took sigmoid's float32 gradient from about 1.8 to 2.9 ns
+# an element (issue 37, twelfth round; the same bits but NaN payloads, over all 2^32 inputs)
 _ROW_EXP_ZERO = np.float32(-745.1332397460938)     # the largest float32 whose float64 exp is 0
 _EXP_CLAMP = np.float32(-120.0)                     # vector_math.exp32_pair's
 _TINY_FACTOR = np.float32(2.0 ** -100)              # cubed: below every finite float32's 2^-150
@@ -558,8 +570,9 @@ def _times_scale(g, y, s1, s2, u):
     where e^u is below exp32_pair's clamp but not 0 in float64, g y times a number too
     small for any finite g y (+-0, and +-inf for an infinite g, as the row's)."""
     clamped = u < _EXP_CLAMP and u >= _ROW_EXP_ZERO
-    tiny = (((y * _TINY_FACTOR) * g) * _TINY_FACTOR) * _TINY_FACTOR
-    return tiny if clamped else g * ((y * s1) * s2)
+    a = y * (_TINY_FACTOR if clamped else s1)
+    b = _TINY_FACTOR if clamped else _ONE
+    return ((g * (a * (_ONE if clamped else s2))) * b) * b
 
 
 @scalar_math
@@ -673,8 +686,10 @@ def _slope_times(g, y, u):
     """g y for y the slope made of e^u (0 where e^u is below 2^-150 in float32): where the
     row's float64 e^u is not 0 (u >= -745.13) but y is, g times a number too small for any
     finite g (+-0, and +-inf for an infinite g, as the row's), not inf * 0."""
-    tiny = ((g * _TINY_FACTOR) * _TINY_FACTOR) * _TINY_FACTOR
-    return tiny if (y == _ZERO and u >= _ROW_EXP_ZERO) else g * y
+    edge = y == _ZERO and u >= _ROW_EXP_ZERO
+    a = _TINY_FACTOR if edge else y
+    b = _TINY_FACTOR if edge else _ONE
+    return ((g * a) * b) * b
 
 
 @scalar_math
@@ -758,6 +773,15 @@ def sigmoid_gradient_f32_tight(g, v, params):
     u = -abs(v)
     ehs, els = _e_tight(u)
     return _slope_of(g, u, ehs, els, _SLOPE_SCALE)
+
+
+@scalar_math
+def softplus_gradient_f32_tight(g, v, params):
+    """softplus_gradient in float32 arithmetic: g sigmoid(v), sigmoid_f32_tight's; within
+    0.76 ulp (at g = 1). Above the row's threshold (20) that sigmoid is 1 (1 / (1 + e^-v)
+    rounds to 1 from 17.33 on), so the result is g there as the row's, out of a
+    multiplication."""
+    return g * sigmoid_f32_tight(v, params)
 
 
 @scalar_math
@@ -937,7 +961,8 @@ FAST = {
                            gradient16=gelu_erf_gradient32),
     "elu": VectorMath(elu, elu_gradient, forward16=elu32, gradient16=elu_gradient32),
     "softplus": VectorMath(softplus, softplus_gradient, forward16=softplus32,
-                           gradient16=softplus_gradient32),
+                           gradient16=softplus_gradient32,
+                           gradient32=softplus_gradient_f32_tight),
     "expm1": VectorMath(expm1_forward, expm1_gradient),
     "exp": VectorMath(exp_forward, None),
     "log": VectorMath(log_forward, None),

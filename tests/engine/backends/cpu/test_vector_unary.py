@@ -43,7 +43,8 @@ from engine.elementwise import (
 # F32_CANDIDATES, e^x as (1 + r + w) 2^k, the result rounded once at the end; F32_MATH_ULPS;
 # over all 2^32 inputs at most 0.7579, where the result is subnormal)
 F32_MATH_ULPS = {("sigmoid", "forward"): 0.76, ("sigmoid", "gradient"): 0.76,
-                 ("tanh", "forward"): 0.76, ("tanh", "gradient"): 0.76}
+                 ("tanh", "forward"): 0.76, ("tanh", "gradient"): 0.76,
+                 ("softplus", "gradient"): 0.76}
 ULPS = {**{("sigmoid", "forward"): 0.5001, ("sigmoid", "gradient"): 0.5001,
         ("tanh", "forward"): 0.5001, ("tanh", "gradient"): 0.5001,
         ("silu", "forward"): 0.5001, ("silu", "gradient"): 0.5001,
