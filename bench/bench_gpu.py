@@ -17,15 +17,17 @@ Two cases, each timed on the engine's cuda backend and in torch on the same devi
   of the same weights. In both, each physical batch's images are copied from the host and
   its loss and correct count read back. GFLOP/s count the step's dense matmuls. Before the
   timing, one step of each from the same weights on the same batch: the first losses and
-  the largest parameter difference afterwards are printed (a check, not a verdict).
+  the largest parameter difference afterwards are printed (a check, not a verdict); without
+warm-up runs that step is the first timed run.
 
 Times are medians of --repeat runs after --warmup runs (compilation, caches), each run
 closed by numba.cuda.synchronize() or torch.cuda.synchronize(). Images are random with
 MNIST's density (19% non-zero, values k/256): the GPU kernels do not skip zeros, so the
 values do not change the time. Exit status 2, with one line, where there is no CUDA device
 (numba.cuda.is_available() false); under NUMBA_ENABLE_CUDASIM=1 only --quick runs (a 32 x 32
-product, a batch of one image, one timed run, no warm-up; about 35 s, as the simulator runs
-every CUDA thread in Python).
+product, a batch of one image, no warm-up, one timed run: the step that is checked; the
+simulator runs every CUDA thread in Python, and its main thread polls the block's threads
+while they run, so that one step took from 44 s to over 5 minutes on this 2-core machine).
 """
 
 from __future__ import annotations
@@ -62,17 +64,25 @@ class Row:
         return None if self.torch_s is None else self.engine_s / self.torch_s
 
 
-def median_seconds(fn, sync, repeat: int, warmup: int) -> float:
-    """The median wall time of fn() followed by sync(), over `repeat` runs after `warmup`."""
+def timed(fn, sync) -> tuple[object, float]:
+    """(fn(), the wall time of fn() followed by sync())."""
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def median_seconds(fn, sync, repeat: int, warmup: int, first: float | None = None) -> float:
+    """The median wall time of fn() followed by sync(), over `repeat` runs after `warmup`.
+    `first`: the time of a run already made; without warm-up it counts as the first of
+    the `repeat` (--quick's one run is then the checked step itself: in the simulator
+    every step costs a minute)."""
     for _ in range(warmup):
         fn()
         sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
+    times = [first] if first is not None and warmup == 0 else []
+    while len(times) < repeat:
+        times.append(timed(fn, sync)[1])
     return statistics.median(times)
 
 
@@ -207,14 +217,12 @@ def bench_mnist_step(cuda, torch, logical: int, physical: int, repeat: int,
     weights = Model.new("fc", seed=0).weights()
     batches = mnist_batches(logical, physical)
     e_step, trainer, model = engine_step(weights, logical, physical)
-    e_losses = e_step(batches[0])
-    cuda.synchronize()
+    e_losses, e_first = timed(lambda: e_step(batches[0]), cuda.synchronize)
     note = f"first losses: engine {', '.join(f'{v:.6f}' for v in e_losses)}"
     torch_s = None
     if torch is not None:
         t_step, net = torch_step(torch, weights, logical, physical)
-        t_losses = t_step(batches[0])
-        torch.cuda.synchronize()
+        t_losses, t_first = timed(lambda: t_step(batches[0]), torch.cuda.synchronize)
         names = {"fc1.weight": net[0].weight, "fc1.bias": net[0].bias,
                  "fc2.weight": net[2].weight, "fc2.bias": net[2].bias}
         got = model.weights()
@@ -226,9 +234,10 @@ def bench_mnist_step(cuda, torch, logical: int, physical: int, repeat: int,
     def run(step):
         order = itertools.cycle(batches)
         return lambda: step(next(order))
-    engine_s = median_seconds(run(e_step), cuda.synchronize, repeat, warmup)
+    engine_s = median_seconds(run(e_step), cuda.synchronize, repeat, warmup, e_first)
     if torch is not None:
-        torch_s = median_seconds(run(t_step), torch.cuda.synchronize, repeat, warmup)
+        torch_s = median_seconds(run(t_step), torch.cuda.synchronize, repeat, warmup,
+                                 t_first)
     return Row(f"MNIST FC step, batch {logical} ({logical // physical} x {physical}), AdamW",
                engine_s, torch_s, step_flops(trainer), note)
 
