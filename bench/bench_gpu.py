@@ -26,8 +26,9 @@ MNIST's density (19% non-zero, values k/256): the GPU kernels do not skip zeros,
 values do not change the time. Exit status 2, with one line, where there is no CUDA device
 (numba.cuda.is_available() false); under NUMBA_ENABLE_CUDASIM=1 only --quick runs (a 32 x 32
 product, a batch of one image, no warm-up, one timed run: the step that is checked; the
-simulator runs every CUDA thread in Python, and its main thread polls the block's threads
-while they run, so that one step took from 44 s to over 5 minutes on this 2-core machine).
+simulator runs every CUDA thread as a Python thread, and its main thread polls them: the
+script keeps to one CPU there, where the step took 24 s on this 2-core machine against 3-5
+minutes spread over both cores, the GIL handed from core to core).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -313,6 +315,10 @@ def main(argv=None) -> int:
         print("bench_gpu: under NUMBA_ENABLE_CUDASIM=1 only --quick runs (the simulator "
               "runs every CUDA thread in Python)", file=sys.stderr)
         return 2
+    if numba.config.ENABLE_CUDASIM and hasattr(os, "sched_setaffinity"):
+        # the simulator's CUDA threads are Python threads, serialised by the GIL: on one CPU
+        # the FC step took 24 s, spread over two cores (the GIL handed across) 3-5 minutes
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch, torch_text = torch_cuda()
     meta = {"engine": f"cuda backend on {device}", "torch": torch_text, **sizes}
     print(f"engine: {meta['engine']}\ntorch: {torch_text}")

@@ -12,3 +12,20 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
 # numba's kernels: the one cache root of every tool and worker (NUMBA_CACHE_DIR if set, else
 # <checkkit.cache.default_cache_dir()>/numba), which xdist's workers share safely
 # (engine.backends.cpu.disk_cache); nothing to set here
+
+
+def pytest_configure(config):
+    """Under numba's CUDA simulator (tox -e cudasim) each test process keeps to one CPU,
+    xdist's workers each to one of their own: the simulator runs a kernel's CUDA threads as
+    Python threads, which the GIL serialises, and while they run its main thread polls
+    them; spread over cores, every handoff of the GIL wakes a thread on another core.
+    bench_gpu's simulated MNIST FC step (tests/bench/test_gpu_check.py) took 24 s on one
+    core against 3-5 minutes spread over two on this 2-core machine."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" or not hasattr(os, "sched_setaffinity"):
+        return
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None and getattr(config.option, "numprocesses", None):
+        return      # xdist's controller: its workers inherit its CPUs, and take one each
+    cpus = sorted(os.sched_getaffinity(0))
+    index = int(worker[2:]) if worker and worker[2:].isdigit() else 0
+    os.sched_setaffinity(0, {cpus[index % len(cpus)]})
