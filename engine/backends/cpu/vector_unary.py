@@ -557,8 +557,9 @@ def _logistic_pairs(u):
 # whole value selected afterwards: a vectorised select computes both of its values in every
 # lane, and g times 2^-300 makes subnormals and underflows, which x86 CPUs finish in
 # microcode (without flush-to-zero, as numpy and torch leave it) at some hundred cycles a
-# vector. Selected afterwards, it took sigmoid's float32 gradient from about 1.8 to 2.9 ns
-# an element (issue 37, twelfth round; the same bits but NaN payloads, over all 2^32 inputs)
+# vector. Selected afterwards, it took sigmoid's float32 gradient 2.1-2.4 ns an element
+# against 1.5 (the serial kernel in cache, bench/bench_vector_kernels.py; issue 37, twelfth
+# round; the same bits but NaN payloads, over all 2^32 inputs)
 _ROW_EXP_ZERO = np.float32(-745.1332397460938)     # the largest float32 whose float64 exp is 0
 _EXP_CLAMP = np.float32(-120.0)                     # vector_math.exp32_pair's
 _TINY_FACTOR = np.float32(2.0 ** -100)              # cubed: below every finite float32's 2^-150
