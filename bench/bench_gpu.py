@@ -18,7 +18,7 @@ Two cases, each timed on the engine's cuda backend and in torch on the same devi
   its loss and correct count read back. GFLOP/s count the step's dense matmuls. Before the
   timing, one step of each from the same weights on the same batch: the first losses and
   the largest parameter difference afterwards are printed (a check, not a verdict); without
-warm-up runs that step is the first timed run.
+  warm-up runs that step is the first timed run.
 
 Times are medians of --repeat runs after --warmup runs (compilation, caches), each run
 closed by numba.cuda.synchronize() or torch.cuda.synchronize(). Images are random with
@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
@@ -77,8 +76,8 @@ def timed(fn, sync) -> tuple[object, float]:
 def median_seconds(fn, sync, repeat: int, warmup: int, first: float | None = None) -> float:
     """The median wall time of fn() followed by sync(), over `repeat` runs after `warmup`.
     `first`: the time of a run already made; without warm-up it counts as the first of
-    the `repeat` (--quick's one run is then the checked step itself: in the simulator
-    every step costs a minute)."""
+    the `repeat` (--quick's one run is then the checked step itself: in the simulator a
+    step takes tens of seconds)."""
     for _ in range(warmup):
         fn()
         sync()
@@ -315,10 +314,8 @@ def main(argv=None) -> int:
         print("bench_gpu: under NUMBA_ENABLE_CUDASIM=1 only --quick runs (the simulator "
               "runs every CUDA thread in Python)", file=sys.stderr)
         return 2
-    if numba.config.ENABLE_CUDASIM and hasattr(os, "sched_setaffinity"):
-        # the simulator's CUDA threads are Python threads, serialised by the GIL: on one CPU
-        # the FC step took 24 s, spread over two cores (the GIL handed across) 3-5 minutes
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    from engine.backends.cuda.launch import keep_to_one_cpu
+    keep_to_one_cpu()       # under the simulator: its Python threads run 5-10x faster so
     torch, torch_text = torch_cuda()
     meta = {"engine": f"cuda backend on {device}", "torch": torch_text, **sizes}
     print(f"engine: {meta['engine']}\ntorch: {torch_text}")

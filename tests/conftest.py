@@ -16,16 +16,12 @@ hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
 
 def pytest_configure(config):
     """Under numba's CUDA simulator (tox -e cudasim) each test process keeps to one CPU,
-    xdist's workers each to one of their own: the simulator runs a kernel's CUDA threads as
-    Python threads, which the GIL serialises, and while they run its main thread polls
-    them; spread over cores, every handoff of the GIL wakes a thread on another core.
-    bench_gpu's simulated MNIST FC step (tests/bench/test_gpu_check.py) took 24 s on one
-    core against 3-5 minutes spread over two on this 2-core machine."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" or not hasattr(os, "sched_setaffinity"):
+    xdist's workers each to one of their own (engine.backends.cuda.launch.keep_to_one_cpu
+    says why: the cudasim suite took 177 s so against 352-467 s on this 2-core machine)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
         return
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None and getattr(config.option, "numprocesses", None):
         return      # xdist's controller: its workers inherit its CPUs, and take one each
-    cpus = sorted(os.sched_getaffinity(0))
-    index = int(worker[2:]) if worker and worker[2:].isdigit() else 0
-    os.sched_setaffinity(0, {cpus[index % len(cpus)]})
+    from engine.backends.cuda.launch import keep_to_one_cpu
+    keep_to_one_cpu(int(worker[2:]) if worker and worker[2:].isdigit() else 0)

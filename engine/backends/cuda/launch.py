@@ -50,6 +50,7 @@ block. A kernel launched as one block (cross-entropy's loss) gets start 0 and st
 from __future__ import annotations
 
 import math
+import os
 import types
 
 from numba import cuda, float64
@@ -83,6 +84,18 @@ def grid_stride_shape(n: int, threads: int | None = None,
     if SIMULATED:
         threads, max_blocks = min(threads, SIM_THREADS), min(max_blocks, SIM_BLOCKS)
     return max(1, min(-(-n // threads), max_blocks)), threads
+
+
+def keep_to_one_cpu(index: int = 0) -> None:
+    """Under the simulator, this process keeps to one of its CPUs (the index-th, modulo
+    their count; nothing on a GPU, or where the OS sets no affinity): the simulator's CUDA
+    threads are Python threads, serialised by the GIL, which its main thread polls, and
+    spread over cores every handoff of the GIL crosses cores. bench_gpu's simulated MNIST
+    FC step took 24 s on one CPU against 3-5 minutes over both of a 2-core machine
+    (tests/conftest.py gives each pytest-xdist worker its own CPU this way)."""
+    if SIMULATED and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[index % len(cpus)]})
 
 
 def map_shape(n: int) -> tuple[int, int]:

@@ -41,7 +41,8 @@ from engine.elementwise import (
 # zero into its polynomial: vector_math.gelu_erf_slope_part). sigmoid and tanh compute in
 # float32 arithmetic (vector_unary's forward32 and gradient32: the `tight` forms of
 # F32_CANDIDATES, e^x as (1 + r + w) 2^k, the result rounded once at the end; F32_MATH_ULPS;
-# over all 2^32 inputs at most 0.7579, where the result is subnormal)
+# over all 2^32 inputs at most 0.7579, where the result is subnormal), and softplus's
+# gradient as g times sigmoid's tight forward (the same bound at g = 1)
 F32_MATH_ULPS = {("sigmoid", "forward"): 0.76, ("sigmoid", "gradient"): 0.76,
                  ("tanh", "forward"): 0.76, ("tanh", "gradient"): 0.76,
                  ("softplus", "gradient"): 0.76}
