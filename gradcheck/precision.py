@@ -140,15 +140,31 @@ def signed_ulps(value, truth, dtype: str) -> np.ndarray:
     return (v - t) * np.sign(t) / ulps_at(t, dtype)
 
 
+def _distinct_pairs(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (t, v) pairs of finite t and v, by value, in lexicographic order: what
+    np.unique(np.stack([t, v]), axis=1) gives, from one sort of t + v i (numpy sorts complex
+    numbers by their real parts, then their imaginary parts), where np.unique's axis form
+    sorts a structured view 5-60 times slower (18 ms for 1,000 pairs, 1.3 s for a million;
+    a third of the registry test's time for softmax)."""
+    pairs = np.empty(t.size, np.complex128)
+    pairs.real, pairs.imag = t, v
+    pairs.sort()
+    new = np.ones(pairs.size, bool)
+    new[1:] = pairs[1:] != pairs[:-1]
+    return pairs.real[new], pairs.imag[new]
+
+
 def bias(value, truth, dtype: str) -> tuple[float, float] | None:
     """(the mean signed error in ulps, the allowance BIAS_ULPS + BIAS_SIGMAS standard
     errors) of `value` against `truth` over the distinct inexact elements within one ulp of
     their truth (module doc); None for fewer than BIAS_MIN_ELEMENTS of them."""
     v = np.asarray(value, np.float64).reshape(-1)
     t = np.asarray(truth, np.float64).reshape(-1)
-    pairs = np.unique(np.stack([t, v]), axis=1) if t.size else np.zeros((2, 0))
-    e = signed_ulps(pairs[1], pairs[0], dtype)
-    e = e[np.abs(e) <= 1.0]
+    # the pairs signed_ulps keeps that err at most an ulp, then the distinct ones (fewer to sort)
+    keep = np.isfinite(v) & np.isfinite(t) & (t != 0) & (v != t)
+    keep[keep] = np.abs(signed_ulps(v[keep], t[keep], dtype)) <= 1.0
+    t, v = _distinct_pairs(t[keep], v[keep])
+    e = signed_ulps(v, t, dtype)
     if e.size < BIAS_MIN_ELEMENTS:
         return None
     return float(np.mean(e)), BIAS_ULPS + BIAS_SIGMAS * float(np.std(e)) / np.sqrt(e.size)

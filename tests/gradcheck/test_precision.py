@@ -7,6 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from engine.mutation.patches import kernel_replaced, scaled
 from engine.registry import get_op
@@ -168,6 +171,21 @@ def test_the_bias_counts_distinct_inexact_elements_within_an_ulp():
     assert precision.bias(truth + 1.0, truth, "f16") is None
     mean, _ = precision.bias(low, truth, "f16")
     assert mean == pytest.approx(np.mean(-5e-4 / precision.ulps_at(truth, "f16")))
+
+
+# few distinct values, so that pairs repeat, signed zeros among them
+_PAIR_VALUES = st.sampled_from([-2.0, -1.0, -0.0, 0.0, 0.5, 1.0, 1.5, 3.0, 1e-300, 1e300])
+
+
+@given(hnp.arrays(np.float64, st.integers(0, 60), elements=_PAIR_VALUES),
+       hnp.arrays(np.float64, st.integers(0, 60), elements=_PAIR_VALUES))
+def test_the_distinct_pairs_are_numpys_unique_columns(t, v):
+    """bias's dedup (one complex sort) gives what np.unique(..., axis=1) gives, in its order."""
+    n = min(t.size, v.size)
+    t, v = t[:n], v[:n]
+    got_t, got_v = precision._distinct_pairs(t, v)
+    want = np.unique(np.stack([t, v]), axis=1) if n else np.zeros((2, 0))
+    assert np.array_equal(np.stack([got_t, got_v]), want)
 
 
 def test_a_biased_output_fails_the_verdict_and_the_row_says_so():
