@@ -83,6 +83,21 @@ def thread_setting(setting):
     return engine_thread_count(setting)
 
 
+def case_leaves(case, arrays, as_params: bool) -> list:
+    """The leaf tensors of `case` holding `arrays` (the values the op sees), in the case's
+    dtypes: params where checked (as_params), inputs otherwise."""
+    leaves = []
+    for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
+        if is_float(a.dtype):
+            a = a.astype(as_dtype(spec.dtype or case.dtype))
+        checked = spec.grad and is_float(a.dtype)
+        t = (engine.param if as_params and checked else engine.input_tensor)(
+            a.shape, a.dtype, name=spec.name)
+        t.set(a)
+        leaves.append(t)
+    return leaves
+
+
 def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous"):
     """(leaves, output, weights tensor, loss) of `case` built on `arrays` (the values the op
     sees): leaves are params where checked (as_params) and inputs otherwise; loss =
@@ -96,15 +111,7 @@ def weighted_graph(case, arrays, as_params: bool, cotangent: str = "contiguous")
     the first axis, weights of shape (1, ...)); "sliced" adds the output
     into the middle of a zero buffer one larger on each side (acc), weighted by
     sliced_weights, so the op gets an offset view of the larger gradient."""
-    leaves = []
-    for spec, a in zip(case.inputs, case.leaf_arrays(arrays), strict=True):
-        if is_float(a.dtype):
-            a = a.astype(as_dtype(spec.dtype or case.dtype))
-        checked = spec.grad and is_float(a.dtype)
-        t = (engine.param if as_params and checked else engine.input_tensor)(
-            a.shape, a.dtype, name=spec.name)
-        t.set(a)
-        leaves.append(t)
+    leaves = case_leaves(case, arrays, as_params)
     out = case.build(*leaves)
     if not is_float(out.dtype):
         return leaves, out, None, None
