@@ -315,7 +315,7 @@ def main(argv=None) -> int:
               "runs every CUDA thread in Python)", file=sys.stderr)
         return 2
     from engine.backends.cuda.launch import keep_to_one_cpu
-    keep_to_one_cpu()       # under the simulator: its Python threads run 5-10x faster so
+    keep_to_one_cpu()       # under the simulator only: its threads run 5-10x faster on one CPU
     torch, torch_text = torch_cuda()
     meta = {"engine": f"cuda backend on {device}", "torch": torch_text, **sizes}
     print(f"engine: {meta['engine']}\ntorch: {torch_text}")

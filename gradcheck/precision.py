@@ -129,13 +129,18 @@ def ulps_at(truth, dtype: str) -> np.ndarray:
     return np.ldexp(1.0, (exponent - info.nmant).astype(np.int64))
 
 
+def _inexact(v: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Which elements have a finite value and a finite non-zero truth that differ."""
+    return np.isfinite(v) & np.isfinite(t) & (t != 0) & (v != t)
+
+
 def signed_ulps(value, truth, dtype: str) -> np.ndarray:
     """The inexact elements' errors in ulps of `dtype` at each truth, positive away from
     zero (module doc: e_i): elements with a finite value and a finite non-zero truth that
     differ."""
     v = np.asarray(value, np.float64).reshape(-1)
     t = np.asarray(truth, np.float64).reshape(-1)
-    keep = np.isfinite(v) & np.isfinite(t) & (t != 0) & (v != t)
+    keep = _inexact(v, t)
     v, t = v[keep], t[keep]
     return (v - t) * np.sign(t) / ulps_at(t, dtype)
 
@@ -161,7 +166,7 @@ def bias(value, truth, dtype: str) -> tuple[float, float] | None:
     v = np.asarray(value, np.float64).reshape(-1)
     t = np.asarray(truth, np.float64).reshape(-1)
     # the pairs signed_ulps keeps that err at most an ulp, then the distinct ones (fewer to sort)
-    keep = np.isfinite(v) & np.isfinite(t) & (t != 0) & (v != t)
+    keep = _inexact(v, t)
     keep[keep] = np.abs(signed_ulps(v[keep], t[keep], dtype)) <= 1.0
     t, v = _distinct_pairs(t[keep], v[keep])
     e = signed_ulps(v, t, dtype)
