@@ -444,7 +444,7 @@ def _vector_kernels(template, reach_template, name: str, fn, reach: float, wide,
     def one(label, fmt, math_fn, arith, template=template, **more):
         b = {**bound, slot: math_fn, "FMT": fmt, "arith": arith, **more}
         return _vector_twin(template, f"{name}_{label}", math_fn, **b)
-    single = fn32 and {F32: one("f32_in_f32", half.F16, fn32, float32, value=_element)}
+    single = fn32 and {F32: one("f32_in_f32", half.F16, fn32, float32, value=float32_element)}
     one16 = one
     if bare and template in _BARE16:                  # the bare conversions (_BARE16)
         one16 = functools.partial(one, template=_BARE16[template])
@@ -467,7 +467,7 @@ def by_output(one, fn, fn16, one16=None):
 
 
 @scalar_math
-def _element(v, fmt):
+def float32_element(v, fmt):
     """A float32 element as it is, for the float32 kernels of float32 math (in place of
     patterns.value, whose float64 widening, rounded back, LLVM kept where a comparison
     used it: the loop then ran 8 lanes wide, float64's count, where float32 fills 16)."""

@@ -25,7 +25,9 @@ That kernel is the plain twin. The activations of engine.backends.cpu.vector_una
 activations' own, engine.backends.cpu.elementwise): out = rounded(f(a) b), f the
 activation's vectorised float64 math, the product in float64 and rounded once, so that
 each element is within 0.5001 ulp of float32 of act(a) b (f's own bound: the product of
-two float64 values adds half an ulp of float64). A libm call per element kept LLVM from
+two float64 values adds half an ulp of float64); geglu_erf's float32 kernel takes gelu_erf's
+float32 math (vector_unary.gelu_erf_f32, its bound plus the product's half ulp), so that a
+gate of one still gives gelu_erf's bits. A libm call per element kept LLVM from
 vectorising the plain loop: geglu_erf's forward and backward over a fused (2048, 8192)
 input ran 4.0 times torch's, geglu 3.0, geglu_quick 2.1 (python bench/bench_ops.py --op
 geglu_erf --repeat 7 --threads 1, load 2-6). They take a float32 output, and a 16-bit one
@@ -50,6 +52,8 @@ from engine.backends.cpu.elementwise import (
     F32,
     by_output,
     dispatcher,
+    float32,
+    float32_element,
     row_index,
     scalar,
     specialise,
@@ -104,10 +108,14 @@ def _vector_kernels(op: str):
     if fast is None:
         return None
 
-    def one(label, fmt, fn, arith):
+    def one(label, fmt, fn, arith, **more):
         return specialise(_vector_glu_rows, f"{op}_{label}", fn.py_func, options=CONTRACT,
-                          forward=fn, FMT=fmt, arith=arith)
-    return by_output(one, fast.forward, fast.forward16)
+                          forward=fn, FMT=fmt, arith=arith, **more)
+    kernels = by_output(one, fast.forward, fast.forward16)
+    if fast.forward32 is not None:      # geglu_erf: gelu_erf's float32 math, read as its own
+        kernels[F32] = one("f32_in_f32", half.F16, fast.forward32, float32,
+                           value=float32_element)
+    return kernels
 
 
 def _flat_rows(out, ins, swapped):

@@ -650,3 +650,120 @@ def exp32_fast_parts(x):
     w = fma32(r * r, q, fma32(rl, r, rl))
     s = np.int32(np.float32(t).view(np.int32) << np.int32(23)).view(np.float32)
     return r, w, s
+
+
+# --- gelu_erf in float32 arithmetic, for float32 results ----------------------------------------
+# gelu_erf's float32 kernels computed in float64 (the functions above: 0.5001 ulp) at about
+# three times torch's float32 forward + backward (issue 37). These compute in float32, each
+# value rounded as it comes (no pairs, whose cost the float64 math's was not worth), within a
+# few ulps (vector_unary.gelu_erf_f32 states the bounds): with a = |v| and x = a / sqrt 2,
+# Phi(-a) = erfc(x) / 2 = e^(-a^2/2) erfcx(x) / 2 and the gradient's G(x) = erfcx(x) / 2 -
+# x / sqrt(pi) = (a - |Z|) H, as the float64 math's (gelu_erf_slope_part), but
+# - e^(-a^2/2) from the exact square a^2 = hi + lo (a fused residual) and the reduction of
+#   exp32_fast_parts, lo / 2 taken into the reduced argument's low part: within 2^-24 of
+#   itself, where e^(-hi/2) alone erred up to a^2 2^-25 relatively (50 ulps at a = 10);
+# - erfcx(x) / 2 (a + K) and H as polynomials in s = a / (a + K) - C (K = 2 sqrt 2, C the
+#   middle of s's range over a in [0, 16]; H's over [0, 20], as far as the gradient of a
+#   large g reaches): erfcx(x) / 2 (a + K) falls from 1.41 to 0.58 and H from -0.665 to
+#   -0.45 smoothly, so their float32 Horner chains keep about an ulp
+#   (in powers of vector_math's t = (x - 4) / (x + 4) they lost 4-5 ulps near x = 0, where
+#   t's rounding is large beside x, and the terms of erfcx itself cancel towards x = 10);
+#   11 float32 coefficients each, fitted knowing they are rounded: from the constant term
+#   up, each the first of a weighted least-squares fit (relative error, at 400 Chebyshev
+#   points of s; function values from mpmath) of what the rounded ones before it leave,
+#   rounded to float32 (tests/engine/backends/cpu/test_vector_math.py fits them again).
+#   Within 0.43 2^-24 (erfcx's) and 0.13 2^-24 (H) of the functions, where the rounded
+#   coefficients of the interpolant at 11 Chebyshev nodes erred 1.61 (and H's 0.36 over
+#   [0, 16]);
+# - e^(-a^2/2) scaled by 2^64 (exp32_fast_parts' s; 2^164 for the gradient from a = 13),
+#   so that every factor stays a normal float32 where the results of float32 factors g of
+#   any size would turn subnormal in the products, and the scale comes off last (the
+#   callers). Beyond a = 16 (x clamped there for the polynomials) the forward is 0 or v to
+#   every float32 result.
+_GE32_K = np.float32(2.8284270763397217)             # 2 sqrt 2, rounded
+_GE32_A_HIGH = np.float32(16.0)
+_GE32_C = np.float32(0.4248894453048706)              # (16 / (16 + K)) / 2, rounded
+_GE32_E_LOW = np.float32(-130.0)                      # s = 2^(k + 64) normal down to here
+_GE32_PHI = tuple(np.float32(c) for c in (            # erfcx(x) / 2 (a + K), powers of s
+    0.046214859932661057, -0.021036885678768158, -0.10350173711776733,
+    -0.009816216304898262, 0.16044571995735168, 0.07770518213510513, -0.2856866419315338,
+    -0.12602068483829498, 0.8281273245811462, -1.0935919284820557, 0.7998986840248108))
+_GE32_SLOPE_A_HIGH = np.float32(20.0)
+_GE32_SLOPE_C = np.float32(0.4380503296852112)        # (20 / (20 + K)) / 2, rounded
+_GE32_SLOPE = tuple(np.float32(c) for c in (          # H, powers of s' = a / (a + K) - C'
+    -0.004326225724071264, -0.0036626493092626333, 0.008899183012545109,
+    0.012071380391716957, -0.01193174347281456, -0.02993716485798359, 0.026807153597474098,
+    0.08204378932714462, -0.22028039395809174, 0.27244630455970764, -0.4979286789894104))
+_GE32_ZERO_HI = np.float32(0.7517915246935645)        # |Z| (vector_math's _ZERO_ABS_HI)
+_GE32_ZERO_LO = np.float32(-1.211444945855772e-08)    # |Z| - _GE32_ZERO_HI
+
+
+# The gradient's e^(-a^2/2) for a >= 13 carries 2^164 (the shifter's bias 127 + 164): a
+# normal float32 from a = 13 (2^-122 2^164) to 20 (2^-288.5 2^164), so that g e G of a g up
+# to float32's largest is computed, and rounded once, wherever it is not 0 (below 2^-150 it
+# is 0 beyond a = 19.9 for every finite g): with 2^64 alone such a result of a large g came
+# out 0 beyond a = 16.1.
+_SHIFTER32_BIASED_BIG = np.float32(12582912.0 + 291.0)   # 1.5 * 2^23 + 127 + 164
+_GE32_E_LOW_BIG = np.float32(-200.0)                      # 2^(k + 164) normal down to here
+
+
+@scalar_math
+def gelu_erf32_exp(a, big):
+    """e^(-a^2/2) 2^64 for float32 a >= 0 (or NaN), 2^164 where `big` (a >= 13 only: the
+    gradient's), relative error below 1.1 2^-24 (measured: 0.99, 1.0006 with 2^164 near a =
+    20; the exact square's low part taken into the reduction, exp32_fast_parts' way, and
+    (1 + r + w) s rounded once); 0 where -a^2/2 < -130 (a > 16.12, infinity included),
+    -200 where big (a > 20)."""
+    shifter = _SHIFTER32_BIASED_BIG if big else _SHIFTER32_BIASED
+    low_end = _GE32_E_LOW_BIG if big else _GE32_E_LOW
+    hi = a * a
+    lo = fma32(a, a, -hi)                          # a^2 = hi + lo exactly
+    x = -_HALF32 * hi                              # exact
+    low = x < low_end
+    x = low_end if low else x
+    t = fma32(x, _INV_LN2_32, shifter)
+    k = t - shifter
+    rh = fma32(-k, _LN2_HI32, x)                   # exact
+    r = fma32(-k, _LN2_LO32, rh)
+    rl = fma32(-_HALF32, lo, fma32(-k, _LN2_LO32, rh - r))   # r + rl = -a^2/2 - k ln2
+    q = _EXPM1_FAST[0]
+    for c in _EXPM1_FAST[1:]:
+        q = fma32(q, r, c)
+    # every product that meets a sum is a fused multiply-add of its own (fma32): LLVM
+    # contracts the others as it sees fit, which could differ between the kernels that
+    # inline this, and geglu_erf's must give gelu_erf's bits
+    r2 = r * r
+    w = r2 * q                                     # expm1(r) - r
+    w = fma32(rl, fma32(r2, q, r) + np.float32(1.0), w)   # + rl e^r: rl up to 2^-18 here
+    s = np.int32(np.float32(t).view(np.int32) << np.int32(23)).view(np.float32)
+    h = fma32(r, s, s)                             # (1 + r + w) s, rounded once
+    e = h + fma32(w, s, fma32(r, s, s - h))
+    return np.float32(0.0) if low else e
+
+
+@scalar_math
+def gelu_erf32_phi_part(a):
+    """erfcx(a / sqrt 2) / 2 for float32 a >= 0 (or NaN), a clamped to 16: so that
+    Phi(-a) = e^(-a^2/2) times it; relative error below 3.5 2^-24 (measured: 3.18;
+    tests/engine/backends/cpu/test_vector_math.py)."""
+    a = _GE32_A_HIGH if a > _GE32_A_HIGH else a
+    r = np.float32(1.0) / (a + _GE32_K)
+    s = fma32(a, r, -_GE32_C)
+    q = _GE32_PHI[0]
+    for c in _GE32_PHI[1:]:
+        q = fma32(q, s, c)
+    return q * r
+
+
+@scalar_math
+def gelu_erf32_slope_part(a):
+    """G(a / sqrt 2) = erfcx(x) / 2 - x / sqrt(pi) for float32 a >= 0 (or NaN), as (a - |Z|)
+    H, H clamped at a = 20 (beyond, every float32 result made of G is 0); relative error
+    below 3.5 2^-24 (measured: 2.40)."""
+    c = _GE32_SLOPE_A_HIGH if a > _GE32_SLOPE_A_HIGH else a
+    r = np.float32(1.0) / (c + _GE32_K)
+    s = fma32(c, r, -_GE32_SLOPE_C)
+    h = _GE32_SLOPE[0]
+    for k in _GE32_SLOPE[1:]:
+        h = fma32(h, s, k)
+    return ((a - _GE32_ZERO_HI) - _GE32_ZERO_LO) * h

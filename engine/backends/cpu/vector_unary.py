@@ -16,7 +16,8 @@ stored in float32.
 Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at the
 true value, the correctly rounded result but within 10^-4 ulp of a tie, except the float32
 arithmetic of sigmoid and tanh below (and softplus's gradient, g times sigmoid's float32
-forward), 0.76 (each docstring says its bound). Against
+forward), 0.76, and gelu_erf's float32 arithmetic (gelu_erf_f32, issue 37's fourteenth
+round), 4 (each docstring says its bound). Against
 float64 references without cancellation (libm, mpmath where a gradient crosses 0),
 tests/engine/backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32
 inputs (slow) and on every exponent, the saturation points, the gradients' zeros and the
@@ -91,6 +92,15 @@ precision decision issue 37 leaves open: `fast` (0.85 ulp), `mid` (1.5; tanh's f
 2.3) and `lean` (torch's forms, every operation rounded: 2.8-5.1), each faster;
 tests/engine/backends/cpu/test_vector_unary.py holds their bounds (CANDIDATE_ULPS).
 
+Since issue 37's fourteenth round gelu_erf's float32 results compute in float32 arithmetic
+too (gelu_erf_f32, gelu_erf_gradient_f32 on vector_math's gelu_erf32 section), every value
+rounded as it comes, no pairs: within 4 ulps, forward and gradient, over all 2^32 inputs
+(measured: 3.93 at -9.32 and 3.70 at -1.758), where the float64 math kept 0.5001
+at about three times torch's float32 forward + backward (the pairs would have cost more
+than they saved: docs/performance.md's activations section). torch's own float32 gelu
+errs by up to 1.7e7 ulps forward (1 + erf(v / sqrt 2) cancels in the left tail) and 1.2e8
+for the gradient (its two terms cancel at its zero).
+
 Every function is `scalar_math`: numba inlines it into the kernel that calls it (the
 templates of engine.backends.cpu.elementwise), which is compiled contracting; inlined by
 LLVM instead, gelu_erf's was too big to be, and its loop ran a call per element. So the
@@ -122,11 +132,15 @@ from engine.backends.cpu.vector_math import (
     exp_short_nonpositive,
     expm1,
     fma32,
+    gelu_erf32_exp,
+    gelu_erf32_phi_part,
+    gelu_erf32_slope_part,
     gelu_erf_slope_part,
     log,
     log1p,
     log1p32,
     sin,
+    wide_vectors,
 )
 from engine.elementwise import GELU_CUBIC, GELU_QUICK_COEF, SOFTPLUS_THRESHOLD, SQRT_2_OVER_PI
 
@@ -920,6 +934,58 @@ def tanh_gradient_f32_lean(g, v, params):
     return _slope_times(g, ((es * r) * r) * _SLOPE_SCALE4, u)
 
 
+# --- gelu_erf in float32 arithmetic (vector_math's gelu_erf32 section) ----------------------
+_HALF_REACH32 = np.float32(2.0 ** -30)   # below, Phi(v) is 1/2 in float32 (as the row's)
+_GE32_BIG = np.float32(13.0)             # from here e^(-v^2/2) carries 2^164 in the gradient
+_TWO_M100 = np.float32(2.0 ** -100)
+_GE32_FAR = np.float32(20.0)             # beyond, e is 0 (vector_math.gelu_erf32_exp)
+_ROW_E_EDGE = np.float32(38.603966)      # the largest float32 |v| of nonzero float64 e^(-v^2/2)
+_FAR_SLOPE = np.float32(-(2.0 ** -126))  # times 2^-64 2^-100 and any finite g: -0
+
+
+@scalar_math
+def gelu_erf_f32(v, params):
+    """gelu_erf in float32 arithmetic: v Phi(v), Phi(-|v|) = e^(-v^2/2) erfcx(|v| / sqrt 2)
+    / 2 (vector_math.gelu_erf32_exp and gelu_erf32_phi_part, the scale 2^64 taken off
+    last); v Phi(-|v|) for v <= 0 and v - v Phi(-|v|) above (one fused rounding, nothing
+    cancels: the product is at most v / 2); v / 2 for |v| < 2^-30, as the row's (its erfc
+    is 1 there: the smallest subnormal's half, a tie, rounds to even). Within 4 ulps over
+    all 2^32 inputs (tests/engine/backends/cpu/test_vector_unary.py, F32_MATH_ULPS)."""
+    wide_vectors()
+    a = abs(v)
+    half = gelu_erf32_phi_part(a) * gelu_erf32_exp(a, False)
+    h = half * _TWO_M64                                      # Phi(-a)
+    # where h is 0 (and for a NaN v), v + 0: +inf gives +inf, not fma's NaN, and a NaN
+    # comes out of an arithmetic operation (quiet), as geglu_erf's product makes it
+    above = fma32(-v, h, v) if h > _ZERO else v + _ZERO
+    y = (v * half) * _TWO_M64 if v <= _ZERO else above
+    return v * _HALF if a < _HALF_REACH32 else y
+
+
+@scalar_math
+def gelu_erf_gradient_f32(g, v, params):
+    """gelu_erf_gradient in float32 arithmetic: with e = e^(-v^2/2) and G = (|v| - |Z|) H
+    (vector_math.gelu_erf32_slope_part), g e G for v < 0 and g (1 - e G) above. e G is
+    carried scaled, by 2^64 below |v| = 13 and by 2^164 from there, and where it is below
+    float32's normal range g multiplies it first (g 2^-64, then the product, then 2^-100),
+    so that a large g's result is computed, and rounded once, wherever it is not 0
+    (through |v| = 19.9 for g near float32's largest). Within 4 ulps over all 2^32 inputs
+    (at g = 1; F32_MATH_ULPS)."""
+    wide_vectors()
+    a = abs(v)
+    big = a >= _GE32_BIG
+    p = gelu_erf32_exp(a, big) * gelu_erf32_slope_part(a)    # e G 2^64, or 2^164 where big
+    # e is 0 beyond |v| = 20, where every float32 result of a finite g is 0; the row's is
+    # -0 times g's sign (and -inf for g = inf) while its float64 e^(-v^2/2) is not 0
+    # (|v| <= 38.603966): a negative number too small for any finite g there, and beyond
+    # it +0, the row's 0 + v 0 (p + 0: e G is -0, G < 0)
+    p = _FAR_SLOPE if a > _GE32_FAR and a <= _ROW_E_EDGE else p + _ZERO
+    below = ((g * (_TWO_M64 if big else _ONE)) * (p * (_ONE if big else _TWO_M64))) \
+        * (_TWO_M100 if big else _ONE)
+    # above: 1 - e G, e G below 2^-118 where big (the product with 0 keeps a NaN p's NaN)
+    return below if v < _ZERO else g * fma32(-p, _ZERO if big else _TWO_M64, _ONE)
+
+
 # the candidates, by (op, forward or gradient): {form: function}
 F32_CANDIDATES = {
     ("sigmoid", "forward"): {"pairs": sigmoid_f32, "tight": sigmoid_f32_tight,
@@ -959,7 +1025,8 @@ FAST = {
                              gradient16=gelu_quick_gradient32),
     "gelu": VectorMath(gelu, gelu_gradient),
     "gelu_erf": VectorMath(gelu_erf, gelu_erf_gradient, forward16=gelu_erf32,
-                           gradient16=gelu_erf_gradient32),
+                           gradient16=gelu_erf_gradient32, forward32=gelu_erf_f32,
+                           gradient32=gelu_erf_gradient_f32),
     "elu": VectorMath(elu, elu_gradient, forward16=elu32, gradient16=elu_gradient32),
     "softplus": VectorMath(softplus, softplus_gradient, forward16=softplus32,
                            gradient16=softplus_gradient32,

@@ -58,15 +58,22 @@ def test_edge_values_match_torch_and_stay_finite(name, dtype):
     np.testing.assert_allclose(got, _torch_ref(name, x, **params), **TOL[dtype])
 
 
+# gelu_erf's float32 math rounds each value as it comes (engine.backends.cpu.vector_unary.
+# gelu_erf_f32: within 4 ulps of the truth)
+FLOAT32_ULPS = {"gelu_erf": 4}
+
+
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_float32_is_within_an_ulp_of_the_float64_result(name):
-    """Activations compute in float64 (LLVM may still call sinf for sin of a widened
-    float32 value): a float32 output is within one ulp of the float64 one, rounded."""
+    """Activations compute in float64 or in float32 arithmetic that keeps the result within
+    an ulp (sigmoid, tanh: 0.76), or a few (FLOAT32_ULPS): a float32 output is within that
+    of the float64 one, rounded."""
     x32 = np.random.default_rng(0).uniform(-6, 6, 200).astype(np.float32)
     params = PARAMS.get(name, {})
     build = lambda t: get_op(name).build(t, **params)  # noqa: E731
     np.testing.assert_array_max_ulp(
-        evaluate(build, x32), evaluate(build, x32.astype(np.float64)).astype(np.float32), 1)
+        evaluate(build, x32), evaluate(build, x32.astype(np.float64)).astype(np.float32),
+        FLOAT32_ULPS.get(name, 1))
 
 
 def test_softplus_threshold_and_clamp_edges():

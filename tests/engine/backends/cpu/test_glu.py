@@ -1,6 +1,7 @@
 """The GLU family's vector kernels (engine.backends.cpu.glu, the path `vector:<op>`):
 act(a) b from the activations' vectorised float64 math, rounded once, within 0.5001 ulp of
-float32 of the float64 reference over a dense sample of every exponent, in both layouts
+float32 of the float64 reference (geglu_erf: from gelu_erf's float32 math, within its bound
+plus the product's half ulp) over a dense sample of every exponent, in both layouts
 (rows of a contiguous input; strided inputs copied contiguous first, the same bits); a
 gate of 1 gives the bits of the activation's own vector kernel (whose every float32 input
 tests/engine/backends/cpu/test_vector_unary.py checks), in float32 and on all 2^16
@@ -20,10 +21,12 @@ from engine.backends.cpu.glu import ACTIVATIONS, glu
 from engine.backends.cpu.vector_unary import FAST
 from engine.registry import get_op
 from tests.engine.backends.cpu.test_paths import _run
-from tests.engine.backends.cpu.test_vector_unary import REFERENCES, dense_sample
+from tests.engine.backends.cpu.test_vector_unary import F32_MATH_ULPS, REFERENCES, dense_sample
 
 VECTOR_OPS = sorted(op for op, act in ACTIVATIONS.items() if act in FAST)
-ULPS = 0.5001                     # the activations' forward bound (vector_unary.FAST)
+ULPS = 0.5001                     # the activations' forward bound (vector_unary.FAST), but
+FLOAT32_MATH = {op: F32_MATH_ULPS[(act, "forward")] + 0.5       # where it is float32 math
+                for op, act in ACTIVATIONS.items() if (act, "forward") in F32_MATH_ULPS}
 FLT_MAX_ROUNDING = 3.4028235677973366e38     # the float64 values that round to inf beyond
 N = 1024                          # row length of the samples laid out as (rows, N)
 RNG = np.random.default_rng(20261206)
@@ -100,7 +103,8 @@ def test_products_within_half_an_ulp(op, layout, sample):
     err = _ulp_errors(y[rest], t[rest])
     worst = int(np.argmax(err))
     at_a, at_b = a.reshape(-1)[rest][worst], b.reshape(-1)[rest][worst]
-    assert err[worst] <= ULPS, f"{op}: {err[worst]:.6f} ulp at a = {at_a!r}, b = {at_b!r}"
+    bound = FLOAT32_MATH.get(op, ULPS)
+    assert err[worst] <= bound, f"{op}: {err[worst]:.6f} ulp at a = {at_a!r}, b = {at_b!r}"
 
 
 @pytest.mark.parametrize("op", VECTOR_OPS)
