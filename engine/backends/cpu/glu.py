@@ -25,22 +25,23 @@ That kernel is the plain twin. The activations of engine.backends.cpu.vector_una
 activations' own, engine.backends.cpu.elementwise): out = rounded(f(a) b), f the
 activation's vectorised float64 math, the product in float64 and rounded once, so that
 each element is within 0.5001 ulp of float32 of act(a) b (f's own bound: the product of
-two float64 values adds half an ulp of float64); geglu_erf's float32 kernel takes gelu_erf's
-float32 math (vector_unary.gelu_erf_f32, its bound plus the product's half ulp), so that a
-gate of one still gives gelu_erf's bits. A libm call per element kept LLVM from
-vectorising the plain loop: geglu_erf's forward and backward over a fused (2048, 8192)
-input ran 4.0 times torch's, geglu 3.0, geglu_quick 2.1 (python bench/bench_ops.py --op
-geglu_erf --repeat 7 --threads 1, load 2-6). They take a float32 output, and a 16-bit one
-as its patterns in one pass (patterns.value and rounded: no widened copies), f there the
-activation's float32 math where it has one (vector_unary's forward16: swiglu, geglu_erf,
-geglu_quick), as the activation's own 16-bit kernels take it, so that a gate of one gives
-their bits (the product still in float64, rounded once); a contiguous
-fused input or contiguous split inputs as rows of flat arrays (`_vector_glu_rows`, whose
-row slices are contiguous, so that the loop vectorises), inputs in any other layout
-copied C-contiguous first (layout.dense). Those took a 4-D strided twin of the template,
-compiled again for every layout: 48 compilations, 21 s of CPU of the 202 s a cold
-`gradcheck --all` spent compiling (`python bench/bench_first_run.py --breakdown`, load
-5-6), for layouts that only gradcheck's transposed and sliced cases make.
+two float64 values adds half an ulp of float64); geglu_erf's and swiglu's float32 kernels
+take their activation's float32 math (vector_unary.gelu_erf_f32 and silu_f32: its bound
+plus the product's half ulp), so that a gate of one still gives the activation's bits. A
+libm call per element kept LLVM from vectorising the plain loop: geglu_erf's forward and
+backward over a fused (2048, 8192) input ran 4.0 times torch's, geglu 3.0, geglu_quick 2.1
+(python bench/bench_ops.py --op geglu_erf --repeat 7 --threads 1, load 2-6). They take a
+float32 output, and a 16-bit one as its patterns in one pass (patterns.value and rounded:
+no widened copies), f there the activation's float32 math where it has one (vector_unary's
+forward16: swiglu, geglu_erf, geglu_quick), as the activation's own 16-bit kernels take
+it, so that a gate of one gives their bits (the product still in float64, rounded once); a
+contiguous fused input or contiguous split inputs as rows of flat arrays
+(`_vector_glu_rows`, whose row slices are contiguous, so that the loop vectorises), inputs
+in any other layout copied C-contiguous first (layout.dense). Those took a 4-D strided
+twin of the template, compiled again for every layout: 48 compilations, 21 s of CPU of the
+202 s a cold `gradcheck --all` spent compiling (`python bench/bench_first_run.py
+--breakdown`, load 5-6), for layouts that only gradcheck's transposed and sliced cases
+make.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def _vector_kernels(op: str):
         return specialise(_vector_glu_rows, f"{op}_{label}", fn.py_func, options=CONTRACT,
                           forward=fn, FMT=fmt, arith=arith, **more)
     kernels = by_output(one, fast.forward, fast.forward16)
-    if fast.forward32 is not None:      # geglu_erf: gelu_erf's float32 math, read as its own
+    if fast.forward32 is not None:      # geglu_erf, swiglu: float32 math, read as the op's own
         kernels[F32] = one("f32_in_f32", half.F16, fast.forward32, float32,
                            value=float32_element)
     return kernels

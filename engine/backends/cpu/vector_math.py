@@ -708,37 +708,54 @@ _GE32_E_LOW_BIG = np.float32(-200.0)                      # 2^(k + 164) normal d
 
 
 @scalar_math
-def gelu_erf32_exp(a, big):
-    """e^(-a^2/2) 2^64 for float32 a >= 0 (or NaN), 2^164 where `big` (a >= 13 only: the
-    gradient's), relative error below 1.1 2^-24 (measured: 0.99, 1.0006 with 2^164 near a =
-    20; the exact square's low part taken into the reduction, exp32_fast_parts' way, and
-    (1 + r + w) s rounded once); 0 where -a^2/2 < -130 (a > 16.12, infinity included),
-    -200 where big (a > 20)."""
-    shifter = _SHIFTER32_BIASED_BIG if big else _SHIFTER32_BIASED
-    low_end = _GE32_E_LOW_BIG if big else _GE32_E_LOW
-    hi = a * a
-    lo = fma32(a, a, -hi)                          # a^2 = hi + lo exactly
-    x = -_HALF32 * hi                              # exact
+def exp32_scaled_parts(x, xl, shifter, low_end):
+    """e^(x + xl) 2^B for float32 x <= 0 (or NaN) and its low part xl (|xl| below 2^-17), 2^B
+    the power of 2 that `shifter` carries (_SHIFTER32_BIASED: 2^64, _SHIFTER32_BIASED_BIG:
+    2^164), relative error below 1.1 2^-24 (exp32_fast_parts' reduction, xl taken into the
+    reduced argument's low part, and (1 + r + w) s rounded once); 0 where x < low_end."""
     low = x < low_end
     x = low_end if low else x
     t = fma32(x, _INV_LN2_32, shifter)
     k = t - shifter
     rh = fma32(-k, _LN2_HI32, x)                   # exact
     r = fma32(-k, _LN2_LO32, rh)
-    rl = fma32(-_HALF32, lo, fma32(-k, _LN2_LO32, rh - r))   # r + rl = -a^2/2 - k ln2
+    rl = fma32(-k, _LN2_LO32, rh - r) + xl         # r + rl = x + xl - k ln2
     q = _EXPM1_FAST[0]
     for c in _EXPM1_FAST[1:]:
         q = fma32(q, r, c)
     # every product that meets a sum is a fused multiply-add of its own (fma32): LLVM
     # contracts the others as it sees fit, which could differ between the kernels that
-    # inline this, and geglu_erf's must give gelu_erf's bits
+    # inline this, and geglu_erf's and swiglu's must give their activations' bits
     r2 = r * r
     w = r2 * q                                     # expm1(r) - r
-    w = fma32(rl, fma32(r2, q, r) + np.float32(1.0), w)   # + rl e^r: rl up to 2^-18 here
+    w = fma32(rl, fma32(r2, q, r) + np.float32(1.0), w)   # + rl e^r: rl up to 2^-18
     s = np.int32(np.float32(t).view(np.int32) << np.int32(23)).view(np.float32)
     h = fma32(r, s, s)                             # (1 + r + w) s, rounded once
     e = h + fma32(w, s, fma32(r, s, s - h))
     return np.float32(0.0) if low else e
+
+
+_EXP32_SCALED_LOW = np.float32(-130.0)             # 2^(k + 64) normal down to here
+
+
+@scalar_math
+def exp32_scaled(x):
+    """e^x 2^64 for float32 x <= 0 (or NaN), relative error below 1.1 2^-24: a normal
+    float32 down to x = -130 (e^x itself is subnormal below -87.3), 0 below."""
+    return exp32_scaled_parts(x, np.float32(0.0), _SHIFTER32_BIASED, _EXP32_SCALED_LOW)
+
+
+@scalar_math
+def gelu_erf32_exp(a, big):
+    """e^(-a^2/2) 2^64 for float32 a >= 0 (or NaN), 2^164 where `big` (a >= 13 only: the
+    gradient's), relative error below 1.1 2^-24 (measured: 0.99, 1.0006 with 2^164 near a =
+    20; the exact square's low part taken into the reduction: exp32_scaled_parts); 0 where
+    -a^2/2 < -130 (a > 16.12, infinity included), -200 where big (a > 20)."""
+    hi = a * a
+    lo = fma32(a, a, -hi)                          # a^2 = hi + lo exactly
+    return exp32_scaled_parts(-_HALF32 * hi, -_HALF32 * lo,
+                              _SHIFTER32_BIASED_BIG if big else _SHIFTER32_BIASED,
+                              _GE32_E_LOW_BIG if big else _GE32_E_LOW)
 
 
 @scalar_math

@@ -16,8 +16,8 @@ stored in float32.
 Accuracy: each forward and each gradient (at g = 1) is within 0.5001 ulp of float32 at the
 true value, the correctly rounded result but within 10^-4 ulp of a tie, except the float32
 arithmetic of sigmoid and tanh below (and softplus's gradient, g times sigmoid's float32
-forward), 0.76, and gelu_erf's float32 arithmetic (gelu_erf_f32, issue 37's fourteenth
-round), 4 (each docstring says its bound). Against
+forward), 0.76, and gelu_erf's and silu's float32 arithmetic (gelu_erf_f32, silu_f32,
+issue 37's fourteenth round), 3.5 to 4.5 (each docstring says its bound). Against
 float64 references without cancellation (libm, mpmath where a gradient crosses 0),
 tests/engine/backends/cpu/test_vector_unary.py holds the bounds over all 2^32 float32
 inputs (slow) and on every exponent, the saturation points, the gradients' zeros and the
@@ -73,6 +73,13 @@ gradient is None for exp and log, whose gradients are composed of engine ops; `r
 bounds the inputs the functions take (sin and cos: |x| <= 2^20, vector_math.TRIG_REACH),
 beyond which the kernel computes the row's libm math instead (in float64).
 
+Since issue 37's fourteenth round silu's float32 results compute in float32 arithmetic
+without pairs (silu_f32, silu_gradient_f32: each value rounded as it comes, within 3.5 and
+4.5 ulps over all 2^32 inputs, measured 3.08 at -3.23 and 3.99 at -0.844; a Taylor
+polynomial within 1/8 of the gradient's zero), as
+gelu_erf's: the float64 math above took 1.7-2.0 times torch's forward + backward; swiglu's
+float32 kernel takes silu_f32, so that a gate of one keeps silu's bits.
+
 Since issue 37's twelfth round softplus's gradient for float32 results is g times
 sigmoid's tight forward (gradient32: the forward within the same 0.76 ulp, the product
 exact at g = 1; forward + backward over 8M float32 elements 32.0 -> 23.9 ms against torch's
@@ -127,6 +134,7 @@ from engine.backends.cpu.vector_math import (
     exp32_fast_parts,
     exp32_nonpositive,
     exp32_pair,
+    exp32_scaled,
     exp_expm1,
     exp_expm1_32,
     exp_short_nonpositive,
@@ -938,6 +946,7 @@ def tanh_gradient_f32_lean(g, v, params):
 _HALF_REACH32 = np.float32(2.0 ** -30)   # below, Phi(v) is 1/2 in float32 (as the row's)
 _GE32_BIG = np.float32(13.0)             # from here e^(-v^2/2) carries 2^164 in the gradient
 _TWO_M100 = np.float32(2.0 ** -100)
+_TWO_64 = np.float32(2.0 ** 64)
 _GE32_FAR = np.float32(20.0)             # beyond, e is 0 (vector_math.gelu_erf32_exp)
 _ROW_E_EDGE = np.float32(38.603966)      # the largest float32 |v| of nonzero float64 e^(-v^2/2)
 _FAR_SLOPE = np.float32(-(2.0 ** -126))  # times 2^-64 2^-100 and any finite g: -0
@@ -986,6 +995,67 @@ def gelu_erf_gradient_f32(g, v, params):
     return below if v < _ZERO else g * fma32(-p, _ZERO if big else _TWO_M64, _ONE)
 
 
+# --- silu in float32 arithmetic (issue 37's fourteenth round) -----------------------------
+# e = e^-|v| from vector_math.exp32_scaled (scaled by 2^64, a normal float32 down to |v| =
+# 130, where v e^v is long 0 in float32: below -108.6), each value rounded as it comes, as
+# gelu_erf's float32 math. The gradient s (1 + v (1 - s)) is (1 + e + v e) / (1 + e)^2 for v
+# >= 0 (nothing cancels) and e (1 + v + e) / (1 + e)^2 below, whose 1 + v + e crosses 0 at Z
+# = -1.27846454276107 (mpmath): e's error of about 2^-24 of e there is a part of 1 + v + e
+# that grows without bound towards Z, so within 1/8 of Z the gradient is its Taylor
+# polynomial there, of degree 7 (mpmath.taylor, 50 digits; the first omitted term below 0.01
+# 2^-24 of the gradient at |d| = 1/8), and at 1/8 that part is below 0.25 2^-24 of 1 + v + e.
+_SILU_Z_HI = np.float32(-1.2784646)
+_SILU_Z_LO = np.float32(1.29792825e-08)           # Z - _SILU_Z_HI
+_SILU_REACH = np.float32(0.125)
+_SILU_TAYLOR = tuple(np.float32(c) for c in (     # the coefficients of d^7, ..., d^1
+    0.0007985218818397998, 0.000126627410081122, -0.006606589138356696,
+    -0.015222655223188032, 0.018874814223782312, 0.1466487969969469, 0.2178117057198001))
+_SILU_BIG = np.float32(80.0)       # beyond, e (1 + v + e) / (1 + e)^2 is below float32's normal
+_SILU_E_LOW = np.float32(-130.0)   # exp32_scaled's 0 below
+_MINUS_TINY = np.float32(-(2.0 ** -100))
+
+
+@scalar_math
+def silu_f32(v, params):
+    """silu in float32 arithmetic: v / (1 + e) for v >= 0 and v e / (1 + e) below, e =
+    e^-|v| (its 2^64 scale off last); within 3.5 ulps over all 2^32 inputs
+    (tests/engine/backends/cpu/test_vector_unary.py, F32_MATH_ULPS); the product and the
+    quotient of e's in one rounding each, nothing cancels."""
+    wide_vectors()
+    es = exp32_scaled(-abs(v))                                 # e 2^64
+    d = _ONE + es * _TWO_M64
+    return v / d if v >= _ZERO else ((v * es) / d) * _TWO_M64
+
+
+@scalar_math
+def silu_gradient_f32(g, v, params):
+    """silu_gradient in float32 arithmetic (the forms above: Taylor within 1/8 of the zero),
+    e (1 + v + e) / (1 + e)^2 carried scaled by 2^64 until g has multiplied it where it is
+    below float32's normal range (|v| > 80), and where exp32_scaled's e is 0 but the row's
+    float64 e^v is not (-745.13 <= v < -130) g times a negative number too small for any
+    finite g (-0 times g's sign, -inf times an infinite g's: the row's). Within 4.5 ulps
+    over all 2^32 inputs (at g = 1; F32_MATH_ULPS)."""
+    wide_vectors()
+    u = -abs(v)
+    es = exp32_scaled(u)                                       # e 2^64
+    e = es * _TWO_M64
+    dd = fma32(e, e + _TWO, _ONE)                              # (1 + e)^2
+    above = v >= _ZERO
+    # one division for both sides: below, the gradient 2^64
+    y = (fma32(v, e, _ONE + e) if above else es * ((_ONE + v) + e)) / dd
+    t = (v - _SILU_Z_HI) - _SILU_Z_LO
+    q = _SILU_TAYLOR[0]
+    for c in _SILU_TAYLOR[1:]:
+        q = fma32(q, t, c)
+    near = abs(t) < _SILU_REACH
+    big = v < -_SILU_BIG
+    far = v < _SILU_E_LOW and v >= _ROW_EXP_ZERO
+    a = _MINUS_TINY if far else (t * q if near else (y if big or above else y * _TWO_M64))
+    b = _TINY_FACTOR if far else (_TWO_M64 if big else _ONE)
+    c = _TINY_FACTOR if far else _ONE
+    return ((g * a) * b) * c
+
+
 # the candidates, by (op, forward or gradient): {form: function}
 F32_CANDIDATES = {
     ("sigmoid", "forward"): {"pairs": sigmoid_f32, "tight": sigmoid_f32_tight,
@@ -1020,7 +1090,8 @@ FAST = {
                           gradient32=sigmoid_gradient_f32_tight),
     "tanh": VectorMath(tanh, tanh_gradient, forward16=tanh32, gradient16=tanh_gradient32,
                        forward32=tanh_f32_tight, gradient32=tanh_gradient_f32_tight),
-    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32),
+    "silu": VectorMath(silu, silu_gradient, forward16=silu32, gradient16=silu_gradient32,
+                       forward32=silu_f32, gradient32=silu_gradient_f32),
     "gelu_quick": VectorMath(gelu_quick, gelu_quick_gradient, forward16=gelu_quick32,
                              gradient16=gelu_quick_gradient32),
     "gelu": VectorMath(gelu, gelu_gradient),

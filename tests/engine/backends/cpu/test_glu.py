@@ -1,12 +1,12 @@
 """The GLU family's vector kernels (engine.backends.cpu.glu, the path `vector:<op>`):
 act(a) b from the activations' vectorised float64 math, rounded once, within 0.5001 ulp of
-float32 of the float64 reference (geglu_erf: from gelu_erf's float32 math, within its bound
-plus the product's half ulp) over a dense sample of every exponent, in both layouts
-(rows of a contiguous input; strided inputs copied contiguous first, the same bits); a
-gate of 1 gives the bits of the activation's own vector kernel (whose every float32 input
-tests/engine/backends/cpu/test_vector_unary.py checks), in float32 and on all 2^16
-patterns of each 16-bit format; the scale cases take the vector kernels and plain mode
-the row's libm math."""
+float32 of the float64 reference (geglu_erf and swiglu: from their activation's float32
+math, within its bound plus the product's half ulp) over a dense sample of every exponent,
+in both layouts (rows of a contiguous input; strided inputs copied contiguous first, the
+same bits); a gate of 1 gives the bits of the activation's own vector kernel (whose every
+float32 input tests/engine/backends/cpu/test_vector_unary.py checks), in float32 and on all
+2^16 patterns of each 16-bit format; the scale cases take the vector kernels and plain
+mode the row's libm math."""
 
 from __future__ import annotations
 
