@@ -632,6 +632,18 @@ _EXPM1_FAST = tuple(np.float32(1.0 / math.factorial(n)) for n in range(8, 1, -1)
 
 
 @scalar_math
+def _reduced32(x, shifter):
+    """(t, r, rl) for float32 x (clamped by the caller): t = x / ln2 + shifter, whose
+    pattern's low bits are k = round(x / ln2) plus the shifter's, and r + rl = x - k ln2 (r
+    rounded, rl its residual: ln2 in three parts, k _LN2_HI32 exact)."""
+    t = fma32(x, _INV_LN2_32, shifter)
+    k = t - shifter
+    rh = fma32(-k, _LN2_HI32, x)                   # exact
+    r = fma32(-k, _LN2_LO32, rh)
+    return t, r, fma32(-k, _LN2_LO32, rh - r)
+
+
+@scalar_math
 def exp32_fast_parts(x):
     """(r, w, s) for float32 x <= 0 (or NaN: r NaN): e^x = (1 + r + w) s 2^-64, |r| <= ln2 / 2
     + 2^-20, |w| <= 0.07 (r + w = expm1 of the reduced argument, to about 2^-26.5), s =
@@ -639,11 +651,7 @@ def exp32_fast_parts(x):
     2^-64 is 0)."""
     wide_vectors()
     x = _EXP_FAST_LOW if x < _EXP_FAST_LOW else x
-    t = fma32(x, _INV_LN2_32, _SHIFTER32_BIASED)
-    k = t - _SHIFTER32_BIASED
-    rh = fma32(-k, _LN2_HI32, x)                   # exact
-    r = fma32(-k, _LN2_LO32, rh)
-    rl = fma32(-k, _LN2_LO32, rh - r)              # r + rl = x - k ln2
+    t, r, rl = _reduced32(x, _SHIFTER32_BIASED)
     q = _EXPM1_FAST[0]
     for c in _EXPM1_FAST[1:]:
         q = fma32(q, r, c)
@@ -715,11 +723,8 @@ def exp32_scaled_parts(x, xl, shifter, low_end):
     reduced argument's low part, and (1 + r + w) s rounded once); 0 where x < low_end."""
     low = x < low_end
     x = low_end if low else x
-    t = fma32(x, _INV_LN2_32, shifter)
-    k = t - shifter
-    rh = fma32(-k, _LN2_HI32, x)                   # exact
-    r = fma32(-k, _LN2_LO32, rh)
-    rl = fma32(-k, _LN2_LO32, rh - r) + xl         # r + rl = x + xl - k ln2
+    t, r, rl = _reduced32(x, shifter)
+    rl = rl + xl                                   # r + rl = x + xl - k ln2
     q = _EXPM1_FAST[0]
     for c in _EXPM1_FAST[1:]:
         q = fma32(q, r, c)
@@ -759,16 +764,24 @@ def gelu_erf32_exp(a, big):
 
 
 @scalar_math
+def _ge32_polynomial(a, a_high, center, coefficients):
+    """(P(s), r) for float32 a >= 0 (or NaN): `coefficients` (highest power first) at s =
+    c / (c + K) - center, r = 1 / (c + K), c = a clamped to a_high."""
+    c = a_high if a > a_high else a
+    r = np.float32(1.0) / (c + _GE32_K)
+    s = fma32(c, r, -center)
+    q = coefficients[0]
+    for k in coefficients[1:]:
+        q = fma32(q, s, k)
+    return q, r
+
+
+@scalar_math
 def gelu_erf32_phi_part(a):
     """erfcx(a / sqrt 2) / 2 for float32 a >= 0 (or NaN), a clamped to 16: so that
-    Phi(-a) = e^(-a^2/2) times it; relative error below 3.5 2^-24 (measured: 3.18;
+    Phi(-a) = e^(-a^2/2) times it; relative error below 3.5 2^-24 (measured: 2.33;
     tests/engine/backends/cpu/test_vector_math.py)."""
-    a = _GE32_A_HIGH if a > _GE32_A_HIGH else a
-    r = np.float32(1.0) / (a + _GE32_K)
-    s = fma32(a, r, -_GE32_C)
-    q = _GE32_PHI[0]
-    for c in _GE32_PHI[1:]:
-        q = fma32(q, s, c)
+    q, r = _ge32_polynomial(a, _GE32_A_HIGH, _GE32_C, _GE32_PHI)
     return q * r
 
 
@@ -777,10 +790,5 @@ def gelu_erf32_slope_part(a):
     """G(a / sqrt 2) = erfcx(x) / 2 - x / sqrt(pi) for float32 a >= 0 (or NaN), as (a - |Z|)
     H, H clamped at a = 20 (beyond, every float32 result made of G is 0); relative error
     below 3.5 2^-24 (measured: 2.40)."""
-    c = _GE32_SLOPE_A_HIGH if a > _GE32_SLOPE_A_HIGH else a
-    r = np.float32(1.0) / (c + _GE32_K)
-    s = fma32(c, r, -_GE32_SLOPE_C)
-    h = _GE32_SLOPE[0]
-    for k in _GE32_SLOPE[1:]:
-        h = fma32(h, s, k)
+    h, _ = _ge32_polynomial(a, _GE32_SLOPE_A_HIGH, _GE32_SLOPE_C, _GE32_SLOPE)
     return ((a - _GE32_ZERO_HI) - _GE32_ZERO_LO) * h
