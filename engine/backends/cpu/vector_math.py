@@ -688,22 +688,23 @@ def exp32_fast_parts(x):
 #   any size would turn subnormal in the products, and the scale comes off last (the
 #   callers). Beyond a = 16 (x clamped there for the polynomials) the forward is 0 or v to
 #   every float32 result.
-_GE32_K = np.float32(2.8284270763397217)             # 2 sqrt 2, rounded
+_GE32_K = np.float32(2.0 * math.sqrt(2.0))
 _GE32_A_HIGH = np.float32(16.0)
-_GE32_C = np.float32(0.4248894453048706)              # (16 / (16 + K)) / 2, rounded
-_GE32_E_LOW = np.float32(-130.0)                      # s = 2^(k + 64) normal down to here
+_GE32_C = np.float32(float(_GE32_A_HIGH) / (float(_GE32_A_HIGH) + float(_GE32_K)) / 2.0)
+EXP32_SCALED_LOW = np.float32(-130.0)                 # 2^(k + 64) normal down to here
 _GE32_PHI = tuple(np.float32(c) for c in (            # erfcx(x) / 2 (a + K), powers of s
     0.046214859932661057, -0.021036885678768158, -0.10350173711776733,
     -0.009816216304898262, 0.16044571995735168, 0.07770518213510513, -0.2856866419315338,
     -0.12602068483829498, 0.8281273245811462, -1.0935919284820557, 0.7998986840248108))
 _GE32_SLOPE_A_HIGH = np.float32(20.0)
-_GE32_SLOPE_C = np.float32(0.4380503296852112)        # (20 / (20 + K)) / 2, rounded
+_GE32_SLOPE_C = np.float32(float(_GE32_SLOPE_A_HIGH)
+                           / (float(_GE32_SLOPE_A_HIGH) + float(_GE32_K)) / 2.0)
 _GE32_SLOPE = tuple(np.float32(c) for c in (          # H, powers of s' = a / (a + K) - C'
     -0.004326225724071264, -0.0036626493092626333, 0.008899183012545109,
     0.012071380391716957, -0.01193174347281456, -0.02993716485798359, 0.026807153597474098,
     0.08204378932714462, -0.22028039395809174, 0.27244630455970764, -0.4979286789894104))
-_GE32_ZERO_HI = np.float32(0.7517915246935645)        # |Z| (vector_math's _ZERO_ABS_HI)
-_GE32_ZERO_LO = np.float32(-1.211444945855772e-08)    # |Z| - _GE32_ZERO_HI
+_GE32_ZERO_HI = np.float32(_ZERO_ABS_HI)                           # |Z| in two float32
+_GE32_ZERO_LO = np.float32(_ZERO_ABS_HI - float(_GE32_ZERO_HI) + _ZERO_ABS_LO)
 
 
 # The gradient's e^(-a^2/2) for a >= 13 carries 2^164 (the shifter's bias 127 + 164): a
@@ -740,14 +741,11 @@ def exp32_scaled_parts(x, xl, shifter, low_end):
     return np.float32(0.0) if low else e
 
 
-_EXP32_SCALED_LOW = np.float32(-130.0)             # 2^(k + 64) normal down to here
-
-
 @scalar_math
 def exp32_scaled(x):
     """e^x 2^64 for float32 x <= 0 (or NaN), relative error below 1.1 2^-24: a normal
     float32 down to x = -130 (e^x itself is subnormal below -87.3), 0 below."""
-    return exp32_scaled_parts(x, np.float32(0.0), _SHIFTER32_BIASED, _EXP32_SCALED_LOW)
+    return exp32_scaled_parts(x, np.float32(0.0), _SHIFTER32_BIASED, EXP32_SCALED_LOW)
 
 
 @scalar_math
@@ -760,7 +758,7 @@ def gelu_erf32_exp(a, big):
     lo = fma32(a, a, -hi)                          # a^2 = hi + lo exactly
     return exp32_scaled_parts(-_HALF32 * hi, -_HALF32 * lo,
                               _SHIFTER32_BIASED_BIG if big else _SHIFTER32_BIASED,
-                              _GE32_E_LOW_BIG if big else _GE32_E_LOW)
+                              _GE32_E_LOW_BIG if big else EXP32_SCALED_LOW)
 
 
 @scalar_math

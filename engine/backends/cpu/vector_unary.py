@@ -126,6 +126,7 @@ import numpy as np
 from engine import elementwise as table
 from engine.backends.cpu.jit import scalar_math
 from engine.backends.cpu.vector_math import (
+    EXP32_SCALED_LOW,
     TRIG_REACH,
     cos,
     erfc32_nonneg,
@@ -946,7 +947,6 @@ def tanh_gradient_f32_lean(g, v, params):
 _HALF_REACH32 = np.float32(2.0 ** -30)   # below, Phi(v) is 1/2 in float32 (as the row's)
 _GE32_BIG = np.float32(13.0)             # from here e^(-v^2/2) carries 2^164 in the gradient
 _TWO_M100 = np.float32(2.0 ** -100)
-_TWO_64 = np.float32(2.0 ** 64)
 _GE32_FAR = np.float32(20.0)             # beyond, e is 0 (vector_math.gelu_erf32_exp)
 _ROW_E_EDGE = np.float32(38.603966)      # the largest float32 |v| of nonzero float64 e^(-v^2/2)
 _FAR_SLOPE = np.float32(-(2.0 ** -126))  # times 2^-64 2^-100 and any finite g: -0
@@ -1011,7 +1011,6 @@ _SILU_TAYLOR = tuple(np.float32(c) for c in (     # the coefficients of d^7, ...
     0.0007985218818397998, 0.000126627410081122, -0.006606589138356696,
     -0.015222655223188032, 0.018874814223782312, 0.1466487969969469, 0.2178117057198001))
 _SILU_BIG = np.float32(80.0)       # beyond, e (1 + v + e) / (1 + e)^2 is below float32's normal
-_SILU_E_LOW = np.float32(-130.0)   # exp32_scaled's 0 below
 _MINUS_TINY = np.float32(-(2.0 ** -100))
 
 
@@ -1049,7 +1048,7 @@ def silu_gradient_f32(g, v, params):
         q = fma32(q, t, c)
     near = abs(t) < _SILU_REACH
     big = v < -_SILU_BIG
-    far = v < _SILU_E_LOW and v >= _ROW_EXP_ZERO
+    far = v < EXP32_SCALED_LOW and v >= _ROW_EXP_ZERO       # exp32_scaled's e is 0
     a = _MINUS_TINY if far else (t * q if near else (y if big or above else y * _TWO_M64))
     b = _TINY_FACTOR if far else (_TWO_M64 if big else _ONE)
     c = _TINY_FACTOR if far else _ONE
