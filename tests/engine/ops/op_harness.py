@@ -94,13 +94,18 @@ def _contiguous(sample, grad=True):
         for s in sample.inputs))
 
 
-def run_torch(sample, arrays, with_grad=True):
+def run_torch(sample, arrays, with_grad=True, float64=False):
     """The same from the op's torch equivalent under torch autograd, in the sample's dtypes
-    (gradcheck's torch adapter, on contiguous inputs), with the same weighting."""
-    if not _differentiated(sample, arrays, with_grad):
+    (gradcheck's torch adapter, on contiguous inputs), with the same weighting; with
+    float64, on the float inputs widened to float64 (the same values: the exact result of
+    the sample's inputs to float64's precision, where torch computes in the inputs' dtype)."""
+    given = arrays
+    if float64:
+        arrays = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in arrays]
+    if not _differentiated(sample, given, with_grad):
         forward_only = _contiguous(sample, grad=False)
         return TorchAdapter().vjp(forward_only, arrays, None).output, [None] * len(arrays)
-    vjp = TorchAdapter().vjp(_contiguous(sample), arrays, _weights(sample, arrays))
+    vjp = TorchAdapter().vjp(_contiguous(sample), arrays, _weights(sample, given))
     # an expanded input's gradient is its leaf's, as the engine's is (InputSpec.view_gradient)
     return vjp.output, [None if g is None else spec.view_gradient(g)
                         for spec, g in zip(sample.inputs, vjp.grads, strict=True)]
