@@ -371,21 +371,45 @@ def every_input(case, step: int = 1 << 22):
     but the NaNs (the dense sample has some: NaN in gives NaN out), and for sin and cos
     those of |x| <= 2^20 (beyond, the kernel computes libm's float64 sin rounded, which is
     the reference itself: the dense sample checks that it does)."""
+    offsets = np.arange(step, dtype=np.uint32)
+    for first, count in input_chunks(case, step):
+        yield chunk_inputs(first, count, offsets)
+
+
+def chunk_inputs(first: int, count: int, offsets) -> np.ndarray:
+    """The `count` float32 of consecutive bit patterns from `first` (offsets: 0, 1, ...)."""
+    return (offsets[:count] + np.uint32(first)).view(np.float32)
+
+
+def input_chunks(case, step: int):
+    """every_input's chunks as (first bit pattern, number of patterns)."""
     top = 0x7F800000 + 1                       # +inf's pattern, included
     if FAST[case[0]].reach < math.inf:
         top = int(np.float32(FAST[case[0]].reach).view(np.uint32)) + 1
-    offsets = np.arange(step, dtype=np.uint32)
     for sign in (0, 0x80000000):
         for start in range(0, top, step):
-            bits = offsets[:min(step, top - start)] + np.uint32(start + sign)
-            yield bits.view(np.float32)
+            yield start + sign, min(step, top - start)
 
 
 def test_every_input_leaves_out_nan_only():
-    counted = sum(x.size for x in every_input(("exp", "forward"), 1 << 28))
-    assert counted == (1 << 32) - 2 * ((1 << 23) - 1)
-    assert sum(x.size for x in every_input(("sin", "forward"), 1 << 28)) == \
-        2 * (int(np.float32(2 ** 20).view(np.uint32)) + 1)
+    """The chunks tile +0..+inf and -0..-inf (sin: up to 2^20) without a gap or overlap,
+    and each is those patterns (the first two and the last, materialised)."""
+    step = 1 << 22
+    offsets = np.arange(step, dtype=np.uint32)
+    for case, top in ((("exp", "forward"), 0x7F800000), (("sin", "forward"), 0x49800000)):
+        chunks = list(input_chunks(case, step))
+        assert sum(count for _, count in chunks) == 2 * (top + 1)
+        for sign in (0, 0x80000000):
+            half = [c for c in chunks if c[0] & 0x80000000 == sign]
+            assert half[0][0] == sign and half[-1][0] + half[-1][1] == sign + top + 1
+            assert all(a + n == b for (a, n), (b, _) in zip(half[:-1], half[1:], strict=True))
+        for first, count in chunks[:2] + chunks[-1:]:
+            bits = chunk_inputs(first, count, offsets).view(np.uint32)
+            assert bits.size == count and bits[0] == first and np.all(np.diff(bits) == 1)
+        assert bits[-1] == 0x80000000 + top
+        assert next(every_input(case, step)).view(np.uint32)[0] == 0
+    assert np.isinf(np.uint32(0x7F800000).view(np.float32))
+    assert np.float32(2 ** 20).view(np.uint32) == 0x49800000
 
 
 @pytest.mark.slow
