@@ -254,6 +254,9 @@ def parse(argv=None):
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds the timed runs are cut into, engine and torch taking turns "
                         "(default 3)")
+    p.add_argument("--pause", type=float, default=op_timing.PAUSE_S, metavar="SECONDS",
+                   help=f"the pause before each turn (default {op_timing.PAUSE_S}); longer "
+                        "pauses let idle cores fall asleep, as between a program's calls")
     p.add_argument("--threads", type=int,
                    help="threads for the engine and for torch alike (default: the "
                         "engine's, GRADVERIFY_THREADS)")
@@ -267,6 +270,8 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.repeat < 1 or args.rounds < 1:
         p.error("--repeat and --rounds must be at least 1")
+    if not 0 <= args.pause <= 10:
+        p.error(f"--pause must lie in [0, 10] seconds, got {args.pause}")
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
     known = all_ops()
@@ -296,7 +301,8 @@ def set_threads(n: int | None) -> int:
     return n
 
 
-def run(cases, repeat: int, rounds: int, progress=None, statistic: str = "min") -> list[Row]:
+def run(cases, repeat: int, rounds: int, progress=None, statistic: str = "min",
+        pause: float = op_timing.PAUSE_S) -> list[Row]:
     """Every case timed (op_timing.time_case) and judged, a progress line each (on
     `progress`, default stderr)."""
     progress = progress or sys.stderr
@@ -306,7 +312,7 @@ def run(cases, repeat: int, rounds: int, progress=None, statistic: str = "min") 
         t0 = time.perf_counter()
         twin = "f32" if target_for(case).against == "engine f32" else None
         row = judge(case, op_timing.time_case(case, repeat, rounds, engine_twin=twin,
-                                                 statistic=statistic))
+                                                 statistic=statistic, pause=pause))
         rows.append(row)
         gc.collect()
         op_timing.release_freed_memory()
@@ -340,14 +346,15 @@ def main(argv=None) -> int:
     n = set_threads(args.threads)
     reuse = not args.default_malloc and op_timing.reuse_freed_memory()
     meta = {"torch": torch.__version__, "threads": n, "repeat": args.repeat,
-            "statistic": args.statistic, "rounds": args.rounds, "dtypes": list(args.dtypes),
+            "statistic": args.statistic, "rounds": args.rounds, "pause": args.pause,
+            "dtypes": list(args.dtypes),
             "malloc_reuses": reuse}
     print(f"torch {torch.__version__}; engine and torch on {n} threads each; the "
           f"{args.statistic} of {args.repeat} runs in {args.rounds} rounds, engine and torch "
-          f"taking turns; "
+          f"taking turns after pauses of {args.pause:g} s; "
           f"malloc {'keeps freed blocks (mallopt)' if reuse else 'as glibc sets it'}")
     start = time.perf_counter()
-    rows = run(cases, args.repeat, args.rounds, statistic=args.statistic)
+    rows = run(cases, args.repeat, args.rounds, statistic=args.statistic, pause=args.pause)
     meta["seconds"] = round(time.perf_counter() - start, 1)
     print(table(rows))
     print()

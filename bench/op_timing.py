@@ -253,7 +253,7 @@ def time_rounds(calls, repeat: int, rounds: int, statistic: str = "min",
 
 
 def time_case(case, repeat: int, rounds: int, engine_twin: str | None = None,
-              statistic: str = "min") -> Timing:
+              statistic: str = "min", pause: float = PAUSE_S) -> Timing:
     """The Timing of `case`; with `engine_twin` (a dtype name) the engine's calls of the
     same case in that dtype are timed in the same rounds (bfloat16 matmul's target is the
     engine's own float32 product)."""
@@ -269,7 +269,7 @@ def time_case(case, repeat: int, rounds: int, engine_twin: str | None = None,
                        for a in arrays]
         calls += [c for c in engine_calls(twin, twin_arrays, g.astype(as_dtype(engine_twin)))
                   if c is not None]
-    seconds = time_rounds(calls, repeat, rounds, statistic)
+    seconds = time_rounds(calls, repeat, rounds, statistic, pause)
     timing = Timing(seconds[0], seconds[1])
     if e_fb:
         timing.engine_fb, timing.torch_fb = seconds[2], seconds[3]

@@ -292,8 +292,9 @@ def planted(monkeypatch):
     malloc left as it is (its calls counted)."""
     calls = []
     monkeypatch.setattr(op_timing, "reuse_freed_memory", lambda: calls.append(1) or True)
-    def fake(case, repeat, rounds, engine_twin=None, statistic="min"):
-        calls.append(statistic)
+    def fake(case, repeat, rounds, engine_twin=None, statistic="min",
+             pause=op_timing.PAUSE_S):
+        calls.append(statistic if pause == op_timing.PAUSE_S else (statistic, pause))
         slow = 3.0 if case.op == "gelu" else 1.0
         timing = op_timing.Timing(0.002, 0.002, 0.004 * slow, 0.004)
         if engine_twin:
@@ -333,6 +334,17 @@ def test_the_median_is_there_on_request(planted, capsys):
     assert bench_ops.main(["--op", "relu", "--dtype", "f32", "--statistic", "median",
                            "--default-malloc"]) == 0
     assert planted == ["median"] and "the median of 6 runs" in capsys.readouterr().out
+
+
+def test_the_pause_is_there_on_request(planted, capsys):
+    assert bench_ops.main(["--op", "relu", "--dtype", "f32", "--pause", "0.2",
+                           "--default-malloc"]) == 0
+    assert planted == [("min", 0.2)] and "after pauses of 0.2 s" in capsys.readouterr().out
+    for bad in ("-0.1", "11", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            bench_ops.parse(["--pause", bad])
+        assert exit_.value.code == 2
+    assert "--pause must lie in [0, 10] seconds" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("statistic, expected", [("min", [1.0, 2.0]), ("median", [5.0, 6.0])])
