@@ -7,7 +7,8 @@ thread waits for a core. So the engine owns its threads instead. While a plan ru
 is held to one thread, and a kernel declared splittable (`split`) is bound as THREADS
 chunks along one axis of its output. Each chunk is the kernel itself on slices of the
 arrays (numba kernels release the GIL, and so does numpy's BLAS); the calling thread runs
-the first chunk and a pool of blocking (never spinning) worker threads the others. Work
+the first chunk and a pool of blocking (never spinning) worker threads the others, kept
+off the caller's CPU (_Pool.steer). Work
 too small to pay for the hand-over (about 100 microseconds) is not split.
 
     GRADVERIFY_THREADS=1     no splitting, BLAS left as it is (the engine before threads)
@@ -25,6 +26,7 @@ agree to rounding. With a fixed thread count every run gives the same bits.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
 import queue
@@ -76,22 +78,78 @@ def parts() -> int:
     return 1 if paths.PLAIN else THREADS
 
 
+# Where a worker wakes. On a VM, Linux counts an idle vCPU that the host has descheduled as
+# preempted and wakes a thread on the waker's own CPU instead: after a pause, a chunk handed
+# to a worker then waits for the caller's chunk on the same core, until the load balancer
+# moves it, milliseconds later. On the 2-core Intel VM, bfloat16 sigmoid's forward +
+# backward over 8M elements took 4.0 ms called back to back and 7.2-8.4 ms after pauses of
+# 0.2-0.5 s, as on one thread (8.0-8.3). So before it hands out chunks, the caller keeps its
+# workers off the CPU it is on: each worker's affinity is the process's CPUs less that one,
+# set only when it changes (a sched_getcpu per hand-off). Where the process has one CPU,
+# or the platform lacks either call, nothing is steered.
+def _libc_getcpu():
+    try:
+        return getattr(ctypes.CDLL(None), "sched_getcpu", None)
+    except OSError:
+        return None
+
+
+_GETCPU = _libc_getcpu()
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on (None where unknown)."""
+    if _GETCPU is None:
+        return None
+    cpu = _GETCPU()
+    return cpu if cpu >= 0 else None
+
+
+def _process_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on, where there are two or more to steer among."""
+    if not hasattr(os, "sched_setaffinity") or _GETCPU is None:
+        return None
+    cpus = frozenset(os.sched_getaffinity(0))
+    return cpus if len(cpus) > 1 else None
+
+
 class _Pool:
     """Worker threads that block on a queue until given a call; `run(calls)` runs calls[0]
-    on the calling thread and the rest on workers, and returns when all are done (even
-    when interrupted: no chunk is left writing after it returns), raising the first
-    error."""
+    on the calling thread and the rest on workers, kept off the caller's CPU, and returns
+    when all are done (even when interrupted: no chunk is left writing after it returns),
+    raising the first error."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.workers: list[queue.SimpleQueue] = []
+        self.thread_ids: list[int] = []
+        self.cpus = _process_cpus()
+        self.affinity: dict[int, frozenset[int]] = {}     # thread id -> the mask last set
 
     def _grow(self, n: int) -> None:
         while len(self.workers) < n:
             jobs: queue.SimpleQueue = queue.SimpleQueue()
-            threading.Thread(target=_work, args=(jobs,), daemon=True,
+            started: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_work, args=(jobs, started), daemon=True,
                              name=f"gradverify-cpu-{len(self.workers) + 1}").start()
+            self.thread_ids.append(started.get())
             self.workers.append(jobs)
+
+    def steer(self, n: int, cpu: int | None) -> None:
+        """Keep the first `n` workers off `cpu` (the caller's)."""
+        if self.cpus is None or cpu is None:
+            return
+        mask = self.cpus - {cpu}
+        if not mask:
+            return
+        for tid in self.thread_ids[:n]:
+            if self.affinity.get(tid) != mask:
+                try:
+                    os.sched_setaffinity(tid, mask)
+                except OSError:        # the process's CPUs changed under it: steer no more
+                    self.cpus = None
+                    return
+                self.affinity[tid] = mask
 
     def run(self, calls) -> None:
         if not self.lock.acquire(blocking=False):
@@ -100,6 +158,7 @@ class _Pool:
             return
         try:
             self._grow(len(calls) - 1)
+            self.steer(len(calls) - 1, current_cpu())
             done: queue.SimpleQueue = queue.SimpleQueue()
             for jobs, c in zip(self.workers, calls[1:], strict=False):
                 jobs.put((c, done))
@@ -123,7 +182,8 @@ class _Pool:
             self.lock.release()
 
 
-def _work(jobs: queue.SimpleQueue) -> None:
+def _work(jobs: queue.SimpleQueue, started: queue.SimpleQueue) -> None:
+    started.put(threading.get_native_id())
     while True:
         fn, done = jobs.get()
         try:

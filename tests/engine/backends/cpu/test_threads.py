@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 
 import numpy as np
@@ -151,6 +152,60 @@ def test_chunks_run_on_another_thread():
     call = threads.side_by_side([lambda: seen.append(threading.get_ident())] * 3)
     call()
     assert len(seen) == 3 and len(set(seen)) == 3 and threading.get_ident() in seen
+
+
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+steerable = pytest.mark.skipif(threads._process_cpus() is None,
+                               reason="needs two CPUs and sched_setaffinity/sched_getcpu")
+
+
+@steerable
+def test_workers_run_off_the_callers_cpu(monkeypatch):
+    """A chunk handed to a worker runs on a CPU other than the caller's, whichever that is
+    (on a VM the scheduler would otherwise wake it there after a pause)."""
+    pool = threads._Pool()
+    seen = []
+
+    def where():
+        seen.append((os.sched_getaffinity(0), threads._GETCPU()))
+    for caller in (CPUS[0], CPUS[-1], CPUS[0]):
+        monkeypatch.setattr(threads, "current_cpu", lambda caller=caller: caller)
+        pool.run([lambda: None, where])
+        allowed, ran_on = seen.pop()
+        assert allowed == set(CPUS) - {caller} and ran_on != caller
+
+
+@steerable
+def test_a_workers_affinity_is_set_only_when_the_callers_cpu_changes(monkeypatch):
+    pool = threads._Pool()
+    pool._grow(1)
+    calls = []
+    real = os.sched_setaffinity
+    monkeypatch.setattr(os, "sched_setaffinity", lambda *a: (calls.append(a), real(*a)))
+    for cpu in (CPUS[0], CPUS[0], CPUS[-1], CPUS[-1], None):
+        pool.steer(1, cpu)
+    assert calls == [(pool.thread_ids[0], set(CPUS) - {CPUS[0]}),
+                     (pool.thread_ids[0], set(CPUS) - {CPUS[-1]})]
+
+
+def test_no_steering_where_it_cannot_be_done(monkeypatch):
+    """One CPU, a platform without sched_getcpu, or the process's CPUs changed under it (the
+    call refused): the chunks still run, nothing is steered."""
+    monkeypatch.setattr(threads, "_GETCPU", None)
+    assert threads._process_cpus() is None and threads.current_cpu() is None
+    pool = threads._Pool()
+    ran = []
+    pool.run([lambda: ran.append(0), lambda: ran.append(1)])
+    assert sorted(ran) == [0, 1] and pool.affinity == {}
+    pool.cpus = frozenset({0, 1})
+
+    def refuse(*_):
+        raise OSError(22, "Invalid argument")
+    monkeypatch.setattr(os, "sched_setaffinity", refuse)
+    pool.steer(1, 0)
+    assert pool.cpus is None and pool.affinity == {}
+    pool.run([lambda: ran.append(2), lambda: ran.append(3)])
+    assert sorted(ran) == [0, 1, 2, 3]
 
 
 def test_plans_on_two_threads_at_once(split_everything):
