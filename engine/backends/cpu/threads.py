@@ -7,9 +7,9 @@ thread waits for a core. So the engine owns its threads instead. While a plan ru
 is held to one thread, and a kernel declared splittable (`split`) is bound as THREADS
 chunks along one axis of its output. Each chunk is the kernel itself on slices of the
 arrays (numba kernels release the GIL, and so does numpy's BLAS); the calling thread runs
-the first chunk and a pool of blocking (never spinning) worker threads the others, kept
-off the caller's CPU (_Pool.steer). Work
-too small to pay for the hand-over (about 100 microseconds) is not split.
+the first chunk and a pool of blocking (never spinning) worker threads, kept off the
+caller's CPU (_Pool.steer), the others. Work too small to pay for the hand-over (about 100
+microseconds) is not split.
 
     GRADVERIFY_THREADS=1     no splitting, BLAS left as it is (the engine before threads)
     GRADVERIFY_THREADS=N     N chunks (default: the cores this process may use)
@@ -90,7 +90,7 @@ def parts() -> int:
 def _libc_getcpu():
     try:
         return getattr(ctypes.CDLL(None), "sched_getcpu", None)
-    except OSError:
+    except (OSError, TypeError):          # no C library to open this way (Windows)
         return None
 
 
