@@ -11,6 +11,7 @@ profile gives (tests/conftest.py; derandomized under CI).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -69,38 +70,29 @@ def _check_against_torch(name, dtype, sample):
     got, got_grads = run_engine(sample, arrays, with_grad=differentiable)
     if op.torch is not None:
         want, want_grads = run_torch(sample, arrays, with_grad=differentiable)
-        exact = _Exact(sample, arrays, differentiable)
+
+        @functools.cache
+        def widened():         # torch on the inputs widened to float64, when first asked
+            return run_torch(sample, arrays, with_grad=differentiable, float64=True)
+
+        def exact(i=None):     # None for a float64 sample: torch's own result is that one
+            if sample.dtype == "f64":
+                return None
+            return lambda: widened()[0] if i is None else widened()[1][i]
         tol = _tolerance(sample.precision, want, *arrays)
         assert got.shape == want.shape and got.dtype == want.dtype, str(sample)
-        _assert_agrees(got, want, lambda: exact()[0], tol, f"{sample}: forward")
+        _assert_agrees(got, want, exact(), tol, f"{sample}: forward")
         for i, (spec, g, w) in enumerate(zip(sample.inputs, got_grads, want_grads,
                                              strict=True)):
             if w is not None:
                 assert g is not None, f"{sample}: no gradient for input {spec.name}"
-                _assert_agrees(g, w, lambda i=i: exact()[1][i],
-                               _tolerance(sample.precision, w, *arrays),
+                _assert_agrees(g, w, exact(i), _tolerance(sample.precision, w, *arrays),
                                f"{sample}: d/d{spec.name}")
-
-
-class _Exact:
-    """torch's result for the sample's inputs widened to float64 (None for a float64
-    sample: torch's own result is that), computed the first time it is asked for."""
-
-    def __init__(self, sample, arrays, differentiable):
-        self._args, self._result = (sample, arrays, differentiable), None
-
-    def __call__(self):
-        sample, arrays, differentiable = self._args
-        if sample.dtype == "f64":
-            return None, [None] * len(arrays)
-        if self._result is None:
-            self._result = run_torch(sample, arrays, with_grad=differentiable, float64=True)
-        return self._result
 
 
 def _assert_agrees(got, want, exact, tol, message):
     """`got` within `tol` of torch's `want`; where it is not, within `tol` plus twice torch's
-    own error of the float64 result `exact()` (if there is one). torch in float32 rounds
+    own error of the float64 result `exact()` (if `exact` is given). torch in float32 rounds
     too: where a result cancels to near 0 its rounding is the whole answer (attention's
     gradient for q with a single key is exactly 0, torch's float32 about -3e-3 from terms of
     750), and an engine is held to what a good implementation gets there, not to torch's
@@ -108,10 +100,9 @@ def _assert_agrees(got, want, exact, tol, message):
     try:
         np.testing.assert_allclose(got, want, **tol, err_msg=message)
     except AssertionError:
-        reference = exact()
-        if reference is None:
+        if exact is None:
             raise
-        reference = np.asarray(reference, np.float64)
+        reference = np.asarray(exact(), np.float64)
         torch_error = np.abs(np.asarray(want, np.float64) - reference)
         bound = tol["atol"] + tol["rtol"] * np.abs(reference) + 2 * torch_error
         error = np.abs(np.asarray(got, np.float64) - reference)
@@ -176,7 +167,7 @@ def test_a_result_torch_rounds_away_is_held_to_the_float64_result():
         with pytest.raises(AssertionError, match="off the float64 result"):
             _assert_agrees(np.float32(got), want, lambda: reference, tol, "wrong")
     with pytest.raises(AssertionError, match="Not equal"):    # a float64 case: no second look
-        _assert_agrees(np.zeros(3), want.astype(np.float64), lambda: None, tol, "f64")
+        _assert_agrees(np.zeros(3), want.astype(np.float64), None, tol, "f64")
 
 
 # --- the shared helpers ---------------------------------------------------------------------
